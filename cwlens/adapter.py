@@ -1,0 +1,113 @@
+"""The one place that knows TransformerLens models and caches.
+
+Works with anything that looks like a TransformerLens model (``HookedTransformer``,
+``HookedEncoder`` from 3.x, ``TransformerBridge`` from 4.x): a ``cfg`` with ``n_layers``,
+``n_heads``, ``d_head``, ``d_model`` and per-block ``attn.W_O``. It turns a cache into the
+tensors that :mod:`cwlens.core` takes, and raises a clear error when something is off.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from cwlens import hook_names
+from cwlens.core import AttentionGeometry
+from cwlens.errors import LayerOutOfRangeError, MissingHookError, ShapeMismatchError
+
+Layers = int | Iterable[int] | None
+
+
+class TLModel(Protocol):
+    """What cwlens needs from a model (both TransformerLens generations satisfy it)."""
+
+    cfg: Any
+    blocks: Any
+
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    generation: str  # "bridge" (TransformerLens 4.x) or "hooked" (3.x)
+
+    @classmethod
+    def of(cls, model: TLModel) -> "ModelInfo":
+        cfg = model.cfg
+        n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+        generation = "bridge" if type(model).__name__ == "TransformerBridge" else "hooked"
+        return cls(cfg.n_layers, cfg.n_heads, n_kv, cfg.d_head, cfg.d_model, generation)
+
+
+def resolve_layers(model: TLModel, layer: Layers) -> tuple[list[int], bool]:
+    """``(layers, single)``: the layer list, and whether one int was asked for."""
+    n = model.cfg.n_layers
+    single = isinstance(layer, int)
+    layers = list(range(n)) if layer is None else [layer] if single else list(layer)
+    for item in layers:
+        if not isinstance(item, int) or isinstance(item, bool):
+            raise LayerOutOfRangeError(f"Layers must be ints; got {item!r}.")
+        if not -n <= item < n:
+            raise LayerOutOfRangeError(
+                f"Layer {item} is out of range: this model has {n} layers (0..{n - 1}); "
+                "pass layer=None for all of them."
+            )
+    return [item % n for item in layers], single
+
+
+def W_O(model: TLModel, layer: int) -> torch.Tensor:
+    """``[head_index, d_head, d_model]`` output projection of one layer (detached)."""
+    return model.blocks[layer].attn.W_O.detach()
+
+
+def b_O(model: TLModel, layer: int) -> torch.Tensor:
+    """``[d_model]`` output bias of one layer (zeros where the model has none)."""
+    try:
+        bias = model.blocks[layer].attn.b_O
+    except AttributeError:
+        bias = None
+    if bias is None:
+        w = W_O(model, layer)
+        return torch.zeros(w.shape[-1], dtype=w.dtype, device=w.device)
+    return bias.detach()
+
+
+def read(cache: Mapping[str, torch.Tensor], name: str, layers: list[int], closure=False):
+    if name in cache:
+        return cache[name]
+    raise MissingHookError(
+        f"The cache has no {name!r}. cwlens needs {hook_names.needed(layers, closure)}. "
+        "Run the model with `cwlens.run_with_cache(model, tokens)`, or pass "
+        "`names_filter=cwlens.names_filter(model)` to `model.run_with_cache`."
+    )
+
+
+def geometry(
+    cache: Mapping[str, torch.Tensor],
+    model: TLModel,
+    layer: int,
+    attention_mask: torch.Tensor | None = None,
+) -> AttentionGeometry:
+    """The :class:`~cwlens.core.AttentionGeometry` of one layer of a cached run."""
+    pattern = read(cache, hook_names.pattern(layer), [layer])
+    v = read(cache, hook_names.values(layer), [layer])
+    info = ModelInfo.of(model)
+    if pattern.shape[1] != info.n_heads or v.shape[2] not in (info.n_kv_heads, info.n_heads):
+        raise ShapeMismatchError(
+            f"Layer {layer}: the cache has {pattern.shape[1]} query heads and {v.shape[2]} "
+            f"value heads, but the model has {info.n_heads} and {info.n_kv_heads}. "
+            "Was the cache made by another model?"
+        )
+    if v.shape[-1] != info.d_head:
+        raise ShapeMismatchError(
+            f"Layer {layer}: hook_v has d_head={v.shape[-1]}, the model {info.d_head}. "
+            "Was the cache made by another model?"
+        )
+    mask = None if attention_mask is None else attention_mask.bool()
+    return AttentionGeometry(pattern, v, W_O(model, layer), position_mask=mask, layer=layer)

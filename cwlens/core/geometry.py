@@ -1,0 +1,249 @@
+"""Geometry of one attention layer: contribution weights, baselines and their factors.
+
+Pure torch: this module takes tensors, never a model or a cache, and imports neither
+transformer_lens, plotly nor pandas.
+
+For query head ``h`` (kv group ``g``), query ``i`` and key ``j``::
+
+    v~_j^h = v_j^g W_O^h                          projected value   [d_model]
+    o_i^h  = sum_j a_ij^h v~_j^h = z_i^h W_O^h      head output (no b_O)
+    o_i    = sum_h o_i^h                            layer output (no b_O)
+
+    contribution   c_ij^h = <o, a_ij^h v~_j^h> / ||o||^2 = a * (||v~_j^h|| / ||o||) * cos(o, v~_j^h)
+
+with ``o = o_i^h`` for ``kind="intra"`` (rows sum to 1 over keys) and ``o = o_i`` for
+``kind="inter"`` (sums to 1 over heads and keys). The baselines are attention ``a``,
+value-weighted ``a ||v~||`` and value-weighted output-normalised ``a ||v~|| / ||o||``.
+
+Nothing of size ``[query, key, head, d_model]`` is ever built. Every inner product goes
+through ``d_head``-sized tensors:
+
+    <o, v~_j^h>   = <o W_O^h^T, v_j^g>       one A.V-sized einsum per layer
+    ||v~_j^h||^2  = v_j^g G^h v_j^g^T,  G^h = W_O^h W_O^h^T   (d_head x d_head)
+
+so a layer costs about one extra attention-times-values product, and every result has
+the size of the attention pattern.
+
+Degenerate outputs: where ``||o|| = 0`` (padding, a head whose values are all zero) the
+weights are undefined; they are returned as 0 and flagged by :meth:`zero_output`.
+Non-finite activations raise :class:`~cwlens.errors.NonFiniteError`.
+"""
+
+from functools import cached_property
+
+import torch
+
+from cwlens._types import KINDS, PairWeights, Pattern, PositionMask, Values, WO
+from cwlens.errors import NonFiniteError, ShapeMismatchError, UnknownOptionError
+
+
+def check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise UnknownOptionError(
+            f"Unknown kind={kind!r}. Valid kinds: 'intra' (project on the head's own output, "
+            f"rows sum to 1 per head) or 'inter' (project on the layer's multi-head output, "
+            f"sums to 1 over heads and keys)."
+        )
+    return kind
+
+
+def safe_divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den`` where ``den > 0``, else 0 (never NaN or inf)."""
+    ok = den > 0
+    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float32, or float64 if any input already is (bf16/fp16 caches are upcast)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+class AttentionGeometry:
+    """All per-pair measures of one layer, computed lazily and shared between measures.
+
+    Args:
+        pattern: ``[batch, head_index, query_pos, key_pos]`` attention probabilities.
+        v: ``[batch, key_pos, kv_head, d_head]`` value vectors (b_V included, as in
+            ``hook_v``); ``kv_head`` may equal ``head_index`` or divide it (GQA).
+        W_O: ``[head_index, d_head, d_model]`` output projection of this layer.
+        position_mask: optional ``[batch, pos]`` bool, True on real tokens. Pad queries
+            and pad keys are zeroed in the pattern, so their weights come out as 0.
+        layer: only used in error messages.
+    """
+
+    def __init__(
+        self,
+        pattern: Pattern,
+        v: Values,
+        W_O: WO,
+        position_mask: PositionMask | None = None,
+        layer: int | None = None,
+    ):
+        self.layer = layer
+        _check_shapes(pattern, v, W_O, position_mask, layer)
+        dtype = compute_dtype(pattern, v, W_O)
+        device = pattern.device
+        alpha = pattern.to(dtype)
+        if position_mask is not None:
+            m = position_mask.to(device=device, dtype=dtype)
+            q = alpha.shape[2]  # queries are the last q positions (q < key_pos with a KV cache)
+            alpha = alpha * m[:, None, -q:, None] * m[:, None, None, :]
+        self.pattern = alpha
+        self.v = v.to(device=device, dtype=dtype)
+        self.W_O = W_O.to(device=device, dtype=dtype)
+        self.n_heads = pattern.shape[1]
+        self.n_kv = v.shape[2]
+        self.group = self.n_heads // self.n_kv
+        self._dots: dict[str, torch.Tensor] = {}
+
+    # -- shared intermediates ------------------------------------------------------------
+    def _grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """[batch, head, ...] -> [batch, kv_head, group, ...] (a view, no copy)."""
+        return x.view(x.shape[0], self.n_kv, self.group, *x.shape[2:])
+
+    @cached_property
+    def z(self) -> torch.Tensor:
+        """Per-head mixed values ``sum_j a_ij v_j``: ``[batch, query_pos, head_index, d_head]``."""
+        b, h, q, _ = self.pattern.shape
+        z = torch.einsum("bgrqk,bkgd->bqgrd", self._grouped(self.pattern), self.v)
+        return z.reshape(b, q, h, -1)
+
+    @cached_property
+    def gram(self) -> torch.Tensor:
+        """``G^h = W_O^h W_O^h^T``: ``[head_index, d_head, d_head]``."""
+        return self.W_O @ self.W_O.transpose(-1, -2)
+
+    @cached_property
+    def value_norm(self) -> torch.Tensor:
+        """``||v~_j^h||``: ``[batch, head_index, key_pos]``."""
+        g = self.gram.view(self.n_kv, self.group, *self.gram.shape[1:])
+        vg = torch.einsum("bkgd,grde->bgrke", self.v, g)
+        sq = (vg * self.v.permute(0, 2, 1, 3)[:, :, None]).sum(-1)
+        return sq.clamp_min(0).sqrt().flatten(1, 2)
+
+    @cached_property
+    def layer_output(self) -> torch.Tensor:
+        """``o_i = sum_h z_i^h W_O^h`` (no b_O): ``[batch, query_pos, d_model]``."""
+        return torch.einsum("bqhd,hdm->bqm", self.z, self.W_O)
+
+    def head_outputs(self) -> torch.Tensor:
+        """``o_i^h``: ``[batch, query_pos, head_index, d_model]`` (not cached: it is large)."""
+        return torch.einsum("bqhd,hdm->bqhm", self.z, self.W_O)
+
+    @cached_property
+    def _intra(self) -> tuple[torch.Tensor, torch.Tensor]:
+        proj = torch.einsum("bqhd,hde->bqhe", self.z, self.gram)  # o^h W_O^h^T
+        norm_sq = (proj * self.z).sum(-1).clamp_min(0).permute(0, 2, 1)  # [b, h, q]
+        return proj, norm_sq
+
+    @cached_property
+    def _inter(self) -> tuple[torch.Tensor, torch.Tensor]:
+        o = self.layer_output
+        proj = torch.einsum("bqm,hdm->bqhd", o, self.W_O)  # o W_O^h^T
+        norm_sq = (o * o).sum(-1)[:, None, :]  # [b, 1, q]
+        return proj, norm_sq
+
+    def _projection(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        proj, norm_sq = self._intra if check_kind(kind) == "intra" else self._inter
+        if not torch.isfinite(norm_sq).all():
+            where = "" if self.layer is None else f" in layer {self.layer}"
+            raise NonFiniteError(
+                f"Non-finite attention outputs{where} (NaN or inf in hook_pattern/hook_v). "
+                "This is usually fp16 overflow: run the model in float32 or bfloat16."
+            )
+        return proj, norm_sq
+
+    def output_norm(self, kind: str = "inter") -> torch.Tensor:
+        """``||o_i^h||`` ``[batch, head_index, query_pos]`` (intra) or ``||o_i||`` ``[batch, 1, query_pos]`` (inter)."""
+        return self._projection(kind)[1].sqrt()
+
+    def zero_output(self, kind: str = "inter") -> torch.Tensor:
+        """True where ``||o|| = 0``, so that the weights there are set to 0, not NaN."""
+        return self._projection(kind)[1] == 0
+
+    def _dot_uncached(self, kind: str) -> torch.Tensor:
+        proj, _ = self._projection(kind)
+        b, q, h, d = proj.shape
+        p = proj.view(b, q, self.n_kv, self.group, d)
+        return torch.einsum("bqgrd,bkgd->bgrqk", p, self.v).flatten(1, 2)
+
+    def dot(self, kind: str = "inter") -> PairWeights:
+        """``<o_i, v~_j^h>`` (unweighted by attention): ``[batch, head_index, query_pos, key_pos]``."""
+        if kind not in self._dots:
+            self._dots[kind] = self._dot_uncached(kind)
+        return self._dots[kind]
+
+    # -- the measures --------------------------------------------------------------------
+    def attention(self) -> PairWeights:
+        return self.pattern
+
+    def value_weighted(self) -> PairWeights:
+        """``a_ij ||v~_j||`` (Kobayashi et al., 2020)."""
+        return self.pattern * self.value_norm[:, :, None, :]
+
+    def value_weighted_output_normalized(self, kind: str = "inter") -> PairWeights:
+        """``a_ij ||v~_j|| / ||o_i||``."""
+        return safe_divide(self.value_weighted(), self.output_norm(kind)[..., None])
+
+    def contribution(self, kind: str = "inter") -> PairWeights:
+        """``<o_i, a_ij v~_j> / ||o_i||^2``, signed."""
+        _, norm_sq = self._projection(kind)
+        return safe_divide(self.pattern * self.dot(kind), norm_sq[..., None])
+
+    def relative_norm(self, kind: str = "inter") -> PairWeights:
+        """``||v~_j|| / ||o_i||`` broadcast to ``[batch, head_index, query_pos, key_pos]``."""
+        vn = self.value_norm[:, :, None, :]
+        on = self.output_norm(kind)[..., None]
+        return safe_divide(vn, on).expand_as(self.pattern)
+
+    def cosine(self, kind: str = "inter") -> PairWeights:
+        """``cos(o_i, v~_j)``; 0 where either vector is zero."""
+        den = self.output_norm(kind)[..., None] * self.value_norm[:, :, None, :]
+        return safe_divide(self.dot(kind), den).expand_as(self.pattern)
+
+    def measure(self, metric: str, kind: str = "inter") -> PairWeights:
+        """One of :data:`cwlens._types.METRICS` by name."""
+        if metric == "attention":
+            return self.attention()
+        if metric == "value_weighted":
+            return self.value_weighted()
+        if metric == "value_weighted_output_normalized":
+            return self.value_weighted_output_normalized(kind)
+        if metric == "contribution":
+            return self.contribution(kind)
+        from cwlens._types import METRICS
+
+        raise UnknownOptionError(
+            f"Unknown metric={metric!r}. Valid metrics: {', '.join(repr(m) for m in METRICS)}."
+        )
+
+
+def _check_shapes(pattern, v, W_O, position_mask, layer) -> None:
+    where = "" if layer is None else f" (layer {layer})"
+    if pattern.ndim != 4 or v.ndim != 4 or W_O.ndim != 3:
+        raise ShapeMismatchError(
+            f"Expected pattern [batch, head, query, key], v [batch, key, kv_head, d_head] and "
+            f"W_O [head, d_head, d_model]{where}; got pattern {tuple(pattern.shape)}, "
+            f"v {tuple(v.shape)}, W_O {tuple(W_O.shape)}."
+        )
+    b, h, q, k = pattern.shape
+    bv, kv_pos, g, d = v.shape
+    problems = []
+    if bv != b or kv_pos != k:
+        problems.append(f"v has batch/key_pos {(bv, kv_pos)} but the pattern has {(b, k)}")
+    if W_O.shape[0] != h or W_O.shape[1] != d:
+        problems.append(
+            f"W_O is {tuple(W_O.shape)} but the pattern has {h} heads and v has d_head={d}"
+        )
+    if g == 0 or h % g != 0:
+        problems.append(f"{g} kv heads do not divide {h} query heads")
+    if position_mask is not None and tuple(position_mask.shape) != (b, k):
+        problems.append(
+            f"position_mask is {tuple(position_mask.shape)}, expected (batch, pos) = {(b, k)}"
+        )
+    if problems:
+        raise ShapeMismatchError(
+            f"Shape mismatch{where}: "
+            + "; ".join(problems)
+            + ". Was the cache made by this model, with this attention mask?"
+        )

@@ -1,0 +1,41 @@
+"""Every error cwlens raises on purpose derives from :class:`CwlensError`.
+
+Each message names the problem, the value that caused it, the valid options and the fix.
+They subclass the matching builtin too (``KeyError``, ``ValueError``, ...), so existing
+``except ValueError`` code keeps working.
+"""
+
+
+class CwlensError(Exception):
+    """Base class of all cwlens errors."""
+
+
+class MissingHookError(CwlensError, KeyError):
+    """The activation cache lacks a hook that the computation needs."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class LayerOutOfRangeError(CwlensError, IndexError):
+    """A layer index outside ``[0, n_layers)``."""
+
+
+class UnknownOptionError(CwlensError, ValueError):
+    """An option string (metric, kind, scope, ...) that is not one of the valid choices."""
+
+
+class ShapeMismatchError(CwlensError, ValueError):
+    """Tensors whose shapes do not fit together, e.g. a cache from another model."""
+
+
+class NonFiniteError(CwlensError, FloatingPointError):
+    """NaN or inf in the activations (often fp16 overflow)."""
+
+
+class ModelNotAvailableError(CwlensError, RuntimeError):
+    """A model cannot be found or loaded; the message says what to install or pass."""
+
+
+class DatasetFormatError(CwlensError, ValueError):
+    """A dataset file with a malformed line; the message names file and line."""

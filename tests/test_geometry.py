@@ -1,0 +1,117 @@
+"""Unit tier: identities of the pure math on random tensors (no model)."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from cwlens.core import AttentionGeometry
+from cwlens.errors import NonFiniteError, ShapeMismatchError, UnknownOptionError
+from cwlens.testing import naive_measures, random_layer
+
+SHAPES = [
+    dict(n_heads=4, n_kv=2),  # GQA
+    dict(n_heads=4, n_kv=4),  # MHA
+    dict(n_heads=6, n_kv=1),  # MQA
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kind", ["intra", "inter"])
+def test_fast_path_equals_naive_float64(shape, kind):
+    pattern, v, W_O = random_layer(**shape, seed=1)
+    geo = AttentionGeometry(pattern, v, W_O)
+    ref = naive_measures(pattern, v, W_O)
+    tol = dict(rtol=1e-4, atol=1e-5)
+    assert_close(geo.contribution(kind).double(), ref[f"contribution_{kind}"], **tol)
+    assert_close(geo.value_weighted().double(), ref["value_weighted"], **tol)
+    assert_close(
+        geo.value_weighted_output_normalized(kind).double(),
+        ref[f"value_weighted_output_normalized_{kind}"],
+        **tol,
+    )
+    assert_close(geo.relative_norm(kind).double(), ref[f"relative_norm_{kind}"], **tol)
+    assert_close(geo.cosine(kind).double(), ref[f"cosine_{kind}"], **tol)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sums_to_one(shape):
+    pattern, v, W_O = random_layer(**shape, seed=2)
+    geo = AttentionGeometry(pattern, v, W_O)
+    intra = geo.contribution("intra")
+    inter = geo.contribution("inter")
+    assert_close(intra.sum(-1), torch.ones_like(intra.sum(-1)), rtol=0, atol=1e-4)
+    assert_close(inter.sum((1, 3)), torch.ones_like(inter.sum((1, 3))), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["intra", "inter"])
+def test_factors_multiply_to_weight(kind):
+    pattern, v, W_O = random_layer(seed=3)
+    geo = AttentionGeometry(pattern, v, W_O)
+    product = geo.attention() * geo.relative_norm(kind) * geo.cosine(kind)
+    assert_close(product, geo.contribution(kind), rtol=1e-4, atol=1e-6)
+
+
+def test_contributions_can_be_negative():
+    pattern, v, W_O = random_layer(seed=4)
+    assert (AttentionGeometry(pattern, v, W_O).contribution("inter") < 0).any()
+
+
+def test_heads_and_keys_rebuild_output():
+    pattern, v, W_O = random_layer(seed=5)
+    geo = AttentionGeometry(pattern, v, W_O)
+    ref = naive_measures(pattern, v, W_O)
+    assert_close(geo.layer_output.double(), ref["layer_output"], rtol=1e-4, atol=1e-5)
+    assert_close(geo.head_outputs().sum(2), geo.layer_output, rtol=1e-5, atol=1e-5)
+
+
+def test_float64_inputs_stay_float64_and_bf16_is_upcast():
+    pattern, v, W_O = random_layer(seed=6, dtype=torch.float64)
+    assert AttentionGeometry(pattern, v, W_O).contribution().dtype == torch.float64
+    geo = AttentionGeometry(pattern.bfloat16(), v.bfloat16(), W_O.bfloat16())
+    assert geo.contribution().dtype == torch.float32
+
+
+def test_padding_mask_zeroes_pad_rows_and_columns_without_nan():
+    pattern, v, W_O = random_layer(batch=2, pos=6, seed=7)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, :2] = False  # left padding on the second sequence
+    geo = AttentionGeometry(pattern, v, W_O, position_mask=mask)
+    for kind in ("intra", "inter"):
+        c = geo.contribution(kind)
+        assert torch.isfinite(c).all()
+        assert (c[1, :, :2, :] == 0).all() and (c[1, :, :, :2] == 0).all()
+        assert geo.zero_output(kind)[1, ..., :2].all()
+        assert_close(geo.cosine(kind)[1, :, :2], torch.zeros_like(geo.cosine(kind)[1, :, :2]))
+
+
+def test_zero_value_head_gives_zeros_not_nan():
+    pattern, v, W_O = random_layer(n_heads=4, n_kv=4, seed=8)
+    v[:, :, 0] = 0
+    geo = AttentionGeometry(pattern, v, W_O)
+    c = geo.contribution("intra")
+    assert torch.isfinite(c).all() and (c[:, 0] == 0).all()
+    assert torch.isfinite(geo.cosine("intra")).all()
+    assert geo.zero_output("intra")[:, 0].all()
+
+
+def test_non_finite_raises():
+    pattern, v, W_O = random_layer(seed=9)
+    v[0, 0, 0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="float32 or bfloat16"):
+        AttentionGeometry(pattern, v, W_O, layer=3).contribution()
+
+
+def test_bad_kind_and_metric():
+    geo = AttentionGeometry(*random_layer())
+    with pytest.raises(UnknownOptionError, match="'intra'.*'inter'"):
+        geo.contribution("outer")
+    with pytest.raises(UnknownOptionError, match="value_weighted_output_normalized"):
+        geo.measure("saliency")
+
+
+def test_shape_mismatch_message_names_shapes():
+    pattern, v, W_O = random_layer(n_heads=4, n_kv=2, d_head=5)
+    with pytest.raises(ShapeMismatchError, match=r"W_O is \(3, 5, 12\)"):
+        AttentionGeometry(pattern, v, W_O[:3], layer=0)
+    with pytest.raises(ShapeMismatchError, match="3 kv heads do not divide 4"):
+        AttentionGeometry(pattern, torch.randn(2, 7, 3, 5), W_O)
