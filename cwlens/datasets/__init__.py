@@ -1,0 +1,30 @@
+"""Evaluation datasets for cwlens (pure Python; no torch import).
+
+    from cwlens.datasets import load_dataset, available_datasets
+    docs  = load_dataset("gsm8k", n=100)            # list[TextSample]
+    items = load_dataset("mmlu", num_fewshot=5)     # list[ChoiceItem]
+
+Text datasets: gsm8k, fineweb_edu, fineweb_edu_substitute_wikipedia.
+Choice datasets (lm-eval-harness formats): mmlu, winogrande, boolq.
+Formats are documented in ``cwlens.datasets.tasks``; provenance and licences
+of the shipped samples in ``cwlens/datasets/data/SOURCES.md``.
+"""
+
+from .errors import DatasetFormatError, DatasetSourceError, UnknownDatasetError
+from .loader import load_dataset
+from .records import ChoiceItem, TextSample
+from .registry import DATA_DIR, DATASET_NAMES, SHIPPED_FILES, DatasetInfo, available_datasets
+
+__all__ = [
+    "DATASET_NAMES",
+    "DATA_DIR",
+    "SHIPPED_FILES",
+    "ChoiceItem",
+    "DatasetFormatError",
+    "DatasetInfo",
+    "DatasetSourceError",
+    "TextSample",
+    "UnknownDatasetError",
+    "available_datasets",
+    "load_dataset",
+]

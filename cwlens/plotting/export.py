@@ -1,0 +1,52 @@
+"""Save plotly figures as self-contained HTML (no CDN) and PNG.
+
+PNG export uses kaleido >= 1 with a system Chromium (Debian: ``apt-get install chromium``;
+``scripts/setup.sh`` installs it). Without a browser the HTML is still written and a
+warning says how to get PNGs.
+"""
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+_CHROME_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+
+
+def find_chrome() -> str | None:
+    """``$BROWSER_PATH`` or the first Chrome-like browser on PATH."""
+    env = os.environ.get("BROWSER_PATH")
+    if env and os.access(env, os.X_OK):
+        return env
+    for name in _CHROME_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def save_figure(fig, path_stem: str | Path, png: bool = True, scale: float = 1.0) -> list[Path]:
+    """Write ``<stem>.html`` (plotly.js inlined: opens offline) and ``<stem>.png``.
+
+    Returns the paths written.
+    """
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    html = stem.with_suffix(".html")
+    fig.write_html(html, include_plotlyjs=True, full_html=True)
+    written = [html]
+    if png:
+        chrome = find_chrome()
+        if chrome is None:
+            warnings.warn(
+                f"No Chromium found, so {stem.with_suffix('.png')} was not written (the HTML "
+                "was). Install one (Debian/Ubuntu: apt-get install chromium) or set "
+                "BROWSER_PATH.",
+                stacklevel=2,
+            )
+            return written
+        os.environ.setdefault("BROWSER_PATH", chrome)
+        out = stem.with_suffix(".png")
+        fig.write_image(out, format="png", scale=scale)
+        written.append(out)
+    return written

@@ -1,0 +1,88 @@
+"""Attention vs contribution heatmaps (the paper's Fig. 1 layout).
+
+Attention matrices on the top row, contribution matrices on the bottom row, one column
+per head; contributions use a diverging scale centred at 0 (red = adds along the
+output, blue = opposes it). Hover shows the factor split.
+"""
+
+import numpy as np
+
+
+def _labels(str_tokens):
+    # plotly merges equal category labels: make each position unique but readable
+    return [f"{i}:{t!s}".replace("\n", "\\n") for i, t in enumerate(str_tokens)]
+
+
+def attention_vs_contribution(
+    heads: list[dict],
+    str_tokens: list[str],
+    title: str = "Where heads look (attention) vs what they move (contribution)",
+    contribution_label: str = "contribution (intra-head)",
+):
+    """A 2-row figure: attention (top) and contribution (bottom) for each head.
+
+    Args:
+        heads: one dict per column with ``name`` and ``[query, key]`` arrays
+            ``attention``, ``contribution``, and optionally ``relative_norm``, ``cosine``
+            for the hover text.
+        str_tokens: token strings of the sequence (axis labels).
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    n = len(heads)
+    labels = _labels(str_tokens)
+    fig = make_subplots(
+        rows=2,
+        cols=n,
+        subplot_titles=[f"{h['name']}: attention" for h in heads]
+        + [f"{h['name']}: contribution" for h in heads],
+        horizontal_spacing=0.04,
+        vertical_spacing=0.12,
+    )
+    c_max = max(float(np.nanmax(np.abs(np.asarray(h["contribution"])))) for h in heads) or 1.0
+    for col, head in enumerate(heads, start=1):
+        att = np.asarray(head["attention"], dtype=float)
+        con = np.asarray(head["contribution"], dtype=float)
+        hover = _hover(head, labels)
+        fig.add_trace(
+            go.Heatmap(
+                z=att, x=labels, y=labels, colorscale="Viridis", zmin=0, zmax=1,
+                showscale=col == n, colorbar=dict(title="attention", y=0.78, len=0.42),
+                customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+            ),
+            row=1, col=col,
+        )
+        fig.add_trace(
+            go.Heatmap(
+                z=con, x=labels, y=labels, colorscale="RdBu_r", zmid=0,
+                zmin=-c_max, zmax=c_max, showscale=col == n,
+                colorbar=dict(title=contribution_label.split(" ")[0], y=0.22, len=0.42),
+                customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+            ),
+            row=2, col=col,
+        )
+    side = max(300, 22 * len(labels))
+    fig.update_yaxes(autorange="reversed", tickfont=dict(size=9), title_text="query")
+    fig.update_xaxes(tickfont=dict(size=9), tickangle=-60, title_text="key")
+    fig.update_layout(
+        title=title, width=min(2400, 120 + side * n), height=2 * side + 220,
+        font=dict(size=11), margin=dict(t=90),
+    )
+    return fig
+
+
+def _hover(head, labels):
+    att = np.asarray(head["attention"], dtype=float)
+    con = np.asarray(head["contribution"], dtype=float)
+    rel = np.asarray(head.get("relative_norm", np.full_like(att, np.nan)), dtype=float)
+    cos = np.asarray(head.get("cosine", np.full_like(att, np.nan)), dtype=float)
+    out = np.empty(att.shape, dtype=object)
+    for i in range(att.shape[0]):
+        for j in range(att.shape[1]):
+            out[i, j] = (
+                f"query {labels[i]}<br>key {labels[j]}<br>attention {att[i, j]:.3f}"
+                f"<br>relative norm {rel[i, j]:.3f}<br>cosine {cos[i, j]:+.3f}"
+                f"<br>contribution {con[i, j]:+.3f}"
+            )
+    return out
