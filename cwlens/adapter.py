@@ -36,13 +36,18 @@ class ModelInfo:
     d_head: int
     d_model: int
     generation: str  # "bridge" (TransformerLens 4.x) or "hooked" (3.x)
+    post_attn_norm: bool  # a norm between the heads and hook_attn_out (Gemma-2/3)
 
     @classmethod
     def of(cls, model: TLModel) -> "ModelInfo":
         cfg = model.cfg
         n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
         generation = "bridge" if type(model).__name__ == "TransformerBridge" else "hooked"
-        return cls(cfg.n_layers, cfg.n_heads, n_kv, cfg.d_head, cfg.d_model, generation)
+        post = bool(getattr(cfg, "use_normalization_before_and_after", False))
+        return cls(cfg.n_layers, cfg.n_heads, n_kv, cfg.d_head, cfg.d_model, generation, post)
+
+    def hooks(self, layers: list[int], closure: bool = False) -> list[str]:
+        return hook_names.needed(layers, closure, self.generation, self.post_attn_norm)
 
 
 def resolve_layers(model: TLModel, layer: Layers) -> tuple[list[int], bool]:
@@ -78,11 +83,12 @@ def b_O(model: TLModel, layer: int) -> torch.Tensor:
     return bias.detach()
 
 
-def read(cache: Mapping[str, torch.Tensor], name: str, layers: list[int], closure=False):
+def read(cache: Mapping[str, torch.Tensor], name: str, model: TLModel, closure=False):
     if name in cache:
         return cache[name]
+    layer = int(name.split(".")[1])
     raise MissingHookError(
-        f"The cache has no {name!r}. cwlens needs {hook_names.needed(layers, closure)}. "
+        f"The cache has no {name!r}. cwlens needs {ModelInfo.of(model).hooks([layer], closure)}. "
         "Run the model with `cwlens.run_with_cache(model, tokens)`, or pass "
         "`names_filter=cwlens.names_filter(model)` to `model.run_with_cache`."
     )
@@ -95,8 +101,8 @@ def geometry(
     attention_mask: torch.Tensor | None = None,
 ) -> AttentionGeometry:
     """The :class:`~cwlens.core.AttentionGeometry` of one layer of a cached run."""
-    pattern = read(cache, hook_names.pattern(layer), [layer])
-    v = read(cache, hook_names.values(layer), [layer])
+    pattern = read(cache, hook_names.pattern(layer), model)
+    v = read(cache, hook_names.values(layer), model)
     info = ModelInfo.of(model)
     if pattern.shape[1] != info.n_heads or v.shape[2] not in (info.n_kv_heads, info.n_heads):
         raise ShapeMismatchError(
@@ -111,3 +117,17 @@ def geometry(
         )
     mask = None if attention_mask is None else attention_mask.bool()
     return AttentionGeometry(pattern, v, W_O(model, layer), position_mask=mask, layer=layer)
+
+
+def heads_output(cache: Mapping[str, torch.Tensor], model: TLModel, layer: int) -> torch.Tensor:
+    """What the model's heads wrote in this layer, without b_O: ``[batch, pos, d_model]``.
+
+    Read from :func:`cwlens.hook_names.closure_target` (for models with a norm after
+    attention on TransformerLens 3.x, rebuilt from ``hook_z`` and W_O).
+    """
+    info = ModelInfo.of(model)
+    name = hook_names.closure_target(layer, info.generation, info.post_attn_norm)
+    out = read(cache, name, model, closure=True)
+    if name == hook_names.z(layer):
+        return torch.einsum("bqhd,hdm->bqm", out.float(), W_O(model, layer).float())
+    return out.float() - b_O(model, layer).float().to(out.device)

@@ -27,19 +27,39 @@ def attn_out(layer: int) -> str:
     return f"blocks.{layer}.hook_attn_out"
 
 
-def needed(layers: Iterable[int], closure: bool = False) -> list[str]:
-    """The hooks cwlens reads for these layers (``closure`` adds ``hook_attn_out``)."""
+def o_proj_out(layer: int) -> str:
+    """TransformerBridge: the output projection's own output (b_O included), before any
+    post-attention norm (Gemma-3) or residual LayerNorm (BERT) that ``hook_attn_out`` sees."""
+    return f"blocks.{layer}.attn.o.hook_out"
+
+
+def closure_target(layer: int, generation: str, post_attn_norm: bool = False) -> str:
+    """The hook that holds what the attention heads wrote, to check the weights against.
+
+    TransformerBridge: :func:`o_proj_out`. HookedTransformer: :func:`attn_out`, or
+    :func:`z` where a norm sits between the heads and ``hook_attn_out`` (Gemma-2/3).
+    """
+    if generation == "bridge":
+        return o_proj_out(layer)
+    return z(layer) if post_attn_norm else attn_out(layer)
+
+
+def needed(
+    layers: Iterable[int], closure: bool = False, generation: str = "bridge",
+    post_attn_norm: bool = False,
+) -> list[str]:
+    """The hooks cwlens reads for these layers (``closure`` adds :func:`closure_target`)."""
     names = []
     for layer in layers:
         names += [pattern(layer), values(layer)]
         if closure:
-            names.append(attn_out(layer))
+            names.append(closure_target(layer, generation, post_attn_norm))
     return names
 
 
-def names_filter_for(layers: Iterable[int], closure: bool = False) -> Callable[[str], bool]:
+def names_filter_for(layers: Iterable[int], closure: bool = False, **kw) -> Callable[[str], bool]:
     """A ``names_filter`` for ``run_with_cache`` that keeps just :func:`needed`."""
-    keep = frozenset(needed(layers, closure))
+    keep = frozenset(needed(layers, closure, **kw))
 
     def names_filter(name: str) -> bool:
         return name in keep

@@ -146,8 +146,8 @@ def decompose(
 class Closure:
     """How far ``sum_h sum_j a_ij v~_j`` rebuilds the model's own attention output.
 
-    Per layer: ``max_abs_error`` and ``relative_error`` = ||rebuilt - (attn_out - b_O)|| /
-    ||attn_out - b_O|| over all real positions. Small values (float rounding) mean the
+    Per layer: ``max_abs_error`` and ``relative_error`` = ||rebuilt - target|| / ||target||
+    over all real positions, where target is the output projection's output minus b_O. Small values (float rounding) mean the
     cached pattern and values are exactly what the model mixed, so the weights are
     complete: they sum to 1 *and* explain the real output. A large value means a hook
     reads something else than the model computes (e.g. a norm after attention).
@@ -168,13 +168,15 @@ def closure(
     layer: Layers = None,
     attention_mask: torch.Tensor | None = None,
 ) -> Closure:
-    """Check the weights against ``blocks.{l}.hook_attn_out`` (see :class:`Closure`)."""
+    """Check the weights against what the heads wrote (see :class:`Closure`).
+
+    Needs the cache from ``run_with_cache(..., closure=True)``.
+    """
     layers, _ = adapter.resolve_layers(model, layer)
     abs_err, rel_err = [], []
     for ly in layers:
         geo = adapter.geometry(cache, model, ly, attention_mask)
-        target = adapter.read(cache, hook_names.attn_out(ly), layers, closure=True)
-        target = target.to(geo.layer_output.dtype) - adapter.b_O(model, ly).to(target.device)
+        target = adapter.heads_output(cache, model, ly).to(geo.layer_output.dtype)
         diff = geo.layer_output - target
         if attention_mask is not None:
             keep = attention_mask.bool().to(diff.device)[..., None]
@@ -187,7 +189,10 @@ def closure(
 def names_filter(model: TLModel, layers: Layers = None, closure: bool = False):
     """A ``names_filter`` for ``model.run_with_cache`` that keeps only what cwlens reads."""
     resolved, _ = adapter.resolve_layers(model, layers)
-    return hook_names.names_filter_for(resolved, closure)
+    info = adapter.ModelInfo.of(model)
+    return hook_names.names_filter_for(
+        resolved, closure, generation=info.generation, post_attn_norm=info.post_attn_norm
+    )
 
 
 def run_with_cache(

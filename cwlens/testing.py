@@ -15,10 +15,11 @@ def naive_measures(pattern, v, W_O, position_mask=None) -> dict[str, torch.Tenso
     ``relative_norm_{intra,inter}``, ``cosine_{intra,inter}``, ``head_outputs`` and
     ``layer_output``.
     """
-    a = pattern.double()
+    a, v = pattern.double(), v.double()
     if position_mask is not None:
         m = position_mask.double()
         a = a * m[:, None, :, None] * m[:, None, None, :]
+        v = v * m[:, :, None, None]
     n_heads, n_kv = a.shape[1], v.shape[2]
     v_heads = v.double().repeat_interleave(n_heads // n_kv, dim=2)  # [b, k, h, d]
     v_tilde = torch.einsum("bkhd,hdm->bhkm", v_heads, W_O.double())  # projected values
@@ -60,3 +61,111 @@ def random_layer(
     v = torch.randn(batch, pos, n_kv, d_head, generator=g, dtype=dtype)
     W_O = torch.randn(n_heads, d_head, d_model, generator=g, dtype=dtype)
     return pattern, v, W_O
+
+
+# -- tiny seeded models of every architecture cwlens supports --------------------------
+ARCHITECTURES = ("llama", "deepseek", "mistral", "qwen3", "gemma3", "gpt2", "bert")
+
+_WORDS = (
+    "the a an of to and in is was on for with as by at it he she they we you i cat dog "
+    "sat mat ran fast slow big small red blue green house tree car paris france london "
+    "england capital city when mary john went store gave bottle milk drink water one two "
+    "three four five six seven eight nine ten"
+).split()
+
+
+def tiny_tokenizer(encoder: bool = False):
+    """A word-level tokenizer built in memory (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] if encoder else ["<pad>", "<bos>", "<eos>", "<unk>"]
+    vocab = {t: i for i, t in enumerate(specials + _WORDS + list(".,!?"))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=specials[1] if encoder else "<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if encoder:
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+        )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+            sep_token="[SEP]", mask_token="[MASK]",
+            model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        unk_token="<unk>",
+    )
+
+
+def tiny_hf_model(arch: str, seed: int = 0):
+    """``(hf_model, tokenizer)``: 2 layers, d_model 64, 4 heads of 16 (2 kv heads where GQA).
+
+    Weights are the default init plus seeded noise, so biases and norm weights are not
+    trivially 0/1 and bias or folding mistakes show up.
+    """
+    import transformers as T
+
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {ARCHITECTURES}; got {arch!r}")
+    tok = tiny_tokenizer(encoder=arch == "bert")
+    common = dict(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )
+    configs = {
+        "llama": lambda: T.LlamaConfig(**common, head_dim=16),
+        "deepseek": lambda: T.LlamaConfig(**{**common, "num_key_value_heads": 4}, head_dim=16),
+        "mistral": lambda: T.MistralConfig(**common, head_dim=16, sliding_window=None),
+        "qwen3": lambda: T.Qwen3Config(**common, head_dim=16),
+        "gemma3": lambda: T.Gemma3TextConfig(
+            **{**common, "tie_word_embeddings": True}, head_dim=16, sliding_window=8,
+            query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"],
+        ),
+        "gpt2": lambda: T.GPT2Config(
+            vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128, n_ctx=128,
+            bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        ),
+        "bert": lambda: T.BertConfig(
+            vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, max_position_embeddings=128, pad_token_id=0,
+        ),
+    }
+    torch.manual_seed(seed)
+    cfg = configs[arch]()
+    if arch == "bert":
+        hf = T.BertForMaskedLM(cfg)
+    else:
+        hf = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if not getattr(hf.config, "architectures", None):
+        hf.config.architectures = [type(hf).__name__]
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return hf.eval(), tok
+
+
+def save_tiny(arch: str, directory, seed: int = 0):
+    """Write a tiny model as a Hugging Face directory (loadable by both TL generations)."""
+    from pathlib import Path
+
+    hf, tok = tiny_hf_model(arch, seed)
+    path = Path(directory) / f"tiny-{arch.replace('llama', 'lm').replace('gemma', 'gm').replace('bert', 'enc')}"
+    hf.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def tiny_model(arch: str, generation: str = "auto", seed: int = 0, directory=None):
+    """A tiny seeded TransformerLens model: ``"bridge"`` (4.x) or ``"hooked"`` (3.x).
+
+    Goes through a saved directory, as a user's local checkpoint would, so both
+    generations load byte-identical weights.
+    """
+    import tempfile
+
+    from cwlens.models.loading import load_model
+
+    path = save_tiny(arch, directory or tempfile.mkdtemp(prefix="cwlens-tiny-"), seed)
+    return load_model(str(path), device="cpu", generation=generation)

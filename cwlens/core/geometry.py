@@ -90,6 +90,8 @@ class AttentionGeometry:
             alpha = alpha * m[:, None, -q:, None] * m[:, None, None, :]
         self.pattern = alpha
         self.v = v.to(device=device, dtype=dtype)
+        if position_mask is not None:  # pad keys: no value, so every factor is 0 there too
+            self.v = self.v * position_mask.to(device=device, dtype=dtype)[:, :, None, None]
         self.W_O = W_O.to(device=device, dtype=dtype)
         self.n_heads = pattern.shape[1]
         self.n_kv = v.shape[2]
@@ -161,19 +163,28 @@ class AttentionGeometry:
         """True where ``||o|| = 0``, so that the weights there are set to 0, not NaN."""
         return self._projection(kind)[1] == 0
 
-    def _dot_uncached(self, kind: str) -> torch.Tensor:
-        proj, _ = self._projection(kind)
+    def _inverse(self, kind: str, power: float) -> torch.Tensor:
+        """``||o||^-power`` (0 where ``||o|| = 0``), ``[batch, head or 1, query_pos]``."""
+        norm_sq = self._projection(kind)[1]
+        ok = norm_sq > 0
+        inv = torch.where(ok, norm_sq, torch.ones_like(norm_sq)).pow(-power / 2)
+        return inv * ok
+
+    def _pair_dot(self, proj: torch.Tensor) -> torch.Tensor:
+        """``<proj_i^h, v_j^g>`` for a ``[batch, query_pos, head_index, d_head]`` projection."""
         b, q, h, d = proj.shape
-        p = proj.view(b, q, self.n_kv, self.group, d)
+        p = proj.reshape(b, q, self.n_kv, self.group, d)
         return torch.einsum("bqgrd,bkgd->bgrqk", p, self.v).flatten(1, 2)
 
     def dot(self, kind: str = "inter") -> PairWeights:
         """``<o_i, v~_j^h>`` (unweighted by attention): ``[batch, head_index, query_pos, key_pos]``."""
         if kind not in self._dots:
-            self._dots[kind] = self._dot_uncached(kind)
+            self._dots[kind] = self._pair_dot(self._projection(kind)[0])
         return self._dots[kind]
 
     # -- the measures --------------------------------------------------------------------
+    # Each is one einsum and/or one pass over the [batch, head, query, key] tensor: the
+    # per-query scalings (1/||o||, 1/||o||^2) are applied to small tensors first.
     def attention(self) -> PairWeights:
         return self.pattern
 
@@ -183,23 +194,26 @@ class AttentionGeometry:
 
     def value_weighted_output_normalized(self, kind: str = "inter") -> PairWeights:
         """``a_ij ||v~_j|| / ||o_i||``."""
-        return safe_divide(self.value_weighted(), self.output_norm(kind)[..., None])
+        scale = self._inverse(kind, 1)[..., None] * self.value_norm[:, :, None, :]
+        return self.pattern * scale
 
     def contribution(self, kind: str = "inter") -> PairWeights:
         """``<o_i, a_ij v~_j> / ||o_i||^2``, signed."""
-        _, norm_sq = self._projection(kind)
-        return safe_divide(self.pattern * self.dot(kind), norm_sq[..., None])
+        proj = self._projection(kind)[0]
+        inv = self._inverse(kind, 2)  # [b, h or 1, q] -> scale the projection, not the pairs
+        scaled = proj * inv.permute(0, 2, 1)[..., None]
+        return self.pattern * self._pair_dot(scaled)
 
     def relative_norm(self, kind: str = "inter") -> PairWeights:
         """``||v~_j|| / ||o_i||`` broadcast to ``[batch, head_index, query_pos, key_pos]``."""
-        vn = self.value_norm[:, :, None, :]
-        on = self.output_norm(kind)[..., None]
-        return safe_divide(vn, on).expand_as(self.pattern)
+        rel = self._inverse(kind, 1)[..., None] * self.value_norm[:, :, None, :]
+        return rel.expand_as(self.pattern)
 
     def cosine(self, kind: str = "inter") -> PairWeights:
         """``cos(o_i, v~_j)``; 0 where either vector is zero."""
-        den = self.output_norm(kind)[..., None] * self.value_norm[:, :, None, :]
-        return safe_divide(self.dot(kind), den).expand_as(self.pattern)
+        inv_v = safe_divide(torch.ones_like(self.value_norm), self.value_norm)
+        scale = self._inverse(kind, 1)[..., None] * inv_v[:, :, None, :]
+        return self.dot(kind) * scale
 
     def measure(self, metric: str, kind: str = "inter") -> PairWeights:
         """One of :data:`cwlens._types.METRICS` by name."""

@@ -1,0 +1,5 @@
+import sys
+
+from cwlens.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+"""Batches of texts of different lengths: padded tokens plus the attention mask.
+
+Each text is tokenized alone (so BOS handling is exactly the model's own), then padded:
+on the left for decoders (the last token of every row is real, as generation expects;
+TransformerLens derives position ids from the mask), on the right for encoders. Pass the
+mask to ``run_with_cache`` *and* to cwlens' measures: pad positions then get weight 0.
+"""
+
+import torch
+
+from cwlens.errors import UnknownOptionError
+
+
+def is_encoder(model) -> bool:
+    return getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
+
+
+def token_ids(model, text: str) -> torch.Tensor:
+    """1-D token ids of one text, as the model itself would tokenize it."""
+    if is_encoder(model):  # [CLS] ... [SEP] from the tokenizer (to_tokens differs by version)
+        return torch.tensor(model.tokenizer(text)["input_ids"])
+    return model.to_tokens(text, move_to_device=False)[0].cpu()
+
+
+def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | None = None):
+    """``(tokens [batch, pos], attention_mask [batch, pos])`` for a list of texts or id lists.
+
+    ``padding_side`` defaults to ``"left"`` for decoders and ``"right"`` for encoders;
+    ``max_tokens`` truncates each sequence (keeping its start).
+    """
+    side = padding_side or ("right" if is_encoder(model) else "left")
+    if side not in ("left", "right"):
+        raise UnknownOptionError(f"padding_side must be 'left' or 'right'; got {side!r}.")
+    rows = [
+        token_ids(model, t) if isinstance(t, str) else torch.as_tensor(t).flatten().cpu()
+        for t in texts
+    ]
+    if max_tokens is not None:
+        rows = [r[:max_tokens] for r in rows]
+    tok = model.tokenizer
+    pad_id = getattr(tok, "pad_token_id", None)
+    if pad_id is None:
+        pad_id = getattr(tok, "eos_token_id", None) or 0
+    n = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), n), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(rows), n), dtype=torch.long)
+    for i, r in enumerate(rows):
+        sl = slice(n - len(r), n) if side == "left" else slice(0, len(r))
+        tokens[i, sl] = r
+        mask[i, sl] = 1
+    device = getattr(model.cfg, "device", None) or "cpu"
+    return tokens.to(device), mask.to(device)

