@@ -21,9 +21,8 @@ When several layers are asked for, results get a leading ``layer`` axis.
 All results are ``float32`` whatever the cache dtype.
 """
 
-from jaxtyping import Bool, Float
-
 import torch
+from jaxtyping import Bool, Float
 
 Pattern = Float[torch.Tensor, "batch head_index query_pos key_pos"]
 Values = Float[torch.Tensor, "batch key_pos kv_head d_head"]

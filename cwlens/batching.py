@@ -12,6 +12,9 @@ from cwlens.errors import UnknownOptionError
 
 
 def is_encoder(model) -> bool:
+    """Bidirectional attention (BERT-like): ``HookedEncoder`` or a bridge with ``attention_dir``."""
+    if type(model).__name__ == "HookedEncoder":
+        return True
     return getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
 
 

@@ -205,7 +205,9 @@ def run_with_cache(
 ):
     """``model.run_with_cache`` keeping only the hooks cwlens needs: returns ``(logits, cache)``."""
     if attention_mask is not None:
-        kwargs["attention_mask"] = attention_mask
+        # TransformerLens 3.x's HookedEncoder names it one_zero_attention_mask
+        key = "one_zero_attention_mask" if type(model).__name__ == "HookedEncoder" else "attention_mask"
+        kwargs[key] = attention_mask
     return model.run_with_cache(
         input, names_filter=names_filter(model, layers, closure), **kwargs
     )

@@ -16,12 +16,8 @@ models: a short name (smollm2-135m works offline), a local HF directory, or a hu
 """
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", default="smollm2-135m",
-        help="short name, local Hugging Face directory or hub id (default: %(default)s, offline)",
-    )
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available)")
+# Each subcommand lives in its own module with a ``register(subparsers)`` function.
+SUBCOMMANDS = ("demo",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,32 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cwlens {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
 
-    demo = sub.add_parser(
-        "demo",
-        help="attention vs contribution for the most sink-heavy heads on one GSM8K problem",
-        description="Runs the model on one GSM8K problem, prints for the most sink-heavy "
-        "heads the top attended vs top contributing tokens and the factor split "
-        "(attention x relative norm x cosine), and writes a figure (attention matrices "
-        "above, contribution matrices below) as HTML and PNG.",
-    )
-    add_model_args(demo)
-    demo.add_argument("--sample", type=int, default=0, help="GSM8K sample index (default: 0)")
-    demo.add_argument("--max-tokens", type=int, default=40, help="truncate to this many tokens (default: 40)")
-    demo.add_argument("--heads", type=int, default=3, help="how many sink-heavy heads to show (default: 3)")
-    demo.add_argument("--out", default="figures", help="output folder (default: %(default)s)")
-    demo.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
-    demo.set_defaults(func=_run_demo)
+    import importlib
+
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"cwlens.cli.{name}").register(sub)
     return parser
-
-
-def _run_demo(args) -> int:
-    from cwlens.demo import run_demo
-
-    run_demo(
-        model_name=args.model, sample=args.sample, max_tokens=args.max_tokens,
-        n_heads=args.heads, out_dir=args.out, device=args.device, png=not args.no_png,
-    )
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

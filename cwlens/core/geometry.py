@@ -33,7 +33,7 @@ from functools import cached_property
 
 import torch
 
-from cwlens._types import KINDS, PairWeights, Pattern, PositionMask, Values, WO
+from cwlens._types import KINDS, WO, PairWeights, Pattern, PositionMask, Values
 from cwlens.errors import NonFiniteError, ShapeMismatchError, UnknownOptionError
 
 

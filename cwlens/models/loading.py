@@ -60,7 +60,7 @@ def load_model(
         dtype: weights dtype; cwlens computes its measures in float32 anyway.
         compatibility_mode: TransformerBridge only: fold LayerNorm and centre weights.
         generation: ``"bridge"`` (TransformerLens 4.x), ``"hooked"`` (3.x
-            ``HookedTransformer``) or ``"auto"`` (whichever is installed).
+            ``HookedTransformer``) or ``"auto"`` (bridge on 4.x, hooked on 3.x).
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -84,8 +84,14 @@ def load_model(
 
 
 def _has_bridge() -> bool:
+    """TransformerLens >= 4 (where HookedTransformer is gone and the bridge is the API).
+
+    3.x releases ship an early bridge too, but their main API is HookedTransformer.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        import transformer_lens.model_bridge  # noqa: F401
-    except ImportError:
+        major = int(version("transformer-lens").split(".")[0])
+    except (PackageNotFoundError, ValueError):
         return False
-    return True
+    return major >= 4

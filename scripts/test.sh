@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite (what CI runs): lint, the TransformerLens 4.x suite in .venv
+# (unit, integration, the real offline model, notebooks), then the architecture tests
+# again under TransformerLens 3.x in .venv-tl3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONWARNINGS=ignore
+echo "== ruff" && .venv/bin/ruff check cwlens tests scripts
+echo "== TransformerLens 4.x (TransformerBridge)"
+.venv/bin/python -m pytest -q "$@"
+if [ -x .venv-tl3/bin/python ]; then
+  echo "== TransformerLens 3.x (HookedTransformer)"
+  .venv-tl3/bin/python -m pytest -q -p no:cacheprovider tests/test_architectures.py tests/test_geometry.py
+fi
