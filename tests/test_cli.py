@@ -1,0 +1,52 @@
+"""The command line: help texts, exit codes, and the demo on a tiny model."""
+
+import subprocess
+import sys
+
+import pytest
+
+from cwlens.cli.main import SUBCOMMANDS, main
+
+
+def test_help_lists_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for name in SUBCOMMANDS:
+        assert name in out
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_each_subcommand_has_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([name, "--help"])
+    assert exit_.value.code == 0
+    assert "--model" in capsys.readouterr().out
+
+
+def test_no_subcommand_prints_help_and_exits_2(capsys):
+    assert main([]) == 2
+    assert "usage: cwlens" in capsys.readouterr().out
+
+
+def test_unknown_model_exits_1_with_a_clear_message():
+    proc = subprocess.run(
+        [sys.executable, "-m", "cwlens", "demo", "--model", "no-such-model", "--no-png"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 1
+    assert "cwlens: error: Unknown model 'no-such-model'" in proc.stderr
+    assert "smollm2-135m" in proc.stderr
+
+
+def test_demo_on_a_tiny_model(tmp_path, capsys):
+    from cwlens.demo import run_demo
+    from cwlens.testing import tiny_model
+
+    result = run_demo(model=tiny_model("llama"), model_name="tiny-llama", out_dir=tmp_path, png=False, n_heads=2)
+    out = capsys.readouterr().out
+    assert "top attended" in out and "top contributing" in out and "factor split" in out
+    assert (tmp_path / "demo_attention_vs_contribution.html").stat().st_size > 100_000
+    assert len(result["heads"]) == 2
+    assert result["closure"].worst_relative_error < 1e-5
