@@ -3,9 +3,10 @@
 For each sequence length n it times, on the same random tokens:
   forward   model(tokens), no hooks
   cwlens    run_with_cache (pattern + v only) and, for every layer, the contribution
-            weights (inter and intra) and the three baselines (attention, value-weighted,
+            weights (kind="inter") and the three baselines (attention, value-weighted,
             value-weighted output-normalised); each layer's tensors are reduced (summed)
             and dropped, as an analysis over all layers would.
+  +intra    the same plus the intra-head contribution weights
 and reports ratio = cwlens / forward, with the median of --repeats runs, and peak memory
 (CUDA: max allocated; CPU: peak RSS of a fresh subprocess per row, minus the process's
 RSS after loading the model).
@@ -34,7 +35,7 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def cwlens_pass(model, tokens):
+def cwlens_pass(model, tokens, intra=False):
     import cwlens
     from cwlens import adapter
 
@@ -42,13 +43,15 @@ def cwlens_pass(model, tokens):
     total = 0.0
     for layer in range(model.cfg.n_layers):
         geo = adapter.geometry(cache, model, layer)
-        for out in (
+        outs = [
             geo.contribution("inter"),
-            geo.contribution("intra"),
             geo.attention(),
             geo.value_weighted(),
             geo.value_weighted_output_normalized("inter"),
-        ):
+        ]
+        if intra:
+            outs.append(geo.contribution("intra"))
+        for out in outs:
             total += float(out.sum())
         del geo
     del cache
@@ -62,12 +65,16 @@ def one_row(model_name, device, n, repeats, dtype):
     base_rss = peak_rss_mb()
     torch.manual_seed(0)
     tokens = torch.randint(100, model.cfg.d_vocab - 100, (1, n), device=device)
-    times = {"forward": [], "cwlens": []}
+    times = {"forward": [], "cwlens": [], "intra": []}
     with torch.no_grad():
         model(tokens)  # warm-up
         cwlens_pass(model, tokens)
         for _ in range(repeats):  # interleaved, so drift hits both alike
-            for name, fn in (("forward", lambda: model(tokens)), ("cwlens", lambda: cwlens_pass(model, tokens))):
+            for name, fn in (
+                ("forward", lambda: model(tokens)),
+                ("cwlens", lambda: cwlens_pass(model, tokens)),
+                ("intra", lambda: cwlens_pass(model, tokens, intra=True)),
+            ):
                 if str(device).startswith("cuda"):
                     torch.cuda.reset_peak_memory_stats()
                 sync(device)
@@ -76,11 +83,13 @@ def one_row(model_name, device, n, repeats, dtype):
                 sync(device)
                 times[name].append(time.perf_counter() - t0)
     fwd, cw = statistics.median(times["forward"]), statistics.median(times["cwlens"])
+    both = statistics.median(times["intra"])
     if str(device).startswith("cuda"):
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = peak_rss_mb() - base_rss
-    return {"n": n, "forward_s": fwd, "cwlens_s": cw, "ratio": cw / fwd, "peak_extra_mb": peak}
+    return {"n": n, "forward_s": fwd, "cwlens_s": cw, "ratio": cw / fwd,
+            "ratio_with_intra": both / fwd, "peak_extra_mb": peak}
 
 
 def main():
@@ -97,13 +106,16 @@ def main():
         print(json.dumps(one_row(args.model, args.device, args.row, args.repeats, dtype)))
         return
     print(f"model {args.model}, device {args.device}, dtype {args.dtype}, torch threads {torch.get_num_threads()}")
-    print(f"{'n':>6} {'forward s':>10} {'cwlens s':>10} {'ratio':>7} {'peak extra MB':>14}")
+    print(f"{'n':>6} {'forward s':>10} {'cwlens s':>10} {'ratio':>7} {'+intra':>7} {'peak extra MB':>14}")
     for n in args.lengths:
         cmd = [sys.executable, __file__, "--row", str(n), "--model", args.model,
                "--device", args.device, "--dtype", args.dtype, "--repeats", str(args.repeats)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
-        print(f"{r['n']:>6} {r['forward_s']:>10.3f} {r['cwlens_s']:>10.3f} {r['ratio']:>7.2f} {r['peak_extra_mb']:>14.0f}")
+        print(
+            f"{r['n']:>6} {r['forward_s']:>10.3f} {r['cwlens_s']:>10.3f} {r['ratio']:>7.2f} "
+            f"{r['ratio_with_intra']:>7.2f} {r['peak_extra_mb']:>14.0f}"
+        )
 
 
 if __name__ == "__main__":
