@@ -99,16 +99,15 @@ class AttentionGeometry:
         self._dots: dict[str, torch.Tensor] = {}
 
     # -- shared intermediates ------------------------------------------------------------
-    def _grouped(self, x: torch.Tensor) -> torch.Tensor:
-        """[batch, head, ...] -> [batch, kv_head, group, ...] (a view, no copy)."""
-        return x.view(x.shape[0], self.n_kv, self.group, *x.shape[2:])
-
     @cached_property
     def z(self) -> torch.Tensor:
         """Per-head mixed values ``sum_j a_ij v_j``: ``[batch, query_pos, head_index, d_head]``."""
-        b, h, q, _ = self.pattern.shape
-        z = torch.einsum("bgrqk,bkgd->bqgrd", self._grouped(self.pattern), self.v)
-        return z.reshape(b, q, h, -1)
+        b, h, q, k = self.pattern.shape
+        d = self.v.shape[-1]
+        # one batched matmul per kv group: [b, g, (r q), k] @ [b, g, k, d]
+        grouped = self.pattern.reshape(b, self.n_kv, self.group * q, k)
+        z = torch.matmul(grouped, self.v.permute(0, 2, 1, 3))
+        return z.view(b, self.n_kv, self.group, q, d).permute(0, 3, 1, 2, 4).reshape(b, q, h, d)
 
     @cached_property
     def gram(self) -> torch.Tensor:
@@ -202,7 +201,7 @@ class AttentionGeometry:
         proj = self._projection(kind)[0]
         inv = self._inverse(kind, 2)  # [b, h or 1, q] -> scale the projection, not the pairs
         scaled = proj * inv.permute(0, 2, 1)[..., None]
-        return self.pattern * self._pair_dot(scaled)
+        return self._pair_dot(scaled).mul_(self.pattern)  # in place: no second big buffer
 
     def relative_norm(self, kind: str = "inter") -> PairWeights:
         """``||v~_j|| / ||o_i||`` broadcast to ``[batch, head_index, query_pos, key_pos]``."""
