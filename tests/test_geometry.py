@@ -115,3 +115,21 @@ def test_shape_mismatch_message_names_shapes():
         AttentionGeometry(pattern, v, W_O[:3], layer=0)
     with pytest.raises(ShapeMismatchError, match="3 kv heads do not divide 4"):
         AttentionGeometry(pattern, torch.randn(2, 7, 3, 5), W_O)
+
+
+def test_decomposition_table_matches_tensors():
+    import cwlens
+    from cwlens.testing import tiny_model
+
+    model = tiny_model("llama")
+    tokens = model.to_tokens("the cat sat on the mat")
+    with torch.no_grad():
+        _, cache = cwlens.run_with_cache(model, tokens)
+    parts = cwlens.decompose(cache, model, 1)
+    df = parts.to_dataframe(query=-1, str_tokens=model.to_str_tokens(tokens[0]))
+    n = tokens.shape[1]
+    assert len(df) == model.cfg.n_heads * n and set(df["layer"]) == {1}
+    row = df[(df["head"] == 2) & (df["key"] == 1)].iloc[0]
+    assert row.contribution == pytest.approx(float(parts.contribution[0, 2, n - 1, 1]))
+    assert row.attention * row.relative_norm * row.cosine == pytest.approx(row.contribution, abs=1e-6)
+    assert df.groupby("head").contribution.sum().sum() == pytest.approx(1.0, abs=1e-5)

