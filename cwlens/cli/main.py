@@ -40,7 +40,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_libraries() -> None:
+    """No download/loading progress bars or library warnings in the terminal output."""
+    import os
+    import warnings
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore", category=UserWarning, module="transformer_lens")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _quiet_libraries()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
