@@ -1,0 +1,60 @@
+"""``cwlens analyze``: a self-contained HTML report for one text, plus a terminal summary."""
+
+import sys
+from pathlib import Path
+
+from cwlens.cli.common import add_model_args
+from cwlens.errors import CwlensError
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "analyze",
+        help="HTML report (offline) of attention vs contribution for one text",
+        description="Runs the model once on a text and writes a self-contained HTML report "
+        "(works offline): sink statistics per layer, token-level and per-head attention vs "
+        "contribution heatmaps with the factor split on hover, the factor split for the "
+        "last query, and the top contributing tokens per query. Prints a short summary.",
+    )
+    add_model_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="the text to analyse")
+    src.add_argument("--file", help="a UTF-8 text file to analyse ('-' for standard input)")
+    p.add_argument("--out", default="runs/report.html", help="report path (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=64, help="analyse the first N tokens (default: %(default)s)")
+    p.add_argument("--layers", default=None,
+                   help="comma-separated layers for the per-head heatmaps (default: 4 spread over the depth)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from cwlens.models import load_model
+    from cwlens.report import analyze_text, render_report
+
+    if args.text is not None:
+        text = args.text
+    elif args.file == "-":
+        text = sys.stdin.read()
+    else:
+        path = Path(args.file)
+        if not path.is_file():
+            raise CwlensError(f"--file {args.file!r} does not exist")
+        text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise CwlensError("the text is empty: pass --text or a non-empty --file")
+    layers = None
+    if args.layers:
+        try:
+            layers = [int(x) for x in args.layers.split(",")]
+        except ValueError as err:
+            raise CwlensError(f"--layers must be comma-separated ints, e.g. 0,5,10; got {args.layers!r}") from err
+    model = load_model(args.model, device=args.device)
+    if layers is not None:
+        bad = [ly for ly in layers if not 0 <= ly < model.cfg.n_layers]
+        if bad:
+            raise CwlensError(f"--layers {bad} out of range: the model has layers 0..{model.cfg.n_layers - 1}")
+    analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens)
+    out = render_report(analysis, args.out, layers)
+    print("\n".join(analysis.summary_lines()))
+    print(f"\nwrote {out} ({out.stat().st_size / 1e6:.1f} MB, opens offline)")
+    return 0

@@ -1,0 +1,151 @@
+"""Render a :class:`~cwlens.report.analysis.TextAnalysis` as one self-contained HTML page.
+
+plotly.js is inlined once (no CDN: the page works offline); every figure after the first
+reuses it. Heatmaps of signed weights use a diverging scale centred at 0 and show the
+factor split on hover.
+"""
+
+import html
+from pathlib import Path
+
+import numpy as np
+
+from cwlens.report.analysis import TextAnalysis, _spread
+
+HOVER = (
+    "query %{y}<br>key %{x}<br>attention %{customdata[0]:.3f}<br>"
+    "relative norm %{customdata[1]:.3f}<br>cosine %{customdata[2]:+.3f}<br>"
+    "contribution %{z:+.3f}<extra></extra>"
+)
+
+
+def _labels(tokens):
+    return [f"{i}:{t}".replace("\n", "\\n") for i, t in enumerate(tokens)]
+
+
+def _slider_figure(pairs, labels, title, step_names, contribution_name):
+    """Attention | contribution heatmap pairs, one slider step per pair."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("attention", contribution_name),
+                        horizontal_spacing=0.14)
+    c_max = max(float(np.abs(c).max()) for _, c, _ in pairs) or 1.0
+    for i, (att, con, custom) in enumerate(pairs):
+        visible = i == 0
+        fig.add_trace(go.Heatmap(z=att, x=labels, y=labels, colorscale="Viridis", zmin=0, zmax=1,
+                                 visible=visible, colorbar=dict(x=0.43, title="α"),
+                                 hovertemplate="query %{y}<br>key %{x}<br>attention %{z:.3f}<extra></extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Heatmap(z=con, x=labels, y=labels, colorscale="RdBu_r", zmid=0,
+                                 zmin=-c_max, zmax=c_max, visible=visible, customdata=custom,
+                                 hovertemplate=HOVER, colorbar=dict(title="c")),
+                      row=1, col=2)
+    steps = []
+    for i, name in enumerate(step_names):
+        vis = [False] * (2 * len(pairs))
+        vis[2 * i] = vis[2 * i + 1] = True
+        steps.append(dict(method="update", label=name, args=[{"visible": vis}]))
+    side = max(420, 11 * len(labels))
+    fig.update_layout(title=title, sliders=[dict(active=0, steps=steps, pad=dict(t=60))],
+                      width=2 * side + 200, height=side + 220)
+    fig.update_yaxes(autorange="reversed", tickfont=dict(size=8))
+    fig.update_xaxes(tickfont=dict(size=8), tickangle=-60)
+    return fig
+
+
+def _sink_figure(a: TextAnalysis):
+    import plotly.graph_objects as go
+
+    tok = a.token_contribution()  # [layer, q, k]
+    layers = list(range(a.n_layers))
+    att_sink = a.attention[:, :, 1:, 0].mean((1, 2)).numpy()
+    con_sink = tok[:, 1:, 0].mean(-1).numpy()
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=layers, y=att_sink, mode="lines+markers", name="attention on first token (mean over heads, queries)"))
+    fig.add_trace(go.Scatter(x=layers, y=con_sink, mode="lines+markers", name="contribution of first token to the layer output"))
+    fig.add_hline(y=0, line_color="gray", line_width=1)
+    fig.update_layout(title="First token: attention received vs contribution, per layer",
+                      xaxis_title="layer", yaxis_title="share", height=420, width=1000,
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def _table(headers, rows) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = None) -> Path:
+    """Write the report to ``path`` and return it. ``layers``: per-head heatmaps for these."""
+    labels = _labels(a.str_tokens)
+    layers = layers if layers is not None else _spread(a.n_layers, 4)
+    custom = lambda idx: np.stack(  # noqa: E731
+        [a.attention[idx].numpy(), a.relative_norm[idx].numpy(), a.cosine[idx].numpy()], -1
+    )
+    tok = a.token_contribution()
+    token_pairs = [
+        (a.attention[ly].mean(0).numpy(), tok[ly].numpy(),
+         np.stack([a.attention[ly].mean(0).numpy(), np.full(tok[ly].shape, np.nan), np.full(tok[ly].shape, np.nan)], -1))
+        for ly in range(a.n_layers)
+    ]
+    head_pairs, head_names = [], []
+    for ly in layers:
+        for h in range(a.n_heads):
+            head_pairs.append((a.attention[ly, h].numpy(), a.contribution[ly, h].numpy(), custom((ly, h))))
+            head_names.append(f"L{ly}H{h}")
+    figs = [
+        _sink_figure(a),
+        _slider_figure(token_pairs, labels, "Token level: mean attention over heads vs contribution to the layer output",
+                       [f"layer {ly}" for ly in range(a.n_layers)], "contribution (heads summed)"),
+        _slider_figure(head_pairs, labels, "Per head: attention vs contribution to the layer output (inter-head)",
+                       head_names, "contribution (this head)"),
+    ]
+    fig_html = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
+
+    q = len(a.str_tokens) - 1
+    sink_rows = []
+    for ly in range(a.n_layers):
+        sink_rows.append([ly, f"{float(a.sink_rate[ly].mean()):.2f}", int((a.sink_rate[ly] > 0.3).sum()),
+                          f"{float(tok[ly, 1:, 0].mean()):+.3f}", f"{a.closure_error[ly]:.1e}"])
+    top_rows = []
+    for query in range(len(a.str_tokens)):
+        cells = [html.escape(f"{query}:{a.str_tokens[query]}")]
+        for ly in layers:
+            cells.append(", ".join(html.escape(f"{t!r} {c:+.2f}") for _, t, c, _ in a.top_tokens(ly, query, 3)))
+        top_rows.append(cells)
+    split_rows = []
+    for ly in layers:
+        c = a.contribution[ly, :, q]  # [head, key]
+        for flat in c.abs().flatten().argsort(descending=True)[:5].tolist():
+            h, j = divmod(flat, c.shape[1])
+            split_rows.append([ly, h, html.escape(f"{j}:{a.str_tokens[j]!r}"), f"{float(a.attention[ly, h, q, j]):.3f}",
+                               f"{float(a.relative_norm[ly, h, q, j]):.3f}", f"{float(a.cosine[ly, h, q, j]):+.3f}",
+                               f"{float(c[h, j]):+.3f}"])
+    summary = "<br>".join(html.escape(line) for line in a.summary_lines())
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>cwlens report: {html.escape(a.model_name)}</title>
+<style>body{{font-family:sans-serif;margin:24px;max-width:2200px}} table{{border-collapse:collapse;font-size:12px;margin:8px 0 24px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} th{{background:#f0f0f0}} .mono{{font-family:monospace;white-space:pre-wrap}}</style>
+</head><body>
+<h1>cwlens report — {html.escape(a.model_name)}</h1>
+<p>Contribution weights c<sub>ij</sub> = ⟨o<sub>i</sub>, α<sub>ij</sub>ṽ<sub>j</sub>⟩ / ‖o<sub>i</sub>‖² = attention × relative norm × cosine,
+with o<sub>i</sub> the layer's attention output (b<sub>O</sub> excluded): what each head moves, not only where it looks.
+Red adds along the output, blue opposes it.</p>
+<h2>Text</h2><p class="mono">{html.escape(a.text)}</p>
+<h2>Summary</h2><p class="mono">{summary}</p>
+<h2>Attention sinks</h2>{fig_html[0]}
+{_table(["layer", "mean sink rate", "sink heads (>0.3)", "first-token contribution", "closure error"], sink_rows)}
+<h2>Token level</h2>{fig_html[1]}
+<h2>Per head</h2>{fig_html[2]}
+<h2>Factor split for the last query ({html.escape(repr(a.str_tokens[q]))})</h2>
+{_table(["layer", "head", "key", "attention", "relative norm", "cosine", "contribution"], split_rows)}
+<h2>Top contributing tokens per query</h2>
+{_table(["query"] + [f"layer {ly}" for ly in layers], top_rows)}
+</body></html>
+"""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path

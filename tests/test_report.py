@@ -1,0 +1,60 @@
+"""``cwlens analyze``: the HTML report opens offline in headless Chromium and is not blank."""
+
+import os
+import re
+
+import pytest
+
+from cwlens.cli.main import main
+from cwlens.plotting.export import find_chrome
+from cwlens.testing import save_tiny
+
+from ._browser import png_stats, screenshot_html
+
+TEXT = "when mary and john went to the store , john gave a bottle of milk to mary ."
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    model_dir = save_tiny("llama", tmp)
+    out = tmp / "report.html"
+    assert main(["analyze", "--model", str(model_dir), "--text", TEXT, "--out", str(out), "--device", "cpu"]) == 0
+    return out
+
+
+def test_report_is_self_contained(report):
+    page = report.read_text(encoding="utf-8")
+    assert re.search(r"<script[^>]*\bsrc=", page) is None  # no external script: works offline
+    assert page.count("Plotly.newPlot") == 3
+    for section in ("Attention sinks", "Token level", "Per head", "Factor split", "Top contributing tokens per query"):
+        assert section in page
+
+
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    if find_chrome() is None:
+        if os.environ.get("CI"):
+            pytest.fail("no Chromium: scripts/setup.sh installs it (apt-get install chromium)")
+        pytest.skip("no Chromium installed")
+    shot = tmp_path / "shot.png"
+    console, errors = screenshot_html(report, shot, width=1400, height=1800)
+    assert errors == [], errors
+    stats = png_stats(shot)
+    assert stats["colours"] > 50 and stats["stddev"] > 5, stats  # heatmaps drawn, not a blank page
+
+
+def test_blank_page_is_detected(tmp_path):
+    """The check above can fail: a page whose plotly.js is missing renders blank."""
+    if find_chrome() is None:
+        pytest.skip("no Chromium installed")
+    page = tmp_path / "blank.html"
+    page.write_text("<html><body><div id=p></div><script>Plotly.newPlot('p', [])</script></body></html>")
+    shot = tmp_path / "blank.png"
+    _, errors = screenshot_html(page, shot)
+    assert any("Plotly is not defined" in e for e in errors)
+    assert png_stats(shot)["colours"] <= 2
+
+
+def test_analyze_rejects_bad_input(tmp_path, capsys):
+    assert main(["analyze", "--model", "smollm2-135m", "--file", str(tmp_path / "missing.txt")]) == 1
+    assert "does not exist" in capsys.readouterr().err
