@@ -99,6 +99,10 @@ class AttentionGeometry:
         self._dots: dict[str, torch.Tensor] = {}
 
     # -- shared intermediates ------------------------------------------------------------
+    def _grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """[batch, head, ...] -> [batch, kv_head, group, ...] (a view, no copy)."""
+        return x.view(x.shape[0], self.n_kv, self.group, *x.shape[2:])
+
     @cached_property
     def z(self) -> torch.Tensor:
         """Per-head mixed values ``sum_j a_ij v_j``: ``[batch, query_pos, head_index, d_head]``."""
