@@ -17,7 +17,7 @@ models: a short name (smollm2-135m works offline), a local HF directory, or a hu
 
 
 # Each subcommand lives in its own module with a ``register(subparsers)`` function.
-SUBCOMMANDS = ("demo", "analyze")
+SUBCOMMANDS = ("demo", "analyze", "faithfulness")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,86 @@
+"""Multiple-choice scoring by log-likelihood, as lm-eval-harness does it.
+
+For choice ``c`` of an item with context ``x_c`` and continuation ``y_c``:
+
+    ll_c       = sum_t log P(y_c[t] | x_c, y_c[:t])          (summed log-likelihood)
+    acc        = [argmax_c ll_c == gold]
+    acc_norm   = [argmax_c ll_c / len(y_c) == gold]          (len in characters, as lm-eval)
+
+Tokens: ``x_c`` is tokenized as the model tokenizes a text (with its BOS, if any),
+``y_c`` without special tokens, and concatenated. The model reads
+``input_c = (x_c + y_c)[:-1]`` -- the last continuation token is only a target. Choices
+whose inputs are identical (MMLU and BoolQ: one-token continuations after the same
+context) share one sequence, so an MMLU item costs one forward row, not four; masks
+are built on, and applied to, every query position of that input.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from cwlens.batching import token_ids
+
+
+@dataclass(frozen=True)
+class ChoiceRequest:
+    """One choice: the input it is read from, where its continuation starts, its tokens."""
+
+    item: int  # index of the item in the list given to :func:`encode_items`
+    choice: int
+    input_ids: tuple[int, ...]  # (context + continuation)[:-1]
+    start: int  # input position whose logits predict the first continuation token
+    continuation_ids: tuple[int, ...]
+    continuation_chars: int
+
+
+def encode_items(model, items) -> list[ChoiceRequest]:
+    """Requests of every choice of every :class:`~cwlens.datasets.ChoiceItem`."""
+    requests = []
+    cache: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        for choice, (context, continuation) in enumerate(item.pairs):
+            if context not in cache:
+                cache[context] = token_ids(model, context).tolist()
+            ctx = cache[context]
+            cont = model.tokenizer(continuation, add_special_tokens=False)["input_ids"]
+            if not cont:
+                raise ValueError(f"{item.id}: choice {choice} has an empty continuation.")
+            full = ctx + list(cont)
+            requests.append(
+                ChoiceRequest(index, choice, tuple(full[:-1]), len(ctx) - 1, tuple(cont),
+                              len(continuation))
+            )
+    return requests
+
+
+def unique_inputs(requests: list[ChoiceRequest]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """``(inputs, which)``: the distinct input sequences (first-seen order) and, per
+    request, the index of its input."""
+    index: dict[tuple[int, ...], int] = {}
+    which = [index.setdefault(r.input_ids, len(index)) for r in requests]
+    return list(index), which
+
+
+def continuation_logprob(
+    logits: torch.Tensor, row: int, offset: int, request: ChoiceRequest
+) -> float:
+    """``ll`` of one request from logits ``[batch, pos, vocab]`` of a (left-)padded batch;
+    ``offset`` is the position of the input's first token in that row."""
+    n = len(request.continuation_ids)
+    pos = offset + request.start + torch.arange(n, device=logits.device)
+    logp = torch.log_softmax(logits[row, pos].double(), dim=-1)
+    target = torch.tensor(request.continuation_ids, device=logits.device)
+    return float(logp.gather(-1, target[:, None]).sum())
+
+
+def item_scores(lls: list[float], chars: list[int], gold: int) -> dict[str, float]:
+    """``acc``, ``acc_norm`` (first index wins ties, like ``numpy.argmax``) and
+    ``gold_ll`` (summed log-likelihood of the gold continuation)."""
+    norm = [ll / max(c, 1) for ll, c in zip(lls, chars, strict=True)]
+    best = max(range(len(lls)), key=lambda c: (lls[c], -c))
+    best_norm = max(range(len(norm)), key=lambda c: (norm[c], -c))
+    return {
+        "acc": float(best == gold),
+        "acc_norm": float(best_norm == gold),
+        "gold_ll": float(lls[gold]),
+    }

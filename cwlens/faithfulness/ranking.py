@@ -1,0 +1,185 @@
+"""Rankings of attention entries by an importance metric, and the masks they give.
+
+An *entry* is ``(layer, head h, query i, key j)``: the term ``a_ij^h v~_j^h`` of head
+``h``'s output at query ``i``. A ranking sorts the eligible entries of each *scope unit*
+from most to least important; a mask for removal rate ``r`` then takes exactly
+``k = round_half_up(r * n_eligible)`` entries of every unit:
+
+    comprehensiveness   the k top-ranked entries   (a faithful metric: big damage)
+    sufficiency         the k bottom-ranked entries (a faithful metric: small damage)
+
+so that at ``r = 1`` both masks are every eligible entry, and at ``r = 0`` nothing.
+
+Parameters (with defaults, also used by :mod:`cwlens.faithfulness.sweep`):
+
+``metric``
+    ``attention`` (a), ``value_weighted`` (a ||v~||), ``value_weighted_output_normalized``
+    (a ||v~|| / ||o||), ``contribution`` (signed c: a strongly negative entry ranks
+    *least* important), ``contribution_abs`` (|c|) or ``random`` (seeded control).
+``kind="inter"``
+    ``o`` for the output-normalised baseline and the contribution: the layer's
+    multi-head output (``"intra"``: the head's own output).
+``scope="row"``
+    ``"row"``: one unit per (sample, layer, head, query) -- every query keeps ``1 - r`` of
+    its keys in every head. ``"head"``: per (sample, layer, head), across queries.
+    ``"layer"``: per (sample, layer), across heads and queries. Note: with
+    ``kind="inter"`` and ``scope="row"``, ``value_weighted_output_normalized`` orders a
+    row exactly as ``value_weighted`` (``||o_i||`` is constant along a row); the two only
+    differ with ``scope="head"`` or ``"layer"``.
+``causal_only=True``
+    only keys ``j <= i`` are eligible (for decoders the others are 0 anyway; for an
+    encoder, False makes the whole row eligible).
+``mask_first_token=True``
+    the first real token (the BOS / attention-sink position) is eligible. Default True:
+    the sink is exactly where attention and the value-aware metrics disagree most, and
+    protecting it would exempt the entry that carries most attention mass from the
+    test. ``False`` is the ablation that keeps the sink's term in every row.
+
+Pad positions (attention_mask 0) are never eligible, neither as queries nor as keys.
+Ties keep key order (stable sort: the earlier entry ranks higher).
+"""
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from cwlens.errors import ShapeMismatchError, UnknownOptionError
+
+RANKINGS = (
+    "attention",
+    "value_weighted",
+    "value_weighted_output_normalized",
+    "contribution",
+    "contribution_abs",
+    "random",
+)
+SCOPES = ("row", "head", "layer")
+MODES = ("comprehensiveness", "sufficiency")
+
+
+def check_option(value: str, valid: Sequence[str], what: str) -> str:
+    if value not in valid:
+        raise UnknownOptionError(
+            f"Unknown {what}={value!r}. Valid: {', '.join(repr(v) for v in valid)}."
+        )
+    return value
+
+
+def n_to_mask(rate: float, n_eligible: torch.Tensor) -> torch.Tensor:
+    """``round_half_up(rate * n)`` per unit (float64, so 0.3 * 10 is 3, 0.5 * 5 is 3)."""
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"rate must be in [0, 1] (the fraction of entries removed); got {rate}.")
+    return torch.floor(rate * n_eligible.to(torch.float64) + 0.5).to(n_eligible.dtype)
+
+
+def eligible_entries(
+    position_mask: torch.Tensor,
+    causal_only: bool = True,
+    mask_first_token: bool = True,
+) -> torch.Tensor:
+    """bool ``[batch, 1, query_pos, key_pos]``: entries that a mask may remove.
+
+    ``position_mask``: ``[batch, pos]``, True (1) on real tokens.
+    """
+    real = position_mask.bool()
+    elig = real[:, None, :, None] & real[:, None, None, :]
+    n = real.shape[1]
+    if causal_only:
+        elig = elig & torch.ones(n, n, dtype=torch.bool, device=real.device).tril()
+    if not mask_first_token:
+        first = real.int().argmax(-1)  # index of the first real token per row
+        elig = elig & (torch.arange(n, device=real.device)[None, :] != first[:, None])[:, None, None, :]
+    return elig
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Ranks of one layer's entries inside their scope units.
+
+    ``rank``: int32 ``[batch, head_index, query_pos, key_pos]``; 0 = most important;
+    eligible entries of a unit have ranks ``0..n-1``, ineligible ones ``>= n``.
+    ``n_eligible``: int64, broadcastable to ``rank`` (``[b, h, q, 1]`` row,
+    ``[b, h, 1, 1]`` head, ``[b, 1, 1, 1]`` layer).
+    """
+
+    rank: torch.Tensor
+    n_eligible: torch.Tensor
+    scope: str
+
+    def mask(self, rate: float, mode: str) -> torch.Tensor:
+        """bool ``[batch, head_index, query_pos, key_pos]``: the entries to remove."""
+        check_option(mode, MODES, "mode")
+        k = n_to_mask(rate, self.n_eligible)
+        if mode == "comprehensiveness":
+            return self.rank < k
+        return (self.rank >= self.n_eligible - k) & (self.rank < self.n_eligible)
+
+    def fingerprint(self) -> bytes:
+        """A digest of the ranks: two rankings with equal fingerprints give equal masks."""
+        import hashlib
+
+        return hashlib.blake2b(self.rank.cpu().numpy().tobytes(), digest_size=16).digest()
+
+
+def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: str = "row") -> Ranking:
+    """Rank ``scores`` ``[batch, head, query, key]`` (higher = more important) per unit.
+
+    ``eligible`` broadcasts to ``scores`` (see :func:`eligible_entries`).
+    """
+    check_option(scope, SCOPES, "scope")
+    if scores.ndim != 4:
+        raise ShapeMismatchError(
+            f"scores must be [batch, head_index, query_pos, key_pos]; got {tuple(scores.shape)}."
+        )
+    b, h, q, k = scores.shape
+    elig = eligible.expand(b, h, q, k)
+    s = scores.float().masked_fill(~elig, float("-inf"))
+    if scope == "row":
+        flat, n = s, elig.sum(-1, keepdim=True)
+    elif scope == "head":
+        flat, n = s.reshape(b, h, q * k), elig.sum((-2, -1), keepdim=True)
+    else:
+        flat, n = s.reshape(b, h * q * k), elig.sum((-3, -2, -1), keepdim=True)
+    order = torch.sort(flat, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty(order.shape, dtype=torch.int32, device=s.device)
+    positions = torch.arange(order.shape[-1], dtype=torch.int32, device=s.device)
+    rank.scatter_(-1, order, positions.expand(order.shape))
+    return Ranking(rank.reshape(b, h, q, k), n.to(torch.int64), scope)
+
+
+def random_scores(
+    shape: Sequence[int],
+    position_mask: torch.Tensor,
+    sample_keys: Sequence[str],
+    seed: int,
+    layer: int,
+) -> torch.Tensor:
+    """Seeded uniform scores ``[batch, head, query, key]`` for the ``random`` control.
+
+    Each sample draws its own ``[head, n_real, n_real]`` block from a generator seeded by
+    ``(seed, sample key, layer)``, so the masks do not depend on the batch a sample is
+    in or on its padding.
+    """
+    b, h, _, _ = shape
+    out = torch.zeros(tuple(shape), dtype=torch.float32)
+    real = position_mask.bool().cpu()
+    for row in range(b):
+        idx = real[row].nonzero().flatten()
+        n = len(idx)
+        key = f"{seed}:{sample_keys[row]}:{layer}".encode()
+        gen = torch.Generator().manual_seed(zlib.crc32(key))
+        block = torch.rand(h, n, n, generator=gen)
+        out[row, :, idx[:, None], idx[None, :]] = block
+    return out.to(position_mask.device)
+
+
+def metric_scores(geometry, metric: str, kind: str = "inter") -> torch.Tensor:
+    """Scores of one non-random metric from an :class:`~cwlens.core.AttentionGeometry`."""
+    check_option(metric, RANKINGS, "metric")
+    if metric == "random":
+        raise ValueError("metric='random' has no geometry; use random_scores().")
+    if metric == "contribution_abs":
+        return geometry.contribution(kind).abs()
+    return geometry.measure(metric, kind)

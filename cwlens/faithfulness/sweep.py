@@ -1,0 +1,381 @@
+"""The faithfulness sweep: one cached clean pass per batch serves every metric, then one
+masked forward pass per (metric, mode, rate, layer set).
+
+    result = run_faithfulness(model, "gsm8k", FaithfulnessConfig(rates=(0.1, 0.3)), n=50,
+                              out="runs/faithfulness/gsm8k.jsonl")
+    result.summary()          # mean and bootstrap CI per cell
+
+Per batch: ``run_with_cache`` (pattern and values only) gives the clean scores and every
+metric's ranking (:mod:`~cwlens.faithfulness.ranking`); each condition is then one
+``run_masked`` (:mod:`~cwlens.interventions.value_masking`). Conditions whose masks are
+provably identical share one forward pass (``reuse=True``): rate 0 (nothing masked =
+clean), rate 1 (every eligible entry, whatever the metric or mode), and
+value_weighted_output_normalized with ``scope="row"``, which orders every row exactly as
+value_weighted (``||o||`` is constant along a row). Batches are fixed by the sample list and the
+configuration, so a resumed run computes bit-identical numbers.
+"""
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from cwlens import adapter
+from cwlens.batching import pad_batch
+from cwlens.core.geometry import check_kind
+from cwlens.faithfulness import choice, lm
+from cwlens.faithfulness.ranking import (
+    MODES,
+    RANKINGS,
+    SCOPES,
+    check_option,
+    eligible_entries,
+    metric_scores,
+    random_scores,
+    rank_entries,
+)
+from cwlens.faithfulness.results import ResultsWriter
+from cwlens.interventions.value_masking import run_masked
+from cwlens.measures import run_with_cache
+
+
+@dataclass(frozen=True)
+class FaithfulnessConfig:
+    """Every choice of the protocol, with its default (see ``docs/faithfulness.md``).
+
+    Attributes:
+        metrics: rankings compared (default: all of :data:`~cwlens.faithfulness.ranking.RANKINGS`).
+        rates: fractions of eligible entries removed per scope unit (default 0.1, 0.3, 0.5).
+        modes: ``comprehensiveness`` (remove top-ranked) and/or ``sufficiency`` (bottom).
+        scope: ``"row"`` (per head and query, default), ``"head"`` or ``"layer"``.
+        layers: layers masked; None = all (default).
+        per_layer: False (default): the layers are masked all at once; True: one at a
+            time (one condition per layer, ``n_layers`` times the cost).
+        kind: ``"inter"`` (default) or ``"intra"``: the output the value-aware metrics
+            project on.
+        causal_only: only keys ``j <= i`` are eligible (default True).
+        mask_first_token: the first token (BOS / sink) is eligible (default True).
+        renormalize: give the removed attention mass back to the other keys (default
+            False: the masked terms are just removed).
+        seed: seed of the ``random`` control.
+        max_tokens: truncate language-modelling documents to their first ``max_tokens``
+            tokens (default None: whole documents).
+        batch_tokens: padded tokens per forward pass (default 2048).
+        reuse: share forward passes between conditions with identical masks (default True).
+    """
+
+    metrics: tuple[str, ...] = RANKINGS
+    rates: tuple[float, ...] = (0.1, 0.3, 0.5)
+    modes: tuple[str, ...] = MODES
+    scope: str = "row"
+    layers: tuple[int, ...] | None = None
+    per_layer: bool = False
+    kind: str = "inter"
+    causal_only: bool = True
+    mask_first_token: bool = True
+    renormalize: bool = False
+    seed: int = 0
+    max_tokens: int | None = None
+    batch_tokens: int = 2048
+    reuse: bool = True
+
+    def __post_init__(self):
+        for m in self.metrics:
+            check_option(m, RANKINGS, "metric")
+        for m in self.modes:
+            check_option(m, MODES, "mode")
+        check_option(self.scope, SCOPES, "scope")
+        check_kind(self.kind)
+        for r in self.rates:
+            if not 0.0 <= r <= 1.0:
+                raise ValueError(f"rates must be in [0, 1]; got {r}.")
+        if self.batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be positive; got {self.batch_tokens}.")
+
+    def layer_sets(self, n_layers: int) -> list[tuple[str, tuple[int, ...]]]:
+        """``[(label, layers)]``: one set (``"all"`` or ``"0,3"``) or one per layer."""
+        layers = tuple(range(n_layers)) if self.layers is None else tuple(self.layers)
+        if self.per_layer:
+            return [(str(ly), (ly,)) for ly in layers]
+        label = "all" if self.layers is None else ",".join(map(str, layers))
+        return [(label, layers)]
+
+    def conditions(self, n_layers: int) -> list["Condition"]:
+        return [
+            Condition(metric, mode, float(rate), label, layers)
+            for label, layers in self.layer_sets(n_layers)
+            for metric in self.metrics
+            for mode in self.modes
+            for rate in self.rates
+        ]
+
+
+@dataclass(frozen=True)
+class Condition:
+    metric: str
+    mode: str
+    rate: float
+    layers_label: str
+    layers: tuple[int, ...]
+
+
+@dataclass
+class _Unit:
+    """One sample: its id, the input sequences it needs, and how to score them."""
+
+    sample_id: str
+    sequences: list[list[int]]
+    score: Callable  # (logits, rows, offsets) -> {measure: value}
+
+
+def _text_units(model, samples, max_tokens) -> list[_Unit]:
+    from cwlens.batching import token_ids
+
+    def score(logits, rows, offsets, tokens, mask):
+        row = rows[0]
+        out = lm.document_scores(logits[row : row + 1], tokens[row : row + 1], mask[row : row + 1])
+        return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
+
+    units = []
+    for s in samples:
+        ids = token_ids(model, s.text).tolist()
+        units.append(_Unit(s.id, [ids[:max_tokens] if max_tokens else ids], score))
+    return units
+
+
+def _choice_units(model, items) -> list[_Unit]:
+    requests = choice.encode_items(model, items)
+    by_item: dict[int, list] = {}
+    for r in requests:
+        by_item.setdefault(r.item, []).append(r)
+    units = []
+    for index, item in enumerate(items):
+        reqs = by_item[index]
+        inputs, which = choice.unique_inputs(reqs)
+
+        def score(logits, rows, offsets, tokens, mask, reqs=reqs, which=which, item=item):
+            lls = [choice.continuation_logprob(logits, rows[w], offsets[w], r)
+                   for r, w in zip(reqs, which, strict=True)]
+            return choice.item_scores(lls, [r.continuation_chars for r in reqs], item.gold)
+
+        units.append(_Unit(item.id, [list(x) for x in inputs], score))
+    return units
+
+
+def plan_batches(units: Sequence[_Unit], batch_tokens: int) -> list[list[int]]:
+    """Unit indices per batch: sorted by length (stable), at most ``batch_tokens`` padded
+    tokens per batch (a longer unit gets a batch of its own)."""
+    order = sorted(range(len(units)), key=lambda i: max(map(len, units[i].sequences)))
+    batches, current, n_seq, longest = [], [], 0, 0
+    for i in order:
+        seqs = units[i].sequences
+        new_longest = max(longest, *map(len, seqs))
+        if current and (n_seq + len(seqs)) * new_longest > batch_tokens:
+            batches.append(current)
+            current, n_seq, new_longest = [], 0, max(map(len, seqs))
+        current.append(i)
+        n_seq += len(seqs)
+        longest = new_longest
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class SweepStats:
+    n_batches: int = 0
+    n_forwards: int = 0  # clean (cached) + masked forward passes actually run
+    forward_seconds: float = 0.0
+    ranking_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class FaithfulnessResult:
+    """Rows of a sweep (``table``: the tidy DataFrame) and how it was made."""
+
+    table: object
+    config: FaithfulnessConfig
+    path: str | None
+    stats: SweepStats = field(default_factory=SweepStats)
+
+    def to_dataframe(self):
+        return self.table
+
+    def summary(self, **kwargs):
+        from cwlens.faithfulness.results import summarize
+
+        return summarize(self.table, **kwargs)
+
+
+class _MemoryWriter:
+    def __init__(self, rows_per_sample):
+        self.rows, self.done, self.rows_per_sample = [], set(), rows_per_sample
+
+    def write_sample(self, rows):
+        self.rows += rows
+        self.done.add(rows[0]["sample_id"])
+
+
+def _scored(metric: str, cfg: FaithfulnessConfig) -> str:
+    """At row scope ``||o||`` (inter: ``||o_i||``, intra: ``||o_i^h||``) is one positive
+    constant per row, so value_weighted_output_normalized orders every row exactly as
+    value_weighted: rank it by value_weighted, so float rounding cannot make the two
+    differ (and they share their forward passes)."""
+    if cfg.scope == "row" and metric == "value_weighted_output_normalized":
+        return "value_weighted"
+    return metric
+
+
+def _rankings(cache, model, mask, metric, cfg, layers, keys):
+    eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token)
+    out = {}
+    for ly in layers:
+        if metric == "random":
+            shape = cache[f"blocks.{ly}.attn.hook_pattern"].shape
+            scores = random_scores(shape, mask, keys, cfg.seed, ly)
+        else:
+            scores = metric_scores(adapter.geometry(cache, model, ly, mask), _scored(metric, cfg), cfg.kind)
+        out[ly] = rank_entries(scores, eligible, cfg.scope)
+    return out
+
+
+def _batch_outputs(model, units, batch, cfg, conditions, stats):
+    """``{condition or None (clean): [per-unit measures]}`` for one batch."""
+    seqs, rows_of, keys = [], [], []
+    for u in batch:
+        rows_of.append(list(range(len(seqs), len(seqs) + len(units[u].sequences))))
+        seqs += units[u].sequences
+        keys += [f"{units[u].sample_id}/{k}" for k in range(len(units[u].sequences))]
+    tokens, mask = pad_batch(model, seqs)
+    offsets = mask.int().argmax(-1).tolist()
+    layers = sorted({ly for c in conditions for ly in c.layers})
+
+    def evaluate(logits):
+        return [units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)
+                for u, rows in zip(batch, rows_of, strict=True)]
+
+    t = time.perf_counter()
+    with torch.no_grad():
+        logits, cache = run_with_cache(model, tokens, layers=layers, attention_mask=mask)
+    stats.forward_seconds += time.perf_counter() - t
+    stats.n_forwards += 1
+    results = {None: evaluate(logits)}
+    done: dict = {}  # mask identity -> outputs
+    for metric in dict.fromkeys(c.metric for c in conditions):
+        ident = _scored(metric, cfg) if cfg.reuse else metric
+        ranks = None  # computed only if some condition of this metric needs a new pass
+        for c in (c for c in conditions if c.metric == metric):
+            if cfg.reuse and c.rate == 0.0:
+                results[c] = results[None]
+                continue
+            key = ("all", c.layers) if cfg.reuse and c.rate == 1.0 else (ident, c.mode, c.rate, c.layers)
+            if key not in done:
+                if ranks is None:
+                    t = time.perf_counter()
+                    ranks = _rankings(cache, model, mask, metric, cfg, layers, keys)
+                    stats.ranking_seconds += time.perf_counter() - t
+                masks = {ly: ranks[ly].mask(c.rate, c.mode) for ly in c.layers}
+                t = time.perf_counter()
+                masked = run_masked(model, tokens, masks, cfg.renormalize, attention_mask=mask)
+                stats.forward_seconds += time.perf_counter() - t
+                stats.n_forwards += 1
+                done[key] = evaluate(masked)
+            results[c] = done[key]
+        del ranks
+    return results
+
+
+def _rows(base, unit_id, results, conditions, u_pos):
+    rows = []
+    clean = results[None][u_pos]
+    for measure, value in clean.items():
+        rows.append({**base, "metric": "none", "mode": "clean", "rate": 0.0, "layers": "none",
+                     "sample_id": unit_id, "measure": measure, "value": value})
+    for c in conditions:
+        out = dict(results[c][u_pos])
+        if "ppl" in out:
+            out["delta_ppl"] = out["ppl"] - clean["ppl"]
+        for measure, value in out.items():
+            rows.append({**base, "metric": c.metric, "mode": c.mode, "rate": c.rate,
+                         "layers": c.layers_label, "sample_id": unit_id, "measure": measure,
+                         "value": value})
+    return rows
+
+
+def run_faithfulness(
+    model,
+    dataset,
+    config: FaithfulnessConfig | None = None,
+    *,
+    n: int | None = None,
+    num_fewshot: int = 0,
+    out=None,
+    resume: bool = True,
+    model_name: str | None = None,
+    progress: bool = True,
+    on_sample: Callable[[str], None] | None = None,
+) -> FaithfulnessResult:
+    """Run the sweep on a dataset name (``load_dataset(dataset, n, num_fewshot=...)``) or
+    a list of :class:`~cwlens.datasets.TextSample` / :class:`~cwlens.datasets.ChoiceItem`.
+
+    ``out``: a ``.jsonl`` path; rows are appended as each sample finishes and a rerun
+    with the same configuration resumes (``resume=False`` starts afresh). None keeps
+    the rows in memory only. ``on_sample(sample_id)`` is called after each sample.
+    """
+    from cwlens.datasets import ChoiceItem, load_dataset
+
+    cfg = config or FaithfulnessConfig()
+    t0 = time.perf_counter()
+    samples = load_dataset(dataset, n, num_fewshot=num_fewshot) if isinstance(dataset, str) else list(dataset)
+    if not samples:
+        raise ValueError("No samples to evaluate.")
+    is_choice = isinstance(samples[0], ChoiceItem)
+    ds_name = samples[0].dataset + (f"_{num_fewshot}shot" if is_choice and num_fewshot else "")
+    name = model_name or getattr(model.cfg, "model_name", None) or "model"
+    adapter.resolve_layers(model, list(cfg.layers) if cfg.layers is not None else None)
+    conditions = cfg.conditions(model.cfg.n_layers)
+    per_condition = 3
+    per_clean = 3 if is_choice else 2
+    n_rows = per_clean + per_condition * len(conditions)
+    units = _choice_units(model, samples) if is_choice else _text_units(model, samples, cfg.max_tokens)
+    run_config = {"model": name, "dataset": ds_name, **asdict(cfg),
+                  "samples": [u.sample_id for u in units]}
+    writer = ResultsWriter(out, run_config, n_rows, resume) if out else _MemoryWriter(n_rows)
+    base = {"model": name, "dataset": ds_name, "scope": cfg.scope}
+    stats = SweepStats()
+    batches = plan_batches(units, cfg.batch_tokens)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(units), initial=len(writer.done & {u.sample_id for u in units}),
+                   desc=f"{ds_name} ({len(conditions)} conditions)", unit="sample")
+    for batch in batches:
+        todo = [u for u in batch if units[u].sample_id not in writer.done]
+        if not todo:
+            continue
+        results = _batch_outputs(model, units, batch, cfg, conditions, stats)
+        stats.n_batches += 1
+        for pos, u in enumerate(batch):
+            if u in todo:
+                writer.write_sample(_rows(base, units[u].sample_id, results, conditions, pos))
+                if bar is not None:
+                    bar.update(1)
+                if on_sample is not None:
+                    on_sample(units[u].sample_id)
+    if bar is not None:
+        bar.close()
+    stats.wall_seconds = time.perf_counter() - t0
+    if out:
+        from cwlens.faithfulness.results import read_results
+
+        table = read_results(out)
+    else:
+        import pandas as pd
+
+        from cwlens.faithfulness.results import COLUMNS
+
+        table = pd.DataFrame(writer.rows, columns=list(COLUMNS))
+    return FaithfulnessResult(table, cfg, str(out) if out else None, stats)
