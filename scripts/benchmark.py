@@ -4,8 +4,8 @@ For each sequence length n it times, on the same random tokens:
   forward   model(tokens), no hooks
   cwlens    run_with_cache (pattern + v only) and, for every layer, the contribution
             weights (kind="inter") and the three baselines (attention, value-weighted,
-            value-weighted output-normalised); each layer's tensors are reduced (summed)
-            and dropped, as an analysis over all layers would.
+            value-weighted output-normalised); each layer's tensors are computed and
+            dropped (torch on CPU is synchronous; on CUDA the timer synchronises).
   +intra    the same plus the intra-head contribution weights
 and reports ratio = cwlens / forward, with the median of --repeats runs, and peak memory
 (CUDA: max allocated; CPU: peak RSS of a fresh subprocess per row, minus the process's
@@ -40,7 +40,7 @@ def cwlens_pass(model, tokens, intra=False):
     from cwlens import adapter
 
     _, cache = cwlens.run_with_cache(model, tokens)
-    total = 0.0
+    kept = 0
     for layer in range(model.cfg.n_layers):
         geo = adapter.geometry(cache, model, layer)
         outs = [
@@ -51,11 +51,10 @@ def cwlens_pass(model, tokens, intra=False):
         ]
         if intra:
             outs.append(geo.contribution("intra"))
-        for out in outs:
-            total += float(out.sum())
-        del geo
+        kept += sum(out.numel() for out in outs)
+        del geo, outs
     del cache
-    return total
+    return kept
 
 
 def one_row(model_name, device, n, repeats, dtype):

@@ -197,8 +197,8 @@ class AttentionGeometry:
 
     def value_weighted_output_normalized(self, kind: str = "inter") -> PairWeights:
         """``a_ij ||v~_j|| / ||o_i||``."""
-        scale = self._inverse(kind, 1)[..., None] * self.value_norm[:, :, None, :]
-        return self.pattern * scale
+        out = self.pattern * self._inverse(kind, 1)[..., None]  # one allocation, two passes
+        return out.mul_(self.value_norm[:, :, None, :])
 
     def contribution(self, kind: str = "inter") -> PairWeights:
         """``<o_i, a_ij v~_j> / ||o_i||^2``, signed."""
