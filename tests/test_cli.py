@@ -50,3 +50,14 @@ def test_demo_on_a_tiny_model(tmp_path, capsys):
     assert (tmp_path / "demo_attention_vs_contribution.html").stat().st_size > 100_000
     assert len(result["heads"]) == 2
     assert result["closure"].worst_relative_error < 1e-5
+
+
+def test_figures_runs_the_steps_it_is_given(tmp_path, capsys):
+    from cwlens.testing import save_tiny
+
+    model_dir = save_tiny("llama", tmp_path)
+    out = tmp_path / "figs"
+    assert main(["figures", "--model", str(model_dir), "--device", "cpu", "--only", "demo", "--out", str(out), "--no-png"]) == 0
+    assert "[1/1] cwlens demo" in capsys.readouterr().out
+    assert (out / "demo_attention_vs_contribution.html").exists()
+    assert main(["figures", "--only", "plots"]) == 1  # unknown step: explained, exit 1

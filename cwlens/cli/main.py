@@ -11,13 +11,17 @@ from cwlens.errors import CwlensError
 
 EPILOG = """examples:
   cwlens demo                                   # the offline model on one GSM8K problem
+  cwlens analyze --text "The capital of France is Paris" --out report.html
+  cwlens sinks --dataset gsm8k --samples 50     # attention-sink analysis
+  cwlens faithfulness --dataset gsm8k --samples 50 --rates 0.1,0.3,0.5
+  cwlens figures                                # regenerate every figure in figures/
   cwlens demo --model gpt2 --device cuda        # any TransformerLens-loadable model
 models: a short name (smollm2-135m works offline), a local HF directory, or a hub id.
 """
 
 
 # Each subcommand lives in its own module with a ``register(subparsers)`` function.
-SUBCOMMANDS = ("demo", "analyze", "faithfulness")
+SUBCOMMANDS = ("demo", "analyze", "sinks", "faithfulness", "figures")
 
 
 def build_parser() -> argparse.ArgumentParser:

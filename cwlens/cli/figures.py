@@ -1,0 +1,58 @@
+"""``cwlens figures``: regenerate every figure in ``figures/`` from the offline model.
+
+It runs the other subcommands with the settings the README's figures were made with.
+The faithfulness and sink runs keep their results in ``runs/`` and resume, so a second
+call only redraws (or finishes an interrupted run).
+"""
+
+from cwlens.cli.common import add_model_args
+
+FAITHFULNESS = [
+    "--dataset", "gsm8k,fineweb_edu,mmlu,winogrande,boolq",
+    "--samples", "gsm8k=50,fineweb_edu=50,mmlu=100,winogrande=100,boolq=100",
+    "--max-tokens", "128", "--rates", "0.3",
+    "--metrics", "attention,value_weighted,value_weighted_output_normalized,contribution,random",
+    "--out", "runs/faithfulness", "--summary-md", "docs/faithfulness.md",
+]
+SINKS = ["--dataset", "gsm8k", "--samples", "50", "--max-tokens", "128", "--out", "runs/sinks"]
+STEPS = ("demo", "sinks", "faithfulness")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "figures",
+        help="regenerate every figure in figures/ (demo, sinks, faithfulness)",
+        description="Runs `cwlens demo`, `cwlens sinks` and `cwlens faithfulness` with the "
+        "settings behind the README's figures and writes HTML + PNG to --out. The sink and "
+        "faithfulness results live in runs/ and resume: the first call takes long on a CPU "
+        "(the faithfulness sweep about an hour on 2 cores), later calls only redraw.",
+    )
+    add_model_args(p)
+    p.add_argument("--out", default="figures", help="figure folder (default: %(default)s)")
+    p.add_argument("--only", default=",".join(STEPS),
+                   help="comma-separated steps to run (default: %(default)s)")
+    p.add_argument("--no-png", action="store_true", help="HTML only (no Chromium needed)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from cwlens.cli.main import main as cwlens_main
+    from cwlens.errors import UnknownOptionError
+
+    steps = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        raise UnknownOptionError(f"--only: unknown steps {unknown}; valid: {', '.join(STEPS)}")
+    common = ["--model", args.model] + (["--device", args.device] if args.device else [])
+    png = ["--no-png"] if args.no_png else []
+    argv = {
+        "demo": ["demo", *common, "--out", args.out, *png],
+        "sinks": ["sinks", *common, *SINKS, "--figures", args.out, *png],
+        "faithfulness": ["faithfulness", *common, *FAITHFULNESS, "--figures", args.out, *png],
+    }
+    for i, step in enumerate(steps, 1):
+        print(f"\n== [{i}/{len(steps)}] cwlens {' '.join(argv[step])}", flush=True)
+        code = cwlens_main(argv[step])
+        if code:
+            return code
+    return 0

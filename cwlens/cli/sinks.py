@@ -1,0 +1,87 @@
+"""``cwlens sinks``: the attention-sink analysis on a dataset sample (tables, figures, summary)."""
+
+from cwlens.cli.common import add_model_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "sinks",
+        help="attention-sink analysis: sink rate vs contribution, anti-alignment, the sink-rate "
+        "curve, sink-norm interventions",
+        description="Runs the model on a dataset sample and writes tidy CSV tables (per sample, "
+        "layer and head), figures (HTML + PNG) and summary.json: sink rate and sink heads "
+        "(Gu et al. eps), sink contribution vs attention and the factor split sink vs tail; "
+        "cosines of the sink's projected value with the tail's values and the head output; "
+        "the sink-rate sweep with its closed form, s* and the actual rate; and Delta-PPL, "
+        "head-output norms and cone cosines when the sink's value is scaled (with a random "
+        "non-sink position as control). The sink is the first real token of each text.",
+    )
+    add_model_args(p)
+    p.add_argument("--dataset", default="gsm8k",
+                   help="gsm8k, fineweb_edu, or both comma-separated (default: %(default)s)")
+    p.add_argument("--samples", type=int, default=50, help="texts per dataset (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=128, help="truncate each text (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=8, help="texts per forward pass (default: %(default)s)")
+    p.add_argument("--scales", default="0,0.5",
+                   help="sink-value scales for the intervention, comma-separated (default: %(default)s)")
+    p.add_argument("--eps", type=float, default=0.3, help="sink-head threshold (default: %(default)s)")
+    p.add_argument("--no-intervention", action="store_true", help="skip the forward passes with hooks")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random control positions")
+    p.add_argument("--out", default="runs/sinks", help="folder for tables (default: %(default)s)")
+    p.add_argument("--figures", default="figures", help="folder for figures (default: %(default)s)")
+    p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
+    p.add_argument("--plot-only", action="store_true",
+                   help="redraw the figures from the tables already in --out")
+    p.set_defaults(func=run)
+
+
+def model_label(name: str) -> str:
+    """The model name for titles; offline GGUF models say that they are quantised."""
+    from pathlib import PurePath
+
+    from cwlens.models.registry import MODELS
+
+    entry = MODELS.get(name)
+    if entry is None or entry.offline is None:
+        return name
+    quant = PurePath(entry.offline.filename).suffixes[-2].lstrip(".")
+    return f"{name} ({quant} GGUF, dequantized)"
+
+
+def run(args) -> int:
+    from cwlens.sinks import run as sink_run
+
+    label = model_label(args.model)
+    if args.plot_only:
+        tables = sink_run.load_tables(args.out)
+    else:
+        import cwlens
+        from cwlens.datasets import load_dataset
+
+        model = cwlens.load_model(args.model, device=args.device)
+        samples = []
+        for name in args.dataset.split(","):
+            samples += load_dataset(name.strip(), n=args.samples)
+        scales = tuple(float(s) for s in args.scales.split(",") if s.strip())
+        print(f"cwlens sinks: {args.model} on {len(samples)} texts of {args.dataset} "
+              f"(first {args.max_tokens} tokens each)")
+        tables = sink_run.analyse(
+            model, samples, max_tokens=args.max_tokens, batch_size=args.batch_size,
+            scales=scales, eps=args.eps, intervention=not args.no_intervention, seed=args.seed,
+        )
+        paths = sink_run.save_tables(tables, args.out)
+        print(f"wrote {len(paths)} tables to {args.out}/")
+    summary = sink_run.summarize(tables, args.eps)
+    run_info = {"model": args.model, "model_label": label, "dataset": args.dataset,
+                "max_tokens": args.max_tokens}
+    if args.plot_only:  # keep what the run that made the tables recorded
+        run_info.update(sink_run.read_run_info(args.out))
+        label = run_info["model_label"]
+    summary.update(run_info)
+    sink_run.write_summary(summary, args.out)
+    print(sink_run.format_summary(summary))
+    from cwlens.plotting.sinks import all_figures
+
+    written = all_figures(tables, args.figures, model_label=label, png=not args.no_png)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0

@@ -1,0 +1,149 @@
+"""Sink-norm interventions: scale the sink's value vector and measure what breaks.
+
+For each ``scale`` the value vector of the sink (``hook_v`` at the first real token of
+each row; all kv heads of the chosen ``layers``, default all layers at once) is
+multiplied by ``scale`` (0 removes ``a_i0 v~_0`` from every head output). The control
+applies the same to one random non-sink position per row (uniform after the sink,
+seeded).
+
+Measured against the clean run:
+
+- ``ppl_table``: per ``(sample, target, scale)`` the summed next-token NLL over real
+  positions and the token count (``target`` is ``clean``, ``sink`` or ``random``);
+  :func:`ppl_summary` turns it into PPL and ΔPPL = PPL(intervened) - PPL(clean).
+- ``head_table``: per ``(sample, target, scale, layer)`` the mean head-output norm
+  ``||o_i^h||`` before and after, and the *cone cosine* ``cos(o_i^h, mean_{sink<j<=i}
+  v~_j^h)`` (the head output against the mean direction of the tail's projected values)
+  before and after, over all ``(head, query)`` entries after the sink and over the
+  *low-norm* ones: clean ``||o_i^h||`` below the ``low_norm_quantile`` of that layer's
+  clean head-output norms in the batch.
+"""
+
+import pandas as pd
+import torch
+
+from cwlens import adapter
+from cwlens.core.sinks import (
+    SinkGeometry,
+    first_real_index,
+    query_after_sink,
+    random_non_sink_index,
+)
+from cwlens.interventions.sinks import applied, sink_value_hooks
+from cwlens.measures import run_with_cache
+
+
+def nll_per_row(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None):
+    """``(nll_sum [batch], n_tokens [batch])`` of next-token prediction on real positions."""
+    logp = logits[:, :-1].float().log_softmax(-1)
+    nll = -logp.gather(-1, tokens[:, 1:, None].to(logp.device))[..., 0]
+    if attention_mask is None:
+        keep = torch.ones_like(nll, dtype=torch.bool)
+    else:
+        m = attention_mask.bool().to(nll.device)
+        keep = m[:, :-1] & m[:, 1:]
+    return (nll * keep).sum(-1), keep.sum(-1)
+
+
+def head_measures(cache, model, attention_mask, sink_index, layers):
+    """``{layer: (norm, cone, valid)}``, each ``[batch, head, query]``."""
+    out = {}
+    for ly in layers:
+        geo = adapter.geometry(cache, model, ly, attention_mask)
+        sg = SinkGeometry(geo, sink_index.to(geo.pattern.device))
+        after = query_after_sink(sg.sink_index, sg.n_query, sg.n_key)[:, None, :]
+        out[ly] = (geo.output_norm("intra"), sg.cone_cosine(), after.expand_as(sg.alpha0))
+    return out
+
+
+def sink_norm_intervention(
+    model,
+    tokens: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    scales=(0.0, 0.5),
+    layers=None,
+    control: bool = True,
+    seed: int = 0,
+    sample_ids=None,
+    low_norm_quantile: float = 0.25,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(ppl_table, head_table)`` for one batch (see the module docstring)."""
+    all_layers, _ = adapter.resolve_layers(model, None)
+    mask = None if attention_mask is None else attention_mask.bool()
+    b, n = tokens.shape
+    ids = list(range(b)) if sample_ids is None else list(sample_ids)
+    sink = first_real_index(mask, b, tokens.device)
+    targets = {"sink": sink}
+    if control:
+        gen = torch.Generator().manual_seed(seed)
+        targets["random"] = random_non_sink_index(sink, n, gen)
+
+    def run(hooks):
+        with torch.no_grad(), applied(model, hooks):
+            logits, cache = run_with_cache(model, tokens, attention_mask=attention_mask)
+        nll, cnt = nll_per_row(logits, tokens, attention_mask)
+        return nll.cpu(), cnt.cpu(), head_measures(cache, model, attention_mask, sink, all_layers)
+
+    nll0, cnt0, clean = run([])
+    ppl_rows = [(ids[i], "clean", 1.0, float(nll0[i]), int(cnt0[i])) for i in range(b)]
+    head_rows = []
+    low = {}
+    for ly, (norm, _, valid) in clean.items():
+        thr = torch.quantile(norm[valid].float(), low_norm_quantile) if valid.any() else 0.0
+        low[ly] = valid & (norm < thr)
+    for target, index in targets.items():
+        for scale in scales:
+            nll, cnt, after = run(sink_value_hooks(model, scale, index, layers))
+            ppl_rows += [(ids[i], target, float(scale), float(nll[i]), int(cnt[i])) for i in range(b)]
+            for ly in all_layers:
+                head_rows += _head_rows(ids, target, scale, ly, clean[ly], after[ly], low[ly])
+    ppl = pd.DataFrame(ppl_rows, columns=["sample", "target", "scale", "nll_sum", "n_tokens"])
+    return ppl, pd.DataFrame(head_rows)
+
+
+def _head_rows(ids, target, scale, layer, clean, after, low):
+    norm0, cone0, valid = clean
+    norm1, cone1, _ = after
+    rows = []
+    for i, sid in enumerate(ids):
+        row = {"sample": sid, "target": target, "scale": float(scale), "layer": layer}
+        for tag, sel in (("all", valid[i]), ("low", low[i])):
+            k = sel.sum().clamp_min(1)
+            row[f"n_{tag}"] = int(sel.sum())
+            row[f"norm_before_{tag}"] = float((norm0[i] * sel).sum() / k)
+            row[f"norm_after_{tag}"] = float((norm1[i] * sel).sum() / k)
+            row[f"cone_before_{tag}"] = float((cone0[i] * sel).sum() / k)
+            row[f"cone_after_{tag}"] = float((cone1[i] * sel).sum() / k)
+        rows.append(row)
+    return rows
+
+
+def ppl_summary(ppl: pd.DataFrame) -> pd.DataFrame:
+    """Per ``(target, scale)``: corpus PPL ``exp(sum nll / sum tokens)``, ΔPPL vs clean and
+    the mean per-sample ΔPPL."""
+    per = ppl.assign(ppl=lambda d: (d.nll_sum / d.n_tokens.clip(lower=1)).map(_exp))
+    clean = per[per.target == "clean"].set_index("sample")["ppl"]
+    per["delta_ppl"] = per["ppl"] - per["sample"].map(clean)
+    tot = ppl.groupby(["target", "scale"], as_index=False)[["nll_sum", "n_tokens"]].sum()
+    tot["ppl"] = (tot.nll_sum / tot.n_tokens).map(_exp)
+    base = float(tot.loc[tot.target == "clean", "ppl"].iloc[0])
+    tot["delta_ppl"] = tot["ppl"] - base
+    mean_delta = per.groupby(["target", "scale"], as_index=False)["delta_ppl"].mean()
+    return tot.merge(mean_delta.rename(columns={"delta_ppl": "mean_sample_delta_ppl"}),
+                     on=["target", "scale"])
+
+
+def head_summary(heads: pd.DataFrame) -> pd.DataFrame:
+    """Per ``(target, scale, layer)`` means over samples, plus ``norm_ratio_{all,low}``."""
+    cols = [c for c in heads.columns if c not in ("sample", "target", "scale", "layer")]
+    g = heads.groupby(["target", "scale", "layer"], as_index=False)[cols].mean()
+    for tag in ("all", "low"):
+        g[f"norm_ratio_{tag}"] = g[f"norm_after_{tag}"] / g[f"norm_before_{tag}"].clip(lower=1e-30)
+        g[f"cone_change_{tag}"] = g[f"cone_after_{tag}"] - g[f"cone_before_{tag}"]
+    return g
+
+
+def _exp(x: float) -> float:
+    import math
+
+    return math.exp(x)

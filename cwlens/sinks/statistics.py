@@ -1,0 +1,159 @@
+"""Sink statistics per sample, layer and head as tidy tables.
+
+One row per ``(sample, layer, head)``, each value a mean over the queries after the sink
+(the sink query can only attend to itself). The sink is the first real token of each
+row (left padding: the first position where ``attention_mask`` is 1), or a set of
+positions counted from it (``sink_positions=(0, 1)``: the first two real tokens).
+
+Columns:
+
+- ``sink_rate``: attention mass on the sink positions; ``sink_head``: ``sink_rate > eps``
+  (Gu et al., ICLR 2025, use ``eps = 0.3``).
+- ``sink_contribution`` (mean) and ``sink_contribution_median``: the sink's intra-head
+  contribution weight ``c_i0^h`` (the head's own output); ``sink_contribution_inter``:
+  its inter-head weight (a share of the layer output; summed over heads it is the sink
+  token's contribution to the layer).
+- Factor split ``c = attention x relative_norm x cosine`` (intra by default) for the
+  first sink token (``sink_*``) and the per-token means over the tail tokens
+  ``sink < j <= i`` (``tail_*``).
+"""
+
+import pandas as pd
+import torch
+
+from cwlens import adapter
+from cwlens.core.geometry import AttentionGeometry, check_kind
+from cwlens.core.sinks import first_real_index, key_onehot, query_after_sink
+
+EPS_GU = 0.3
+FACTORS = ("attention", "relative_norm", "cosine", "contribution")
+
+
+def sink_key_mask(sink_index: torch.Tensor, n_key: int, sink_positions=(0,)) -> torch.Tensor:
+    """``[batch, key_pos]`` bool: the sink positions of each row (offsets from its sink)."""
+    out = torch.zeros(sink_index.shape[0], n_key, dtype=torch.bool, device=sink_index.device)
+    for off in sink_positions:
+        out |= key_onehot((sink_index + off).clamp_max(n_key - 1), n_key)
+    return out
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dim) -> torch.Tensor:
+    mask = mask.to(x.dtype)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1)
+
+
+def _masked_median(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Median over the last axis of the entries where ``mask`` (NaN where none)."""
+    y = torch.where(mask, x, torch.full_like(x, float("nan")))
+    return y.nanmedian(-1).values
+
+
+def layer_statistics(
+    geo: AttentionGeometry,
+    sink_index: torch.Tensor,
+    sink_positions=(0,),
+    kind: str = "intra",
+) -> dict[str, torch.Tensor]:
+    """The per-``(batch, head)`` columns of :func:`sink_statistics` for one layer."""
+    check_kind(kind)
+    b, h, q, k = geo.pattern.shape
+    last = max(sink_positions)
+    queries = query_after_sink(sink_index + last, q, k)[:, None, :].expand(b, h, q)  # [b,h,q]
+    sinks = sink_key_mask(sink_index, k, sink_positions)  # [b, k]
+    first = key_onehot(sink_index, k)  # [b, k]
+    qpos = torch.arange(k - q, k, device=sinks.device)
+    kpos = torch.arange(k, device=sinks.device)
+    tail = (kpos[None, None, :] <= qpos[None, :, None]) & ~sinks[:, None, :]  # [b, q, k]
+    tail = tail & (kpos[None, None, :] > sink_index[:, None, None] + last)
+    tail = tail[:, None].expand(b, h, q, k)
+
+    intra = geo.contribution("intra")
+    values = {
+        "attention": geo.attention(),
+        "relative_norm": geo.relative_norm(kind),
+        "cosine": geo.cosine(kind),
+        "contribution": intra if kind == "intra" else geo.contribution(kind),
+    }
+    out = {
+        "sink_rate": _masked_mean((geo.pattern * sinks[:, None, None]).sum(-1), queries, -1),
+        "n_queries": queries.sum(-1).to(geo.pattern.dtype),
+    }
+    sink_c = (intra * sinks[:, None, None]).sum(-1)
+    out["sink_contribution"] = _masked_mean(sink_c, queries, -1)
+    out["sink_contribution_median"] = _masked_median(sink_c, queries)
+    inter_c = (geo.contribution("inter") * sinks[:, None, None]).sum(-1)
+    out["sink_contribution_inter"] = _masked_mean(inter_c, queries, -1)
+    for name, x in values.items():
+        at_sink = (x * first[:, None, None]).sum(-1)
+        out[f"sink_{name}"] = _masked_mean(at_sink, queries, -1)
+        per_query_tail = _masked_mean(x, tail, -1)
+        out[f"tail_{name}"] = _masked_mean(per_query_tail, queries & tail.any(-1), -1)
+    return out
+
+
+def sink_statistics(
+    cache,
+    model,
+    attention_mask: torch.Tensor | None = None,
+    layers=None,
+    sample_ids=None,
+    eps: float = EPS_GU,
+    sink_positions=(0,),
+    kind: str = "intra",
+) -> pd.DataFrame:
+    """Tidy table, one row per ``(sample, layer, head)`` (see the module docstring)."""
+    resolved, _ = adapter.resolve_layers(model, layers)
+    rows = []
+    for ly in resolved:
+        geo = adapter.geometry(cache, model, ly, attention_mask)
+        b = geo.pattern.shape[0]
+        sink_index = first_real_index(
+            None if attention_mask is None else attention_mask.bool(), b, geo.pattern.device
+        )
+        stats = layer_statistics(geo, sink_index, sink_positions, kind)
+        rows.append(_frame(stats, ly, sample_ids))
+    df = pd.concat(rows, ignore_index=True)
+    df["sink_head"] = df["sink_rate"] > eps
+    df["kind"] = kind
+    return df
+
+
+def _frame(stats: dict[str, torch.Tensor], layer: int, sample_ids) -> pd.DataFrame:
+    b, h = next(iter(stats.values())).shape
+    ids = list(range(b)) if sample_ids is None else list(sample_ids)
+    data = {
+        "sample": [ids[i] for i in range(b) for _ in range(h)],
+        "layer": layer,
+        "head": [j for _ in range(b) for j in range(h)],
+    }
+    for name, t in stats.items():
+        data[name] = t.detach().float().cpu().reshape(-1).numpy()
+    return pd.DataFrame(data)
+
+
+def head_summary(stats: pd.DataFrame, eps: float = EPS_GU) -> pd.DataFrame:
+    """Mean over samples per ``(layer, head)``; ``sink_head`` re-thresholded on the mean rate."""
+    cols = [c for c in stats.columns if c not in ("sample", "layer", "head", "sink_head", "kind")]
+    out = stats.groupby(["layer", "head"], as_index=False)[cols].mean()
+    out["sink_head"] = out["sink_rate"] > eps
+    return out
+
+
+def layer_summary(stats: pd.DataFrame, eps: float = EPS_GU) -> pd.DataFrame:
+    """Per layer: mean head sink rate, the sink token's share of the layer output
+    (``sink_contribution_inter`` summed over heads), sink heads, factor means."""
+    per_sample = stats.groupby(["sample", "layer"], as_index=False).agg(
+        sink_rate=("sink_rate", "mean"),
+        sink_token_contribution=("sink_contribution_inter", "sum"),
+    )
+    by_layer = per_sample.groupby("layer", as_index=False)[
+        ["sink_rate", "sink_token_contribution"]
+    ].mean()
+    heads = head_summary(stats, eps)
+    factor_cols = [f"{w}_{f}" for w in ("sink", "tail") for f in FACTORS]
+    extra = heads.groupby("layer", as_index=False).agg(
+        n_sink_heads=("sink_head", "sum"),
+        max_head_sink_rate=("sink_rate", "max"),
+        **{c: (c, "mean") for c in factor_cols + ["sink_contribution_median"]},
+    )
+    return by_layer.merge(extra, on="layer")
