@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONWARNINGS=ignore
-echo "== ruff" && .venv/bin/ruff check cwlens tests scripts
+echo "== ruff" && .venv/bin/ruff check cwlens tests scripts notebooks
 echo "== TransformerLens 4.x (TransformerBridge)"
 .venv/bin/python -m pytest -q "$@"
 if [ -x .venv-tl3/bin/python ]; then
