@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--readme", help="also write the table into this markdown file, between "
+                    "<!-- benchmark:start --> and <!-- benchmark:end -->")
     ap.add_argument("--row", type=int, help=argparse.SUPPRESS)  # internal: one row, JSON out
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -106,6 +108,10 @@ def main():
         return
     print(f"model {args.model}, device {args.device}, dtype {args.dtype}, torch threads {torch.get_num_threads()}")
     print(f"{'n':>6} {'forward s':>10} {'cwlens s':>10} {'ratio':>7} {'+intra':>7} {'peak extra MB':>14}")
+    md = [
+        "| n | forward (s) | cache + contribution + baselines (s) | ratio | ratio with intra too | peak extra memory (MB) |",
+        "|---|---|---|---|---|---|",
+    ]
     for n in args.lengths:
         cmd = [sys.executable, __file__, "--row", str(n), "--model", args.model,
                "--device", args.device, "--dtype", args.dtype, "--repeats", str(args.repeats)]
@@ -115,6 +121,29 @@ def main():
             f"{r['n']:>6} {r['forward_s']:>10.3f} {r['cwlens_s']:>10.3f} {r['ratio']:>7.2f} "
             f"{r['ratio_with_intra']:>7.2f} {r['peak_extra_mb']:>14.0f}"
         )
+        md.append(
+            f"| {r['n']} | {r['forward_s']:.3f} | {r['cwlens_s']:.3f} | {r['ratio']:.2f} | "
+            f"{r['ratio_with_intra']:.2f} | {r['peak_extra_mb']:.0f} |"
+        )
+    if args.readme:
+        write_block(args.readme, "\n".join(md), args)
+
+
+def write_block(path, table: str, args) -> None:
+    import platform
+    from pathlib import Path
+
+    start, end = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
+    text = Path(path).read_text(encoding="utf-8")
+    if start not in text or end not in text:
+        raise SystemExit(f"{path} has no {start} ... {end} block")
+    cmd = f"python scripts/benchmark.py --lengths {' '.join(map(str, args.lengths))} --readme {path}"
+    block = (
+        f"{start}\nMeasured with `{cmd}` ({args.model}, {args.device}, {args.dtype}, "
+        f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; "
+        f"median of {args.repeats} interleaved runs):\n\n{table}\n{end}"
+    )
+    Path(path).write_text(text[: text.index(start)] + block + text[text.index(end) + len(end):], encoding="utf-8")
 
 
 if __name__ == "__main__":
