@@ -133,3 +133,15 @@ def test_decomposition_table_matches_tensors():
     assert row.contribution == pytest.approx(float(parts.contribution[0, 2, n - 1, 1]))
     assert row.attention * row.relative_norm * row.cosine == pytest.approx(row.contribution, abs=1e-6)
     assert df.groupby("head").contribution.sum().sum() == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["intra", "inter"])
+def test_long_sequence_path_equals_naive(kind):
+    """Sequences longer than d_model take the Gram-matrix path for the inter projection."""
+    pattern, v, W_O = random_layer(batch=1, n_heads=4, n_kv=2, pos=20, d_head=3, d_model=8, seed=11)
+    geo = AttentionGeometry(pattern, v, W_O)
+    ref = naive_measures(pattern, v, W_O)
+    assert_close(geo.contribution(kind).double(), ref[f"contribution_{kind}"], rtol=1e-4, atol=1e-5)
+    if kind == "inter":
+        norm = geo.output_norm("inter").double().squeeze(1)
+        assert_close(norm, ref["layer_output"].norm(dim=-1), rtol=1e-5, atol=1e-6)

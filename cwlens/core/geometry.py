@@ -143,9 +143,17 @@ class AttentionGeometry:
 
     @cached_property
     def _inter(self) -> tuple[torch.Tensor, torch.Tensor]:
-        o = self.layer_output
-        proj = torch.einsum("bqm,hdm->bqhd", o, self.W_O)  # o W_O^h^T
-        norm_sq = (o * o).sum(-1)[:, None, :]  # [b, 1, q]
+        b, q, h, d = self.z.shape
+        if q > self.W_O.shape[-1]:
+            # long sequences: o W_O^h^T = sum_h' z^h' (W_O^h' W_O^h^T), one (h d) x (h d)
+            # Gram matrix instead of going through d_model twice per query
+            flat_w = self.W_O.reshape(h * d, -1)
+            proj = (self.z.reshape(b, q, h * d) @ (flat_w @ flat_w.T)).view(b, q, h, d)
+            norm_sq = (proj * self.z).sum((-1, -2)).clamp_min(0)[:, None, :]
+        else:
+            o = self.layer_output
+            proj = torch.einsum("bqm,hdm->bqhd", o, self.W_O)  # o W_O^h^T
+            norm_sq = (o * o).sum(-1)[:, None, :]  # [b, 1, q]
         return proj, norm_sq
 
     def _projection(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
