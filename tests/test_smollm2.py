@@ -73,3 +73,13 @@ def test_compatibility_mode_keeps_the_identities():
     c = cwlens.contribution_weights(cache, model)
     assert_close(c.sum((2, 4)), torch.ones_like(c.sum((2, 4))), rtol=0, atol=2e-5)
     assert cwlens.closure(cache, model).worst_relative_error < 1e-5
+
+
+def test_real_model_long_sequence_identities(smollm2):
+    """n = 640 > d_model = 576: the inter projection takes the Gram-matrix path."""
+    tokens = torch.randint(100, 40000, (1, 640), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, cache = cwlens.run_with_cache(smollm2, tokens, layers=[0, 29], closure=True)
+    c = cwlens.contribution_weights(cache, smollm2, [0, 29])
+    assert_close(c.sum((2, 4)), torch.ones_like(c.sum((2, 4))), rtol=0, atol=5e-5)
+    assert cwlens.closure(cache, smollm2, [0, 29]).worst_relative_error < 1e-5
