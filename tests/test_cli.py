@@ -61,3 +61,17 @@ def test_figures_runs_the_steps_it_is_given(tmp_path, capsys):
     assert "[1/1] cwlens demo" in capsys.readouterr().out
     assert (out / "demo_attention_vs_contribution.html").exists()
     assert main(["figures", "--only", "plots"]) == 1  # unknown step: explained, exit 1
+
+
+def test_faithfulness_command_on_a_tiny_model(tmp_path, capsys):
+    from cwlens.testing import save_tiny
+
+    model_dir = save_tiny("llama", tmp_path)
+    out = tmp_path / "runs"
+    argv = ["faithfulness", "--model", str(model_dir), "--device", "cpu", "--dataset", "gsm8k",
+            "--samples", "2", "--max-tokens", "16", "--rates", "0.5", "--metrics", "attention,contribution",
+            "--out", str(out), "--figures", str(tmp_path / "figs"), "--no-png", "--no-progress"]
+    assert main(argv) == 0
+    assert (out / "gsm8k.jsonl").stat().st_size > 0
+    assert (tmp_path / "figs" / "faithfulness_gsm8k.html").exists()
+    assert "contrib" in capsys.readouterr().out
