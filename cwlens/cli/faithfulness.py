@@ -74,7 +74,8 @@ def register(sub) -> None:
     g.add_argument("--figures", default="figures", help="figure folder, '' for none (default: %(default)s)")
     g.add_argument("--no-png", action="store_true", help="figures as HTML only")
     g.add_argument("--summary-md", default=None,
-                   help="write the results tables into this markdown file (between marker comments)")
+                   help="write the results tables into these markdown files, comma-separated "
+                   "(between <!-- faithfulness-results:start/end --> comments)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -145,9 +146,9 @@ def report(paths, args) -> int:
     summary = summarize(read_results(paths))
     text = markdown_tables(summary)
     print(text)
-    if args.summary_md:
-        write_block(args.summary_md, text)
-        print(f"tables written to {args.summary_md}")
+    for path in filter(None, (args.summary_md or "").split(",")):
+        write_block(path, text)
+        print(f"tables written to {path}")
     if args.figures:
         from cwlens.plotting import save_figure
         from cwlens.plotting.faithfulness import faithfulness_curves

@@ -12,7 +12,7 @@ FAITHFULNESS = [
     "--samples", "gsm8k=50,fineweb_edu=50,mmlu=100,winogrande=100,boolq=100",
     "--max-tokens", "128", "--rates", "0.3",
     "--metrics", "attention,value_weighted,value_weighted_output_normalized,contribution,random",
-    "--out", "runs/faithfulness", "--summary-md", "docs/faithfulness.md",
+    "--out", "runs/faithfulness", "--summary-md", "docs/faithfulness.md,README.md",
 ]
 SINKS = ["--dataset", "gsm8k", "--samples", "50", "--max-tokens", "128", "--out", "runs/sinks"]
 STEPS = ("demo", "sinks", "faithfulness")

@@ -11,7 +11,7 @@ SHORT = {
     "value_weighted": "vw",
     "value_weighted_output_normalized": "vwon",
     "contribution": "contrib",
-    "contribution_abs": "|contrib|",
+    "contribution_abs": "abs contrib",
     "random": "random",
 }
 LM_MEASURE, CHOICE_MEASURE = "delta_ppl", "acc"
