@@ -75,3 +75,22 @@ def test_faithfulness_command_on_a_tiny_model(tmp_path, capsys):
     assert (out / "gsm8k.jsonl").stat().st_size > 0
     assert (tmp_path / "figs" / "faithfulness_gsm8k.html").exists()
     assert "contrib" in capsys.readouterr().out
+
+
+def test_figures_redraws_existing_sink_tables(tmp_path, monkeypatch):
+    import cwlens.cli.main as cli
+
+    calls = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or 0)
+    from cwlens.cli.figures import run
+
+    args = cli.build_parser().parse_args(["figures", "--only", "sinks"])
+    run(args)
+    assert "--plot-only" not in calls[-1]  # no tables yet: compute them
+    (tmp_path / "runs" / "sinks").mkdir(parents=True)
+    (tmp_path / "runs" / "sinks" / "summary.json").write_text("{}")
+    run(args)
+    assert "--plot-only" in calls[-1]  # tables exist: only redraw
+    run(cli.build_parser().parse_args(["figures", "--only", "sinks", "--rerun"]))
+    assert "--plot-only" not in calls[-1]

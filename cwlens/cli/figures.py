@@ -16,6 +16,8 @@ FAITHFULNESS = [
 ]
 SINKS = ["--dataset", "gsm8k", "--samples", "50", "--max-tokens", "128", "--out", "runs/sinks"]
 STEPS = ("demo", "sinks", "faithfulness")
+# Both runs keep their results in runs/: the faithfulness sweep resumes sample by sample;
+# the sink tables, once written, are only redrawn (--rerun recomputes them).
 
 
 def register(sub) -> None:
@@ -32,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--only", default=",".join(STEPS),
                    help="comma-separated steps to run (default: %(default)s)")
     p.add_argument("--no-png", action="store_true", help="HTML only (no Chromium needed)")
+    p.add_argument("--rerun", action="store_true",
+                   help="recompute the sink tables even if runs/sinks has them (the faithfulness "
+                   "run always resumes: delete runs/faithfulness to start it afresh)")
     p.set_defaults(func=run)
 
 
@@ -43,11 +48,15 @@ def run(args) -> int:
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         raise UnknownOptionError(f"--only: unknown steps {unknown}; valid: {', '.join(STEPS)}")
+    from pathlib import Path
+
     common = ["--model", args.model] + (["--device", args.device] if args.device else [])
+    sinks_done = Path(SINKS[SINKS.index("--out") + 1], "summary.json").is_file()
+    redraw = ["--plot-only"] if sinks_done and not args.rerun else []
     png = ["--no-png"] if args.no_png else []
     argv = {
         "demo": ["demo", *common, "--out", args.out, *png],
-        "sinks": ["sinks", *common, *SINKS, "--figures", args.out, *png],
+        "sinks": ["sinks", *common, *SINKS, "--figures", args.out, *png, *redraw],
         "faithfulness": ["faithfulness", *common, *FAITHFULNESS, "--figures", args.out, *png],
     }
     for i, step in enumerate(steps, 1):
