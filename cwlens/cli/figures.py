@@ -14,8 +14,13 @@ FAITHFULNESS = [
     "--metrics", "attention,value_weighted,value_weighted_output_normalized,contribution,random",
     "--out", "runs/faithfulness", "--summary-md", "docs/faithfulness.md,README.md",
 ]
+RATES = [
+    "--dataset", "gsm8k", "--samples", "gsm8k=50", "--max-tokens", "128", "--rates", "0.1,0.3,0.5",
+    "--metrics", "attention,value_weighted,contribution,contribution_abs,random",
+    "--out", "runs/faithfulness_curves", "--summary-md", "docs/faithfulness_curves.md",
+]
 SINKS = ["--dataset", "gsm8k", "--samples", "50", "--max-tokens", "128", "--out", "runs/sinks"]
-STEPS = ("demo", "sinks", "faithfulness")
+STEPS = ("demo", "sinks", "faithfulness", "rates")
 # Both runs keep their results in runs/: the faithfulness sweep resumes sample by sample;
 # the sink tables, once written, are only redrawn (--rerun recomputes them).
 
@@ -23,8 +28,9 @@ STEPS = ("demo", "sinks", "faithfulness")
 def register(sub) -> None:
     p = sub.add_parser(
         "figures",
-        help="regenerate every figure in figures/ (demo, sinks, faithfulness)",
-        description="Runs `cwlens demo`, `cwlens sinks` and `cwlens faithfulness` with the "
+        help="regenerate every figure in figures/ (demo, sinks, faithfulness, rates)",
+        description="Runs `cwlens demo`, `cwlens sinks` and `cwlens faithfulness` (all five "
+        "datasets at 30% removal, and GSM8K at 10/30/50% for the curves in --out/rates) with the "
         "settings behind the README's figures and writes HTML + PNG to --out. The sink and "
         "faithfulness results live in runs/ and resume: the first call takes long on a CPU "
         "(the faithfulness sweep about an hour on 2 cores), later calls only redraw.",
@@ -58,6 +64,7 @@ def run(args) -> int:
         "demo": ["demo", *common, "--out", args.out, *png],
         "sinks": ["sinks", *common, *SINKS, "--figures", args.out, *png, *redraw],
         "faithfulness": ["faithfulness", *common, *FAITHFULNESS, "--figures", args.out, *png],
+        "rates": ["faithfulness", *common, *RATES, "--figures", f"{args.out}/rates", *png],
     }
     for i, step in enumerate(steps, 1):
         print(f"\n== [{i}/{len(steps)}] cwlens {' '.join(argv[step])}", flush=True)
