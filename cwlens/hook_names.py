@@ -66,8 +66,3 @@ def names_filter_for(layers: Iterable[int], closure: bool = False, **kw) -> Call
 
     return names_filter
 
-
-def masking_targets(layers: Iterable[int]) -> list[str]:
-    """Where value masking acts: :func:`pattern` of each layer (zeroing ``a_ij^h`` removes
-    ``a_ij^h v~_j^h`` from the head's output, see :mod:`cwlens.interventions.value_masking`)."""
-    return [pattern(layer) for layer in layers]

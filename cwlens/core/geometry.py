@@ -33,7 +33,7 @@ from functools import cached_property
 
 import torch
 
-from cwlens._types import KINDS, WO, PairWeights, Pattern, PositionMask, Values
+from cwlens._types import KINDS, METRICS, WO, PairWeights, Pattern, PositionMask, Values
 from cwlens.errors import NonFiniteError, ShapeMismatchError, UnknownOptionError
 
 
@@ -99,10 +99,6 @@ class AttentionGeometry:
         self._dots: dict[str, torch.Tensor] = {}
 
     # -- shared intermediates ------------------------------------------------------------
-    def _grouped(self, x: torch.Tensor) -> torch.Tensor:
-        """[batch, head, ...] -> [batch, kv_head, group, ...] (a view, no copy)."""
-        return x.view(x.shape[0], self.n_kv, self.group, *x.shape[2:])
-
     @cached_property
     def z(self) -> torch.Tensor:
         """Per-head mixed values ``sum_j a_ij v_j``: ``[batch, query_pos, head_index, d_head]``."""
@@ -236,8 +232,6 @@ class AttentionGeometry:
             return self.value_weighted_output_normalized(kind)
         if metric == "contribution":
             return self.contribution(kind)
-        from cwlens._types import METRICS
-
         raise UnknownOptionError(
             f"Unknown metric={metric!r}. Valid metrics: {', '.join(repr(m) for m in METRICS)}."
         )

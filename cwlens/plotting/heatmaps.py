@@ -8,8 +8,8 @@ output, blue = opposes it). Hover shows the factor split.
 import numpy as np
 
 
-def _labels(str_tokens):
-    # plotly merges equal category labels: make each position unique but readable
+def token_labels(str_tokens) -> list[str]:
+    """``"i:token"`` axis labels: plotly merges equal category labels, so make each unique."""
     return [f"{i}:{t!s}".replace("\n", "\\n") for i, t in enumerate(str_tokens)]
 
 
@@ -31,7 +31,7 @@ def attention_vs_contribution(
     from plotly.subplots import make_subplots
 
     n = len(heads)
-    labels = _labels(str_tokens)
+    labels = token_labels(str_tokens)
     fig = make_subplots(
         rows=2,
         cols=n,

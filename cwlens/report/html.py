@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cwlens.plotting.heatmaps import token_labels
 from cwlens.report.analysis import TextAnalysis, _spread
 
 HOVER = (
@@ -17,10 +18,6 @@ HOVER = (
     "relative norm %{customdata[1]:.3f}<br>cosine %{customdata[2]:+.3f}<br>"
     "contribution %{z:+.3f}<extra></extra>"
 )
-
-
-def _labels(tokens):
-    return [f"{i}:{t}".replace("\n", "\\n") for i, t in enumerate(tokens)]
 
 
 def _slider_figure(pairs, labels, title, step_names, contribution_name):
@@ -79,7 +76,7 @@ def _table(headers, rows) -> str:
 
 def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = None) -> Path:
     """Write the report to ``path`` and return it. ``layers``: per-head heatmaps for these."""
-    labels = _labels(a.str_tokens)
+    labels = token_labels(a.str_tokens)
     layers = layers if layers is not None else _spread(a.n_layers, 4)
     custom = lambda idx: np.stack(  # noqa: E731
         [a.attention[idx].numpy(), a.relative_norm[idx].numpy(), a.cosine[idx].numpy()], -1
