@@ -17,16 +17,22 @@ _PUBLIC = {
     "names_filter": "cwlens.measures",
     "run_with_cache": "cwlens.measures",
     "load_model": "cwlens.models",
+    "stream": "cwlens.streaming",
+    "stream_geometry": "cwlens.streaming",
+    "stream_reduce": "cwlens.streaming",
+    "StreamResult": "cwlens.streaming",
     "AttentionGeometry": "cwlens.core",
 }
 
-__all__ = sorted(_PUBLIC) + ["__version__"]
+__all__ = sorted(_PUBLIC) + ["__version__", "reducers"]
 
 
 def __getattr__(name: str):
-    if name in _PUBLIC:
-        import importlib
+    import importlib
 
+    if name == "reducers":
+        return importlib.import_module("cwlens.reducers")
+    if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'cwlens' has no attribute {name!r}")
 

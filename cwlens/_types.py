@@ -42,3 +42,5 @@ METRICS = (
     "value_weighted_output_normalized",
     "contribution",
 )
+# every per-entry measure the streaming engine computes (METRICS and |contribution|)
+STREAM_METRICS = METRICS + ("contribution_abs",)

@@ -66,6 +66,24 @@ def resolve_layers(model: TLModel, layer: Layers) -> tuple[list[int], bool]:
     return [item % n for item in layers], single
 
 
+def is_encoder(model: TLModel) -> bool:
+    """Bidirectional attention (BERT-like): ``HookedEncoder`` or a bridge with ``attention_dir``."""
+    if type(model).__name__ == "HookedEncoder":
+        return True
+    return getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
+
+
+def forward_kwargs(model: TLModel, attention_mask: torch.Tensor | None) -> dict[str, Any]:
+    """The keyword that passes ``attention_mask`` to this model's forward (or nothing).
+
+    TransformerLens 3.x's ``HookedEncoder`` names it ``one_zero_attention_mask``.
+    """
+    if attention_mask is None:
+        return {}
+    key = "one_zero_attention_mask" if type(model).__name__ == "HookedEncoder" else "attention_mask"
+    return {key: attention_mask}
+
+
 def W_O(model: TLModel, layer: int) -> torch.Tensor:
     """``[head_index, d_head, d_model]`` output projection of one layer (detached)."""
     return model.blocks[layer].attn.W_O.detach()
@@ -103,6 +121,18 @@ def geometry(
     """The :class:`~cwlens.core.AttentionGeometry` of one layer of a cached run."""
     pattern = read(cache, hook_names.pattern(layer), model)
     v = read(cache, hook_names.values(layer), model)
+    return layer_geometry(model, layer, pattern, v, attention_mask)
+
+
+def layer_geometry(
+    model: TLModel,
+    layer: int,
+    pattern: torch.Tensor,
+    v: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+) -> AttentionGeometry:
+    """The geometry of one layer from its ``hook_pattern`` and ``hook_v`` tensors
+    (from a cache or caught by hooks during a forward pass), checked against the model."""
     info = ModelInfo.of(model)
     if pattern.shape[1] != info.n_heads or v.shape[2] not in (info.n_kv_heads, info.n_heads):
         raise ShapeMismatchError(

@@ -204,10 +204,7 @@ def run_with_cache(
     **kwargs,
 ):
     """``model.run_with_cache`` keeping only the hooks cwlens needs: returns ``(logits, cache)``."""
-    if attention_mask is not None:
-        # TransformerLens 3.x's HookedEncoder names it one_zero_attention_mask
-        key = "one_zero_attention_mask" if type(model).__name__ == "HookedEncoder" else "attention_mask"
-        kwargs[key] = attention_mask
+    kwargs.update(adapter.forward_kwargs(model, attention_mask))
     return model.run_with_cache(
         input, names_filter=names_filter(model, layers, closure), **kwargs
     )

@@ -78,17 +78,27 @@ class AttentionGeometry:
         W_O: WO,
         position_mask: PositionMask | None = None,
         layer: int | None = None,
+        query_start: int | None = None,
     ):
         self.layer = layer
         _check_shapes(pattern, v, W_O, position_mask, layer)
         dtype = compute_dtype(pattern, v, W_O)
         device = pattern.device
+        q, k = pattern.shape[2], pattern.shape[3]
+        # queries are positions [query_start, query_start + q); by default the last q
+        # positions (q < key_pos with a KV cache, or a block of rows from :meth:`rows`)
+        self.query_start = k - q if query_start is None else int(query_start)
+        if not 0 <= self.query_start <= k - q:
+            raise ShapeMismatchError(
+                f"query_start={query_start} does not fit {q} queries among {k} keys."
+            )
         alpha = pattern.to(dtype)
         if position_mask is not None:
             m = position_mask.to(device=device, dtype=dtype)
-            q = alpha.shape[2]  # queries are the last q positions (q < key_pos with a KV cache)
-            alpha = alpha * m[:, None, -q:, None] * m[:, None, None, :]
+            rows = m[:, None, self.query_start : self.query_start + q, None]
+            alpha = (alpha * m[:, None, None, :]).mul_(rows)  # one pattern-sized allocation
         self.pattern = alpha
+        self.position_mask = position_mask
         self.v = v.to(device=device, dtype=dtype)
         if position_mask is not None:  # pad keys: no value, so every factor is 0 there too
             self.v = self.v * position_mask.to(device=device, dtype=dtype)[:, :, None, None]
@@ -97,6 +107,28 @@ class AttentionGeometry:
         self.n_kv = v.shape[2]
         self.group = self.n_heads // self.n_kv
         self._dots: dict[str, torch.Tensor] = {}
+
+    def rows(self, start: int, stop: int) -> "AttentionGeometry":
+        """The geometry of queries ``[start, stop)`` of this one (a block of rows).
+
+        Every per-pair measure of a query depends only on that query's row of the pattern
+        and on the (shared) values, so measures of the block equal the same rows of the
+        whole layer's. The block shares ``v``, ``W_O`` and the key norms with this one;
+        its pattern is a view, so a block costs only what its own measures allocate.
+        """
+        q = self.pattern.shape[2]
+        start, stop = max(0, start), min(q, stop)
+        block = object.__new__(AttentionGeometry)
+        block.layer = self.layer
+        block.query_start = self.query_start + start
+        block.pattern = self.pattern[:, :, start:stop]
+        block.position_mask = self.position_mask
+        block.v, block.W_O = self.v, self.W_O
+        block.n_heads, block.n_kv, block.group = self.n_heads, self.n_kv, self.group
+        block._dots = {}
+        for shared in ("gram", "value_norm"):  # key-side quantities: computed once per layer
+            block.__dict__[shared] = getattr(self, shared)
+        return block
 
     # -- shared intermediates ------------------------------------------------------------
     @cached_property
@@ -223,7 +255,7 @@ class AttentionGeometry:
         return self.dot(kind) * scale
 
     def measure(self, metric: str, kind: str = "inter") -> PairWeights:
-        """One of :data:`cwlens._types.METRICS` by name."""
+        """One of :data:`cwlens._types.METRICS` (or ``"contribution_abs"``, ``|c|``) by name."""
         if metric == "attention":
             return self.attention()
         if metric == "value_weighted":
@@ -232,8 +264,11 @@ class AttentionGeometry:
             return self.value_weighted_output_normalized(kind)
         if metric == "contribution":
             return self.contribution(kind)
+        if metric == "contribution_abs":
+            return self.contribution(kind).abs_()
         raise UnknownOptionError(
-            f"Unknown metric={metric!r}. Valid metrics: {', '.join(repr(m) for m in METRICS)}."
+            f"Unknown metric={metric!r}. Valid metrics: "
+            f"{', '.join(repr(m) for m in (*METRICS, 'contribution_abs'))}."
         )
 
 

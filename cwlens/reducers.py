@@ -1,0 +1,259 @@
+"""Small summaries of per-entry measures, filled block by block by :func:`cwlens.stream_reduce`.
+
+Pure torch. A reducer names the metrics it needs (``metrics``) and receives, for each
+layer and each block of queries, ``{metric: [batch, head, block, key]}`` float32 tensors
+(pad queries and keys are 0). It keeps only what it reduces to, so memory stays small
+whatever the sequence length:
+
+=====================  ======================================================  ==========================
+reducer                result                                                  size
+=====================  ======================================================  ==========================
+``TopK``               per row: the ``k`` largest entries (indices, values)     ``[layer, batch, head, query, k]``
+``ColumnSums``         per key: summed over queries (what a token gives)       ``[layer, batch, head, key]``
+``TokenLevel``         heads summed, full ``[query, key]`` for chosen layers  ``[layer, batch, query, key]``
+``HeadSummary``        per head: sink rate, sink contribution, entropy, share  ``[layer, batch, head]``
+``FullMatrices``       full ``[query, key]`` of a few ``(layer, head)``        ``{(layer, head, metric): ...}``
+=====================  ======================================================  ==========================
+
+Every reducer's result equals the same reduction of the full tensors from
+:mod:`cwlens.measures` (tested). ``layers`` in a result lists the layers in the order of
+its leading axis.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from cwlens.errors import CwlensError
+
+
+class Reducer:
+    """Base class: ``start_layer`` / ``update`` (once per query block) / ``end_layer`` / ``result``."""
+
+    name = "reducer"
+    metrics: tuple[str, ...] = ()
+
+    def start_layer(self, layer: int, geometry) -> None:  # noqa: B027 (optional hook)
+        pass
+
+    def update(self, layer: int, query_start: int, weights: dict[str, torch.Tensor], block) -> None:
+        raise NotImplementedError
+
+    def end_layer(self, layer: int, geometry) -> None:  # noqa: B027 (optional hook)
+        pass
+
+    def result(self):
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget what earlier runs accumulated (:func:`cwlens.stream_reduce` calls it first)."""
+        for key, value in vars(self).items():
+            if key.startswith("_") and isinstance(value, dict):
+                value.clear()
+
+
+def _check_positive(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CwlensError(f"{what} must be a positive int; got {value!r}.")
+    return value
+
+
+@dataclass(frozen=True)
+class TopKResult:
+    """``indices`` (int32) and ``values`` ``[layer, batch, head or 1, query, k]``; rows sorted
+    from the largest. ``head`` is 1 when heads were summed first (token level)."""
+
+    indices: torch.Tensor
+    values: torch.Tensor
+    layers: tuple[int, ...]
+    metric: str
+
+
+class TopK(Reducer):
+    """The ``k`` largest entries of each row (per head, or of the head sum with
+    ``sum_heads=True``). ``by_abs=True`` ranks by ``|w|`` (values keep their sign)."""
+
+    def __init__(self, k: int = 8, metric: str = "contribution", by_abs: bool = False,
+                 sum_heads: bool = False, name: str | None = None):
+        self.k = _check_positive(k, "k")
+        self.metric, self.by_abs, self.sum_heads = metric, by_abs, sum_heads
+        self.metrics = (metric,)
+        self.name = name or f"top{k}_{metric}"
+        self._idx: dict[int, list[torch.Tensor]] = {}
+        self._val: dict[int, list[torch.Tensor]] = {}
+
+    def update(self, layer, query_start, weights, block):
+        w = weights[self.metric]
+        if self.sum_heads:
+            w = w.sum(1, keepdim=True)
+        k = min(self.k, w.shape[-1])
+        idx = (w.abs() if self.by_abs else w).topk(k, dim=-1).indices
+        self._idx.setdefault(layer, []).append(idx.int())
+        self._val.setdefault(layer, []).append(w.gather(-1, idx))
+
+    def result(self) -> TopKResult:
+        layers = tuple(self._idx)
+        idx = torch.stack([torch.cat(self._idx[ly], 2) for ly in layers])
+        val = torch.stack([torch.cat(self._val[ly], 2) for ly in layers])
+        return TopKResult(idx, val, layers, self.metric)
+
+
+@dataclass(frozen=True)
+class LayerTensor:
+    """A ``[layer, ...]`` tensor and the layers of its first axis."""
+
+    tensor: torch.Tensor
+    layers: tuple[int, ...]
+    metric: str
+
+
+class ColumnSums(Reducer):
+    """Per key, the sum over queries: ``[layer, batch, head, key]`` (``[layer, batch, key]``
+    with ``sum_heads=True``). For the inter-head contribution, the head-summed column of
+    key ``j`` is the total share of all outputs that token ``j`` supplies."""
+
+    def __init__(self, metric: str = "contribution", sum_heads: bool = False, name: str | None = None):
+        self.metric, self.sum_heads = metric, sum_heads
+        self.metrics = (metric,)
+        self.name = name or f"column_sums_{metric}"
+        self._acc: dict[int, torch.Tensor] = {}
+
+    def update(self, layer, query_start, weights, block):
+        s = weights[self.metric].sum(2)
+        if self.sum_heads:
+            s = s.sum(1)
+        self._acc[layer] = s if layer not in self._acc else self._acc[layer] + s
+
+    def result(self) -> LayerTensor:
+        layers = tuple(self._acc)
+        return LayerTensor(torch.stack([self._acc[ly] for ly in layers]), layers, self.metric)
+
+
+class TokenLevel(Reducer):
+    """Heads summed, full ``[batch, query, key]`` for the chosen ``layers`` (None: all;
+    memory ``n^2`` per kept layer). For ``contribution`` (inter) rows sum to 1."""
+
+    def __init__(self, layers: Sequence[int] | None = None, metric: str = "contribution",
+                 name: str | None = None):
+        self.keep = None if layers is None else {int(x) for x in layers}
+        self.metric = metric
+        self.metrics = (metric,)
+        self.name = name or f"token_{metric}"
+        self._rows: dict[int, list[torch.Tensor]] = {}
+
+    def update(self, layer, query_start, weights, block):
+        if self.keep is None or layer in self.keep:
+            self._rows.setdefault(layer, []).append(weights[self.metric].sum(1))
+
+    def result(self) -> LayerTensor:
+        layers = tuple(self._rows)
+        if not layers:
+            raise CwlensError(f"TokenLevel kept no layer: none of {sorted(self.keep or [])} was streamed.")
+        return LayerTensor(torch.stack([torch.cat(self._rows[ly], 1) for ly in layers]), layers, self.metric)
+
+
+@dataclass(frozen=True)
+class HeadSummaryResult:
+    """Per ``[layer, batch, head]``, means over the real queries of each row:
+
+    ``sink_rate``: attention on the sink (the first real token); ``sink_contribution``:
+    its contribution weight; ``entropy``: attention entropy (nats); ``output_share``: the
+    head's share ``sum_j c_ij^h`` of the output (inter: of the layer output, sums to 1
+    over heads; intra: 1 wherever the head's output is non-zero).
+    """
+
+    sink_rate: torch.Tensor
+    sink_contribution: torch.Tensor
+    entropy: torch.Tensor
+    output_share: torch.Tensor
+    layers: tuple[int, ...]
+
+    def to_dataframe(self, sample_ids: Sequence | None = None):
+        import pandas as pd
+
+        n_l, b, h = self.sink_rate.shape
+        ids = list(range(b)) if sample_ids is None else list(sample_ids)
+        rows = []
+        for li, layer in enumerate(self.layers):
+            for i in range(b):
+                for j in range(h):
+                    rows.append({"sample": ids[i], "layer": layer, "head": j,
+                                 "sink_rate": float(self.sink_rate[li, i, j]),
+                                 "sink_contribution": float(self.sink_contribution[li, i, j]),
+                                 "entropy": float(self.entropy[li, i, j]),
+                                 "output_share": float(self.output_share[li, i, j])})
+        return pd.DataFrame(rows)
+
+
+def first_real(position_mask: torch.Tensor | None, batch: int, device) -> torch.Tensor:
+    """Index of the first real token of each row ``[batch]`` (0 without a mask)."""
+    if position_mask is None:
+        return torch.zeros(batch, dtype=torch.long, device=device)
+    return position_mask.to(device).int().argmax(-1)
+
+
+class HeadSummary(Reducer):
+    """Per-(layer, head) summaries: see :class:`HeadSummaryResult`."""
+
+    metrics = ("attention", "contribution")
+
+    def __init__(self, name: str = "heads"):
+        self.name = name
+        self._acc: dict[int, dict[str, torch.Tensor]] = {}
+        self._n: dict[int, torch.Tensor] = {}
+
+    def update(self, layer, query_start, weights, block):
+        a, c = weights["attention"], weights["contribution"]
+        b, h, q, _ = a.shape
+        sink = first_real(block.position_mask, b, a.device)
+        idx = sink[:, None, None, None].expand(b, h, q, 1)
+        real_q = _real_queries(block.position_mask, b, query_start, q, a.device)  # [b, q]
+        w = real_q[:, None, :].to(a.dtype)
+        ent = -(a * torch.log(a.clamp_min(1e-30))).sum(-1)
+        parts = {
+            "sink_rate": a.gather(-1, idx)[..., 0],
+            "sink_contribution": c.gather(-1, idx)[..., 0],
+            "entropy": ent,
+            "output_share": c.sum(-1),
+        }
+        acc = self._acc.setdefault(layer, {})
+        for key, val in parts.items():
+            s = (val * w).sum(-1)
+            acc[key] = s if key not in acc else acc[key] + s
+        n = w.sum(-1)
+        self._n[layer] = n if layer not in self._n else self._n[layer] + n
+
+    def result(self) -> HeadSummaryResult:
+        layers = tuple(self._acc)
+        out = {}
+        for key in ("sink_rate", "sink_contribution", "entropy", "output_share"):
+            out[key] = torch.stack([self._acc[ly][key] / self._n[ly].clamp_min(1) for ly in layers])
+        return HeadSummaryResult(**out, layers=layers)
+
+
+def _real_queries(position_mask, batch, query_start, q, device) -> torch.Tensor:
+    if position_mask is None:
+        return torch.ones(batch, q, dtype=torch.bool, device=device)
+    return position_mask.to(device).bool()[:, query_start : query_start + q]
+
+
+class FullMatrices(Reducer):
+    """Full ``[batch, query, key]`` matrices of a few ``(layer, head)`` pairs, for each of
+    ``metrics``: ``result()[(layer, head, metric)]``."""
+
+    def __init__(self, pairs: Sequence[tuple[int, int]],
+                 metrics: Sequence[str] = ("attention", "contribution"), name: str = "matrices"):
+        self.pairs = [(int(layer), int(head)) for layer, head in pairs]
+        self.metrics = tuple(metrics)
+        self.name = name
+        self._rows: dict[tuple[int, int, str], list[torch.Tensor]] = {}
+
+    def update(self, layer, query_start, weights, block):
+        for ly, head in self.pairs:
+            if ly == layer:
+                for m in self.metrics:
+                    self._rows.setdefault((ly, head, m), []).append(weights[m][:, head].clone())
+
+    def result(self) -> dict[tuple[int, int, str], torch.Tensor]:
+        return {key: torch.cat(rows, 1) for key, rows in self._rows.items()}

@@ -1,0 +1,221 @@
+"""The streaming engine: every measure computed layer by layer *inside* the forward pass.
+
+``run_with_cache`` keeps every layer's ``[batch, head, query, key]`` pattern until the
+forward pass ends, so memory grows with ``layers x n^2``. Here two hooks per layer catch
+``hook_v`` and ``hook_pattern`` as the model computes them; as soon as both are there
+the layer's :class:`~cwlens.core.AttentionGeometry` is built (once), the requested
+measures are computed and handed on, and nothing of size ``[head, n, n]`` outlives the
+layer. The hooks only read: the forward pass (and its logits) is unchanged.
+
+Three levels, from the most general to the most convenient:
+
+``stream_geometry(model, input, fn)``
+    calls ``fn(layer, geometry)`` for each layer; returns ``(logits, [results])``.
+``stream(model, input, fn, metric=..., kind=...)``
+    calls ``fn(layer, weights)`` with that layer's ``[batch, head, query, key]`` float32
+    tensor of ``metric``; returns ``[fn(...) for each layer]``.
+``stream_reduce(model, input, reducers)``
+    feeds several metrics to several small :mod:`~cwlens.reducers` (top-k, column sums,
+    token-level, head summaries, a few full matrices) in **query blocks** of
+    ``query_block`` rows, so the memory beyond the forward pass is a few blocks of
+    ``[batch, head, query_block, key]``, whatever ``n`` and the number of layers.
+
+Results equal those from ``run_with_cache`` + :mod:`cwlens.measures` (same math, the same
+float32 rounding up to the order of the sums; tested on every tiny architecture).
+"""
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cwlens import adapter, hook_names
+from cwlens._types import STREAM_METRICS
+from cwlens.adapter import Layers, TLModel
+from cwlens.core.geometry import AttentionGeometry, check_kind
+from cwlens.errors import CwlensError, UnknownOptionError
+
+DEFAULT_QUERY_BLOCK = 256
+
+
+def check_metric(metric: str) -> str:
+    if metric not in STREAM_METRICS:
+        raise UnknownOptionError(
+            f"Unknown metric={metric!r}. Valid metrics: "
+            f"{', '.join(repr(m) for m in STREAM_METRICS)}."
+        )
+    return metric
+
+
+class _Taps:
+    """Catches ``hook_v`` and ``hook_pattern`` of each layer; calls ``on_layer`` once both
+    are in (in whichever order the model fires them), then drops them."""
+
+    def __init__(self, layers: Sequence[int], on_layer: Callable[[int, torch.Tensor, torch.Tensor], None]):
+        self.layers = list(layers)
+        self.on_layer = on_layer
+        self.pending: dict[int, dict[str, torch.Tensor]] = {}
+        self.done: list[int] = []
+
+    def _catch(self, layer: int, what: str):
+        def catch(tensor: torch.Tensor, hook) -> None:
+            slot = self.pending.setdefault(layer, {})
+            slot[what] = tensor.detach()
+            if len(slot) == 2:
+                del self.pending[layer]
+                self.on_layer(layer, slot["pattern"], slot["v"])
+                self.done.append(layer)
+            return None  # read only: the forward pass goes on unchanged
+
+        catch.__name__ = f"cwlens_stream_{what}_{layer}"
+        return catch
+
+    def hooks(self) -> list[tuple[str, Callable]]:
+        out = []
+        for layer in self.layers:
+            out.append((hook_names.values(layer), self._catch(layer, "v")))
+            out.append((hook_names.pattern(layer), self._catch(layer, "pattern")))
+        return out
+
+
+def _tokens(model: TLModel, input) -> torch.Tensor | Any:
+    """Strings are tokenized as ``model(...)`` would; token tensors pass through."""
+    if isinstance(input, torch.Tensor):
+        if input.ndim == 1:
+            input = input[None]
+        if input.shape[-1] == 0:
+            raise CwlensError("The input has no tokens: pass a non-empty text or token tensor.")
+        return input
+    if isinstance(input, str) and not input:
+        raise CwlensError("The input text is empty: pass a non-empty text.")
+    return input
+
+
+def stream_geometry(
+    model: TLModel,
+    input,
+    fn: Callable[[int, AttentionGeometry], Any],
+    layers: Layers = None,
+    attention_mask: torch.Tensor | None = None,
+    **forward_kwargs,
+) -> tuple[torch.Tensor, list[Any]]:
+    """Run the model once; call ``fn(layer, geometry)`` as each layer is computed.
+
+    ``geometry`` is that layer's :class:`~cwlens.core.AttentionGeometry` (pad queries and
+    keys masked by ``attention_mask``). It must not be kept after ``fn`` returns (it
+    holds the layer's pattern): keep what ``fn`` computes from it. Returns
+    ``(logits, [fn(...) for each layer, in layer order])``.
+    """
+    resolved, _ = adapter.resolve_layers(model, layer=layers)
+    input = _tokens(model, input)
+    mask = None if attention_mask is None else attention_mask.bool()
+    results: dict[int, Any] = {}
+
+    def on_layer(layer: int, pattern: torch.Tensor, v: torch.Tensor) -> None:
+        geo = adapter.layer_geometry(model, layer, pattern, v, mask)
+        results[layer] = fn(layer, geo)
+
+    taps = _Taps(resolved, on_layer)
+    forward_kwargs.update(adapter.forward_kwargs(model, attention_mask))
+    with torch.no_grad(), model.hooks(fwd_hooks=taps.hooks()):
+        logits = model(input, **forward_kwargs)
+    missing = [ly for ly in resolved if ly not in results]
+    if missing:
+        raise CwlensError(
+            f"Layers {missing} did not fire both {hook_names.values(missing[0])!r} and "
+            f"{hook_names.pattern(missing[0])!r} during the forward pass: this model's "
+            "attention does not expose its pattern through TransformerLens hooks."
+        )
+    return logits, [results[ly] for ly in resolved]
+
+
+def stream(
+    model: TLModel,
+    input,
+    fn: Callable[[int, torch.Tensor], Any],
+    metric: str = "contribution",
+    kind: str = "inter",
+    layers: Layers = None,
+    attention_mask: torch.Tensor | None = None,
+) -> list[Any]:
+    """Call ``fn(layer, weights)`` with each layer's ``[batch, head, query, key]`` float32
+    tensor of ``metric`` while the model runs; return ``[fn(...) for each layer]``.
+
+    ``metric``: ``attention``, ``value_weighted``, ``value_weighted_output_normalized``,
+    ``contribution`` (signed) or ``contribution_abs``; ``kind`` picks ``o`` (``"inter"``:
+    the layer's output, ``"intra"``: the head's). Only one layer's weights exist at a time;
+    keep from ``weights`` what you need (the tensor itself may be reused).
+
+        sums = cwlens.stream(model, tokens, lambda layer, w: w.sum(2))   # per-key totals
+    """
+    check_metric(metric)
+    check_kind(kind)
+    _, out = stream_geometry(
+        model, input, lambda layer, geo: fn(layer, geo.measure(metric, kind)), layers, attention_mask
+    )
+    return out
+
+
+@dataclass
+class StreamResult:
+    """What :func:`stream_reduce` returns: the logits and each reducer's result by name."""
+
+    logits: torch.Tensor
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.results[name]
+
+
+def stream_reduce(
+    model: TLModel,
+    input,
+    reducers: dict[str, Any] | Iterable[Any],
+    kind: str = "inter",
+    layers: Layers = None,
+    attention_mask: torch.Tensor | None = None,
+    query_block: int | None = DEFAULT_QUERY_BLOCK,
+) -> StreamResult:
+    """Several metrics into several reducers, in one forward pass, in query blocks.
+
+    ``reducers``: ``{name: reducer}`` (or a list, named by their ``name``), each from
+    :mod:`cwlens.reducers`. For each layer and each block of ``query_block`` queries, every
+    metric some reducer needs is computed once and handed to all reducers that need it.
+    ``query_block=None`` computes each layer in one block.
+
+        out = cwlens.stream_reduce(model, tokens, {
+            "top": cwlens.reducers.TopK(k=8, metric="contribution"),
+            "received": cwlens.reducers.ColumnSums("contribution"),
+        })
+        out["top"].indices      # [layer, batch, head, query, 8]
+    """
+    check_kind(kind)
+    named = dict(reducers) if isinstance(reducers, dict) else {r.name: r for r in reducers}
+    if not named:
+        raise CwlensError("stream_reduce needs at least one reducer (see cwlens.reducers).")
+    if query_block is not None and (not isinstance(query_block, int) or query_block < 1):
+        raise CwlensError(f"query_block must be a positive int or None; got {query_block!r}.")
+    metrics = list(dict.fromkeys(m for r in named.values() for m in r.metrics))
+    for m in metrics:
+        check_metric(m)
+
+    for r in named.values():
+        r.reset()
+
+    def per_layer(layer: int, geo: AttentionGeometry) -> None:
+        for r in named.values():
+            r.start_layer(layer, geo)
+        n_q = geo.pattern.shape[2]
+        step = n_q if query_block is None else query_block
+        for start in range(0, n_q, step):
+            block = geo if step >= n_q else geo.rows(start, start + step)
+            weights = {m: block.measure(m, kind) for m in metrics}
+            for r in named.values():
+                r.update(layer, geo.query_start + start, {m: weights[m] for m in r.metrics}, block)
+            del weights, block
+        for r in named.values():
+            r.end_layer(layer, geo)
+
+    logits, _ = stream_geometry(model, input, per_layer, layers, attention_mask)
+    return StreamResult(logits, {name: r.result() for name, r in named.items()})
