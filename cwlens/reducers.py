@@ -84,19 +84,44 @@ class TopK(Reducer):
         self._val: dict[int, list[torch.Tensor]] = {}
 
     def update(self, layer, query_start, weights, block):
-        w = weights[self.metric]
-        if self.sum_heads:
-            w = w.sum(1, keepdim=True)
-        k = min(self.k, w.shape[-1])
-        idx = (w.abs() if self.by_abs else w).topk(k, dim=-1).indices
+        n_keys = getattr(weights, "n_keys", None)
+        if self.metric == "value_weighted_output_normalized" and not self.sum_heads and hasattr(weights, "kind"):
+            # ||o|| is one positive constant per row (inter: per query, intra: per head and
+            # query), so the row order is value_weighted's: rank that, then rescale
+            w = weights["value_weighted"]
+            idx, val = _row_topk(w, self.k, self.by_abs, n_keys)
+            val = val * block._inverse(weights.kind, 1)[..., None]
+        else:
+            w = weights[self.metric]
+            if self.sum_heads:
+                w = w.sum(1, keepdim=True)
+            idx, val = _row_topk(w, self.k, self.by_abs, n_keys)
         self._idx.setdefault(layer, []).append(idx.int())
-        self._val.setdefault(layer, []).append(w.gather(-1, idx))
+        self._val.setdefault(layer, []).append(val)
 
     def result(self) -> TopKResult:
         layers = tuple(self._idx)
         idx = torch.stack([torch.cat(self._idx[ly], 2) for ly in layers])
         val = torch.stack([torch.cat(self._val[ly], 2) for ly in layers])
         return TopKResult(idx, val, layers, self.metric)
+
+
+def _row_topk(w: torch.Tensor, k: int, by_abs: bool, n_keys: int | None):
+    """Top-k of each row of ``w`` ``[..., width]``, as if the row went on with zeros up to
+    ``n_keys`` (a causal block's keys after its last query are 0 in every measure)."""
+    width = w.shape[-1]
+    n_keys = width if n_keys is None else n_keys
+    score = w.abs() if by_abs else w
+    idx = score.topk(min(k, width), dim=-1).indices
+    val = w.gather(-1, idx)
+    n_zero = min(k, n_keys - width)
+    if n_zero > 0:  # the zeros after the block compete with the row's (maybe negative) entries
+        zero_idx = torch.arange(width, width + n_zero, device=w.device).expand(*w.shape[:-1], n_zero)
+        idx = torch.cat([idx, zero_idx], -1)
+        val = torch.cat([val, torch.zeros(zero_idx.shape, dtype=w.dtype, device=w.device)], -1)
+        keep = (val.abs() if by_abs else val).topk(min(k, idx.shape[-1]), dim=-1).indices
+        idx, val = idx.gather(-1, keep), val.gather(-1, keep)
+    return idx, val
 
 
 @dataclass(frozen=True)
@@ -123,6 +148,7 @@ class ColumnSums(Reducer):
         s = weights[self.metric].sum(2)
         if self.sum_heads:
             s = s.sum(1)
+        s = _pad_keys(s, getattr(weights, "n_keys", None))
         self._acc[layer] = s if layer not in self._acc else self._acc[layer] + s
 
     def result(self) -> LayerTensor:
@@ -144,7 +170,8 @@ class TokenLevel(Reducer):
 
     def update(self, layer, query_start, weights, block):
         if self.keep is None or layer in self.keep:
-            self._rows.setdefault(layer, []).append(weights[self.metric].sum(1))
+            rows = weights[self.metric].sum(1)
+            self._rows.setdefault(layer, []).append(_pad_keys(rows, getattr(weights, "n_keys", None)))
 
     def result(self) -> LayerTensor:
         layers = tuple(self._rows)
@@ -186,6 +213,13 @@ class HeadSummaryResult:
         return pd.DataFrame(rows)
 
 
+def _pad_keys(x: torch.Tensor, n_keys: int | None) -> torch.Tensor:
+    """Zeros appended on the key axis (last) up to ``n_keys``."""
+    if n_keys is None or x.shape[-1] >= n_keys:
+        return x
+    return torch.nn.functional.pad(x, (0, n_keys - x.shape[-1]))
+
+
 def first_real(position_mask: torch.Tensor | None, batch: int, device) -> torch.Tensor:
     """Index of the first real token of each row ``[batch]`` (0 without a mask)."""
     if position_mask is None:
@@ -206,7 +240,8 @@ class HeadSummary(Reducer):
     def update(self, layer, query_start, weights, block):
         a, c = weights["attention"], weights["contribution"]
         b, h, q, _ = a.shape
-        sink = first_real(block.position_mask, b, a.device)
+        sink = first_real(block.position_mask, b, a.device).clamp_max(a.shape[-1] - 1)
+        # (a block of pad queries may end before the sink: those rows have weight 0 below)
         idx = sink[:, None, None, None].expand(b, h, q, 1)
         real_q = _real_queries(block.position_mask, b, query_start, q, a.device)  # [b, q]
         w = real_q[:, None, :].to(a.dtype)
@@ -253,7 +288,8 @@ class FullMatrices(Reducer):
         for ly, head in self.pairs:
             if ly == layer:
                 for m in self.metrics:
-                    self._rows.setdefault((ly, head, m), []).append(weights[m][:, head].clone())
+                    rows = _pad_keys(weights[m][:, head], getattr(weights, "n_keys", None))
+                    self._rows.setdefault((ly, head, m), []).append(rows.clone())
 
     def result(self) -> dict[tuple[int, int, str], torch.Tensor]:
         return {key: torch.cat(rows, 1) for key, rows in self._rows.items()}

@@ -157,6 +157,25 @@ def stream(
     return out
 
 
+class BlockMeasures(dict):
+    """``{metric: [batch, head, block, key_width]}`` for one block of queries, each metric
+    computed on first access and shared by every reducer that reads it.
+
+    ``key_width`` may be less than ``n_keys`` (a causal block stops at its last query):
+    the entries after it are 0 in every measure. ``kind`` and ``geometry`` are there for
+    reducers that use them (e.g. :class:`~cwlens.reducers.TopK` ranks the output-normalised
+    baseline by the value-weighted one, which orders every row the same way).
+    """
+
+    def __init__(self, geometry: AttentionGeometry, kind: str, n_keys: int):
+        super().__init__()
+        self.geometry, self.kind, self.n_keys = geometry, kind, n_keys
+
+    def __missing__(self, metric: str) -> torch.Tensor:
+        self[metric] = value = self.geometry.measure(check_metric(metric), self.kind)
+        return value
+
+
 @dataclass
 class StreamResult:
     """What :func:`stream_reduce` returns: the logits and each reducer's result by name."""
@@ -203,16 +222,21 @@ def stream_reduce(
     for r in named.values():
         r.reset()
 
+    causal = not adapter.is_encoder(model)
+
     def per_layer(layer: int, geo: AttentionGeometry) -> None:
         for r in named.values():
             r.start_layer(layer, geo)
-        n_q = geo.pattern.shape[2]
+        n_q, n_k = geo.pattern.shape[2], geo.pattern.shape[3]
         step = n_q if query_block is None else query_block
         for start in range(0, n_q, step):
-            block = geo if step >= n_q else geo.rows(start, start + step)
-            weights = {m: block.measure(m, kind) for m in metrics}
+            stop = min(n_q, start + step)
+            # causal: keys after the block's last query have a = 0 in every row of it
+            key_stop = geo.query_start + stop if causal else n_k
+            block = geo if (step >= n_q and key_stop >= n_k) else geo.rows(start, stop, key_stop)
+            weights = BlockMeasures(block, kind, n_k)
             for r in named.values():
-                r.update(layer, geo.query_start + start, {m: weights[m] for m in r.metrics}, block)
+                r.update(layer, geo.query_start + start, weights, block)
             del weights, block
         for r in named.values():
             r.end_layer(layer, geo)

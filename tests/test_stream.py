@@ -145,3 +145,20 @@ def test_bad_arguments(run):
         cwlens.stream_reduce(model, tokens, [reducers.HeadSummary()], query_block=0)
     with pytest.raises(CwlensError, match="positive"):
         reducers.TopK(k=0)
+
+
+@pytest.mark.parametrize("kind", ["inter", "intra"])
+def test_topk_of_every_metric_in_blocks(run, kind):
+    model, tokens, mask, cache, _ = run
+    k = 4
+    res = cwlens.stream_reduce(
+        model, tokens, [reducers.TopK(k, m, by_abs=m == "contribution") for m in STREAM_METRICS],
+        kind=kind, attention_mask=mask, query_block=2,
+    )
+    for m in STREAM_METRICS:
+        full = cached(cache, model, m, kind, mask)
+        top = res[f"top{k}_{m}"]
+        score = full.abs() if m == "contribution" else full
+        want = full.gather(-1, score.topk(k, dim=-1).indices)
+        assert_close(top.values, want, **TOL)
+        assert_close(full.gather(-1, top.indices.long()), top.values, **TOL)

@@ -108,26 +108,30 @@ class AttentionGeometry:
         self.group = self.n_heads // self.n_kv
         self._dots: dict[str, torch.Tensor] = {}
 
-    def rows(self, start: int, stop: int) -> "AttentionGeometry":
+    def rows(self, start: int, stop: int, key_stop: int | None = None) -> "AttentionGeometry":
         """The geometry of queries ``[start, stop)`` of this one (a block of rows).
 
         Every per-pair measure of a query depends only on that query's row of the pattern
         and on the (shared) values, so measures of the block equal the same rows of the
-        whole layer's. The block shares ``v``, ``W_O`` and the key norms with this one;
-        its pattern is a view, so a block costs only what its own measures allocate.
+        whole layer's. ``key_stop`` keeps only keys ``[0, key_stop)``: for a causal layer
+        the keys after the block's last query have ``a = 0`` and so weight 0 in every
+        measure, and need not be computed. The block shares ``v``, ``W_O`` and the key
+        norms with this one; its pattern is a view, so a block costs only what its own
+        measures allocate.
         """
-        q = self.pattern.shape[2]
+        q, k = self.pattern.shape[2], self.pattern.shape[3]
         start, stop = max(0, start), min(q, stop)
+        keys = slice(0, k if key_stop is None else min(k, key_stop))
         block = object.__new__(AttentionGeometry)
         block.layer = self.layer
         block.query_start = self.query_start + start
-        block.pattern = self.pattern[:, :, start:stop]
+        block.pattern = self.pattern[:, :, start:stop, keys]
         block.position_mask = self.position_mask
-        block.v, block.W_O = self.v, self.W_O
+        block.v, block.W_O = self.v[:, keys], self.W_O
         block.n_heads, block.n_kv, block.group = self.n_heads, self.n_kv, self.group
         block._dots = {}
-        for shared in ("gram", "value_norm"):  # key-side quantities: computed once per layer
-            block.__dict__[shared] = getattr(self, shared)
+        block.__dict__["gram"] = self.gram  # key-side quantities: computed once per layer
+        block.__dict__["value_norm"] = self.value_norm[..., keys]
         return block
 
     # -- shared intermediates ------------------------------------------------------------
