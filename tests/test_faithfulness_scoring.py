@@ -106,3 +106,35 @@ def test_vw_and_vwon_share_masks_at_row_scope(model):
     head = run_faithfulness(model, DOCS, FaithfulnessConfig(**{**cfg.__dict__, "scope": "layer"}),
                             progress=False)
     assert head.stats.n_forwards == head.stats.n_batches * 3
+
+
+@pytest.mark.parametrize("scope", ["row", "layer"])
+def test_streamed_sweep_equals_ranking_from_a_full_cache(model, scope):
+    """The sweep ranks inside the streamed clean pass; the same masks built from a full
+    ``run_with_cache`` give bit-identical masked logits, hence the same table."""
+    import cwlens
+    from cwlens import adapter
+    from cwlens.faithfulness.lm import document_scores
+    from cwlens.faithfulness.ranking import eligible_entries, metric_scores, rank_entries
+    from cwlens.interventions.value_masking import run_masked
+
+    cfg = FaithfulnessConfig(metrics=("contribution", "value_weighted_output_normalized"),
+                             rates=(0.3,), modes=("comprehensiveness", "sufficiency"),
+                             scope=scope, batch_tokens=10_000)
+    table = run_faithfulness(model, DOCS, cfg, progress=False).table
+    tokens, mask = pad_batch(model, [d.text for d in DOCS])
+    with torch.no_grad():
+        _, cache = cwlens.run_with_cache(model, tokens, attention_mask=mask)
+    eligible = eligible_entries(mask)
+    for metric in cfg.metrics:
+        scored = "value_weighted" if scope == "row" and "output" in metric else metric
+        ranks = {ly: rank_entries(metric_scores(adapter.geometry(cache, model, ly, mask), scored),
+                                  eligible, scope) for ly in range(model.cfg.n_layers)}
+        for mode in cfg.modes:
+            logits = run_masked(model, tokens, {ly: r.mask(0.3, mode) for ly, r in ranks.items()},
+                                attention_mask=mask)
+            for row, doc in enumerate(DOCS):
+                want = document_scores(logits[row:row + 1], tokens[row:row + 1], mask[row:row + 1])[0]
+                got = table[(table.metric == metric) & (table["mode"] == mode)
+                            & (table.sample_id == doc.id) & (table.measure == "nll")]["value"]
+                assert float(got.iloc[0]) == pytest.approx(want["nll"], rel=1e-6)

@@ -48,8 +48,8 @@ def register(sub) -> None:
     g.add_argument("--samples", default="50",
                    help="samples per dataset: one number, or name=N,... (default: %(default)s)")
     g.add_argument("--num-fewshot", type=int, default=0, help="MMLU exemplars from the dev split, 0-5 (default: 0)")
-    g.add_argument("--max-tokens", type=int, default=None,
-                   help="truncate language-modelling documents to N tokens (default: whole documents)")
+    g.add_argument("--max-tokens", type=int, default=512,
+                   help="truncate language-modelling documents to their first N tokens (default: %(default)s)")
     g = p.add_argument_group("masking protocol (defaults: see docs/faithfulness.md)")
     g.add_argument("--metrics", default="all", help="comma-separated metrics or 'all' (default: all six)")
     g.add_argument("--rates", default="0.1,0.3,0.5", help="removal rates in [0, 1] (default: %(default)s)")

@@ -1,12 +1,16 @@
-"""The faithfulness sweep: one cached clean pass per batch serves every metric, then one
+"""The faithfulness sweep: one streamed clean pass per batch serves every metric, then one
 masked forward pass per (metric, mode, rate, layer set).
 
     result = run_faithfulness(model, "gsm8k", FaithfulnessConfig(rates=(0.1, 0.3)), n=50,
                               out="runs/faithfulness/gsm8k.jsonl")
     result.summary()          # mean and bootstrap CI per cell
 
-Per batch: ``run_with_cache`` (pattern and values only) gives the clean scores and every
-metric's ranking (:mod:`~cwlens.faithfulness.ranking`); each condition is then one
+Per batch: one clean forward pass on the streaming engine (:func:`cwlens.stream_geometry`)
+gives the clean scores and, one layer at a time while the model runs, every metric's
+ranking (:mod:`~cwlens.faithfulness.ranking`) and the masks the conditions need, kept
+bit-packed (:class:`~cwlens.core.bitmask.PackedMask`): memory is one layer's scores and
+ranks plus ``layers x n^2 / 8`` bytes per distinct mask, never a cache of every layer's
+pattern. Each condition is then one
 ``run_masked`` (:mod:`~cwlens.interventions.value_masking`). Conditions whose masks are
 provably identical share one forward pass (``reuse=True``): rate 0 (nothing masked =
 clean), rate 1 (every eligible entry, whatever the metric or mode), and
@@ -23,6 +27,7 @@ import torch
 
 from cwlens import adapter
 from cwlens.batching import pad_batch
+from cwlens.core.bitmask import PackedMask
 from cwlens.core.geometry import check_kind
 from cwlens.faithfulness import choice, lm
 from cwlens.faithfulness.ranking import (
@@ -37,7 +42,7 @@ from cwlens.faithfulness.ranking import (
 )
 from cwlens.faithfulness.results import ResultsWriter
 from cwlens.interventions.value_masking import run_masked
-from cwlens.measures import run_with_cache
+from cwlens.streaming import stream_geometry
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,8 @@ class FaithfulnessConfig:
             False: the masked terms are just removed).
         seed: seed of the ``random`` control.
         max_tokens: truncate language-modelling documents to their first ``max_tokens``
-            tokens (default None: whole documents).
+            tokens (default 512; None: whole documents -- the clean pass streams, but each
+            distinct mask keeps ``layers x n^2 / 8`` bytes and masked passes grow as n^2).
         batch_tokens: padded tokens per forward pass (default 2048).
         reuse: share forward passes between conditions with identical masks (default True).
     """
@@ -76,7 +82,7 @@ class FaithfulnessConfig:
     mask_first_token: bool = True
     renormalize: bool = False
     seed: int = 0
-    max_tokens: int | None = None
+    max_tokens: int | None = 512
     batch_tokens: int = 2048
     reuse: bool = True
 
@@ -228,21 +234,66 @@ def _scored(metric: str, cfg: FaithfulnessConfig) -> str:
     return metric
 
 
-def _rankings(cache, model, mask, metric, cfg, layers, keys):
-    eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token)
-    out = {}
-    for ly in layers:
-        if metric == "random":
-            shape = cache[f"blocks.{ly}.attn.hook_pattern"].shape
-            scores = random_scores(shape, mask, keys, cfg.seed, ly)
+def _mask_jobs(conditions, cfg) -> tuple[dict, dict]:
+    """``(jobs, key_of)``: the distinct masks the conditions need, and each condition's.
+
+    A job is ``key -> (ranking metric or None, mode, rate, layers)``. Conditions whose
+    masks are provably identical share one key (``reuse``): rate 0 needs no mask (the clean
+    pass), rate 1 removes every eligible entry whatever the metric (``None``: no ranking),
+    and vw-output-normalised at row scope ranks as value_weighted (:func:`_scored`).
+    """
+    jobs: dict = {}
+    key_of: dict = {}
+    for c in conditions:
+        if cfg.reuse and c.rate == 0.0:
+            key_of[c] = None
+            continue
+        if cfg.reuse and c.rate == 1.0:
+            key = ("all", c.layers)
+            jobs.setdefault(key, (None, c.mode, c.rate, c.layers))
         else:
-            scores = metric_scores(adapter.geometry(cache, model, ly, mask), _scored(metric, cfg), cfg.kind)
-        out[ly] = rank_entries(scores, eligible, cfg.scope)
+            ident = _scored(c.metric, cfg) if cfg.reuse else c.metric
+            key = (ident, c.mode, c.rate, c.layers)
+            jobs.setdefault(key, (_scored(c.metric, cfg), c.mode, c.rate, c.layers))
+        key_of[c] = key
+    return jobs, key_of
+
+
+def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats) -> dict:
+    """Rank one layer's entries by every metric some job needs; ``{job key: PackedMask}``.
+
+    Runs inside the clean forward pass (:func:`cwlens.stream_geometry`), so only one
+    layer's scores and ranks exist at a time; the masks are kept bit-packed.
+    """
+    t = time.perf_counter()
+    eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token)
+    shape = geo.pattern.shape
+    out = {}
+    ranks = {}
+    for key, (metric, mode, rate, layers) in jobs.items():
+        if layer not in layers:
+            continue
+        if metric is None:  # rate 1: every eligible entry
+            out[key] = PackedMask.pack(eligible.expand(shape))
+            continue
+        if metric not in ranks:
+            if metric == "random":
+                scores = random_scores(shape, mask, keys, cfg.seed, layer)
+            else:
+                scores = metric_scores(geo, metric, cfg.kind)
+            ranks[metric] = rank_entries(scores, eligible, cfg.scope)
+            del scores
+        out[key] = PackedMask.pack(ranks[metric].mask(rate, mode))
+    stats.ranking_seconds += time.perf_counter() - t
     return out
 
 
 def _batch_outputs(model, units, batch, cfg, conditions, stats):
-    """``{condition or None (clean): [per-unit measures]}`` for one batch."""
+    """``{condition or None (clean): [per-unit measures]}`` for one batch.
+
+    One streamed clean pass gives the clean scores and, layer by layer, every mask the
+    conditions need; then one masked pass per distinct mask.
+    """
     seqs, rows_of, keys = [], [], []
     for u in batch:
         rows_of.append(list(range(len(seqs), len(seqs) + len(units[u].sequences))))
@@ -250,40 +301,34 @@ def _batch_outputs(model, units, batch, cfg, conditions, stats):
         keys += [f"{units[u].sample_id}/{k}" for k in range(len(units[u].sequences))]
     tokens, mask = pad_batch(model, seqs)
     offsets = mask.int().argmax(-1).tolist()
-    layers = sorted({ly for c in conditions for ly in c.layers})
+    jobs, key_of = _mask_jobs(conditions, cfg)
+    layers = sorted({ly for job in jobs.values() for ly in job[3]}) or [0]
 
     def evaluate(logits):
         return [units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)
                 for u, rows in zip(batch, rows_of, strict=True)]
 
-    t = time.perf_counter()
-    with torch.no_grad():
-        logits, cache = run_with_cache(model, tokens, layers=layers, attention_mask=mask)
-    stats.forward_seconds += time.perf_counter() - t
+    t, ranked_before = time.perf_counter(), stats.ranking_seconds
+    logits, per_layer = stream_geometry(
+        model, tokens, lambda ly, geo: _layer_masks(geo, ly, mask, jobs, cfg, keys, stats),
+        layers=layers, attention_mask=mask,
+    )
+    stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)
     stats.n_forwards += 1
+    packed = dict(zip(layers, per_layer, strict=True))
     results = {None: evaluate(logits)}
-    done: dict = {}  # mask identity -> outputs
-    for metric in dict.fromkeys(c.metric for c in conditions):
-        ident = _scored(metric, cfg) if cfg.reuse else metric
-        ranks = None  # computed only if some condition of this metric needs a new pass
-        for c in (c for c in conditions if c.metric == metric):
-            if cfg.reuse and c.rate == 0.0:
-                results[c] = results[None]
-                continue
-            key = ("all", c.layers) if cfg.reuse and c.rate == 1.0 else (ident, c.mode, c.rate, c.layers)
-            if key not in done:
-                if ranks is None:
-                    t = time.perf_counter()
-                    ranks = _rankings(cache, model, mask, metric, cfg, layers, keys)
-                    stats.ranking_seconds += time.perf_counter() - t
-                masks = {ly: ranks[ly].mask(c.rate, c.mode) for ly in c.layers}
-                t = time.perf_counter()
-                masked = run_masked(model, tokens, masks, cfg.renormalize, attention_mask=mask)
-                stats.forward_seconds += time.perf_counter() - t
-                stats.n_forwards += 1
-                done[key] = evaluate(masked)
-            results[c] = done[key]
-        del ranks
+    done: dict = {}
+    for key, (_, _, _, job_layers) in jobs.items():
+        masks = {ly: packed[ly][key] for ly in job_layers}
+        t = time.perf_counter()
+        masked = run_masked(model, tokens, masks, cfg.renormalize, attention_mask=mask)
+        stats.forward_seconds += time.perf_counter() - t
+        stats.n_forwards += 1
+        done[key] = evaluate(masked)
+        for ly in job_layers:  # free this job's masks
+            del packed[ly][key]
+    for c in conditions:
+        results[c] = results[None] if key_of[c] is None else done[key_of[c]]
     return results
 
 

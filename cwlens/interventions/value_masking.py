@@ -24,24 +24,26 @@ import torch
 
 from cwlens import hook_names
 from cwlens._types import Pattern
+from cwlens.core.bitmask import PackedMask
 from cwlens.errors import MissingHookError, ShapeMismatchError
 
 HookFn = Callable[..., torch.Tensor]
 Masks = Mapping[int, torch.Tensor]
 
 
-def pattern_mask_hook(mask: torch.Tensor, renormalize: bool = False) -> HookFn:
+def pattern_mask_hook(mask: "torch.Tensor | PackedMask", renormalize: bool = False) -> HookFn:
     """A ``hook_pattern`` hook that removes the entries where ``mask`` is True.
 
     Args:
         mask: bool ``[batch, head_index, query_pos, key_pos]`` (True = remove ``a_ij v~_j``);
             any shape that broadcasts to the pattern's is accepted (e.g. ``[1, head, q, k]``).
+            A :class:`~cwlens.core.bitmask.PackedMask` is unpacked only while its layer runs.
         renormalize: rescale each row so that its sum is unchanged (default False: the
             masked terms are simply removed from the output).
     """
-    keep_mask = ~mask.bool()
 
     def mask_pattern(pattern: Pattern, hook) -> Pattern:
+        keep_mask = ~(mask.unpack() if isinstance(mask, PackedMask) else mask.bool())
         try:
             keep = torch.broadcast_shapes(keep_mask.shape, pattern.shape) == pattern.shape
         except RuntimeError:
