@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 from cwlens import adapter
 from cwlens.batching import pad_batch
 from cwlens.core.bitmask import PackedMask

@@ -53,23 +53,37 @@ def alignment_statistics(cache, model, attention_mask=None, layers=None, sample_
 def alignment_tables(cache, model, attention_mask=None, layers=None, sample_ids=None):
     """``(alignment_statistics, cosine_histograms)`` in one pass over the layers."""
     frames, hists = [], []
-    edges = BINS.numpy()
     for ly, sg in _sink_geometries(cache, model, attention_mask, layers):
-        b, h = sg.alpha0.shape[:2]
-        ids = list(range(b)) if sample_ids is None else list(sample_ids)
-        data = {
-            "sample": [ids[i] for i in range(b) for _ in range(h)],
-            "layer": ly,
-            "head": [j for _ in range(b) for j in range(h)],
-        }
-        for name, (cos, valid) in layer_cosines(sg).items():
-            hists.append(_histogram(ly, name, cos, valid, edges))
-            w = valid.to(cos.dtype)
-            n = w.sum(-1).clamp_min(1)
-            data[f"cos_{name}_mean"] = ((cos * w).sum(-1) / n).flatten().cpu().numpy()
-            data[f"cos_{name}_neg"] = (((cos < 0) * w).sum(-1) / n).flatten().cpu().numpy()
-        frames.append(pd.DataFrame(data))
+        frame, hist = _layer_tables(sg, ly, sample_ids)
+        frames.append(frame)
+        hists.append(hist)
     return pd.concat(frames, ignore_index=True), pd.concat(hists, ignore_index=True)
+
+
+def layer_tables(geo, layer: int, attention_mask=None, sample_ids=None):
+    """``(alignment rows, histogram rows)`` of one layer's geometry (streaming-friendly)."""
+    mask = None if attention_mask is None else attention_mask.bool()
+    sink = first_real_index(mask, geo.pattern.shape[0], geo.pattern.device)
+    return _layer_tables(SinkGeometry(geo, sink), layer, sample_ids)
+
+
+def _layer_tables(sg: SinkGeometry, ly: int, sample_ids):
+    edges = BINS.numpy()
+    b, h = sg.alpha0.shape[:2]
+    ids = list(range(b)) if sample_ids is None else list(sample_ids)
+    data = {
+        "sample": [ids[i] for i in range(b) for _ in range(h)],
+        "layer": ly,
+        "head": [j for _ in range(b) for j in range(h)],
+    }
+    hists = []
+    for name, (cos, valid) in layer_cosines(sg).items():
+        hists.append(_histogram(ly, name, cos, valid, edges))
+        w = valid.to(cos.dtype)
+        n = w.sum(-1).clamp_min(1)
+        data[f"cos_{name}_mean"] = ((cos * w).sum(-1) / n).flatten().cpu().numpy()
+        data[f"cos_{name}_neg"] = (((cos < 0) * w).sum(-1) / n).flatten().cpu().numpy()
+    return pd.DataFrame(data), pd.concat(hists, ignore_index=True)
 
 
 def _histogram(layer, name, cos, valid, edges) -> pd.DataFrame:

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from cwlens.sinks import alignment, norm_intervention, statistics, sweep
 
@@ -57,23 +56,21 @@ def analyse(
     """All tables of :data:`TABLES` for ``samples`` (a list of ``TextSample``)."""
     from tqdm.auto import tqdm
 
-    from cwlens.measures import run_with_cache
+    from cwlens.streaming import stream_geometry
 
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in ("stats", "alignment", "histograms", "sweep", "curves", "ppl", "norm")}
     todo = batches(model, samples, max_tokens, batch_size)
     for bi, (ids, tokens, mask) in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
-        with torch.no_grad():
-            _, cache = run_with_cache(model, tokens, attention_mask=mask)
-        parts["stats"].append(statistics.sink_statistics(cache, model, mask, sample_ids=ids, eps=eps))
-        al, hist = alignment.alignment_tables(cache, model, mask, sample_ids=ids)
-        parts["alignment"].append(al)
-        parts["histograms"].append(hist)
-        # the swept check (recomputing norms from the changed pattern) on the first batch;
-        # the closed form on all of them
-        s, c = sweep.sweep_statistics(cache, model, mask, sample_ids=ids, swept=bi < swept_batches)
-        parts["sweep"].append(s)
-        parts["curves"].append(c)
-        del cache
+        # one streamed pass: each layer's geometry is built once and all three analyses
+        # read it while the model runs (no cache of every layer's pattern)
+        _, per_layer = stream_geometry(
+            model, tokens,
+            lambda ly, geo, ids=ids, mask=mask, bi=bi: _layer_tables(geo, ly, mask, ids, eps, bi < swept_batches),
+            attention_mask=mask,
+        )
+        for tables in per_layer:
+            for key, frame in tables.items():
+                parts[key].append(frame)
         if intervention:
             ppl, heads = norm_intervention.sink_norm_intervention(
                 model, tokens, mask, scales=scales, seed=seed + bi, sample_ids=ids
@@ -92,6 +89,16 @@ def analyse(
         t["ppl_summary"] = norm_intervention.ppl_summary(t["ppl"])
         t["norm"] = norm_intervention.head_summary(t["norm"])
     return t
+
+
+def _layer_tables(geo, layer, mask, ids, eps, swept) -> dict[str, pd.DataFrame]:
+    """Every per-layer sink table from one layer's geometry: statistics, alignment,
+    histograms, and the sink-rate sweep (``swept``: also recompute norms from the changed
+    pattern, the check of the closed form; done on the first batch)."""
+    al, hist = alignment.layer_tables(geo, layer, mask, ids)
+    s, c = sweep.layer_sweep_tables(geo, layer, mask, ids, swept=swept)
+    return {"stats": statistics.layer_frame(geo, layer, mask, ids, eps), "alignment": al,
+            "histograms": hist, "sweep": s, "curves": c}
 
 
 def save_tables(tables: dict[str, pd.DataFrame], out_dir) -> list[Path]:

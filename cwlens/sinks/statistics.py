@@ -103,16 +103,24 @@ def sink_statistics(
 ) -> pd.DataFrame:
     """Tidy table, one row per ``(sample, layer, head)`` (see the module docstring)."""
     resolved, _ = adapter.resolve_layers(model, layers)
-    rows = []
-    for ly in resolved:
-        geo = adapter.geometry(cache, model, ly, attention_mask)
-        b = geo.pattern.shape[0]
-        sink_index = first_real_index(
-            None if attention_mask is None else attention_mask.bool(), b, geo.pattern.device
-        )
-        stats = layer_statistics(geo, sink_index, sink_positions, kind)
-        rows.append(_frame(stats, ly, sample_ids))
-    df = pd.concat(rows, ignore_index=True)
+    rows = [
+        layer_frame(adapter.geometry(cache, model, ly, attention_mask), ly, attention_mask,
+                    sample_ids, eps, sink_positions, kind)
+        for ly in resolved
+    ]
+    return pd.concat(rows, ignore_index=True)
+
+
+def layer_frame(
+    geo, layer: int, attention_mask=None, sample_ids=None, eps: float = EPS_GU,
+    sink_positions=(0,), kind: str = "intra",
+) -> pd.DataFrame:
+    """The rows of :func:`sink_statistics` for one layer's geometry (streaming-friendly)."""
+    b = geo.pattern.shape[0]
+    sink_index = first_real_index(
+        None if attention_mask is None else attention_mask.bool(), b, geo.pattern.device
+    )
+    df = _frame(layer_statistics(geo, sink_index, sink_positions, kind), layer, sample_ids)
     df["sink_head"] = df["sink_rate"] > eps
     df["kind"] = kind
     return df

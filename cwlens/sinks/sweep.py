@@ -147,29 +147,37 @@ def sweep_statistics(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(stats, curves)``: see the module docstring; ``head = -1`` is the layer output."""
     resolved, _ = adapter.resolve_layers(model, layers)
+    parts = [layer_sweep_tables(adapter.geometry(cache, model, ly, attention_mask), ly,
+                                attention_mask, sample_ids, grid, swept) for ly in resolved]
+    return (pd.concat([p[0] for p in parts], ignore_index=True),
+            pd.concat([p[1] for p in parts], ignore_index=True))
+
+
+def layer_sweep_tables(
+    geo, ly: int, attention_mask=None, sample_ids=None, grid=GRID, swept: bool = True,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rows of :func:`sweep_statistics` for one layer's geometry (streaming-friendly)."""
     stats, curves = [], []
-    for ly in resolved:
-        geo = adapter.geometry(cache, model, ly, attention_mask)
-        mask = None if attention_mask is None else attention_mask.bool()
-        b, h = geo.pattern.shape[:2]
-        sg = SinkGeometry(geo, first_real_index(mask, b, geo.pattern.device))
-        hs, ls, (hc, href), (lc, lref) = layer_sweep(sg, grid, swept=swept)
-        ids = list(range(b)) if sample_ids is None else list(sample_ids)
-        heads = list(range(h)) + [-1]
-        cols = {
-            k: torch.cat([hs[k], ls[k][:, None]], 1).float().cpu().numpy()  # [b, h + 1]
-            for k in hs
-        }
+    mask = None if attention_mask is None else attention_mask.bool()
+    b, h = geo.pattern.shape[:2]
+    sg = SinkGeometry(geo, first_real_index(mask, b, geo.pattern.device))
+    hs, ls, (hc, href), (lc, lref) = layer_sweep(sg, grid, swept=swept)
+    ids = list(range(b)) if sample_ids is None else list(sample_ids)
+    heads = list(range(h)) + [-1]
+    cols = {
+        k: torch.cat([hs[k], ls[k][:, None]], 1).float().cpu().numpy()  # [b, h + 1]
+        for k in hs
+    }
+    for i in range(b):
+        for j, head in enumerate(heads):
+            stats.append({"sample": ids[i], "layer": ly, "head": head,
+                          **{k: float(v[i, j]) for k, v in cols.items()}})
+    curve = torch.cat([hc, lc[..., None]], -1).float().cpu()  # [S, b, h + 1]
+    ref = torch.cat([href, lref[:, None]], -1).float().cpu()  # [b, h + 1]
+    for si, s in enumerate(grid.tolist()):
         for i in range(b):
             for j, head in enumerate(heads):
-                stats.append({"sample": ids[i], "layer": ly, "head": head,
-                              **{k: float(v[i, j]) for k, v in cols.items()}})
-        curve = torch.cat([hc, lc[..., None]], -1).float().cpu()  # [S, b, h + 1]
-        ref = torch.cat([href, lref[:, None]], -1).float().cpu()  # [b, h + 1]
-        for si, s in enumerate(grid.tolist()):
-            for i in range(b):
-                for j, head in enumerate(heads):
-                    curves.append((ids[i], ly, head, s, float(curve[si, i, j]), float(ref[i, j])))
+                curves.append((ids[i], ly, head, s, float(curve[si, i, j]), float(ref[i, j])))
     curve_df = pd.DataFrame(curves, columns=["sample", "layer", "head", "s", "norm", "norm_actual"])
     return pd.DataFrame(stats), curve_df
 
