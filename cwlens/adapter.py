@@ -152,12 +152,21 @@ def layer_geometry(
 def heads_output(cache: Mapping[str, torch.Tensor], model: TLModel, layer: int) -> torch.Tensor:
     """What the model's heads wrote in this layer, without b_O: ``[batch, pos, d_model]``.
 
-    Read from :func:`cwlens.hook_names.closure_target` (for models with a norm after
-    attention on TransformerLens 3.x, rebuilt from ``hook_z`` and W_O).
+    Read from :func:`closure_hook` (for models with a norm after attention on
+    TransformerLens 3.x, rebuilt from ``hook_z`` and W_O).
     """
+    name = closure_hook(model, layer)
+    return heads_output_from(model, layer, read(cache, name, model, closure=True))
+
+
+def closure_hook(model: TLModel, layer: int) -> str:
+    """The hook holding what the heads wrote (see :func:`cwlens.hook_names.closure_target`)."""
     info = ModelInfo.of(model)
-    name = hook_names.closure_target(layer, info.generation, info.post_attn_norm)
-    out = read(cache, name, model, closure=True)
-    if name == hook_names.z(layer):
+    return hook_names.closure_target(layer, info.generation, info.post_attn_norm)
+
+
+def heads_output_from(model: TLModel, layer: int, out: torch.Tensor) -> torch.Tensor:
+    """The heads' summed output without b_O, from the tensor at :func:`closure_hook`."""
+    if closure_hook(model, layer) == hook_names.z(layer):
         return torch.einsum("bqhd,hdm->bqm", out.float(), W_O(model, layer).float())
     return out.float() - b_O(model, layer).float().to(out.device)

@@ -173,17 +173,23 @@ def closure(
     Needs the cache from ``run_with_cache(..., closure=True)``.
     """
     layers, _ = adapter.resolve_layers(model, layer)
-    abs_err, rel_err = [], []
-    for ly in layers:
-        geo = adapter.geometry(cache, model, ly, attention_mask)
-        target = adapter.heads_output(cache, model, ly).to(geo.layer_output.dtype)
-        diff = geo.layer_output - target
-        if attention_mask is not None:
-            keep = attention_mask.bool().to(diff.device)[..., None]
-            diff, target = diff * keep, target * keep
-        abs_err.append(float(diff.abs().max()))
-        rel_err.append(float(diff.norm() / target.norm().clamp_min(1e-30)))
-    return Closure(tuple(layers), tuple(abs_err), tuple(rel_err))
+    errors = [
+        closure_errors(adapter.geometry(cache, model, ly, attention_mask).layer_output,
+                       adapter.heads_output(cache, model, ly), attention_mask)
+        for ly in layers
+    ]
+    return Closure(tuple(layers), tuple(e[0] for e in errors), tuple(e[1] for e in errors))
+
+
+def closure_errors(rebuilt: torch.Tensor, target: torch.Tensor,
+                   attention_mask: torch.Tensor | None = None) -> tuple[float, float]:
+    """``(max_abs_error, relative_error)`` of ``rebuilt`` against ``target`` on real positions."""
+    target = target.to(rebuilt.dtype)
+    diff = rebuilt - target
+    if attention_mask is not None:
+        keep = attention_mask.bool().to(diff.device)[..., None]
+        diff, target = diff * keep, target * keep
+    return float(diff.abs().max()), float(diff.norm() / target.norm().clamp_min(1e-30))
 
 
 def names_filter(model: TLModel, layers: Layers = None, closure: bool = False):

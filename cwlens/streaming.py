@@ -98,27 +98,56 @@ def stream_geometry(
     fn: Callable[[int, AttentionGeometry], Any],
     layers: Layers = None,
     attention_mask: torch.Tensor | None = None,
+    closure: bool = False,
     **forward_kwargs,
-) -> tuple[torch.Tensor, list[Any]]:
+) -> tuple[torch.Tensor, list[Any]] | tuple[torch.Tensor, list[Any], Any]:
     """Run the model once; call ``fn(layer, geometry)`` as each layer is computed.
 
     ``geometry`` is that layer's :class:`~cwlens.core.AttentionGeometry` (pad queries and
     keys masked by ``attention_mask``). It must not be kept after ``fn`` returns (it
     holds the layer's pattern): keep what ``fn`` computes from it. Returns
-    ``(logits, [fn(...) for each layer, in layer order])``.
+    ``(logits, [fn(...) for each layer, in layer order])``, and with ``closure=True`` a
+    third item, the :class:`~cwlens.measures.Closure` check of each layer (the heads x keys
+    rebuild against what the heads wrote, caught by one more hook per layer).
     """
+    from cwlens.measures import Closure, closure_errors
+
     resolved, _ = adapter.resolve_layers(model, layer=layers)
     input = _tokens(model, input)
     mask = None if attention_mask is None else attention_mask.bool()
     results: dict[int, Any] = {}
+    rebuilt: dict[int, torch.Tensor] = {}
+    targets: dict[int, torch.Tensor] = {}
+    errors: dict[int, tuple[float, float]] = {}
 
     def on_layer(layer: int, pattern: torch.Tensor, v: torch.Tensor) -> None:
         geo = adapter.layer_geometry(model, layer, pattern, v, mask)
+        if closure:  # [batch, pos, d_model] tensors: small
+            if layer in targets:
+                errors[layer] = closure_errors(geo.layer_output, targets.pop(layer), attention_mask)
+            else:
+                rebuilt[layer] = geo.layer_output
         results[layer] = fn(layer, geo)
 
+    def check(layer: int):
+        # the heads' output usually fires after the pattern; where the pattern hook fires
+        # after the attention module returns (the bridge's BERT), it comes first
+        def check_closure(tensor: torch.Tensor, hook) -> None:
+            target = adapter.heads_output_from(model, layer, tensor.detach())
+            if layer in rebuilt:
+                errors[layer] = closure_errors(rebuilt.pop(layer), target, attention_mask)
+            else:
+                targets[layer] = target
+            return None
+
+        return check_closure
+
     taps = _Taps(resolved, on_layer)
+    hooks = taps.hooks()
+    if closure:
+        hooks += [(adapter.closure_hook(model, ly), check(ly)) for ly in resolved]
     forward_kwargs.update(adapter.forward_kwargs(model, attention_mask))
-    with torch.no_grad(), model.hooks(fwd_hooks=taps.hooks()):
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         logits = model(input, **forward_kwargs)
     missing = [ly for ly in resolved if ly not in results]
     if missing:
@@ -127,7 +156,17 @@ def stream_geometry(
             f"{hook_names.pattern(missing[0])!r} during the forward pass: this model's "
             "attention does not expose its pattern through TransformerLens hooks."
         )
-    return logits, [results[ly] for ly in resolved]
+    outputs = [results[ly] for ly in resolved]
+    if not closure:
+        return logits, outputs
+    if any(ly not in errors for ly in resolved):
+        raise CwlensError(
+            f"The closure hook {adapter.closure_hook(model, resolved[0])!r} did not fire: "
+            "the closure check cannot be made on this model."
+        )
+    return logits, outputs, Closure(
+        tuple(resolved), tuple(errors[ly][0] for ly in resolved), tuple(errors[ly][1] for ly in resolved)
+    )
 
 
 def stream(

@@ -162,3 +162,15 @@ def test_topk_of_every_metric_in_blocks(run, kind):
         want = full.gather(-1, score.topk(k, dim=-1).indices)
         assert_close(top.values, want, **TOL)
         assert_close(full.gather(-1, top.indices.long()), top.values, **TOL)
+
+
+def test_streamed_closure_equals_cached_closure(run):
+    model, tokens, mask, _, _ = run
+    with torch.no_grad():
+        _, cache = cwlens.run_with_cache(model, tokens, attention_mask=mask, closure=True)
+    want = cwlens.closure(cache, model, attention_mask=mask)
+    _, _, got = cwlens.stream_geometry(model, tokens, lambda ly, g: None, attention_mask=mask,
+                                       closure=True)
+    assert got.layers == want.layers
+    assert got.worst_relative_error < 1e-5
+    assert_close(torch.tensor(got.relative_error), torch.tensor(want.relative_error), rtol=0.2, atol=1e-7)
