@@ -10,13 +10,13 @@ from pathlib import Path
 import torch
 
 import cwlens
-from cwlens.core.sinks import sink_rate
 from cwlens.datasets import load_dataset
+from cwlens.report.analysis import analyze_text
 
 
-def pick_sink_heads(pattern_by_layer: torch.Tensor, n: int) -> list[tuple[int, int, float]]:
-    """The ``n`` heads with the highest sink rate, at most one per layer: (layer, head, rate)."""
-    rates = sink_rate(pattern_by_layer)  # the layer axis stands in for batch: [layer, head]
+def pick_sink_heads(rates: torch.Tensor, n: int) -> list[tuple[int, int, float]]:
+    """The ``n`` heads with the highest sink rate (``rates``: ``[layer, head]``), at most one
+    per layer: (layer, head, rate)."""
     best_head = rates.argmax(-1)
     best_rate = rates.max(-1).values
     layers = best_rate.argsort(descending=True)[:n].tolist()
@@ -41,25 +41,22 @@ def run_demo(
 ) -> dict:
     model = model if model is not None else cwlens.load_model(model_name, device=device)
     text = load_dataset("gsm8k", n=sample + 1)[sample].text
-    tokens = model.to_tokens(text)[:, :max_tokens]
-    str_tokens = model.to_str_tokens(tokens[0])
-    with torch.no_grad():
-        _, cache = cwlens.run_with_cache(model, tokens, closure=True)
-    parts = cwlens.decompose(cache, model, kind="inter")
-    intra = cwlens.contribution_weights(cache, model, kind="intra")
-    check = cwlens.closure(cache, model)
+    # one streamed pass: every layer's geometry built once, all 40 tokens kept (window=None)
+    an = analyze_text(model, text, model_name=model_name, max_tokens=max_tokens, window=None,
+                      top_k=top_k, check_intra=True)
+    str_tokens = an.str_tokens
 
     print(f"cwlens demo — model {model_name}, GSM8K sample {sample}, first {len(str_tokens)} tokens")
     print(f"text: {text[:160]!r}...")
     print(
         "checks: inter-head weights sum to 1 within "
-        f"{float((parts.contribution.sum((2, 4)) - 1).abs().max()):.1e}; intra rows within "
-        f"{float((intra.sum(-1) - 1).abs().max()):.1e}; heads x keys rebuild "
-        f"the attention output within {check.worst_relative_error:.1e} (relative)"
+        f"{an.sum_error:.1e}; intra rows within "
+        f"{an.intra_sum_error:.1e}; heads x keys rebuild "
+        f"the attention output within {max(an.closure_error):.1e} (relative)"
     )
     q = len(str_tokens) - 1
-    sink_att = parts.attention[:, 0, :, q, 0].mean(-1)  # [layer]: mean over heads
-    sink_con = parts.contribution[:, 0, :, q, 0].sum(-1)  # [layer]: share of the layer output
+    sink_att = an.last_query["attention"][:, :, 0].mean(-1)  # [layer]: mean over heads
+    sink_con = an.last_query["contribution"][:, :, 0].sum(-1)  # [layer]: share of the layer output
     print(
         f"first token, seen from the last query, averaged over the {len(sink_att)} layers: "
         f"{float(sink_att.mean()):.0%} of the heads' attention, "
@@ -69,13 +66,14 @@ def run_demo(
         "factor split: contribution = attention x rel.norm x cosine, with rel.norm = "
         "||v~_j|| / ||o_i|| and cosine = cos(o_i, v~_j), o_i = the layer's attention output"
     )
-    heads = pick_sink_heads(parts.attention[:, 0], n_heads)
+    parts = an  # [layer, head, query, key] factors of every token
+    heads = pick_sink_heads(an.sink_rate, n_heads)
     fig_heads = []
     for layer, head, rate in heads:
-        a = parts.attention[layer, 0, head]
-        c = parts.contribution[layer, 0, head]
-        rel = parts.relative_norm[layer, 0, head]
-        cos = parts.cosine[layer, 0, head]
+        a = parts.attention[layer, head]
+        c = parts.contribution[layer, head]
+        rel = parts.relative_norm[layer, head]
+        cos = parts.cosine[layer, head]
         share = float(c[q].sum())
         print(
             f"\nL{layer}H{head}  sink rate {rate:.2f}  (query {q}: {str_tokens[q]!r}; this head "
@@ -105,4 +103,4 @@ def run_demo(
     )
     paths = save_figure(fig, Path(out_dir) / "demo_attention_vs_contribution", png=png)
     print("\nwrote " + ", ".join(str(p) for p in paths))
-    return {"heads": heads, "paths": paths, "closure": check}
+    return {"heads": heads, "paths": paths, "closure_error": an.closure_error}

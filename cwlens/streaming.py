@@ -221,6 +221,7 @@ class StreamResult:
 
     logits: torch.Tensor
     results: dict[str, Any] = field(default_factory=dict)
+    closure: Any = None  # a cwlens.measures.Closure when asked for (closure=True)
 
     def __getitem__(self, name: str) -> Any:
         return self.results[name]
@@ -234,13 +235,15 @@ def stream_reduce(
     layers: Layers = None,
     attention_mask: torch.Tensor | None = None,
     query_block: int | None = DEFAULT_QUERY_BLOCK,
+    closure: bool = False,
 ) -> StreamResult:
     """Several metrics into several reducers, in one forward pass, in query blocks.
 
     ``reducers``: ``{name: reducer}`` (or a list, named by their ``name``), each from
     :mod:`cwlens.reducers`. For each layer and each block of ``query_block`` queries, every
     metric some reducer needs is computed once and handed to all reducers that need it.
-    ``query_block=None`` computes each layer in one block.
+    ``query_block=None`` computes each layer in one block. ``closure=True`` also checks
+    each layer's heads x keys rebuild (``result.closure``, see :func:`stream_geometry`).
 
         out = cwlens.stream_reduce(model, tokens, {
             "top": cwlens.reducers.TopK(k=8, metric="contribution"),
@@ -280,5 +283,6 @@ def stream_reduce(
         for r in named.values():
             r.end_layer(layer, geo)
 
-    logits, _ = stream_geometry(model, input, per_layer, layers, attention_mask)
-    return StreamResult(logits, {name: r.result() for name, r in named.items()})
+    out = stream_geometry(model, input, per_layer, layers, attention_mask, closure=closure)
+    return StreamResult(out[0], {name: r.result() for name, r in named.items()},
+                        out[2] if closure else None)

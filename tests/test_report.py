@@ -58,3 +58,46 @@ def test_blank_page_is_detected(tmp_path):
 def test_analyze_rejects_bad_input(tmp_path, capsys):
     assert main(["analyze", "--model", "smollm2-135m", "--file", str(tmp_path / "missing.txt")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_streamed_analysis_equals_cached_measures(arch):
+    """``analyze_text`` streams in query blocks; its window, last-query factors, sink rates,
+    top tokens and checks equal the same things computed from a full cache."""
+    import torch
+    from torch.testing import assert_close
+
+    import cwlens
+    from cwlens.report import analyze_text
+    from cwlens.testing import tiny_model
+
+    model = tiny_model(arch)
+    a = analyze_text(model, TEXT, window=(3, 11), top_k=4, check_intra=True, query_block=5)
+    tokens = model.to_tokens(TEXT)
+    with torch.no_grad():
+        _, cache = cwlens.run_with_cache(model, tokens, closure=True)
+    parts = cwlens.decompose(cache, model, kind="inter")  # [layer, 1, head, q, k]
+    tol = dict(rtol=1e-5, atol=2e-6)
+    for f in ("attention", "relative_norm", "cosine", "contribution"):
+        full = getattr(parts, f)[:, 0]
+        assert_close(getattr(a, f), full[:, :, 3:11, 3:11], **tol)
+        assert_close(a.last_query[f], full[:, :, -1, :], **tol)
+    assert_close(a.sink_rate, parts.attention[:, 0, :, :, 0].mean(-1), **tol)
+    tok = parts.contribution[:, 0].sum(1)  # [layer, q, k]
+    assert_close(a.sink_contribution, tok[:, 1:, 0].mean(-1), **tol)
+    want = tok.gather(-1, tok.abs().topk(4, dim=-1).indices)
+    assert_close(a.top_values, want, **tol)
+    assert_close(torch.tensor(a.closure_error), torch.tensor(cwlens.closure(cache, model).relative_error),
+                 rtol=0.5, atol=1e-6)
+    assert a.sum_error < 1e-5 and a.intra_sum_error < 1e-5
+
+
+def test_long_text_report_is_capped(tmp_path, capsys):
+    """A window that would make the page too large is shrunk, with a note."""
+    model_dir = save_tiny("llama", tmp_path)
+    out = tmp_path / "r.html"
+    text = " ".join([TEXT] * 8)
+    assert main(["analyze", "--model", str(model_dir), "--text", text, "--out", str(out),
+                 "--device", "cpu", "--window", "500", "--max-mb", "6"]) == 0
+    assert "drawing the last" in capsys.readouterr().err
+    assert 4e6 < out.stat().st_size < 6e6

@@ -21,7 +21,12 @@ def register(sub) -> None:
     src.add_argument("--text", help="the text to analyse")
     src.add_argument("--file", help="a UTF-8 text file to analyse ('-' for standard input)")
     p.add_argument("--out", default="runs/report.html", help="report path (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=64, help="analyse the first N tokens (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="analyse the first N tokens (default: %(default)s)")
+    p.add_argument("--window", type=int, default=64,
+                   help="draw the heatmaps for the last N tokens; every other number covers all "
+                   "tokens (default: %(default)s; capped so that the report fits --max-mb)")
+    p.add_argument("--max-mb", type=float, default=50.0,
+                   help="largest report size in MB (default: %(default)s)")
     p.add_argument("--layers", default=None,
                    help="comma-separated layers for the per-head heatmaps (default: 4 spread over the depth)")
     p.set_defaults(func=run)
@@ -53,7 +58,16 @@ def run(args) -> int:
         bad = [ly for ly in layers if not 0 <= ly < model.cfg.n_layers]
         if bad:
             raise CwlensError(f"--layers {bad} out of range: the model has layers 0..{model.cfg.n_layers - 1}")
-    analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens)
+    from cwlens.report.html import estimated_bytes, window_for
+
+    n_head_layers = len(layers) if layers is not None else min(4, model.cfg.n_layers)
+    window = args.window
+    if estimated_bytes(model.cfg.n_layers, model.cfg.n_heads, n_head_layers, window) > args.max_mb * 1e6:
+        window = window_for(args.max_mb, model.cfg.n_layers, model.cfg.n_heads, n_head_layers)
+        print(f"cwlens: note: --window {args.window} would make the report larger than "
+              f"--max-mb {args.max_mb:g}; drawing the last {window} tokens instead", file=sys.stderr)
+    analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,
+                            window=window)
     out = render_report(analysis, args.out, layers)
     print("\n".join(analysis.summary_lines()))
     print(f"\nwrote {out} ({out.stat().st_size / 1e6:.1f} MB, opens offline)")

@@ -8,9 +8,10 @@ output, blue = opposes it). Hover shows the factor split.
 import numpy as np
 
 
-def token_labels(str_tokens) -> list[str]:
-    """``"i:token"`` axis labels: plotly merges equal category labels, so make each unique."""
-    return [f"{i}:{t!s}".replace("\n", "\\n") for i, t in enumerate(str_tokens)]
+def token_labels(str_tokens, start: int = 0) -> list[str]:
+    """``"i:token"`` axis labels (``i`` from ``start``): plotly merges equal category labels,
+    so make each unique."""
+    return [f"{i}:{t!s}".replace("\n", "\\n") for i, t in enumerate(str_tokens, start)]
 
 
 def attention_vs_contribution(

@@ -1,31 +1,60 @@
-"""Everything the report shows about one text, computed from one cached forward pass."""
+"""Everything the report (and the demo) shows about one text, from one streamed forward pass.
+
+Long texts are fine: while the model runs, each layer is reduced to what is drawn
+(:func:`analyze_text`), so memory and the report's size do not grow as ``layers x n^2``:
+
+- over **all** tokens: per-(layer, head) sink rate, the first token's token-level
+  contribution per layer, the top-``k`` contributing tokens of every query (by ``|c|``,
+  heads summed), the full factor split of the **last** query, the identity checks (sums,
+  closure);
+- at full resolution, every head's attention / contribution / relative norm / cosine on
+  a **window** of ``window`` tokens (queries and keys; by default the last 64 tokens).
+"""
 
 from dataclasses import dataclass, field
 
 import torch
 
-import cwlens
-from cwlens.core.sinks import sink_rate
+from cwlens import reducers
+from cwlens.core.geometry import AttentionGeometry
+from cwlens.streaming import stream_reduce
+
+FACTORS = ("attention", "relative_norm", "cosine", "contribution")
+DEFAULT_WINDOW = 64
 
 
 @dataclass(frozen=True)
 class TextAnalysis:
     """Per-layer attention vs contribution of one text (batch of 1), as CPU tensors.
 
-    ``attention``/``contribution``/``relative_norm``/``cosine``: ``[layer, head, query, key]``
-    (inter-head: o is the layer's attention output). ``sink_rate``: ``[layer, head]``.
+    Inter-head throughout (``o`` is the layer's attention output, b_O excluded).
+
+    ``attention``/``contribution``/``relative_norm``/``cosine``: ``[layer, head, w, w]`` on
+    the window positions ``window = (start, stop)`` (queries and keys both in it).
+    ``last_query``: ``{factor: [layer, head, key]}``, every key of the last query.
+    ``sink_rate``: ``[layer, head]`` mean attention on the first token over all queries;
+    ``sink_attention`` / ``sink_contribution``: ``[layer]`` means over queries after the first
+    of the attention (mean over heads) and of the token-level contribution of the first token.
+    ``top_keys`` / ``top_values``: ``[layer, query, k]`` top contributing tokens (|c|, heads summed).
     """
 
     model_name: str
     text: str
     str_tokens: list[str]
+    window: tuple[int, int]
     attention: torch.Tensor
     contribution: torch.Tensor
     relative_norm: torch.Tensor
     cosine: torch.Tensor
+    last_query: dict[str, torch.Tensor]
     sink_rate: torch.Tensor
+    sink_attention: torch.Tensor
+    sink_contribution: torch.Tensor
+    top_keys: torch.Tensor
+    top_values: torch.Tensor
     closure_error: tuple[float, ...]
     sum_error: float
+    intra_sum_error: float
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -36,16 +65,20 @@ class TextAnalysis:
     def n_heads(self) -> int:
         return self.attention.shape[1]
 
+    @property
+    def window_tokens(self) -> list[str]:
+        return self.str_tokens[self.window[0] : self.window[1]]
+
     def token_contribution(self) -> torch.Tensor:
-        """``[layer, query, key]``: heads summed (each row sums to 1)."""
+        """``[layer, w, w]`` on the window: heads summed (rows sum to 1 when the window
+        starts at the first token; otherwise the keys before the window are left out)."""
         return self.contribution.sum(1)
 
-    def top_tokens(self, layer: int, query: int, k: int = 5) -> list[tuple[int, str, float, float]]:
-        """Top-k keys by |token contribution| for one query: (key, token, contribution, mean attention)."""
-        row = self.token_contribution()[layer, query]
-        att = self.attention[layer, :, query].mean(0)
-        order = row.abs().argsort(descending=True)[:k].tolist()
-        return [(j, self.str_tokens[j], float(row[j]), float(att[j])) for j in order]
+    def top_tokens(self, layer: int, query: int, k: int = 5) -> list[tuple[int, str, float]]:
+        """Top-k keys by |token contribution| for one query: (key, token, contribution)."""
+        keys = self.top_keys[layer, query, :k].tolist()
+        vals = self.top_values[layer, query, :k].tolist()
+        return [(j, self.str_tokens[j], c) for j, c in zip(keys, vals, strict=True)]
 
     def summary_lines(self, k: int = 3) -> list[str]:
         q = len(self.str_tokens) - 1
@@ -58,8 +91,9 @@ class TextAnalysis:
             f"top contributing tokens for the last query ({self.str_tokens[q]!r}):",
         ]
         for layer in _spread(self.n_layers, 4):
-            tops = ", ".join(f"{t!r} {c:+.2f}" for _, t, c, _ in self.top_tokens(layer, q, k))
+            tops = ", ".join(f"{t!r} {c:+.2f}" for _, t, c in self.top_tokens(layer, q, k))
             lines.append(f"  layer {layer:>2}: {tops}")
+        lines += self.notes
         return lines
 
 
@@ -67,24 +101,117 @@ def _spread(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(min(k, n))})
 
 
-def analyze_text(model, text: str, model_name: str = "model", max_tokens: int = 64) -> TextAnalysis:
-    """Run the model once on ``text`` (first ``max_tokens`` tokens) and collect every measure."""
-    tokens = model.to_tokens(text)[:, :max_tokens]
+def _factors(geo: AttentionGeometry, keys: slice) -> dict[str, torch.Tensor]:
+    """The four factors (inter) of a block's rows on ``keys``: ``{factor: [b, h, q, keys]}``."""
+    return {
+        "attention": geo.attention()[..., keys],
+        "relative_norm": geo.relative_norm("inter")[..., keys],
+        "cosine": geo.cosine("inter")[..., keys],
+        "contribution": geo.contribution("inter")[..., keys],
+    }
+
+
+class _ReportReducer(reducers.Reducer):
+    """What :class:`TextAnalysis` keeps of each layer (batch of one, no padding)."""
+
+    metrics = ("attention", "contribution")
+
+    def __init__(self, n: int, window: tuple[int, int], check_intra: bool):
+        self.n, self.window, self.check_intra = n, window, check_intra
+        self.name = "report"
+        self._win: dict[int, dict[str, list]] = {}
+        self._last: dict[int, dict[str, torch.Tensor]] = {}
+        self._sink: dict[int, torch.Tensor] = {}  # [h]: sum over queries of a_i0
+        self._sink_tail: dict[int, torch.Tensor] = {}  # [h, 2]: sums over queries >= 1
+        self._err: dict[str, float] = {}
+
+    def start_layer(self, layer, geometry):
+        self._geo = geometry  # the whole layer: factors of window rows over all their keys
+
+    def end_layer(self, layer, geometry):
+        self._geo = None
+
+    def update(self, layer, query_start, weights, block):
+        a, c = weights["attention"], weights["contribution"]  # [1, h, bq, width]
+        bq = a.shape[2]
+        tail = (torch.arange(query_start, query_start + bq) >= 1).to(a.dtype)
+        self._sink[layer] = self._sink.get(layer, 0) + a[0, :, :, 0].sum(-1)
+        tail_sums = torch.stack([(a[0, :, :, 0] * tail).sum(-1), (c[0, :, :, 0] * tail).sum(-1)], -1)
+        self._sink_tail[layer] = self._sink_tail.get(layer, 0) + tail_sums
+        self._err["sum"] = max(self._err.get("sum", 0.0), float((c.sum((1, 3)) - 1).abs().max()))
+        if self.check_intra:
+            intra = block.contribution("intra").sum(-1)  # [1, h, bq]: 1 where o^h != 0
+            ok = ~block.zero_output("intra")
+            err = ((intra - 1).abs() * ok).max() if ok.any() else torch.tensor(0.0)
+            self._err["intra"] = max(self._err.get("intra", 0.0), float(err))
+        w0, w1 = self.window
+        r0, r1 = max(w0, query_start) - query_start, min(w1, query_start + bq) - query_start
+        at = query_start - self._geo.query_start  # block rows in the layer's geometry
+        if r0 < r1:
+            rows = _factors(self._geo.rows(at + r0, at + r1), slice(w0, w1))
+            for key, val in rows.items():
+                self._win.setdefault(layer, {}).setdefault(key, []).append(val[0].clone())
+        last = self.n - 1 - query_start
+        if 0 <= last < bq:
+            rows = _factors(self._geo.rows(at + last, at + last + 1), slice(0, self.n))
+            self._last[layer] = {key: val[0, :, 0].clone() for key, val in rows.items()}
+
+    def result(self):
+        return self
+
+
+def analyze_text(
+    model,
+    text: str,
+    model_name: str = "model",
+    max_tokens: int | None = 4096,
+    window: int | tuple[int, int] | None = DEFAULT_WINDOW,
+    top_k: int = 5,
+    check_intra: bool = False,
+    query_block: int = 256,
+) -> TextAnalysis:
+    """Run the model once on ``text`` (its first ``max_tokens`` tokens; None: all) and
+    collect what the report shows. ``window``: the number of last tokens drawn at full
+    resolution, or ``(start, stop)``, or None for every token."""
+    tokens = model.to_tokens(text)
+    if max_tokens is not None:
+        tokens = tokens[:, :max_tokens]
+    n = tokens.shape[1]
     str_tokens = [str(t) for t in model.to_str_tokens(tokens[0])]
-    with torch.no_grad():
-        _, cache = cwlens.run_with_cache(model, tokens, closure=True)
-        parts = cwlens.decompose(cache, model, kind="inter")
-        closure = cwlens.closure(cache, model)
-    sums = parts.contribution.sum((2, 4))
+    if window is None:
+        win = (0, n)
+    elif isinstance(window, int):
+        win = (max(0, n - window), n)
+    else:
+        win = (max(0, int(window[0])), min(n, int(window[1])))
+    report = _ReportReducer(n, win, check_intra)
+    top = reducers.TopK(top_k, "contribution", by_abs=True, sum_heads=True, name="top")
+    res = stream_reduce(model, tokens, [report, top], query_block=query_block, closure=True)
+    layers = sorted(report._win)
+    stack = lambda key: torch.stack([torch.cat(report._win[ly][key], 1) for ly in layers]).cpu()  # noqa: E731
+    sink_tail = torch.stack([report._sink_tail[ly] for ly in layers]).cpu()  # [L, h, 2]
+    n_tail = max(n - 1, 1)
+    notes = []
+    if win != (0, n):
+        notes.append(f"heatmaps show tokens {win[0]}..{win[1] - 1} of {n} (window); "
+                     "every other number covers all tokens")
     return TextAnalysis(
         model_name=model_name,
         text=text,
         str_tokens=str_tokens,
-        attention=parts.attention[:, 0].cpu(),
-        contribution=parts.contribution[:, 0].cpu(),
-        relative_norm=parts.relative_norm[:, 0].cpu(),
-        cosine=parts.cosine[:, 0].cpu(),
-        sink_rate=sink_rate(parts.attention[:, 0]).cpu(),
-        closure_error=closure.relative_error,
-        sum_error=float((sums - 1).abs().max()),
+        window=win,
+        attention=stack("attention"),
+        contribution=stack("contribution"),
+        relative_norm=stack("relative_norm"),
+        cosine=stack("cosine"),
+        last_query={f: torch.stack([report._last[ly][f] for ly in layers]).cpu() for f in FACTORS},
+        sink_rate=(torch.stack([report._sink[ly] for ly in layers]) / n).cpu(),
+        sink_attention=sink_tail[..., 0].mean(-1) / n_tail,
+        sink_contribution=sink_tail[..., 1].sum(-1) / n_tail,
+        top_keys=res["top"].indices[:, 0, 0].long().cpu(),
+        top_values=res["top"].values[:, 0, 0].cpu(),
+        closure_error=res.closure.relative_error,
+        sum_error=report._err.get("sum", 0.0),
+        intra_sum_error=report._err.get("intra", float("nan")),
+        notes=notes,
     )

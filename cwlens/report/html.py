@@ -54,10 +54,9 @@ def _slider_figure(pairs, labels, title, step_names, contribution_name):
 def _sink_figure(a: TextAnalysis):
     import plotly.graph_objects as go
 
-    tok = a.token_contribution()  # [layer, q, k]
     layers = list(range(a.n_layers))
-    att_sink = a.attention[:, :, 1:, 0].mean((1, 2)).numpy()
-    con_sink = tok[:, 1:, 0].mean(-1).numpy()
+    att_sink = a.sink_attention.numpy()
+    con_sink = a.sink_contribution.numpy()
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=layers, y=att_sink, mode="lines+markers", name="attention on first token (mean over heads, queries)"))
     fig.add_trace(go.Scatter(x=layers, y=con_sink, mode="lines+markers", name="contribution of first token to the layer output"))
@@ -74,9 +73,39 @@ def _table(headers, rows) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+BYTES_PER_NUMBER = 12  # plotly's JSON: ~12 characters per float32 in these figures
+
+
+FIXED_BYTES = 500_000  # tables and page, beside plotly.js and the heatmaps
+
+
+def _plotly_js_bytes() -> int:
+    from plotly.offline import get_plotlyjs
+
+    return len(get_plotlyjs().encode("utf-8"))
+
+
+def estimated_bytes(n_layers: int, n_heads: int, n_head_layers: int, window: int) -> int:
+    """About how large the report is: inlined plotly.js plus its heatmaps (5 numbers per
+    drawn cell) plus the tables."""
+    per_cell = (n_layers + n_head_layers * n_heads) * 5 * BYTES_PER_NUMBER
+    return _plotly_js_bytes() + FIXED_BYTES + per_cell * window**2
+
+
+def window_for(max_mb: float, n_layers: int, n_heads: int, n_head_layers: int) -> int:
+    """The largest window whose report fits in ``max_mb`` megabytes (at least 1 token)."""
+    per_cell = (n_layers + n_head_layers * n_heads) * 5 * BYTES_PER_NUMBER
+    room = max_mb * 1e6 - _plotly_js_bytes() - FIXED_BYTES
+    return max(1, int((max(room, 0) / per_cell) ** 0.5))
+
+
 def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = None) -> Path:
-    """Write the report to ``path`` and return it. ``layers``: per-head heatmaps for these."""
-    labels = token_labels(a.str_tokens)
+    """Write the report to ``path`` and return it. ``layers``: per-head heatmaps for these.
+
+    The heatmaps cover the analysis' window of tokens (see
+    :func:`~cwlens.report.analysis.analyze_text`); every table covers all tokens except the
+    per-query top tokens, listed for the window's queries."""
+    labels = token_labels(a.window_tokens, a.window[0])
     layers = layers if layers is not None else _spread(a.n_layers, 4)
     custom = lambda idx: np.stack(  # noqa: E731
         [a.attention[idx].numpy(), a.relative_norm[idx].numpy(), a.cosine[idx].numpy()], -1
@@ -105,20 +134,21 @@ def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = 
     sink_rows = []
     for ly in range(a.n_layers):
         sink_rows.append([ly, f"{float(a.sink_rate[ly].mean()):.2f}", int((a.sink_rate[ly] > 0.3).sum()),
-                          f"{float(tok[ly, 1:, 0].mean()):+.3f}", f"{a.closure_error[ly]:.1e}"])
+                          f"{float(a.sink_contribution[ly]):+.3f}", f"{a.closure_error[ly]:.1e}"])
     top_rows = []
-    for query in range(len(a.str_tokens)):
+    for query in range(*a.window):
         cells = [html.escape(f"{query}:{a.str_tokens[query]}")]
         for ly in layers:
-            cells.append(", ".join(html.escape(f"{t!r} {c:+.2f}") for _, t, c, _ in a.top_tokens(ly, query, 3)))
+            cells.append(", ".join(html.escape(f"{t!r} {c:+.2f}") for _, t, c in a.top_tokens(ly, query, 3)))
         top_rows.append(cells)
     split_rows = []
+    last = a.last_query
     for ly in layers:
-        c = a.contribution[ly, :, q]  # [head, key]
+        c = last["contribution"][ly]  # [head, key]
         for flat in c.abs().flatten().argsort(descending=True)[:5].tolist():
             h, j = divmod(flat, c.shape[1])
-            split_rows.append([ly, h, html.escape(f"{j}:{a.str_tokens[j]!r}"), f"{float(a.attention[ly, h, q, j]):.3f}",
-                               f"{float(a.relative_norm[ly, h, q, j]):.3f}", f"{float(a.cosine[ly, h, q, j]):+.3f}",
+            split_rows.append([ly, h, html.escape(f"{j}:{a.str_tokens[j]!r}"), f"{float(last['attention'][ly, h, j]):.3f}",
+                               f"{float(last['relative_norm'][ly, h, j]):.3f}", f"{float(last['cosine'][ly, h, j]):+.3f}",
                                f"{float(c[h, j]):+.3f}"])
     summary = "<br>".join(html.escape(line) for line in a.summary_lines())
     page = f"""<!DOCTYPE html>
@@ -138,7 +168,7 @@ Red adds along the output, blue opposes it.</p>
 <h2>Per head</h2>{fig_html[2]}
 <h2>Factor split for the last query ({html.escape(repr(a.str_tokens[q]))})</h2>
 {_table(["layer", "head", "key", "attention", "relative norm", "cosine", "contribution"], split_rows)}
-<h2>Top contributing tokens per query</h2>
+<h2>Top contributing tokens per query (queries {a.window[0]}..{a.window[1] - 1})</h2>
 {_table(["query"] + [f"layer {ly}" for ly in layers], top_rows)}
 </body></html>
 """
