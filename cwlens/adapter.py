@@ -50,6 +50,16 @@ class ModelInfo:
         return hook_names.needed(layers, closure, self.generation, self.post_attn_norm)
 
 
+def is_encoder(model: TLModel) -> bool:
+    """Bidirectional attention (BERT-like): ``HookedEncoder`` or a bridge with ``attention_dir``.
+
+    The one place cwlens decides "encoder"; everything else asks here.
+    """
+    if type(model).__name__ == "HookedEncoder":
+        return True
+    return getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
+
+
 def resolve_layers(model: TLModel, layer: Layers) -> tuple[list[int], bool]:
     """``(layers, single)``: the layer list, and whether one int was asked for."""
     n = model.cfg.n_layers

@@ -8,14 +8,10 @@ mask to ``run_with_cache`` *and* to cwlens' measures: pad positions then get wei
 
 import torch
 
+from cwlens.adapter import is_encoder
 from cwlens.errors import UnknownOptionError
 
-
-def is_encoder(model) -> bool:
-    """Bidirectional attention (BERT-like): ``HookedEncoder`` or a bridge with ``attention_dir``."""
-    if type(model).__name__ == "HookedEncoder":
-        return True
-    return getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
+__all__ = ["is_encoder", "pad_batch", "token_ids"]
 
 
 def token_ids(model, text: str) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 
 from cwlens.errors import ModelNotAvailableError, UnknownOptionError
 from cwlens.models.gguf_local import dequantized_dir
+from cwlens.models.pattern_seam import enable_pattern_edits
 from cwlens.models.registry import MODELS, describe_models
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -75,6 +76,7 @@ def load_model(
         model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype)
         if compatibility_mode:
             model.enable_compatibility_mode()
+        enable_pattern_edits(model)  # hook_pattern edits act on wrapped (BERT) attention too
         return model
     if generation == "hooked":
         from cwlens.models.hooked import load_hooked
