@@ -89,6 +89,7 @@ class AttentionGeometry:
             q = alpha.shape[2]  # queries are the last q positions (q < key_pos with a KV cache)
             alpha = alpha * m[:, None, -q:, None] * m[:, None, None, :]
         self.pattern = alpha
+        self.position_mask = None if position_mask is None else position_mask.to(device).bool()
         self.v = v.to(device=device, dtype=dtype)
         if position_mask is not None:  # pad keys: no value, so every factor is 0 there too
             self.v = self.v * position_mask.to(device=device, dtype=dtype)[:, :, None, None]
