@@ -14,7 +14,12 @@ import torch
 
 from cwlens import hook_names
 from cwlens.core import AttentionGeometry
-from cwlens.errors import LayerOutOfRangeError, MissingHookError, ShapeMismatchError
+from cwlens.errors import (
+    LayerOutOfRangeError,
+    MissingHookError,
+    ShapeMismatchError,
+    UnsupportedModelError,
+)
 
 Layers = int | Iterable[int] | None
 
@@ -58,6 +63,19 @@ def is_encoder(model: TLModel) -> bool:
     if type(model).__name__ == "HookedEncoder":
         return True
     return getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
+
+
+def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
+    """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
+
+    Next-token NLL / perplexity read ``logits[:, t]`` as ``P(t_{t+1} | t_<=t)``: a
+    bidirectional masked-LM's logits are not that, and the scores would be meaningless.
+    """
+    if is_encoder(model):
+        raise UnsupportedModelError(
+            f"{what} scores next-token loss, but this model is an encoder (bidirectional "
+            f"attention, masked-LM logits), so the numbers would be meaningless. {alternative}"
+        )
 
 
 def resolve_layers(model: TLModel, layer: Layers) -> tuple[list[int], bool]:

@@ -326,6 +326,10 @@ def run_faithfulness(
     """
     from cwlens.datasets import ChoiceItem, load_dataset
 
+    adapter.require_next_token_model(
+        model, "The faithfulness test",
+        "Use a decoder; the encoder task (sentence-embedding damage) is not built yet.",
+    )
     cfg = config or FaithfulnessConfig()
     t0 = time.perf_counter()
     samples = load_dataset(dataset, n, num_fewshot=num_fewshot) if isinstance(dataset, str) else list(dataset)

@@ -68,6 +68,10 @@ def sink_norm_intervention(
     low_norm_quantile: float = 0.25,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(ppl_table, head_table)`` for one batch (see the module docstring)."""
+    adapter.require_next_token_model(
+        model, "The sink-norm intervention",
+        "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
+    )
     all_layers, _ = adapter.resolve_layers(model, None)
     mask = None if attention_mask is None else attention_mask.bool()
     b, n = tokens.shape

@@ -59,6 +59,13 @@ def analyse(
 
     from cwlens.measures import run_with_cache
 
+    if intervention:  # fail before any compute, not at the first intervention
+        from cwlens import adapter
+
+        adapter.require_next_token_model(
+            model, "The sink-norm intervention",
+            "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
+        )
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in ("stats", "alignment", "histograms", "sweep", "curves", "ppl", "norm")}
     todo = batches(model, samples, max_tokens, batch_size)
     for bi, (ids, tokens, mask) in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
