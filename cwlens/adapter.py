@@ -65,6 +65,28 @@ def is_encoder(model: TLModel) -> bool:
     return getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
 
 
+def attention_window(model: TLModel, layer: int) -> int | None:
+    """The sliding-window size of ``layer`` (query ``i`` sees keys ``i - w < j <= i``), or
+    None where the layer attends to the whole context.
+
+    TransformerLens 4.x: ``cfg.layer_types`` (``"sliding_attention"``) with the window
+    from ``cfg.sliding_window`` or the wrapped Hugging Face config; 3.x: ``cfg.attn_types``
+    (``"local"``) with ``cfg.window_size``.
+    """
+    cfg = model.cfg
+    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
+    layer_types = getattr(cfg, "layer_types", None) or getattr(hf_cfg, "layer_types", None)
+    if layer_types is not None:
+        if layer_types[layer] != "sliding_attention":
+            return None
+        window = getattr(cfg, "sliding_window", None) or getattr(hf_cfg, "sliding_window", None)
+        return None if window is None else int(window)
+    attn_types = getattr(cfg, "attn_types", None)
+    if getattr(cfg, "use_local_attn", False) and attn_types is not None:
+        return int(cfg.window_size) if attn_types[layer] == "local" else None
+    return None
+
+
 def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
     """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
 

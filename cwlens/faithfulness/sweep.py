@@ -229,9 +229,10 @@ def _scored(metric: str, cfg: FaithfulnessConfig) -> str:
 
 
 def _rankings(cache, model, mask, metric, cfg, layers, keys):
-    eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token)
     out = {}
     for ly in layers:
+        window = adapter.attention_window(model, ly)  # sliding-window layers (Gemma-3)
+        eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token, window)
         if metric == "random":
             shape = cache[f"blocks.{ly}.attn.hook_pattern"].shape
             scores = random_scores(shape, mask, keys, cfg.seed, ly)
