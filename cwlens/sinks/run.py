@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from cwlens.sinks import alignment, norm_intervention, statistics, sweep
+from cwlens.sinks import alignment, norm_intervention, observed, statistics, sweep
 
 TABLES = {
     "stats": "sink_stats.csv",  # per sample, layer, head
@@ -25,6 +25,9 @@ TABLES = {
     "ppl": "ppl.csv",  # per sample, target, scale
     "ppl_summary": "ppl_summary.csv",  # per target, scale
     "norm": "norm_intervention.csv",  # per target, scale, layer
+    "observed": "observed_bins.csv",  # per layer, head, sink-rate bin (sufficient sums)
+    "observed_heads": "observed_heads.csv",  # per layer, head: quadratic fit, minimum
+    "observed_layers": "observed_layers.csv",  # per layer: pooled relative-norm fit
 }
 
 
@@ -66,7 +69,7 @@ def analyse(
             model, "The sink-norm intervention",
             "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
         )
-    parts: dict[str, list[pd.DataFrame]] = {k: [] for k in ("stats", "alignment", "histograms", "sweep", "curves", "ppl", "norm")}
+    parts: dict[str, list[pd.DataFrame]] = {k: [] for k in ("stats", "alignment", "histograms", "sweep", "curves", "ppl", "norm", "observed")}
     todo = batches(model, samples, max_tokens, batch_size)
     for bi, (ids, tokens, mask) in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
         with torch.no_grad():
@@ -80,6 +83,7 @@ def analyse(
         s, c = sweep.sweep_statistics(cache, model, mask, sample_ids=ids, swept=bi < swept_batches)
         parts["sweep"].append(s)
         parts["curves"].append(c)
+        parts["observed"].append(observed.observed_bins(cache, model, mask))
         del cache
         if intervention:
             ppl, heads = norm_intervention.sink_norm_intervention(
@@ -95,6 +99,9 @@ def analyse(
     )["count"].sum()
     t["alignment_layers"] = alignment.histogram_summary(t["histograms"])
     t["curves"] = sweep.curve_summary(t["curves"])
+    t["observed"] = observed.combine_bins(t["observed"])
+    t["observed_heads"] = observed.head_fits(t["observed"])
+    t["observed_layers"] = observed.layer_fits(t["observed"])
     if intervention:
         t["ppl_summary"] = norm_intervention.ppl_summary(t["ppl"])
         t["norm"] = norm_intervention.head_summary(t["norm"])
@@ -156,6 +163,8 @@ def summarize(t: dict[str, pd.DataFrame], eps: float = statistics.EPS_GU) -> dic
         "sweep_convex_frac_min": float(sw["convex_frac"].min()),
         "sweep_swept_samples": int(sw.dropna(subset=["convex_frac"])["sample"].nunique()),
     }
+    if "observed" in t:
+        out.update(observed.summary(t["observed"], sh_keys))
     if "ppl_summary" in t:
         ps = t["ppl_summary"]
         out["ppl"] = {f"{r.target}@{r.scale:g}": (float(r.ppl), float(r.delta_ppl))
@@ -208,8 +217,11 @@ def format_summary(s: dict) -> str:
         f"{s['sweep_s_star_median_sink_heads']:.3f} vs actual rate "
         f"{s['sweep_actual_rate_sink_heads']:.3f}",
         f"  swept vs closed form: max relative gap {s['sweep_max_rel_error']:.1e}; convex "
-        f"fraction (min) {s['sweep_convex_frac_min']:.3f}",
+        f"fraction (min) {s['sweep_convex_frac_min']:.3f} (convex by construction: the "
+        "counterfactual curve is the norm of an affine map)",
     ]
+    if observed.format_line(s):
+        lines.append(observed.format_line(s))
     if "ppl" in s:
         lines.append("  sink-norm intervention (all layers): " + ", ".join(
             f"{k}: PPL {v[0]:.2f} ({v[1]:+.2f})" for k, v in s["ppl"].items()))
