@@ -14,7 +14,12 @@ import torch
 
 from cwlens import hook_names
 from cwlens.core import AttentionGeometry
-from cwlens.errors import LayerOutOfRangeError, MissingHookError, ShapeMismatchError
+from cwlens.errors import (
+    LayerOutOfRangeError,
+    MissingHookError,
+    ShapeMismatchError,
+    UnsupportedModelError,
+)
 
 Layers = int | Iterable[int] | None
 
@@ -50,6 +55,51 @@ class ModelInfo:
         return hook_names.needed(layers, closure, self.generation, self.post_attn_norm)
 
 
+def is_encoder(model: TLModel) -> bool:
+    """Bidirectional attention (BERT-like): ``HookedEncoder`` or a bridge with ``attention_dir``.
+
+    The one place cwlens decides "encoder"; everything else asks here.
+    """
+    if type(model).__name__ == "HookedEncoder":
+        return True
+    return getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
+
+
+def attention_window(model: TLModel, layer: int) -> int | None:
+    """The sliding-window size of ``layer`` (query ``i`` sees keys ``i - w < j <= i``), or
+    None where the layer attends to the whole context.
+
+    TransformerLens 4.x: ``cfg.layer_types`` (``"sliding_attention"``) with the window
+    from ``cfg.sliding_window`` or the wrapped Hugging Face config; 3.x: ``cfg.attn_types``
+    (``"local"``) with ``cfg.window_size``.
+    """
+    cfg = model.cfg
+    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
+    layer_types = getattr(cfg, "layer_types", None) or getattr(hf_cfg, "layer_types", None)
+    if layer_types is not None:
+        if layer_types[layer] != "sliding_attention":
+            return None
+        window = getattr(cfg, "sliding_window", None) or getattr(hf_cfg, "sliding_window", None)
+        return None if window is None else int(window)
+    attn_types = getattr(cfg, "attn_types", None)
+    if getattr(cfg, "use_local_attn", False) and attn_types is not None:
+        return int(cfg.window_size) if attn_types[layer] == "local" else None
+    return None
+
+
+def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
+    """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
+
+    Next-token NLL / perplexity read ``logits[:, t]`` as ``P(t_{t+1} | t_<=t)``: a
+    bidirectional masked-LM's logits are not that, and the scores would be meaningless.
+    """
+    if is_encoder(model):
+        raise UnsupportedModelError(
+            f"{what} scores next-token loss, but this model is an encoder (bidirectional "
+            f"attention, masked-LM logits), so the numbers would be meaningless. {alternative}"
+        )
+
+
 def resolve_layers(model: TLModel, layer: Layers) -> tuple[list[int], bool]:
     """``(layers, single)``: the layer list, and whether one int was asked for."""
     n = model.cfg.n_layers
@@ -64,13 +114,6 @@ def resolve_layers(model: TLModel, layer: Layers) -> tuple[list[int], bool]:
                 "pass layer=None for all of them."
             )
     return [item % n for item in layers], single
-
-
-def is_encoder(model: TLModel) -> bool:
-    """Bidirectional attention (BERT-like): ``HookedEncoder`` or a bridge with ``attention_dir``."""
-    if type(model).__name__ == "HookedEncoder":
-        return True
-    return getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
 
 
 def forward_kwargs(model: TLModel, attention_mask: torch.Tensor | None) -> dict[str, Any]:

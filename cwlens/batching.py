@@ -11,6 +11,8 @@ import torch
 from cwlens.adapter import is_encoder
 from cwlens.errors import UnknownOptionError
 
+__all__ = ["is_encoder", "pad_batch", "token_ids"]
+
 
 def token_ids(model, text: str) -> torch.Tensor:
     """1-D token ids of one text, as the model itself would tokenize it."""

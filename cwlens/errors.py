@@ -39,3 +39,11 @@ class ModelNotAvailableError(CwlensError, RuntimeError):
 
 class DatasetFormatError(CwlensError, ValueError):
     """A dataset file with a malformed line; the message names file and line."""
+
+
+class InterventionNotAppliedError(CwlensError, RuntimeError):
+    """An intervention hook that has no effect on this model (its edits would be dropped)."""
+
+
+class UnsupportedModelError(CwlensError, ValueError):
+    """A computation that does not apply to this kind of model (e.g. next-token loss on an encoder)."""

@@ -137,7 +137,7 @@ def test_decomposition_table_matches_tensors():
 
 @pytest.mark.parametrize("kind", ["intra", "inter"])
 def test_long_sequence_path_equals_naive(kind):
-    """Sequences longer than d_model take the Gram-matrix path for the inter projection."""
+    """Sequences longer than d_model (once a separate Gram-matrix path, now the same one)."""
     pattern, v, W_O = random_layer(batch=1, n_heads=4, n_kv=2, pos=20, d_head=3, d_model=8, seed=11)
     geo = AttentionGeometry(pattern, v, W_O)
     ref = naive_measures(pattern, v, W_O)

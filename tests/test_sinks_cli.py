@@ -21,9 +21,11 @@ def test_sinks_command_writes_tables_figures_and_summary(tmp_path, capsys):
     assert summary["n_samples"] == 4 and summary["sweep_max_rel_error"] < 1e-4
     stems = {p.stem for p in figs.glob("sinks_*.html")}
     assert stems == {"sinks_rate_vs_contribution", "sinks_factor_split", "sinks_cosines",
-                     "sinks_sweep", "sinks_intervention"}
+                     "sinks_sweep", "sinks_intervention", "sinks_observed"}
     printed = capsys.readouterr().out
     assert "sink summary" in printed and "anti-alignment" in printed
+    assert "observed ||o^h|| vs own sink rate" in printed
+    assert 0 <= summary["observed_interior_frac_heads"] <= 1
     # --plot-only redraws from the tables without a model
     assert main(["sinks", "--plot-only", "--out", str(out), "--figures", str(figs), "--no-png"]) == 0
 

@@ -83,14 +83,21 @@ def first_real_index(
     return m.long().argmax(-1).to(device or m.device)
 
 
-def query_after_sink(sink_index: torch.Tensor, n_query: int, n_key: int) -> torch.Tensor:
-    """``[batch, query_pos]`` bool: True for queries strictly after the row's sink.
+def query_after_sink(
+    sink_index: torch.Tensor, n_query: int, n_key: int,
+    position_mask: PositionMask | None = None,
+) -> torch.Tensor:
+    """``[batch, query_pos]`` bool: True for the real queries strictly after the row's sink.
 
-    With left padding every position after the first real token is real, so this also
-    drops pad queries. Queries are the last ``n_query`` of ``n_key`` positions.
+    Queries are the last ``n_query`` of ``n_key`` positions. With ``position_mask``
+    (``[batch, n_key]``, True on real tokens) pad queries are dropped whatever the padding
+    side (right-padded encoders have pads *after* the sink too).
     """
     pos = torch.arange(n_key - n_query, n_key, device=sink_index.device)
-    return pos[None, :] > sink_index[:, None]
+    after = pos[None, :] > sink_index[:, None]
+    if position_mask is not None:
+        after = after & position_mask.to(after.device).bool()[:, -n_query:]
+    return after
 
 
 def _row_gather(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
@@ -113,21 +120,28 @@ def key_onehot(index: torch.Tensor, n_key: int, dtype=torch.bool) -> torch.Tenso
 
 def random_non_sink_index(
     sink_index: torch.Tensor, n_pos: int, generator: torch.Generator | None = None,
-    min_offset: int = 1,
+    min_offset: int = 1, position_mask: PositionMask | None = None,
 ) -> torch.Tensor:
-    """A control position per row, uniform over ``sink + min_offset .. n_pos - 1``: ``[batch]``.
+    """A control position per row, uniform over the real positions ``>= sink + min_offset``.
 
-    With left padding every position after the sink is real, so the control is a real,
-    non-sink token.
+    ``position_mask`` (``[batch, n_pos]``, True on real tokens) keeps the control off pad
+    tokens (right padding puts them after the sink); without it every position counts.
+    Returns ``[batch]`` long.
     """
-    low = sink_index.cpu() + min_offset
-    if (low >= n_pos).any():
+    pos = torch.arange(n_pos)
+    ok = pos[None, :] >= (sink_index.cpu() + min_offset)[:, None]  # [b, n_pos]
+    if position_mask is not None:
+        ok = ok & position_mask.cpu().bool()
+    count = ok.sum(-1)
+    if (count == 0).any():
         raise ShapeMismatchError(
             f"Rows need at least {min_offset + 1} real tokens for a non-sink control; "
-            f"sink indices {sink_index.tolist()} with {n_pos} positions."
+            f"sink indices {sink_index.tolist()}, real tokens per row {count.tolist()}."
         )
     u = torch.rand(sink_index.shape[0], generator=generator)
-    return (low + (u * (n_pos - low)).long().clamp_max(n_pos - 1 - low)).to(sink_index.device)
+    k = (u * count).long().clamp_max(count - 1)  # the k-th candidate of each row
+    index = (ok.cumsum(-1) <= k[:, None]).sum(-1)
+    return index.to(sink_index.device)
 
 
 # -- interventions as tensor maps (the hooks in cwlens.interventions.sinks call these) ----
@@ -228,8 +242,9 @@ class SinkGeometry:
             the run's ``position_mask``).
         sink_index: ``[batch]`` sink position per row (:func:`first_real_index`).
 
-    Per-query results are ``[batch, head_index, query_pos]``; ``valid`` marks the
-    queries after the sink with a tail to rescale (the others are 0 / False).
+    Per-query results are ``[batch, head_index, query_pos]``; ``valid`` marks the real
+    queries after the sink with a tail to rescale (the others are 0 / False); pad queries
+    are read from ``geo.position_mask``, so left and right padding both work.
     """
 
     def __init__(self, geo: AttentionGeometry, sink_index: torch.Tensor):
@@ -241,9 +256,8 @@ class SinkGeometry:
         self.alpha0 = (geo.pattern * onehot).sum(-1)  # [b, h, q]
         self._tail_pattern = geo.pattern * (1 - onehot)
         self.tail_mass = self._tail_pattern.sum(-1)  # 1 - a_i0, summed from the entries
-        self.valid = query_after_sink(self.sink_index, q, k)[:, None, :] & (
-            self.tail_mass > TAIL_EPS
-        )
+        self.real_query = query_after_sink(self.sink_index, q, k, geo.position_mask)  # [b, q]
+        self.valid = self.real_query[:, None, :] & (self.tail_mass > TAIL_EPS)
         v0 = _row_gather(geo.v, self.sink_index, 1)  # [b, kv, d]
         self.v0 = v0.repeat_interleave(geo.group, dim=1)  # [b, h, d]
 
@@ -333,4 +347,4 @@ class SinkGeometry:
         z = geo.z.permute(0, 2, 1, 3)
         dots = (mg * z).sum(-1)
         cos = safe_divide(dots, (m_sq * geo.output_norm("intra") ** 2).clamp_min(0).sqrt())
-        return cos * query_after_sink(self.sink_index, self.n_query, k)[:, None, :]
+        return cos * self.real_query[:, None, :]

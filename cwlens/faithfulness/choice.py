@@ -6,8 +6,11 @@ For choice ``c`` of an item with context ``x_c`` and continuation ``y_c``:
     acc        = [argmax_c ll_c == gold]
     acc_norm   = [argmax_c ll_c / len(y_c) == gold]          (len in characters, as lm-eval)
 
-Tokens: ``x_c`` is tokenized as the model tokenizes a text (with its BOS, if any),
-``y_c`` without special tokens, and concatenated. The model reads
+Tokens, as lm-eval-harness's ``_encode_pair``: trailing whitespace of ``x_c`` moves to
+the front of ``y_c``; then ``whole = encode(x_c + y_c)``, ``ctx = encode(x_c)`` (each as
+the model tokenizes a text, with its BOS if any) and the continuation's tokens are
+``whole[len(ctx):]`` -- not ``encode(y_c)``, which differs wherever tokens merge across
+the boundary (SentencePiece and BPE tokenizers). The model reads
 ``input_c = (x_c + y_c)[:-1]`` -- the last continuation token is only a target. Choices
 whose inputs are identical (MMLU and BoolQ: one-token continuations after the same
 context) share one sequence, so an MMLU item costs one forward row, not four; masks
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from cwlens.batching import token_ids
+from cwlens.errors import DatasetFormatError
 
 
 @dataclass(frozen=True)
@@ -33,19 +37,30 @@ class ChoiceRequest:
     continuation_chars: int
 
 
+def encode_pair(model, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """``(context_ids, continuation_ids)`` split from the encoded whole, as lm-eval does."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    whole = token_ids(model, context + continuation).tolist()
+    ctx = token_ids(model, context).tolist()
+    return ctx, whole[len(ctx):]
+
+
 def encode_items(model, items) -> list[ChoiceRequest]:
     """Requests of every choice of every :class:`~cwlens.datasets.ChoiceItem`."""
     requests = []
-    cache: dict[str, list[int]] = {}
     for index, item in enumerate(items):
         for choice, (context, continuation) in enumerate(item.pairs):
-            if context not in cache:
-                cache[context] = token_ids(model, context).tolist()
-            ctx = cache[context]
-            cont = model.tokenizer(continuation, add_special_tokens=False)["input_ids"]
+            ctx, cont = encode_pair(model, context, continuation)
+            if not ctx:
+                raise DatasetFormatError(
+                    f"{item.id}: choice {choice} has an empty context and the model adds no "
+                    "BOS token, so nothing predicts the first continuation token."
+                )
             if not cont:
-                raise ValueError(f"{item.id}: choice {choice} has an empty continuation.")
-            full = ctx + list(cont)
+                raise DatasetFormatError(f"{item.id}: choice {choice} has an empty continuation.")
+            full = ctx + cont
             requests.append(
                 ChoiceRequest(index, choice, tuple(full[:-1]), len(ctx) - 1, tuple(cont),
                               len(continuation))

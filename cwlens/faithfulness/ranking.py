@@ -35,7 +35,8 @@ Parameters (with defaults, also used by :mod:`cwlens.faithfulness.sweep`):
     protecting it would exempt the entry that carries most attention mass from the
     test. ``False`` is the ablation that keeps the sink's term in every row.
 
-Pad positions (attention_mask 0) are never eligible, neither as queries nor as keys.
+Pad positions (attention_mask 0) are never eligible, neither as queries nor as keys, and
+neither are keys outside a sliding-window layer's window (``i - j >= window``).
 Ties keep key order (stable sort: the earlier entry ranks higher).
 """
 
@@ -78,16 +79,21 @@ def eligible_entries(
     position_mask: torch.Tensor,
     causal_only: bool = True,
     mask_first_token: bool = True,
+    window: int | None = None,
 ) -> torch.Tensor:
     """bool ``[batch, 1, query_pos, key_pos]``: entries that a mask may remove.
 
-    ``position_mask``: ``[batch, pos]``, True (1) on real tokens.
+    ``position_mask``: ``[batch, pos]``, True (1) on real tokens. ``window``: a sliding-
+    window layer's size (:func:`cwlens.adapter.attention_window`): keys with
+    ``i - j >= window`` are outside it (alpha = 0 there), so not eligible.
     """
     real = position_mask.bool()
     elig = real[:, None, :, None] & real[:, None, None, :]
     n = real.shape[1]
     if causal_only:
         elig = elig & torch.ones(n, n, dtype=torch.bool, device=real.device).tril()
+    if window is not None:
+        elig = elig & torch.ones(n, n, dtype=torch.bool, device=real.device).triu(1 - window)
     if not mask_first_token:
         first = real.int().argmax(-1)  # index of the first real token per row
         elig = elig & (torch.arange(n, device=real.device)[None, :] != first[:, None])[:, None, None, :]

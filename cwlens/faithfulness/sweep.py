@@ -257,14 +257,15 @@ def _mask_jobs(conditions, cfg) -> tuple[dict, dict]:
     return jobs, key_of
 
 
-def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats) -> dict:
+def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
     """Rank one layer's entries by every metric some job needs; ``{job key: PackedMask}``.
 
     Runs inside the clean forward pass (:func:`cwlens.stream_geometry`), so only one
     layer's scores and ranks exist at a time; the masks are kept bit-packed.
     """
     t = time.perf_counter()
-    eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token)
+    # ``window``: a sliding-window layer's span (Gemma-3); keys outside it are never eligible
+    eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token, window)
     shape = geo.pattern.shape
     out = {}
     ranks = {}
@@ -308,7 +309,8 @@ def _batch_outputs(model, units, batch, cfg, conditions, stats):
 
     t, ranked_before = time.perf_counter(), stats.ranking_seconds
     logits, per_layer = stream_geometry(
-        model, tokens, lambda ly, geo: _layer_masks(geo, ly, mask, jobs, cfg, keys, stats),
+        model, tokens, lambda ly, geo: _layer_masks(geo, ly, mask, jobs, cfg, keys, stats,
+                                     adapter.attention_window(model, ly)),
         layers=layers, attention_mask=mask,
     )
     stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)
@@ -369,6 +371,10 @@ def run_faithfulness(
     """
     from cwlens.datasets import ChoiceItem, load_dataset
 
+    adapter.require_next_token_model(
+        model, "The faithfulness test",
+        "Use a decoder; the encoder task (sentence-embedding damage) is not built yet.",
+    )
     cfg = config or FaithfulnessConfig()
     t0 = time.perf_counter()
     samples = load_dataset(dataset, n, num_fewshot=num_fewshot) if isinstance(dataset, str) else list(dataset)

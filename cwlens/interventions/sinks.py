@@ -27,6 +27,7 @@ import torch
 from cwlens import hook_names
 from cwlens.adapter import Layers, TLModel, resolve_layers
 from cwlens.core.sinks import scale_position, set_sink_rate
+from cwlens.interventions.selfcheck import ensure_edits_act, kinds_of
 
 Hook = tuple[str, Callable[[torch.Tensor, Any], torch.Tensor]]
 
@@ -88,8 +89,10 @@ def applied(model: TLModel, fwd_hooks: list[Hook]) -> Iterator[TLModel]:
     """Run the block with ``fwd_hooks`` added; they are removed on exit, even on exceptions.
 
     Uses the model's own ``hooks`` context (TransformerLens 3.x and 4.x), so hooks that
-    were already on the model stay untouched.
+    were already on the model stay untouched. The edits are first checked to act on this
+    model (:func:`~cwlens.interventions.selfcheck.ensure_edits_act`, once per model).
     """
+    ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
     with model.hooks(fwd_hooks=fwd_hooks):
         yield model
 

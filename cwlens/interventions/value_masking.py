@@ -26,6 +26,7 @@ from cwlens import hook_names
 from cwlens._types import Pattern
 from cwlens.core.bitmask import PackedMask
 from cwlens.errors import MissingHookError, ShapeMismatchError
+from cwlens.interventions.selfcheck import ensure_edits_act, kinds_of
 
 HookFn = Callable[..., torch.Tensor]
 Masks = Mapping[int, torch.Tensor]
@@ -78,9 +79,12 @@ def hooks_applied(model, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[ob
     """Add forward hooks to ``model`` for the duration of the block, then remove them.
 
     Only the hooks added here are removed (others, e.g. permanent ones, are left alone),
-    and they are removed even if the block raises.
+    and they are removed even if the block raises. Edits of ``hook_pattern``/``hook_v`` are
+    first checked to act on this model (:func:`~cwlens.interventions.selfcheck.ensure_edits_act`,
+    once per model).
     """
     hook_dict = model.hook_dict
+    ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks if name in hook_dict))
     added = []
     try:
         for name, fn in fwd_hooks:

@@ -2,7 +2,8 @@
 
 TransformerLens 4.x gives a ``TransformerBridge`` (raw Hugging Face weights unless
 ``compatibility_mode=True``, which folds LayerNorm and centres the writing weights: that
-changes W_O and so the norms and cosines, not the model's function). TransformerLens 3.x
+changes W_O and so the norms and cosines, not the model's function; the value biases
+stay unfolded, in ``hook_v``, so the heads' outputs keep their b_V term). TransformerLens 3.x
 gives a ``HookedTransformer`` loaded without weight processing (same raw geometry).
 """
 
@@ -13,6 +14,7 @@ import torch
 
 from cwlens.errors import ModelNotAvailableError, UnknownOptionError
 from cwlens.models.gguf_local import dequantized_dir
+from cwlens.models.pattern_seam import enable_pattern_edits
 from cwlens.models.registry import MODELS, describe_models
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -58,7 +60,8 @@ def load_model(
             ``"gemma-3-270m"`` load from the hub), a local HF directory or a hub id.
         device: ``"cpu"``, ``"cuda"``... (default: cuda if available).
         dtype: weights dtype; cwlens computes its measures in float32 anyway.
-        compatibility_mode: TransformerBridge only: fold LayerNorm and centre weights.
+        compatibility_mode: TransformerBridge only: fold LayerNorm and centre weights
+            (value biases are kept in the heads: ``fold_value_biases=False``).
         generation: ``"bridge"`` (TransformerLens 4.x), ``"hooked"`` (3.x
             ``HookedTransformer``) or ``"auto"`` (bridge on 4.x, hooked on 3.x).
     """
@@ -74,7 +77,11 @@ def load_model(
 
         model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype)
         if compatibility_mode:
-            model.enable_compatibility_mode()
+            # TL 4.3 folds b_V into b_O by default: hook_v would lose b_V and every head
+            # output its term sum_j a_ij b_V = b_V. Keep it in the heads (as raw mode and
+            # TL 3.x without processing do); W_O is still centred.
+            model.enable_compatibility_mode(fold_value_biases=False)
+        enable_pattern_edits(model)  # hook_pattern edits act on wrapped (BERT) attention too
         return model
     if generation == "hooked":
         from cwlens.models.hooked import load_hooked

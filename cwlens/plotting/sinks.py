@@ -204,6 +204,42 @@ def intervention_figure(ppl_summary, norm, model_label=""):
                    "(low-norm = clean ‖o_i^h‖ in the bottom 25% of its layer)", width=1600, height=560)
 
 
+def observed_figure(bins_by_layer, head_fits, model_label=""):
+    """Left: the observed relative head-output norm ``||o^h|| / mean_h ||o^h||`` per
+    sink-rate bin, one line per layer (heads pooled). Right: per head, where the fitted
+    quadratic has its minimum over the observed rates (interior, low end, high end)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12, subplot_titles=(
+        "observed: mean relative ||o^h|| by the head's own sink rate",
+        "per head: minimum of the fitted quadratic"))
+    layers = sorted(bins_by_layer.layer.unique())
+    for i, ly in enumerate(layers):
+        d = bins_by_layer[(bins_by_layer.layer == ly) & (bins_by_layer.n >= 20)]
+        shade = i / max(1, len(layers) - 1)
+        fig.add_trace(go.Scatter(
+            x=d.rate, y=d.norm_rel, mode="lines+markers", name=f"layer {ly}",
+            line=dict(color=f"rgba({int(40 + 200 * shade)}, {int(90 + 60 * (1 - shade))}, "
+                            f"{int(220 - 180 * shade)}, 0.8)"),
+            hovertemplate=f"L{ly}<br>rate %{{x:.2f}}<br>norm/mean %{{y:.2f}}<extra></extra>",
+            showlegend=False), 1, 1)
+    fig.add_hline(y=1, line=dict(color="black", width=1, dash="dot"), row=1, col=1)
+    fitted = head_fits[head_fits["minimum"] != "undetermined"]
+    counts = fitted.groupby(["layer", "minimum"]).size().unstack(fill_value=0)
+    for where, color in (("interior", SINK), ("low", TAIL), ("high", CONTROL)):
+        if where in counts:
+            fig.add_trace(go.Bar(x=counts.index, y=counts[where], name=f"minimum {where}",
+                                 marker_color=color), 1, 2)
+    fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.18))
+    fig.update_xaxes(title_text="sink rate a_i0 (bin mean)", range=[0, 1], row=1, col=1)
+    fig.update_yaxes(title_text="||o_i^h|| / head mean", row=1, col=1)
+    fig.update_xaxes(title_text="layer", row=1, col=2)
+    fig.update_yaxes(title_text="heads", row=1, col=2)
+    return _layout(fig, f"{model_label}: observed head-output norm vs sink rate (across queries)",
+                   height=540)
+
+
 def all_figures(tables, out_dir="figures", model_label="", png=True) -> list[Path]:
     """Write every sink figure that the tables allow; returns the paths."""
     from cwlens.plotting.export import save_figure
@@ -218,6 +254,11 @@ def all_figures(tables, out_dir="figures", model_label="", png=True) -> list[Pat
         "sinks_sweep": lambda: sweep_figure(tables["curves"], tables["sweep"], tables["heads"],
                                             model_label=model_label),
     }
+    if "observed" in tables and "observed_heads" in tables:
+        from cwlens.sinks.observed import bin_summary
+
+        figs["sinks_observed"] = lambda: observed_figure(
+            bin_summary(tables["observed"]), tables["observed_heads"], model_label)
     if "ppl_summary" in tables and "norm" in tables:
         figs["sinks_intervention"] = lambda: intervention_figure(
             tables["ppl_summary"], tables["norm"], model_label)

@@ -3,8 +3,8 @@
 For each ``scale`` the value vector of the sink (``hook_v`` at the first real token of
 each row; all kv heads of the chosen ``layers``, default all layers at once) is
 multiplied by ``scale`` (0 removes ``a_i0 v~_0`` from every head output). The control
-applies the same to one random non-sink position per row (uniform after the sink,
-seeded).
+applies the same to one random non-sink position per row (uniform over the real tokens
+after the sink, seeded; never a pad, whatever the padding side).
 
 Measured against the clean run:
 
@@ -51,7 +51,7 @@ def head_measures(cache, model, attention_mask, sink_index, layers):
     for ly in layers:
         geo = adapter.geometry(cache, model, ly, attention_mask)
         sg = SinkGeometry(geo, sink_index.to(geo.pattern.device))
-        after = query_after_sink(sg.sink_index, sg.n_query, sg.n_key)[:, None, :]
+        after = query_after_sink(sg.sink_index, sg.n_query, sg.n_key, geo.position_mask)[:, None, :]
         out[ly] = (geo.output_norm("intra"), sg.cone_cosine(), after.expand_as(sg.alpha0))
     return out
 
@@ -68,6 +68,10 @@ def sink_norm_intervention(
     low_norm_quantile: float = 0.25,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(ppl_table, head_table)`` for one batch (see the module docstring)."""
+    adapter.require_next_token_model(
+        model, "The sink-norm intervention",
+        "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
+    )
     all_layers, _ = adapter.resolve_layers(model, None)
     mask = None if attention_mask is None else attention_mask.bool()
     b, n = tokens.shape
@@ -76,7 +80,7 @@ def sink_norm_intervention(
     targets = {"sink": sink}
     if control:
         gen = torch.Generator().manual_seed(seed)
-        targets["random"] = random_non_sink_index(sink, n, gen)
+        targets["random"] = random_non_sink_index(sink, n, gen, position_mask=mask)
 
     def run(hooks):
         with torch.no_grad(), applied(model, hooks):

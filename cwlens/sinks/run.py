@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cwlens.sinks import alignment, norm_intervention, statistics, sweep
+from cwlens.sinks import alignment, norm_intervention, observed, statistics, sweep
 
 TABLES = {
     "stats": "sink_stats.csv",  # per sample, layer, head
@@ -24,6 +24,9 @@ TABLES = {
     "ppl": "ppl.csv",  # per sample, target, scale
     "ppl_summary": "ppl_summary.csv",  # per target, scale
     "norm": "norm_intervention.csv",  # per target, scale, layer
+    "observed": "observed_bins.csv",  # per layer, head, sink-rate bin (sufficient sums)
+    "observed_heads": "observed_heads.csv",  # per layer, head: quadratic fit, minimum
+    "observed_layers": "observed_layers.csv",  # per layer: pooled relative-norm fit
 }
 
 
@@ -58,14 +61,25 @@ def analyse(
 
     from cwlens.streaming import stream_geometry
 
-    parts: dict[str, list[pd.DataFrame]] = {k: [] for k in ("stats", "alignment", "histograms", "sweep", "curves", "ppl", "norm")}
+    if intervention:  # fail before any compute, not at the first intervention
+        from cwlens import adapter
+
+        adapter.require_next_token_model(
+            model, "The sink-norm intervention",
+            "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
+        )
+    parts: dict[str, list[pd.DataFrame]] = {k: [] for k in ("stats", "alignment", "histograms", "sweep", "curves", "ppl", "norm", "observed")}
+    from cwlens import adapter
+
+    causal = not adapter.is_encoder(model)
     todo = batches(model, samples, max_tokens, batch_size)
     for bi, (ids, tokens, mask) in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
         # one streamed pass: each layer's geometry is built once and all three analyses
         # read it while the model runs (no cache of every layer's pattern)
         _, per_layer = stream_geometry(
             model, tokens,
-            lambda ly, geo, ids=ids, mask=mask, bi=bi: _layer_tables(geo, ly, mask, ids, eps, bi < swept_batches),
+            lambda ly, geo, ids=ids, mask=mask, bi=bi: _layer_tables(
+                geo, ly, mask, ids, eps, bi < swept_batches, causal),
             attention_mask=mask,
         )
         for tables in per_layer:
@@ -85,20 +99,24 @@ def analyse(
     )["count"].sum()
     t["alignment_layers"] = alignment.histogram_summary(t["histograms"])
     t["curves"] = sweep.curve_summary(t["curves"])
+    t["observed"] = observed.combine_bins(t["observed"])
+    t["observed_heads"] = observed.head_fits(t["observed"])
+    t["observed_layers"] = observed.layer_fits(t["observed"])
     if intervention:
         t["ppl_summary"] = norm_intervention.ppl_summary(t["ppl"])
         t["norm"] = norm_intervention.head_summary(t["norm"])
     return t
 
 
-def _layer_tables(geo, layer, mask, ids, eps, swept) -> dict[str, pd.DataFrame]:
+def _layer_tables(geo, layer, mask, ids, eps, swept, causal=True) -> dict[str, pd.DataFrame]:
     """Every per-layer sink table from one layer's geometry: statistics, alignment,
     histograms, and the sink-rate sweep (``swept``: also recompute norms from the changed
     pattern, the check of the closed form; done on the first batch)."""
     al, hist = alignment.layer_tables(geo, layer, mask, ids)
     s, c = sweep.layer_sweep_tables(geo, layer, mask, ids, swept=swept)
-    return {"stats": statistics.layer_frame(geo, layer, mask, ids, eps), "alignment": al,
-            "histograms": hist, "sweep": s, "curves": c}
+    return {"stats": statistics.layer_frame(geo, layer, mask, ids, eps, causal=causal),
+            "alignment": al, "histograms": hist, "sweep": s, "curves": c,
+            "observed": observed.layer_bins(geo, layer, mask)}
 
 
 def save_tables(tables: dict[str, pd.DataFrame], out_dir) -> list[Path]:
@@ -156,6 +174,8 @@ def summarize(t: dict[str, pd.DataFrame], eps: float = statistics.EPS_GU) -> dic
         "sweep_convex_frac_min": float(sw["convex_frac"].min()),
         "sweep_swept_samples": int(sw.dropna(subset=["convex_frac"])["sample"].nunique()),
     }
+    if "observed" in t:
+        out.update(observed.summary(t["observed"], sh_keys))
     if "ppl_summary" in t:
         ps = t["ppl_summary"]
         out["ppl"] = {f"{r.target}@{r.scale:g}": (float(r.ppl), float(r.delta_ppl))
@@ -208,8 +228,11 @@ def format_summary(s: dict) -> str:
         f"{s['sweep_s_star_median_sink_heads']:.3f} vs actual rate "
         f"{s['sweep_actual_rate_sink_heads']:.3f}",
         f"  swept vs closed form: max relative gap {s['sweep_max_rel_error']:.1e}; convex "
-        f"fraction (min) {s['sweep_convex_frac_min']:.3f}",
+        f"fraction (min) {s['sweep_convex_frac_min']:.3f} (convex by construction: the "
+        "counterfactual curve is the norm of an affine map)",
     ]
+    if observed.format_line(s):
+        lines.append(observed.format_line(s))
     if "ppl" in s:
         lines.append("  sink-norm intervention (all layers): " + ", ".join(
             f"{k}: PPL {v[0]:.2f} ({v[1]:+.2f})" for k, v in s["ppl"].items()))

@@ -1,9 +1,11 @@
 """Sink statistics per sample, layer and head as tidy tables.
 
-One row per ``(sample, layer, head)``, each value a mean over the queries after the sink
-(the sink query can only attend to itself). The sink is the first real token of each
-row (left padding: the first position where ``attention_mask`` is 1), or a set of
-positions counted from it (``sink_positions=(0, 1)``: the first two real tokens).
+One row per ``(sample, layer, head)``, each value a mean over the real queries after the
+sink (in a decoder the sink query can only attend to itself). The sink is the first real
+token of each row (the first position where ``attention_mask`` is 1, for left- and
+right-padded batches alike), or a set of positions counted from it
+(``sink_positions=(0, 1)``: the first two real tokens). Pad queries and pad keys never
+count, so a row's statistics equal those of the text run alone.
 
 Columns:
 
@@ -53,17 +55,28 @@ def layer_statistics(
     sink_index: torch.Tensor,
     sink_positions=(0,),
     kind: str = "intra",
+    causal: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """The per-``(batch, head)`` columns of :func:`sink_statistics` for one layer."""
+    """The per-``(batch, head)`` columns of :func:`sink_statistics` for one layer.
+
+    Only real queries after the sink count and the tail is the real keys after the sink
+    (``j <= i`` where ``causal``; every real key for encoders), read from
+    ``geo.position_mask``, so the result of a row does not depend on its padding.
+    """
     check_kind(kind)
     b, h, q, k = geo.pattern.shape
     last = max(sink_positions)
-    queries = query_after_sink(sink_index + last, q, k)[:, None, :].expand(b, h, q)  # [b,h,q]
+    real = geo.position_mask
+    queries = query_after_sink(sink_index + last, q, k, real)[:, None, :].expand(b, h, q)
     sinks = sink_key_mask(sink_index, k, sink_positions)  # [b, k]
     first = key_onehot(sink_index, k)  # [b, k]
     qpos = torch.arange(k - q, k, device=sinks.device)
     kpos = torch.arange(k, device=sinks.device)
-    tail = (kpos[None, None, :] <= qpos[None, :, None]) & ~sinks[:, None, :]  # [b, q, k]
+    tail = ~sinks[:, None, :].expand(b, q, k)  # [b, q, k]
+    if causal:
+        tail = tail & (kpos[None, None, :] <= qpos[None, :, None])
+    if real is not None:
+        tail = tail & real[:, None, :]
     tail = tail & (kpos[None, None, :] > sink_index[:, None, None] + last)
     tail = tail[:, None].expand(b, h, q, k)
 
@@ -105,7 +118,7 @@ def sink_statistics(
     resolved, _ = adapter.resolve_layers(model, layers)
     rows = [
         layer_frame(adapter.geometry(cache, model, ly, attention_mask), ly, attention_mask,
-                    sample_ids, eps, sink_positions, kind)
+                    sample_ids, eps, sink_positions, kind, causal=not adapter.is_encoder(model))
         for ly in resolved
     ]
     return pd.concat(rows, ignore_index=True)
@@ -113,14 +126,16 @@ def sink_statistics(
 
 def layer_frame(
     geo, layer: int, attention_mask=None, sample_ids=None, eps: float = EPS_GU,
-    sink_positions=(0,), kind: str = "intra",
+    sink_positions=(0,), kind: str = "intra", causal: bool = True,
 ) -> pd.DataFrame:
-    """The rows of :func:`sink_statistics` for one layer's geometry (streaming-friendly)."""
+    """The rows of :func:`sink_statistics` for one layer's geometry (streaming-friendly);
+    ``causal=False`` for encoders (every real key is in the tail)."""
     b = geo.pattern.shape[0]
     sink_index = first_real_index(
         None if attention_mask is None else attention_mask.bool(), b, geo.pattern.device
     )
-    df = _frame(layer_statistics(geo, sink_index, sink_positions, kind), layer, sample_ids)
+    stats = layer_statistics(geo, sink_index, sink_positions, kind, causal=causal)
+    df = _frame(stats, layer, sample_ids)
     df["sink_head"] = df["sink_rate"] > eps
     df["kind"] = kind
     return df
