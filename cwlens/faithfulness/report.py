@@ -50,16 +50,17 @@ def _select(frame, **where):
 
 
 def paired_comparisons(table, dataset: str, mode: str, rate: float, measure: str,
-                       n_boot: int = 2000, level: float = 0.95, seed: int = 0, **setting):
+                       setting: dict | None = None, n_boot: int = 2000, level: float = 0.95,
+                       seed: int = 0):
     """``{(a, b): PairedDifference}`` of the faithfulness score of metric ``b`` minus that
     of ``a`` (comprehensiveness: damage; sufficiency: minus damage), paired by sample, for
-    every pair of hierarchy metrics present at one cell. ``setting``: column values that
-    select one run (model, scope, ...; see :data:`~cwlens.faithfulness.results.SETTING`)."""
+    every pair of hierarchy metrics present at one cell. ``setting``: ``{column: value}``
+    that selects one run (model, scope, ...; see :data:`~cwlens.faithfulness.results.SETTING`)."""
     from cwlens.bootstrap import paired_frame_difference
 
     if "value" not in table.columns:
         raise TypeError("paired comparisons need the per-sample rows (read_results), not a summary.")
-    cell = _select(table, dataset=dataset, mode=mode, rate=rate, measure=measure, **setting)
+    cell = _select(table, dataset=dataset, mode=mode, rate=rate, measure=measure, **(setting or {}))
     sign = 1.0 if mode == "comprehensiveness" else -1.0
     cell = cell.assign(value=[sign * damage(measure, v) for v in cell["value"]])
     present = [m for m in HIERARCHY if (cell.metric == m).any()]
@@ -68,7 +69,8 @@ def paired_comparisons(table, dataset: str, mode: str, rate: float, measure: str
 
 
 def hierarchy_verdict(table, dataset: str, mode: str, rate: float, measure: str,
-                      n_boot: int = 2000, level: float = 0.95, seed: int = 0, **setting) -> str:
+                      setting: dict | None = None, n_boot: int = 2000, level: float = 0.95,
+                      seed: int = 0) -> str:
     """The four hierarchy metrics ordered by faithfulness at one cell, and whether the
     paper's order holds, from a paired bootstrap of the per-sample differences (``table``:
     the rows of :func:`~cwlens.faithfulness.read_results`).
@@ -80,7 +82,7 @@ def hierarchy_verdict(table, dataset: str, mode: str, rate: float, measure: str,
     ``holds, with ties`` (the others identical), ``does not hold (a > b)`` (some pair
     resolved the other way round), else ``unresolved (a vs b, ...)``. For example
     ``"attn < vw = vwon < contrib: holds, with ties"``."""
-    pairs = paired_comparisons(table, dataset, mode, rate, measure, n_boot, level, seed, **setting)
+    pairs = paired_comparisons(table, dataset, mode, rate, measure, setting, n_boot, level, seed)
     present = [m for m in HIERARCHY if any(m in p for p in pairs)]
     if len(present) < 2:
         return "n/a"
@@ -213,7 +215,7 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
                      "differences, 95%: `<` resolved, `≈` interval contains 0, `=` identical):")
         lines.append("")
         for mode, rate in cols:
-            verdict = hierarchy_verdict(table, ds, mode, rate, meas, n_boot=n_boot, seed=seed, **setting)
+            verdict = hierarchy_verdict(table, ds, mode, rate, meas, setting, n_boot=n_boot, seed=seed)
             lines.append(f"- {mode} {rate:g}: {verdict}")
         lines.append("")
     return lines
@@ -245,7 +247,8 @@ def write_block(path, text: str) -> None:
     begin = _marker_line(old, START)
     end = _marker_line(old, END, begin + len(START)) if begin >= 0 else -1
     if begin >= 0 and end >= 0:
-        new = old[:begin] + block + old[end + len(END) :].lstrip("\n")
+        rest = old[end + len(END) :]
+        new = old[:begin] + block + (rest[1:] if rest.startswith("\n") else rest)
     else:
         new = old + ("\n" if old and not old.endswith("\n") else "") + block
     atomic_write_text(p, new)
