@@ -17,8 +17,8 @@ from cwlens.bootstrap import paired_bootstrap
 from cwlens.errors import CwlensError
 from cwlens.results_io import (
     LOCK_NAME,
-    ResultsLockedError,
     TEMP_PREFIX,
+    ResultsLockedError,
     atomic_write_text,
     complete_lines,
     holds_lock,
