@@ -272,3 +272,23 @@ def test_cli_help_and_report_only(tmp_path):
     main(["faithfulness", "--dataset", "gsm8k", "--out", str(tmp_path), "--report-only",
           "--figures", "", "--summary-md", str(md)])
     assert md.read_text() == text  # the block is replaced, not appended
+
+
+def test_shards_read_as_one_table_and_resume_across_them(tmp_path):
+    """Processes of a split run write their own shard files; readers and every writer's
+    resume see the file and its shards as one table (the layout issue 10 builds on)."""
+    path = tmp_path / "gsm8k.jsonl"
+    a = ResultsWriter(path, {"c": 1}, rows_per_sample=3, shard="0")
+    b = ResultsWriter(path, {"c": 1}, rows_per_sample=3, shard="1")
+    a.write_sample(rows("s0"))
+    b.write_sample(rows("s1"))
+    b.write_sample(rows("s0"))  # a sample computed twice (e.g. after a crash) counts once
+    assert not path.exists() and sorted(p.name for p in tmp_path.glob("*.jsonl")) == [
+        "gsm8k.shard-0.jsonl", "gsm8k.shard-1.jsonl"]
+    assert len(read_results(path)) == 6
+    assert ResultsWriter(path, {"c": 1}, rows_per_sample=3).done == {"s0", "s1"}
+    with open(tmp_path / "gsm8k.shard-1.jsonl", "a") as f:  # another shard's torn line
+        f.write('{"model": "m"')
+    assert ResultsWriter(path, {"c": 1}, rows_per_sample=3, shard="0").done == {"s0", "s1"}
+    assert ResultsWriter(path, {"c": 1}, rows_per_sample=3, resume=False).done == set()
+    assert not list(tmp_path.glob("gsm8k*.jsonl"))
