@@ -292,3 +292,18 @@ def test_shards_read_as_one_table_and_resume_across_them(tmp_path):
     assert ResultsWriter(path, {"c": 1}, rows_per_sample=3, shard="0").done == {"s0", "s1"}
     assert ResultsWriter(path, {"c": 1}, rows_per_sample=3, resume=False).done == set()
     assert not list(tmp_path.glob("gsm8k*.jsonl"))
+
+
+def test_a_partly_done_batch_is_recomputed_whole_and_only_its_missing_samples_written(tmp_path):
+    save_tiny("llama", tmp_path)
+    full = tmp_path / "full" / "gsm8k.jsonl"
+    run_here(tmp_path, full)
+    lines = full.read_text().splitlines()
+    ids = list(dict.fromkeys(json.loads(x)["sample_id"] for x in lines))
+    cut = tmp_path / "cut" / "gsm8k.jsonl"  # every sample but one: its batch mates are done
+    cut.parent.mkdir()
+    cut.write_text("".join(x + "\n" for x in lines if json.loads(x)["sample_id"] != ids[3]))
+    (cut.parent / "gsm8k.config.json").write_text((full.parent / "gsm8k.config.json").read_text())
+    run_here(tmp_path, cut)
+    assert len(cut.read_text().splitlines()) == len(lines)
+    pd.testing.assert_frame_equal(table(cut), table(full), check_exact=True)
