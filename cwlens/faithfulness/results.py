@@ -107,7 +107,9 @@ class ResultsWriter:
                     f"{', '.join(diff)}). Use another output path, or resume=False "
                     "(--no-resume) to start it afresh."
                 )
-        atomic_write_text(self.config_path, json.dumps(config, indent=1, sort_keys=True))
+        text = json.dumps(config, indent=1, sort_keys=True)
+        if not self.config_path.exists() or self.config_path.read_text() != text:
+            atomic_write_text(self.config_path, text)
         self.done = self._load_done()
 
     def _load_done(self) -> set[str]:
