@@ -187,8 +187,7 @@ def test_verdict_is_unresolved_where_the_paired_interval_contains_zero():
     rng = np.random.default_rng(0)
     base = rng.normal(100, 30, 30)
     data = []
-    for metric in (("attention", "value_weighted", "value_weighted_output_normalized",
-                                "contribution")):
+    for metric in ("attention", "value_weighted", "value_weighted_output_normalized", "contribution"):
         # vw and vwon identical (as at row scope); contrib far above; attn vs vw: noise
         noise = rng.normal(0, 20, 30) if metric == "attention" else np.zeros(30)
         noise -= noise.mean()
