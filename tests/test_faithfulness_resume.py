@@ -33,13 +33,20 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def start_script(tmp_path, out, delay):
+def start_script(tmp_path, out, delay, stderr=subprocess.DEVNULL, env=None):
     """The sweep in a subprocess (so that it can be SIGKILLed)."""
     script = tmp_path / "sweep.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
+           **(env or {})}
     args = [sys.executable, str(script), str(tmp_path / "tiny-lm"), str(out), str(delay)]
-    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+
+
+def done_samples(path) -> int:
+    if not path.exists():
+        return 0
+    return len({json.loads(x)["sample_id"] for x in path.read_text().splitlines() if x.endswith("}")})
 
 
 def run_here(tmp_path, out):
@@ -74,6 +81,58 @@ def test_resume_after_sigkill_gives_the_uninterrupted_table(tmp_path):
     pd.testing.assert_frame_equal(a, b, check_exact=True)
 
 
+def test_kill_at_random_points_then_rerun_gives_the_uninterrupted_table(tmp_path):
+    """kill -9 three times at random moments (the first inside the config save, via the
+    write-delay hook), each run resuming the last; the final table equals one run's."""
+    import random
+
+    save_tiny("llama", tmp_path)
+    killed = tmp_path / "runs" / "gsm8k.jsonl"
+    rng = random.Random(0)
+    proc = start_script(tmp_path, killed, 0.2, env={"CWLENS_TEST_WRITE_DELAY": "30"})
+    deadline = time.time() + 120
+    while not list(killed.parent.glob(".cwlens-tmp-*")) and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)  # during the atomic save of the config
+    proc.wait()
+    assert list(killed.parent.glob(".cwlens-tmp-*")) and done_samples(killed) == 0
+    for _ in range(2):
+        before = done_samples(killed)
+        proc = start_script(tmp_path, killed, 0.2)
+        deadline = time.time() + 120
+        while done_samples(killed) <= before and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.5))  # somewhere inside the next batch or sample
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert 1 <= done_samples(killed) < 8
+    run_here(tmp_path, killed)
+    assert not list(killed.parent.glob(".cwlens-tmp-*"))  # the stale temp file was cleaned
+    full = tmp_path / "full" / "gsm8k.jsonl"
+    run_here(tmp_path, full)
+    a, b = table(killed), table(full)
+    assert a.sample_id.nunique() == 8 and len(a) == len(b) == len(killed.read_text().splitlines())
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def test_a_second_run_on_the_same_folder_fails_fast_and_the_table_is_one_runs(tmp_path):
+    save_tiny("llama", tmp_path)
+    shared = tmp_path / "runs" / "gsm8k.jsonl"
+    first = start_script(tmp_path, shared, 3.0)  # slow enough to outlive the second's start
+    deadline = time.time() + 120
+    while done_samples(shared) < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    second = start_script(tmp_path, shared, 0.0, stderr=subprocess.PIPE)
+    _, err = second.communicate(timeout=120)
+    assert second.returncode != 0 and first.poll() is None  # refused while the first still runs
+    assert "ResultsLockedError" in err and f"in use by pid {first.pid}" in err
+    assert first.wait(timeout=300) == 0
+    full = tmp_path / "full" / "gsm8k.jsonl"
+    run_here(tmp_path, full)
+    pd.testing.assert_frame_equal(table(shared), table(full), check_exact=True)
+    assert len(shared.read_text().splitlines()) == len(full.read_text().splitlines())
+
+
 def rows(sid, n=3):
     return [{"model": "m", "dataset": "d", "metric": "attention", "mode": "comprehensiveness",
              "rate": 0.1, "scope": "row", "layers": "all", "sample_id": sid,
@@ -106,13 +165,92 @@ def test_summary_bootstrap_and_markdown():
                 data.append({"model": "m", "dataset": "toy", "metric": metric, "mode": mode,
                              "rate": 0.3, "scope": "row", "layers": "all", "sample_id": f"s{i}",
                              "measure": "delta_ppl", "value": 10 + sign * shift + 0.1 * i})
-    s = summarize(pd.DataFrame(data))
+    df = pd.DataFrame(data)
+    s = summarize(df)
     cell = s[(s.metric == "contribution") & (s["mode"] == "comprehensiveness")].iloc[0]
     assert cell["n"] == 20 and cell.ci_low < cell["mean"] < cell.ci_high
-    assert hierarchy_verdict(s, "toy", "comprehensiveness", 0.3, "delta_ppl").endswith("holds")
-    assert hierarchy_verdict(s, "toy", "sufficiency", 0.3, "delta_ppl") == "attn < vw < vwon < contrib: holds"
-    md = markdown_tables(s)
-    assert "| contrib |" in md and "comp 0.3" in md
+    assert hierarchy_verdict(df, "toy", "comprehensiveness", 0.3, "delta_ppl").endswith("holds")
+    assert hierarchy_verdict(df, "toy", "sufficiency", 0.3, "delta_ppl") == "attn < vw < vwon < contrib: holds"
+    md = markdown_tables(s, df)
+    assert "| contrib |" in md and "comp 0.3" in md and "paired bootstrap" in md
+    with pytest.raises(TypeError, match="per-sample"):
+        hierarchy_verdict(s, "toy", "sufficiency", 0.3, "delta_ppl")
+
+
+def test_verdict_is_unresolved_where_the_paired_interval_contains_zero():
+    """Point means in the paper's order, but per-sample differences that are noise: the
+    old verdict said "holds"; the paired bootstrap says "unresolved"."""
+    import numpy as np
+
+    from cwlens.faithfulness.report import hierarchy_verdict
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(100, 30, 30)
+    data = []
+    for metric in ("attention", "value_weighted", "value_weighted_output_normalized", "contribution"):
+        # vw and vwon identical (as at row scope); contrib far above; attn vs vw: noise
+        noise = rng.normal(0, 20, 30) if metric == "attention" else np.zeros(30)
+        noise -= noise.mean()
+        shift = {"attention": -2.0, "value_weighted": 0.0, "value_weighted_output_normalized": 0.0,
+                 "contribution": 50.0}[metric]
+        values = base + shift + noise
+        data += [{"dataset": "toy", "metric": metric, "mode": "comprehensiveness", "rate": 0.3,
+                  "scope": "row", "layers": "all", "sample_id": f"s{i}", "measure": "delta_ppl",
+                  "value": float(v)} for i, v in enumerate(values)]
+    df = pd.DataFrame(data)
+    means = df.groupby("metric")["value"].mean()
+    assert means["attention"] < means["value_weighted"] < means["contribution"]  # old: "holds"
+    verdict = hierarchy_verdict(df, "toy", "comprehensiveness", 0.3, "delta_ppl")
+    assert verdict == "attn ≈ vw = vwon < contrib: unresolved (attn vs vw); contribution best"
+    # a resolved reversal is named
+    df.loc[df.metric == "contribution", "value"] -= 200.0
+    assert hierarchy_verdict(df, "toy", "comprehensiveness", 0.3, "delta_ppl").endswith(
+        "does not hold (vwon > contrib)")
+
+
+def test_rows_are_deduplicated_and_settings_are_not_pooled(tmp_path):
+    from cwlens.cli.main import main
+    from cwlens.faithfulness import FaithfulnessConfig
+
+    path = tmp_path / "gsm8k.jsonl"
+    w = ResultsWriter(path, {}, rows_per_sample=1)
+    for sid, v in (("a", 1.0), ("b", 3.0)):
+        w.write_sample([{**rows(sid, 1)[0], "dataset": "gsm8k", "measure": "delta_ppl", "value": v}])
+    copy = tmp_path / "copy" / "gsm8k.jsonl"  # a second run's file with the same rows
+    copy.parent.mkdir()
+    copy.write_text(path.read_text())
+    assert len(read_results([path, path])) == 2 and len(read_results([path, copy])) == 2
+    assert summarize(pd.concat([read_results(path)] * 2))["n"].tolist() == [2]
+    # another model's file is read beside it, not pooled with it
+    other = tmp_path / "other" / "gsm8k.jsonl"
+    other.parent.mkdir()
+    other.write_text(path.read_text().replace('"model": "m"', '"model": "m2"'))
+    s = summarize(read_results([path, other]))
+    assert sorted(s.model) == ["m", "m2"] and s["n"].tolist() == [2, 2]
+    # repeated list entries do not repeat conditions
+    cfg = FaithfulnessConfig(rates=(0.3, 0.3), metrics=("attention", "attention"), modes=("sufficiency",) * 2)
+    assert cfg.rates == (0.3,) and cfg.metrics == ("attention",) and len(cfg.conditions(2)) == 1
+    capsys_out = tmp_path / "doc.md"
+    assert main(["faithfulness", "--dataset", "gsm8k,gsm8k", "--out", str(tmp_path), "--report-only",
+                 "--figures", "", "--summary-md", str(capsys_out)]) == 0
+    assert "n = 2," in capsys_out.read_text()
+
+
+def test_summary_block_ends_at_the_first_end_marker_after_the_start(tmp_path):
+    from cwlens.faithfulness.report import END, START, write_block
+
+    md = tmp_path / "doc.md"
+    head = f"# Doc\n\nThe tables sit between\n{END}\nand its start marker (quoted here).\n\n"
+    tail = "\n## After\n\nkept\n"
+    md.write_text(head + f"{START}\nold\n{END}\n" + tail)
+    write_block(md, "new table")
+    assert md.read_text() == head + f"{START}\nnew table\n{END}\n" + tail
+    write_block(md, "newer")
+    assert md.read_text() == head + f"{START}\nnewer\n{END}\n" + tail
+    inline = tmp_path / "inline.md"  # markers quoted inside a line are not markers
+    inline.write_text(f"use `{START}` and `{END}`\n")
+    write_block(inline, "t")
+    assert inline.read_text() == f"use `{START}` and `{END}`\n{START}\nt\n{END}\n"
 
 
 def test_cli_help_and_report_only(tmp_path):
@@ -133,3 +271,38 @@ def test_cli_help_and_report_only(tmp_path):
     main(["faithfulness", "--dataset", "gsm8k", "--out", str(tmp_path), "--report-only",
           "--figures", "", "--summary-md", str(md)])
     assert md.read_text() == text  # the block is replaced, not appended
+
+
+def test_shards_read_as_one_table_and_resume_across_them(tmp_path):
+    """Processes of a split run write their own shard files; readers and every writer's
+    resume see the file and its shards as one table (the layout issue 10 builds on)."""
+    path = tmp_path / "gsm8k.jsonl"
+    a = ResultsWriter(path, {"c": 1}, rows_per_sample=3, shard="0")
+    b = ResultsWriter(path, {"c": 1}, rows_per_sample=3, shard="1")
+    a.write_sample(rows("s0"))
+    b.write_sample(rows("s1"))
+    b.write_sample(rows("s0"))  # a sample computed twice (e.g. after a crash) counts once
+    assert not path.exists() and sorted(p.name for p in tmp_path.glob("*.jsonl")) == [
+        "gsm8k.shard-0.jsonl", "gsm8k.shard-1.jsonl"]
+    assert len(read_results(path)) == 6
+    assert ResultsWriter(path, {"c": 1}, rows_per_sample=3).done == {"s0", "s1"}
+    with open(tmp_path / "gsm8k.shard-1.jsonl", "a") as f:  # another shard's torn line
+        f.write('{"model": "m"')
+    assert ResultsWriter(path, {"c": 1}, rows_per_sample=3, shard="0").done == {"s0", "s1"}
+    assert ResultsWriter(path, {"c": 1}, rows_per_sample=3, resume=False).done == set()
+    assert not list(tmp_path.glob("gsm8k*.jsonl"))
+
+
+def test_a_partly_done_batch_is_recomputed_whole_and_only_its_missing_samples_written(tmp_path):
+    save_tiny("llama", tmp_path)
+    full = tmp_path / "full" / "gsm8k.jsonl"
+    run_here(tmp_path, full)
+    lines = full.read_text().splitlines()
+    ids = list(dict.fromkeys(json.loads(x)["sample_id"] for x in lines))
+    cut = tmp_path / "cut" / "gsm8k.jsonl"  # every sample but one: its batch mates are done
+    cut.parent.mkdir()
+    cut.write_text("".join(x + "\n" for x in lines if json.loads(x)["sample_id"] != ids[3]))
+    (cut.parent / "gsm8k.config.json").write_text((full.parent / "gsm8k.config.json").read_text())
+    run_here(tmp_path, cut)
+    assert len(cut.read_text().splitlines()) == len(lines)
+    pd.testing.assert_frame_equal(table(cut), table(full), check_exact=True)

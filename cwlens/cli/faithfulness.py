@@ -107,7 +107,7 @@ def _config(args):
 def run(args) -> int:
     from cwlens.datasets import available_datasets
 
-    datasets = _csv(args.dataset)
+    datasets = list(dict.fromkeys(_csv(args.dataset)))  # gsm8k,gsm8k runs it once
     known = {d.name: d for d in available_datasets()}
     for d in datasets:
         if d not in known:
@@ -115,14 +115,27 @@ def run(args) -> int:
     counts = _samples(args.samples, datasets)
     cfg = _config(args)
     out = Path(args.out)
-    paths = []
+    if args.report_only:
+        return report(_paths(out, datasets, args), args)
+    from cwlens.results_io import results_lock
+
+    with results_lock(out):  # one run per results folder, for the whole command
+        return _run(args, out, datasets, counts, cfg)
+
+
+def _paths(out, datasets, args) -> list[Path]:
+    return [out / f"{d}{f'_{s}shot' if (s := _shots(d, args)) else ''}.jsonl" for d in datasets]
+
+
+def _shots(dataset: str, args) -> int:
+    return args.num_fewshot if dataset == "mmlu" else 0
+
+
+def _run(args, out, datasets, counts, cfg) -> int:
+    paths = _paths(out, datasets, args)
     model = None
-    for d in datasets:
-        shots = args.num_fewshot if d == "mmlu" else 0
-        path = out / f"{d}{f'_{shots}shot' if shots else ''}.jsonl"
-        paths.append(path)
-        if args.report_only:
-            continue
+    for d, path in zip(datasets, paths, strict=True):
+        shots = _shots(d, args)
         if model is None:
             import cwlens
 
@@ -143,20 +156,24 @@ def report(paths, args) -> int:
     from cwlens.faithfulness import read_results, summarize
     from cwlens.faithfulness.report import main_measure, markdown_tables, write_block
 
-    summary = summarize(read_results(paths))
-    text = markdown_tables(summary)
+    table = read_results(paths)
+    summary = summarize(table)
+    text = markdown_tables(summary, table)
     print(text)
     for path in filter(None, (args.summary_md or "").split(",")):
         write_block(path, text)
         print(f"tables written to {path}")
     if args.figures:
+        from cwlens.faithfulness.report import setting_groups
         from cwlens.plotting import save_figure
         from cwlens.plotting.faithfulness import faithfulness_curves
 
         for ds in sorted(summary.dataset.unique()):
-            fig = faithfulness_curves(summary, ds, main_measure(summary, ds),
-                                      title=f"{ds} — {args.model} (value masking)")
-            written = save_figure(fig, Path(args.figures) / f"faithfulness_{ds}", png=not args.no_png)
-            print("figure:", ", ".join(map(str, written)))
+            for suffix, model, rows in setting_groups(summary, ds):
+                fig = faithfulness_curves(rows, ds, main_measure(summary, ds),
+                                          title=f"{ds} — {model or args.model} (value masking)")
+                written = save_figure(fig, Path(args.figures) / f"faithfulness_{ds}{suffix}",
+                                      png=not args.no_png)
+                print("figure:", ", ".join(map(str, written)))
     return 0
 

@@ -14,7 +14,9 @@ def register(sub) -> None:
         "cosines of the sink's projected value with the tail's values and the head output; "
         "the sink-rate sweep with its closed form, s* and the actual rate; and Delta-PPL, "
         "head-output norms and cone cosines when the sink's value is scaled (with a random "
-        "non-sink position as control). The sink is the first real token of each text.",
+        "non-sink position as control). The sink is the first real token of each text. Each batch "
+        "is saved in <out>/raw as it finishes: rerun the same command to resume after an "
+        "interruption; the tables are then written (atomically) from the saved batches.",
     )
     add_model_args(p)
     p.add_argument("--dataset", default="gsm8k",
@@ -32,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
     p.add_argument("--plot-only", action="store_true",
                    help="redraw the figures from the tables already in --out")
+    p.add_argument("--no-resume", action="store_true",
+                   help="start afresh (default: each batch is saved in --out/raw as it finishes, "
+                   "and rerunning the same command computes only the missing batches)")
     p.set_defaults(func=run)
 
 
@@ -49,6 +54,19 @@ def model_label(name: str) -> str:
 
 
 def run(args) -> int:
+    from pathlib import Path
+
+    from cwlens.results_io import results_lock
+    from cwlens.sinks import run as sink_run
+
+    if args.plot_only and not Path(args.out).is_dir():
+        raise sink_run.SinkResultsError(
+            f"--plot-only: no results folder {args.out}; run `cwlens sinks` without --plot-only first.")
+    with results_lock(args.out):  # one run per results folder
+        return _run(args)
+
+
+def _run(args) -> int:
     from cwlens.sinks import run as sink_run
 
     label = model_label(args.model)
@@ -60,17 +78,17 @@ def run(args) -> int:
 
         model = cwlens.load_model(args.model, device=args.device)
         samples = []
-        for name in args.dataset.split(","):
-            samples += load_dataset(name.strip(), n=args.samples)
+        for name in dict.fromkeys(n.strip() for n in args.dataset.split(",") if n.strip()):
+            samples += load_dataset(name, n=args.samples)
         scales = tuple(float(s) for s in args.scales.split(",") if s.strip())
         print(f"cwlens sinks: {args.model} on {len(samples)} texts of {args.dataset} "
               f"(first {args.max_tokens} tokens each)")
-        tables = sink_run.analyse(
-            model, samples, max_tokens=args.max_tokens, batch_size=args.batch_size,
+        tables = sink_run.run_to_folder(
+            model, samples, args.out, max_tokens=args.max_tokens, batch_size=args.batch_size,
             scales=scales, eps=args.eps, intervention=not args.no_intervention, seed=args.seed,
+            resume=not args.no_resume, model_name=args.model,
         )
-        paths = sink_run.save_tables(tables, args.out)
-        print(f"wrote {len(paths)} tables to {args.out}/")
+        print(f"wrote {len(tables)} tables to {args.out}/")
     summary = sink_run.summarize(tables, args.eps)
     run_info = {"model": args.model, "model_label": label, "dataset": args.dataset,
                 "max_tokens": args.max_tokens}

@@ -27,38 +27,99 @@ def damage(measure: str, value: float) -> float:
     return value if measure in ("delta_ppl", "ppl", "nll") else -value
 
 
-def hierarchy_verdict(summary, dataset: str, mode: str, rate: float, measure: str) -> str:
-    """Order of the four hierarchy metrics by faithfulness at one cell, e.g.
-    ``"attn < vw = vwon < contrib: holds"``."""
-    cell = summary[(summary.dataset == dataset) & (summary["mode"] == mode)
-                   & (summary.rate == rate) & (summary.measure == measure)]
-    means = {m: float(cell.loc[cell.metric == m, "mean"].iloc[0])
-             for m in HIERARCHY if (cell.metric == m).any()}
-    if len(means) < 2:
+def _group_columns(frame) -> list[str]:
+    """Setting columns (and ``layers``) present in ``frame``: one table per value."""
+    from cwlens.faithfulness.results import SETTING
+
+    return [c for c in (*SETTING, "layers") if c in frame.columns and c != "dataset"]
+
+
+def _select(frame, **where):
+    """Rows of ``frame`` where each column equals the given value (None/NaN match NaN)."""
+    import pandas as pd
+
+    keep = pd.Series(True, index=frame.index)
+    for col, value in where.items():
+        if col not in frame.columns:
+            continue
+        if value is None or (isinstance(value, float) and value != value):
+            keep &= frame[col].isna()
+        else:
+            keep &= frame[col] == value
+    return frame[keep]
+
+
+def paired_comparisons(table, dataset: str, mode: str, rate: float, measure: str,
+                       setting: dict | None = None, n_boot: int = 2000, level: float = 0.95,
+                       seed: int = 0):
+    """``{(a, b): PairedDifference}`` of the faithfulness score of metric ``b`` minus that
+    of ``a`` (comprehensiveness: damage; sufficiency: minus damage), paired by sample, for
+    every pair of hierarchy metrics present at one cell. ``setting``: ``{column: value}``
+    that selects one run (model, scope, ...; see :data:`~cwlens.faithfulness.results.SETTING`)."""
+    from cwlens.bootstrap import paired_frame_difference
+
+    if "value" not in table.columns:
+        raise TypeError("paired comparisons need the per-sample rows (read_results), not a summary.")
+    cell = _select(table, dataset=dataset, mode=mode, rate=rate, measure=measure, **(setting or {}))
+    sign = 1.0 if mode == "comprehensiveness" else -1.0
+    cell = cell.assign(value=[sign * damage(measure, v) for v in cell["value"]])
+    present = [m for m in HIERARCHY if (cell.metric == m).any()]
+    return {(a, b): paired_frame_difference(cell, "metric", a, b, n_boot=n_boot, level=level, seed=seed)
+            for i, a in enumerate(present) for b in present[i + 1:]}
+
+
+def hierarchy_verdict(table, dataset: str, mode: str, rate: float, measure: str,
+                      setting: dict | None = None, n_boot: int = 2000, level: float = 0.95,
+                      seed: int = 0) -> str:
+    """The four hierarchy metrics ordered by faithfulness at one cell, and whether the
+    paper's order holds, from a paired bootstrap of the per-sample differences (``table``:
+    the rows of :func:`~cwlens.faithfulness.read_results`).
+
+    The chain lists the metrics by mean score; between neighbours ``<`` means the paired
+    95% interval of the difference excludes 0, ``≈`` that it contains 0, ``=`` that the
+    two are identical on every sample. The verdict, over the expected order's adjacent
+    pairs (attn < vw < vwon < contrib): ``holds`` (every pair resolved in that order),
+    ``holds, with ties`` (the others identical), ``does not hold (a > b)`` (some pair
+    resolved the other way round), else ``unresolved (a vs b, ...)``. For example
+    ``"attn < vw = vwon < contrib: holds, with ties"``."""
+    pairs = paired_comparisons(table, dataset, mode, rate, measure, setting, n_boot, level, seed)
+    present = [m for m in HIERARCHY if any(m in p for p in pairs)]
+    if len(present) < 2:
         return "n/a"
-    # faithfulness score: comprehensiveness wants damage, sufficiency wants none
-    sign = 1 if mode == "comprehensiveness" else -1
-    score = {m: sign * damage(measure, v) for m, v in means.items()}
-    order = sorted(score, key=lambda m: (score[m], HIERARCHY.index(m)))
-    parts, prev = [], None
-    for m in order:
-        if prev is not None:
-            parts.append(" = " if abs(score[m] - score[prev]) < 1e-12 else " < ")
-        parts.append(SHORT[m])
-        prev = m
-    expected = [m for m in HIERARCHY if m in score]
-    pairs = list(zip(expected, expected[1:], strict=False))
-    contrib_best = "contribution" in score and all(
-        score["contribution"] > score[m] for m in score if m != "contribution")
-    if all(score[a] < score[b] for a, b in pairs):
-        verdict = "holds"
-    elif all(score[a] <= score[b] for a, b in pairs) and contrib_best:
+
+    def diff(a, b):  # b minus a
+        return pairs[(a, b)] if (a, b) in pairs else _negated(pairs[(b, a)])
+
+    order = sorted(present, key=lambda m: (sum(diff(o, m).mean for o in present if o != m),
+                                           HIERARCHY.index(m)))
+    parts = [SHORT[order[0]]]
+    for a, b in zip(order, order[1:], strict=False):
+        d = diff(a, b)
+        parts += [" = " if d.identical else " < " if d.sign > 0 else " ≈ ", SHORT[b]]
+    expected = list(zip(present, present[1:], strict=False))
+    signs = {(a, b): (0 if pairs[(a, b)].identical else pairs[(a, b)].sign, pairs[(a, b)].identical)
+             for a, b in expected}
+    reversed_ = [f"{SHORT[a]} > {SHORT[b]}" for (a, b), (s, _) in signs.items() if s < 0]
+    unresolved = [f"{SHORT[a]} vs {SHORT[b]}" for (a, b), (s, same) in signs.items()
+                  if s == 0 and not same]
+    if reversed_:
+        verdict = f"does not hold ({', '.join(reversed_)})"
+    elif unresolved:
+        verdict = f"unresolved ({', '.join(unresolved)})"
+    elif any(same for _, same in signs.values()):
         verdict = "holds, with ties"
-    elif contrib_best:
-        verdict = "contribution best, order of the baselines differs"
     else:
-        verdict = "does not hold"
+        verdict = "holds"
+    if not verdict.startswith("holds") and "contribution" in present and all(
+            diff(m, "contribution").sign > 0 for m in present if m != "contribution"):
+        verdict += "; contribution best"
     return "".join(parts) + f": {verdict}"
+
+
+def _negated(d):
+    from cwlens.bootstrap import PairedDifference
+
+    return PairedDifference(-d.mean, -d.high, -d.low, d.n, d.identical)
 
 
 def _fmt(row, measure) -> str:
@@ -68,58 +129,126 @@ def _fmt(row, measure) -> str:
     return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def markdown_tables(summary, datasets=None, measure: str | None = None) -> str:
-    """One markdown table per dataset: metric x (mode, rate), mean [95% CI], plus the
-    clean value and the hierarchy verdict per (mode, rate)."""
+def _groups(summary, dataset):
+    """``[(setting dict, rows)]``: one per distinct setting (and layer set) of ``dataset``."""
+    sub = summary[summary.dataset == dataset]
+    cols = _group_columns(sub)
+    cells = sub[sub["mode"] != "clean"]
+    if not cols or not len(cells):
+        return [({}, sub)]
+    out = []
+    for key, _ in cells.groupby(cols, sort=True, dropna=False):
+        setting = dict(zip(cols, key, strict=True))
+        clean_setting = {k: v for k, v in setting.items() if k != "layers"}
+        rows = _select(sub, **clean_setting)
+        rows = rows[(rows["mode"] == "clean") | (rows.get("layers") == setting.get("layers"))]
+        out.append((setting, rows))
+    return out
+
+
+def setting_groups(summary, dataset: str):
+    """``[(suffix, model, rows)]``, one per setting of ``dataset`` (layer sets stay
+    together): ``suffix`` is ``""`` when there is one setting, else ``"_<k>"``."""
+    sub = summary[summary.dataset == dataset]
+    cols = [c for c in _group_columns(sub) if c != "layers"]
+    if not cols:
+        return [("", "", sub)]
+    keys = list(sub[cols].drop_duplicates().itertuples(index=False, name=None))
+    out = []
+    for k, key in enumerate(keys):
+        setting = dict(zip(cols, key, strict=True))
+        suffix = "" if len(keys) == 1 else f"_{k}"
+        out.append((suffix, setting.get("model") or "", _select(sub, **setting)))
+    return out
+
+
+def _describe(setting: dict, varying: set) -> str:
+    return ", ".join(f"{k} = {setting[k]}" for k in setting if k in varying)
+
+
+def markdown_tables(summary, table=None, datasets=None, measure: str | None = None,
+                    n_boot: int = 2000, seed: int = 0) -> str:
+    """One markdown table per dataset (and per setting, where files of several models or
+    settings are read together): metric x (mode, rate), mean [95% CI], plus the clean
+    value and, with ``table`` (the per-sample rows), the hierarchy verdict per (mode,
+    rate) from a paired bootstrap (:func:`hierarchy_verdict`)."""
     lines = []
     for ds in datasets or sorted(summary.dataset.unique()):
         meas = measure or main_measure(summary, ds)
-        sub = summary[(summary.dataset == ds) & (summary.measure == meas)]
-        cells = sub[sub["mode"] != "clean"]
-        clean_measure = "ppl" if meas == "delta_ppl" else meas
-        clean = summary[(summary.dataset == ds) & (summary.measure == clean_measure)
-                        & (summary["mode"] == "clean")]
-        cols = sorted({(m, r) for m, r in zip(cells["mode"], cells.rate, strict=True)},
-                      key=lambda x: (x[0], x[1]))
-        unit = "accuracy, %" if meas in ("acc", "acc_norm") else meas
-        n = int(sub["n"].max()) if len(sub) else 0
-        scope = ", ".join(sorted(sub.scope.unique()))
-        lines.append(f"**{ds}** — {unit}, mean [95% bootstrap CI], n = {n}, scope = {scope}")
-        if len(clean):
-            lines.append(f"(clean {clean_measure}: {_fmt(clean.iloc[0], clean_measure)})")
-        lines.append("")
-        head = "| metric | " + " | ".join(
-            f"{'comp' if m == 'comprehensiveness' else 'suff'} {r:g}" for m, r in cols) + " |"
-        lines += [head, "|" + "---|" * (len(cols) + 1)]
-        for metric in [m for m in SHORT if m in set(cells.metric)]:
-            row = [SHORT[metric]]
-            for mode, rate in cols:
-                hit = cells[(cells.metric == metric) & (cells["mode"] == mode) & (cells.rate == rate)]
-                row.append(_fmt(hit.iloc[0], meas) if len(hit) else "")
-            lines.append("| " + " | ".join(row) + " |")
-        lines.append("")
-        lines.append("Hierarchy (least < most faithful):")
+        groups = _groups(summary, ds)
+        varying = {c for c in _group_columns(summary)
+                   if len({str(s.get(c)) for s, _ in groups}) > 1}
+        for setting, rows in groups:
+            lines += _one_table(ds, meas, setting, rows, table, varying, n_boot, seed)
+    return "\n".join(lines)
+
+
+def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[str]:
+    lines = []
+    sub = rows[rows.measure == meas]
+    cells = sub[sub["mode"] != "clean"]
+    clean_measure = "ppl" if meas == "delta_ppl" else meas
+    clean = rows[(rows.measure == clean_measure) & (rows["mode"] == "clean")]
+    cols = sorted({(m, r) for m, r in zip(cells["mode"], cells.rate, strict=True)},
+                  key=lambda x: (x[0], x[1]))
+    unit = "accuracy, %" if meas in ("acc", "acc_norm") else meas
+    n = int(sub["n"].max()) if len(sub) else 0
+    scope = ", ".join(sorted(map(str, sub.scope.unique())))
+    extra = _describe(setting, varying)
+    lines.append(f"**{ds}** — {unit}, mean [95% bootstrap CI], n = {n}, scope = {scope}"
+                 + (f", {extra}" if extra else ""))
+    if len(clean):
+        lines.append(f"(clean {clean_measure}: {_fmt(clean.iloc[0], clean_measure)})")
+    lines.append("")
+    head = "| metric | " + " | ".join(
+        f"{'comp' if m == 'comprehensiveness' else 'suff'} {r:g}" for m, r in cols) + " |"
+    lines += [head, "|" + "---|" * (len(cols) + 1)]
+    for metric in [m for m in SHORT if m in set(cells.metric)]:
+        row = [SHORT[metric]]
+        for mode, rate in cols:
+            hit = cells[(cells.metric == metric) & (cells["mode"] == mode) & (cells.rate == rate)]
+            row.append(_fmt(hit.iloc[0], meas) if len(hit) else "")
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    if table is not None:
+        lines.append("Hierarchy (least < most faithful; paired bootstrap of per-sample "
+                     "differences, 95%: `<` resolved, `≈` interval contains 0, `=` identical):")
         lines.append("")
         for mode, rate in cols:
-            lines.append(f"- {mode} {rate:g}: {hierarchy_verdict(summary, ds, mode, rate, meas)}")
+            verdict = hierarchy_verdict(table, ds, mode, rate, meas, setting, n_boot=n_boot, seed=seed)
+            lines.append(f"- {mode} {rate:g}: {verdict}")
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 START, END = "<!-- faithfulness-results:start -->", "<!-- faithfulness-results:end -->"
 
 
+def _marker_line(text: str, marker: str, start: int = 0) -> int:
+    """Index of the first line at or after ``start`` that is exactly ``marker`` (a marker
+    quoted inside other text is not one); -1 if none."""
+    import re
+
+    m = re.compile(rf"^{re.escape(marker)}[ \t]*$", re.M).search(text, start)
+    return m.start() if m else -1
+
+
 def write_block(path, text: str) -> None:
     """Replace the block between :data:`START` and :data:`END` in ``path`` (append it if
-    absent; create the file if needed)."""
+    absent; create the file if needed). Markers count only on lines of their own; the block
+    ends at the first end marker *after* the start marker. The file is replaced atomically."""
     from pathlib import Path
+
+    from cwlens.results_io import atomic_write_text
 
     p = Path(path)
     block = f"{START}\n{text.rstrip()}\n{END}\n"
-    old = p.read_text() if p.exists() else ""
-    if START in old and END in old:
-        new = old[: old.index(START)] + block + old[old.index(END) + len(END) :].lstrip("\n")
+    old = p.read_text(encoding="utf-8") if p.exists() else ""
+    begin = _marker_line(old, START)
+    end = _marker_line(old, END, begin + len(START)) if begin >= 0 else -1
+    if begin >= 0 and end >= 0:
+        rest = old[end + len(END) :]
+        new = old[:begin] + block + (rest[1:] if rest.startswith("\n") else rest)
     else:
         new = old + ("\n" if old and not old.endswith("\n") else "") + block
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(new)
+    atomic_write_text(p, new)

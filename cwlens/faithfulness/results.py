@@ -1,45 +1,72 @@
 """Tidy results on disk: one JSON line per (sample, condition, measure), appended as each
 sample finishes, so that an interrupted run resumes where it stopped.
 
-Columns (:data:`COLUMNS`): ``model, dataset, metric, mode, rate, scope, layers,
-sample_id, measure, value``. The clean run has ``metric="none", mode="clean",
-rate=0``. Measures: ``nll``, ``ppl``, ``delta_ppl`` (language modelling); ``acc``,
-``acc_norm``, ``gold_ll`` (multiple choice).
+Columns (:data:`COLUMNS`): the run's setting (:data:`SETTING`: ``model, dataset, scope,
+kind, renormalize, causal_only, mask_first_token, max_tokens, seed``), the condition
+(``metric, mode, rate, layers``), ``sample_id, measure, value``. The clean run has
+``metric="none", mode="clean", rate=0``. Measures: ``nll``, ``ppl``, ``delta_ppl``
+(language modelling); ``acc``, ``acc_norm``, ``gold_ll`` (multiple choice). Every column
+but ``value`` is the row's key (:data:`KEY`): reading de-duplicates by it (the first row
+read wins), so two runs, a rerun, or a file read twice never count a sample twice, and
+files of different models or settings are never pooled (:func:`summarize` groups by
+the setting).
 
-A sample's rows are written with one ``write`` and flushed to disk. On resume the file
-is cut back to its last complete line and samples with fewer rows than expected (a
-write cut by a kill) are dropped and recomputed. ``<name>.config.json`` beside the file
-holds the run's configuration; resuming with another configuration is refused.
+A sample's rows are written with one ``write``, flushed and fsynced
+(:func:`cwlens.results_io.append_text`). On resume the file is cut back to its last
+complete line and samples with fewer rows than expected (a write cut by a kill) are
+dropped (atomic rewrite) and recomputed. ``<name>.config.json`` beside the file holds the
+run's configuration; resuming with another configuration is refused.
+
+Shards (for runs split over processes): ``<name>.shard-<id>.jsonl`` beside ``<name>.jsonl``
+holds the rows one process wrote (``ResultsWriter(..., shard=id)``). Every reader and
+every writer's resume treat the main file and all its shards as one table.
 """
 
 import json
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from cwlens.bootstrap import bootstrap_ci  # noqa: F401  (public here since 0.1)
 from cwlens.errors import CwlensError
+from cwlens.results_io import append_text, atomic_write_text, complete_lines
 
-COLUMNS = (
-    "model", "dataset", "metric", "mode", "rate", "scope", "layers",
-    "sample_id", "measure", "value",
+SETTING = (
+    "model", "dataset", "scope", "kind", "renormalize", "causal_only", "mask_first_token",
+    "max_tokens", "seed",
 )
-CELL = ("dataset", "metric", "mode", "rate", "scope", "layers", "measure")
+COLUMNS = (*SETTING, "metric", "mode", "rate", "layers", "sample_id", "measure", "value")
+KEY = tuple(c for c in COLUMNS if c != "value")
+CELL = (*SETTING, "metric", "mode", "rate", "layers", "measure")
 
 
 class ConfigMismatchError(CwlensError, ValueError):
     """Resuming into a results file made with another configuration."""
 
 
-def _complete_lines(path: Path) -> list[str]:
-    """The file's complete lines; a torn last line (no newline) is cut off the file."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):
-        with open(path, "r+b") as f:
-            f.truncate(end)
-    return data[:end].decode("utf-8").splitlines()
+class ResultsFormatError(CwlensError, ValueError):
+    """A results file with a malformed line."""
+
+
+def result_files(path) -> list[Path]:
+    """``path`` and its shard files ``<stem>.shard-*.jsonl`` that exist, in a fixed order."""
+    path = Path(path)
+    shards = sorted(path.parent.glob(f"{path.stem}.shard-*{path.suffix}"))
+    return [p for p in [path, *shards] if p.exists()]
+
+
+def _parse(line: str, path: Path, number: int) -> dict:
+    try:
+        row = json.loads(line)
+    except ValueError as e:
+        raise ResultsFormatError(
+            f"{path}, line {number}: not a JSON row ({e}). The file was edited or corrupted; "
+            "delete that line (the sample is recomputed on the next run)."
+        ) from None
+    return row
+
+
+def _key(row: dict) -> tuple:
+    return tuple(json.dumps(row.get(c)) for c in KEY)
 
 
 class ResultsWriter:
@@ -48,93 +75,100 @@ class ResultsWriter:
     Args:
         path: the ``.jsonl`` file.
         config: a JSON-able dict describing the run; must match on resume.
-        rows_per_sample: how many rows a finished sample has.
-        resume: keep finished samples (default); False starts the file afresh.
+        rows_per_sample: how many rows (distinct keys) a finished sample has.
+        resume: keep finished samples (default); False starts the file (and its shards)
+            afresh.
+        shard: write to ``<stem>.shard-<shard>.jsonl`` instead of ``path`` (one writer per
+            process of a split run); finished samples are read from all of them.
+
+    Call it under :func:`cwlens.results_io.results_lock` on the folder (as
+    :func:`~cwlens.faithfulness.run_faithfulness` does): it repairs its own file on open.
     """
 
-    def __init__(self, path, config: dict, rows_per_sample: int, resume: bool = True):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.config_path = self.path.with_suffix(".config.json")
+    def __init__(self, path, config: dict, rows_per_sample: int, resume: bool = True,
+                 shard: str | None = None):
+        self.main = Path(path)
+        self.main.parent.mkdir(parents=True, exist_ok=True)
+        self.path = self.main if shard is None else self.main.with_name(
+            f"{self.main.stem}.shard-{shard}{self.main.suffix}")
+        self.config_path = self.main.with_suffix(".config.json")
         self.rows_per_sample = rows_per_sample
         config = json.loads(json.dumps(config))
-        if self.path.exists() and not resume:
-            self.path.unlink()
-        elif self.path.exists():
+        existing = result_files(self.main)
+        if existing and not resume:
+            for p in existing:
+                p.unlink()
+        elif existing:
             old = json.loads(self.config_path.read_text()) if self.config_path.exists() else {}
             if old != config:
                 diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
                 raise ConfigMismatchError(
-                    f"{self.path} was written with another configuration (differs in "
+                    f"{self.main} was written with another configuration (differs in "
                     f"{', '.join(diff)}). Use another output path, or resume=False "
                     "(--no-resume) to start it afresh."
                 )
-        self.config_path.write_text(json.dumps(config, indent=1, sort_keys=True))
+        text = json.dumps(config, indent=1, sort_keys=True)
+        if not self.config_path.exists() or self.config_path.read_text() != text:
+            atomic_write_text(self.config_path, text)
         self.done = self._load_done()
 
     def _load_done(self) -> set[str]:
-        lines = _complete_lines(self.path)
-        counts: dict[str, int] = {}
-        for line in lines:
-            sid = json.loads(line)["sample_id"]
-            counts[sid] = counts.get(sid, 0) + 1
-        done = {s for s, c in counts.items() if c == self.rows_per_sample}
-        if len(done) != len(counts):  # a sample cut mid-write: drop its rows
-            kept = [ln for ln in lines if json.loads(ln)["sample_id"] in done]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
+        own = complete_lines(self.path, repair=True)
+        keys: dict[str, set] = {}
+        for p in result_files(self.main):
+            lines = own if p == self.path else complete_lines(p)
+            for i, line in enumerate(lines, 1):
+                row = _parse(line, p, i)
+                keys.setdefault(row["sample_id"], set()).add(_key(row))
+        done = {s for s, k in keys.items() if len(k) >= self.rows_per_sample}
+        kept = [ln for ln in own if json.loads(ln)["sample_id"] in done]
+        if len(kept) != len(own):  # a sample cut mid-write: drop its rows
+            atomic_write_text(self.path, "".join(ln + "\n" for ln in kept))
         return done
 
     def write_sample(self, rows: Sequence[dict]) -> None:
         """All rows of one finished sample, in one write, flushed and fsynced."""
         if len(rows) != self.rows_per_sample:
             raise ValueError(f"expected {self.rows_per_sample} rows, got {len(rows)}")
-        text = "".join(json.dumps({c: r[c] for c in COLUMNS}) + "\n" for r in rows)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        append_text(self.path, "".join(json.dumps({c: r.get(c) for c in COLUMNS}) + "\n" for r in rows))
         self.done.add(rows[0]["sample_id"])
 
 
 def read_results(paths: str | Path | Iterable[str | Path]):
-    """A pandas DataFrame of every complete row in one or more ``.jsonl`` files."""
+    """A pandas DataFrame of every complete row in one or more ``.jsonl`` files (each with
+    its shards), de-duplicated by :data:`KEY` (the first row read wins). Files without
+    the newer setting columns read them as missing."""
     import pandas as pd
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    rows = []
-    for p in paths:
-        p = Path(p)
-        if not p.exists():
+    rows, seen = [], set()
+    for p in dict.fromkeys(Path(x).resolve() for x in paths):
+        files = result_files(p)
+        if not files:
             raise FileNotFoundError(f"No results file {p}.")
-        data = p.read_text(encoding="utf-8")
-        lines = data.splitlines()
-        if data and not data.endswith("\n"):
-            lines = lines[:-1]  # torn last line of a killed run
-        rows += [json.loads(ln) for ln in lines if ln.strip()]
+        for f in files:
+            for i, line in enumerate(complete_lines(f), 1):  # a torn last line is ignored
+                row = _parse(line, f, i)
+                k = _key(row)
+                if k not in seen:
+                    seen.add(k)
+                    rows.append(row)
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def bootstrap_ci(values, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
-    """``(low, high)`` percentile bootstrap interval of the mean."""
-    import numpy as np
-
-    x = np.asarray(values, dtype=float)
-    if len(x) < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(1)
-    a = (1 - level) / 2
-    return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
-
-
 def summarize(df, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
-    """Mean and bootstrap CI per cell (dataset, metric, mode, rate, scope, layers, measure)."""
+    """Mean and bootstrap CI per cell (:data:`CELL`: the setting, the condition and the
+    measure), over the de-duplicated rows."""
     import pandas as pd
 
+    df = df.drop_duplicates(subset=[c for c in KEY if c in df.columns])
+    for c in COLUMNS:
+        if c not in df.columns:
+            df = df.assign(**{c: None})
     out = []
     for key, group in df.groupby(list(CELL), sort=True, dropna=False):
-        values = group.sort_values("sample_id")["value"].to_numpy()
+        values = group.sort_values("sample_id")["value"].to_numpy(dtype=float)
         low, high = bootstrap_ci(values, n_boot, level, seed)
         out.append({**dict(zip(CELL, key, strict=True)), "n": len(values),
                     "mean": float(values.mean()), "ci_low": low, "ci_high": high})

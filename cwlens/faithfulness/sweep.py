@@ -40,6 +40,7 @@ from cwlens.faithfulness.ranking import (
 )
 from cwlens.faithfulness.results import ResultsWriter
 from cwlens.interventions.value_masking import run_masked
+from cwlens.results_io import results_lock
 from cwlens.streaming import stream_geometry
 
 
@@ -85,6 +86,11 @@ class FaithfulnessConfig:
     reuse: bool = True
 
     def __post_init__(self):
+        # repeated entries would repeat conditions and count every sample twice
+        for name in ("metrics", "rates", "modes", "layers"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(dict.fromkeys(value)))
         for m in self.metrics:
             check_option(m, RANKINGS, "metric")
         for m in self.modes:
@@ -349,6 +355,34 @@ def _rows(base, unit_id, results, conditions, u_pos):
     return rows
 
 
+def _sweep(model, units, cfg, conditions, base, writer, stats, progress, ds_name, on_sample):
+    """Every batch of the plan that has an unfinished sample: the whole batch is computed
+    (so each sample gets exactly the numbers of an uninterrupted run) and the rows of its
+    unfinished samples are appended, one sample at a time."""
+    batches = plan_batches(units, cfg.batch_tokens)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(units), initial=len(writer.done & {u.sample_id for u in units}),
+                   desc=f"{ds_name} ({len(conditions)} conditions)", unit="sample")
+    for batch in batches:
+        todo = [u for u in batch if units[u].sample_id not in writer.done]
+        if not todo:
+            continue
+        results = _batch_outputs(model, units, batch, cfg, conditions, stats)
+        stats.n_batches += 1
+        for pos, u in enumerate(batch):
+            if u in todo:
+                writer.write_sample(_rows(base, units[u].sample_id, results, conditions, pos))
+                if bar is not None:
+                    bar.update(1)
+                if on_sample is not None:
+                    on_sample(units[u].sample_id)
+    if bar is not None:
+        bar.close()
+
+
 def run_faithfulness(
     model,
     dataset,
@@ -380,6 +414,7 @@ def run_faithfulness(
     samples = load_dataset(dataset, n, num_fewshot=num_fewshot) if isinstance(dataset, str) else list(dataset)
     if not samples:
         raise ValueError("No samples to evaluate.")
+    samples = list({s.id: s for s in reversed(samples)}.values())[::-1]  # one per id, first kept
     is_choice = isinstance(samples[0], ChoiceItem)
     ds_name = samples[0].dataset + (f"_{num_fewshot}shot" if is_choice and num_fewshot else "")
     name = model_name or getattr(model.cfg, "model_name", None) or "model"
@@ -391,31 +426,20 @@ def run_faithfulness(
     units = _choice_units(model, samples) if is_choice else _text_units(model, samples, cfg.max_tokens)
     run_config = {"model": name, "dataset": ds_name, **asdict(cfg),
                   "samples": [u.sample_id for u in units]}
-    writer = ResultsWriter(out, run_config, n_rows, resume) if out else _MemoryWriter(n_rows)
-    base = {"model": name, "dataset": ds_name, "scope": cfg.scope}
+    base = {"model": name, "dataset": ds_name, "scope": cfg.scope, "kind": cfg.kind,
+            "renormalize": cfg.renormalize, "causal_only": cfg.causal_only,
+            "mask_first_token": cfg.mask_first_token, "max_tokens": cfg.max_tokens,
+            "seed": cfg.seed}
     stats = SweepStats()
-    batches = plan_batches(units, cfg.batch_tokens)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    if out:
+        from pathlib import Path
 
-        bar = tqdm(total=len(units), initial=len(writer.done & {u.sample_id for u in units}),
-                   desc=f"{ds_name} ({len(conditions)} conditions)", unit="sample")
-    for batch in batches:
-        todo = [u for u in batch if units[u].sample_id not in writer.done]
-        if not todo:
-            continue
-        results = _batch_outputs(model, units, batch, cfg, conditions, stats)
-        stats.n_batches += 1
-        for pos, u in enumerate(batch):
-            if u in todo:
-                writer.write_sample(_rows(base, units[u].sample_id, results, conditions, pos))
-                if bar is not None:
-                    bar.update(1)
-                if on_sample is not None:
-                    on_sample(units[u].sample_id)
-    if bar is not None:
-        bar.close()
+        with results_lock(Path(out).parent):
+            writer = ResultsWriter(out, run_config, n_rows, resume)
+            _sweep(model, units, cfg, conditions, base, writer, stats, progress, ds_name, on_sample)
+    else:
+        writer = _MemoryWriter(n_rows)
+        _sweep(model, units, cfg, conditions, base, writer, stats, progress, ds_name, on_sample)
     stats.wall_seconds = time.perf_counter() - t0
     if out:
         from cwlens.faithfulness.results import read_results

@@ -30,7 +30,7 @@ from cwlens.core.sinks import (
     random_non_sink_index,
 )
 from cwlens.interventions.sinks import applied, sink_value_hooks
-from cwlens.measures import run_with_cache
+from cwlens.streaming import stream_geometry
 
 
 def nll_per_row(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None):
@@ -47,13 +47,15 @@ def nll_per_row(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None)
 
 def head_measures(cache, model, attention_mask, sink_index, layers):
     """``{layer: (norm, cone, valid)}``, each ``[batch, head, query]``."""
-    out = {}
-    for ly in layers:
-        geo = adapter.geometry(cache, model, ly, attention_mask)
-        sg = SinkGeometry(geo, sink_index.to(geo.pattern.device))
-        after = query_after_sink(sg.sink_index, sg.n_query, sg.n_key, geo.position_mask)[:, None, :]
-        out[ly] = (geo.output_norm("intra"), sg.cone_cosine(), after.expand_as(sg.alpha0))
-    return out
+    return {ly: layer_head_measures(adapter.geometry(cache, model, ly, attention_mask), sink_index)
+            for ly in layers}
+
+
+def layer_head_measures(geo, sink_index):
+    """``(norm, cone, valid)`` of one layer's geometry, each ``[batch, head, query]``."""
+    sg = SinkGeometry(geo, sink_index.to(geo.pattern.device))
+    after = query_after_sink(sg.sink_index, sg.n_query, sg.n_key, geo.position_mask)[:, None, :]
+    return geo.output_norm("intra"), sg.cone_cosine(), after.expand_as(sg.alpha0)
 
 
 def sink_norm_intervention(
@@ -83,10 +85,12 @@ def sink_norm_intervention(
         targets["random"] = random_non_sink_index(sink, n, gen, position_mask=mask)
 
     def run(hooks):
+        # streamed: each layer's measures are taken while the (intervened) model runs
         with torch.no_grad(), applied(model, hooks):
-            logits, cache = run_with_cache(model, tokens, attention_mask=attention_mask)
+            logits, measures = stream_geometry(
+                model, tokens, lambda ly, geo: layer_head_measures(geo, sink), attention_mask=attention_mask)
         nll, cnt = nll_per_row(logits, tokens, attention_mask)
-        return nll.cpu(), cnt.cpu(), head_measures(cache, model, attention_mask, sink, all_layers)
+        return nll.cpu(), cnt.cpu(), dict(zip(all_layers, measures, strict=True))
 
     nll0, cnt0, clean = run([])
     ppl_rows = [(ids[i], "clean", 1.0, float(nll0[i]), int(cnt0[i])) for i in range(b)]

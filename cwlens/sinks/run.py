@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from cwlens.errors import CwlensError
+from cwlens.results_io import atomic_write, atomic_write_text, results_lock
 from cwlens.sinks import alignment, norm_intervention, observed, statistics, sweep
 
 TABLES = {
@@ -44,6 +46,71 @@ def batches(model, samples, max_tokens: int, batch_size: int):
     return out
 
 
+RAW_PARTS = ("stats", "alignment", "histograms", "sweep", "curves", "observed", "ppl", "norm")
+RAW_DIR = "raw"  # <out>/raw/batch-00000.json: one file per finished batch
+MANIFEST = "tables.json"  # written after every table: {file name: sha256}
+
+
+class SinkResultsError(CwlensError, ValueError):
+    """A sinks results folder that is incomplete, corrupt, or from another configuration."""
+
+
+def analyse_batch(model, bi: int, ids, tokens, mask, scales=(0.0, 0.5), eps: float = statistics.EPS_GU,
+                  intervention: bool = True, seed: int = 0, swept_batches: int = 1) -> dict[str, pd.DataFrame]:
+    """The raw tables (:data:`RAW_PARTS`) of batch ``bi``: per-sample rows, and per-batch
+    histogram counts, mean curves and head measures (combined over batches by :func:`derive`).
+
+    One streamed forward pass: each layer's geometry is built once and every analysis reads
+    it while the model runs (no cache of every layer's pattern)."""
+    from cwlens import adapter
+    from cwlens.streaming import stream_geometry
+
+    causal = not adapter.is_encoder(model)
+    # the swept check (recomputing norms from the changed pattern) on the first batch;
+    # the closed form on all of them
+    _, per_layer = stream_geometry(
+        model, tokens,
+        lambda ly, geo: _layer_tables(geo, ly, mask, ids, eps, bi < swept_batches, causal),
+        attention_mask=mask,
+    )
+    parts = {k: pd.concat([t[k] for t in per_layer], ignore_index=True) for k in per_layer[0]}
+    if intervention:
+        parts["ppl"], parts["norm"] = norm_intervention.sink_norm_intervention(
+            model, tokens, mask, scales=scales, seed=seed + bi, sample_ids=ids
+        )
+    return parts
+
+
+def _check_model(model, intervention: bool) -> None:
+    """Fail before any compute, not at the first intervention."""
+    if intervention:
+        from cwlens import adapter
+
+        adapter.require_next_token_model(
+            model, "The sink-norm intervention",
+            "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
+        )
+
+
+def derive(parts: dict[str, list[pd.DataFrame]], eps: float = statistics.EPS_GU) -> dict[str, pd.DataFrame]:
+    """All tables of :data:`TABLES` from the raw tables of every batch, in batch order."""
+    t = {k: pd.concat(v, ignore_index=True) for k, v in parts.items() if v}
+    t["heads"] = statistics.head_summary(t["stats"], eps)
+    t["layers"] = statistics.layer_summary(t["stats"], eps)
+    t["histograms"] = t["histograms"].groupby(
+        ["layer", "measure", "bin_left", "bin_right"], as_index=False
+    )["count"].sum()
+    t["alignment_layers"] = alignment.histogram_summary(t["histograms"])
+    t["curves"] = sweep.curve_summary(t["curves"])
+    t["observed"] = observed.combine_bins(t["observed"])
+    t["observed_heads"] = observed.head_fits(t["observed"])
+    t["observed_layers"] = observed.layer_fits(t["observed"])
+    if "ppl" in t:
+        t["ppl_summary"] = norm_intervention.ppl_summary(t["ppl"])
+        t["norm"] = norm_intervention.head_summary(t["norm"])
+    return t
+
+
 def analyse(
     model,
     samples,
@@ -56,56 +123,128 @@ def analyse(
     progress: bool = True,
     swept_batches: int = 1,
 ) -> dict[str, pd.DataFrame]:
-    """All tables of :data:`TABLES` for ``samples`` (a list of ``TextSample``)."""
+    """All tables of :data:`TABLES` for ``samples`` (a list of ``TextSample``), in memory
+    (:func:`run_to_folder` does the same with a resumable store on disk)."""
     from tqdm.auto import tqdm
 
-    from cwlens.streaming import stream_geometry
-
-    if intervention:  # fail before any compute, not at the first intervention
-        from cwlens import adapter
-
-        adapter.require_next_token_model(
-            model, "The sink-norm intervention",
-            "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
-        )
-    parts: dict[str, list[pd.DataFrame]] = {k: [] for k in ("stats", "alignment", "histograms", "sweep", "curves", "ppl", "norm", "observed")}
-    from cwlens import adapter
-
-    causal = not adapter.is_encoder(model)
+    _check_model(model, intervention)
+    parts: dict[str, list[pd.DataFrame]] = {k: [] for k in RAW_PARTS}
     todo = batches(model, samples, max_tokens, batch_size)
     for bi, (ids, tokens, mask) in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
-        # one streamed pass: each layer's geometry is built once and all three analyses
-        # read it while the model runs (no cache of every layer's pattern)
-        _, per_layer = stream_geometry(
-            model, tokens,
-            lambda ly, geo, ids=ids, mask=mask, bi=bi: _layer_tables(
-                geo, ly, mask, ids, eps, bi < swept_batches, causal),
-            attention_mask=mask,
-        )
-        for tables in per_layer:
-            for key, frame in tables.items():
-                parts[key].append(frame)
-        if intervention:
-            ppl, heads = norm_intervention.sink_norm_intervention(
-                model, tokens, mask, scales=scales, seed=seed + bi, sample_ids=ids
-            )
-            parts["ppl"].append(ppl)
-            parts["norm"].append(heads)
-    t = {k: pd.concat(v, ignore_index=True) for k, v in parts.items() if v}
-    t["heads"] = statistics.head_summary(t["stats"], eps)
-    t["layers"] = statistics.layer_summary(t["stats"], eps)
-    t["histograms"] = t["histograms"].groupby(
-        ["layer", "measure", "bin_left", "bin_right"], as_index=False
-    )["count"].sum()
-    t["alignment_layers"] = alignment.histogram_summary(t["histograms"])
-    t["curves"] = sweep.curve_summary(t["curves"])
-    t["observed"] = observed.combine_bins(t["observed"])
-    t["observed_heads"] = observed.head_fits(t["observed"])
-    t["observed_layers"] = observed.layer_fits(t["observed"])
-    if intervention:
-        t["ppl_summary"] = norm_intervention.ppl_summary(t["ppl"])
-        t["norm"] = norm_intervention.head_summary(t["norm"])
-    return t
+        for k, v in analyse_batch(model, bi, ids, tokens, mask, scales, eps, intervention, seed,
+                                  swept_batches).items():
+            parts[k].append(v)
+    return derive(parts, eps)
+
+
+def _frame_to_json(df: pd.DataFrame) -> dict:
+    """Exact JSON form of a table: Python floats are written with repr (round trip)."""
+    return {"columns": list(df.columns), "dtypes": [str(d) for d in df.dtypes],
+            "data": [df[c].tolist() for c in df.columns]}
+
+
+def _frame_from_json(obj: dict) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(v, dtype=d) for c, d, v in
+                         zip(obj["columns"], obj["dtypes"], obj["data"], strict=True)})
+
+
+class RawStore:
+    """``<out>/raw/``: ``config.json`` and one ``batch-<k>.json`` per finished batch
+    (written atomically: a batch is done iff its file exists). Batches are fixed by the
+    configuration, so a resumed run computes exactly the numbers of an uninterrupted one.
+    Files of separate batches never collide, so processes can share the folder, each
+    taking its own batches."""
+
+    def __init__(self, out_dir, config: dict, resume: bool = True):
+        self.dir = Path(out_dir) / RAW_DIR
+        self.config = json.loads(json.dumps(config))
+        cfg_path = self.dir / "config.json"
+        if self.dir.exists() and not resume:
+            for p in self.dir.glob("*.json"):
+                p.unlink()
+        elif cfg_path.exists():
+            old = json.loads(cfg_path.read_text())
+            if old != self.config:
+                diff = sorted(k for k in set(old) | set(self.config) if old.get(k) != self.config.get(k))
+                raise SinkResultsError(
+                    f"{out_dir} holds a sinks run with another configuration (differs in "
+                    f"{', '.join(diff)}). Use another --out, or --no-resume to start it afresh.")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not cfg_path.exists() or json.loads(cfg_path.read_text()) != self.config:
+            atomic_write_text(cfg_path, json.dumps(self.config, indent=1, sort_keys=True))
+
+    def path(self, bi: int) -> Path:
+        return self.dir / f"batch-{bi:05d}.json"
+
+    def done(self, bi: int, ids) -> bool:
+        p = self.path(bi)
+        if not p.exists():
+            return False
+        try:
+            return json.loads(p.read_text())["ids"] == list(ids)
+        except (ValueError, KeyError):
+            return False  # unreadable: recompute it
+
+    def write(self, bi: int, ids, parts: dict[str, pd.DataFrame]) -> None:
+        obj = {"batch": bi, "ids": list(ids), "parts": {k: _frame_to_json(v) for k, v in parts.items()}}
+        atomic_write_text(self.path(bi), json.dumps(obj))
+
+    def load(self, n_batches: int) -> dict[str, list[pd.DataFrame]]:
+        parts: dict[str, list[pd.DataFrame]] = {k: [] for k in RAW_PARTS}
+        for bi in range(n_batches):
+            obj = json.loads(self.path(bi).read_text())
+            for k, v in obj["parts"].items():
+                parts[k].append(_frame_from_json(v))
+        return parts
+
+
+def run_to_folder(
+    model,
+    samples,
+    out_dir,
+    max_tokens: int = 128,
+    batch_size: int = 8,
+    scales=(0.0, 0.5),
+    eps: float = statistics.EPS_GU,
+    intervention: bool = True,
+    seed: int = 0,
+    progress: bool = True,
+    swept_batches: int = 1,
+    resume: bool = True,
+    model_name: str | None = None,
+    on_batch=None,
+) -> dict[str, pd.DataFrame]:
+    """:func:`analyse` with every batch saved as it finishes (:class:`RawStore`), resumed
+    on a rerun, and the derived tables written atomically from the store at the end
+    (:func:`save_tables`), all under the folder lock
+    (:func:`cwlens.results_io.results_lock`). ``on_batch(bi)`` runs after each saved batch."""
+    from tqdm.auto import tqdm
+
+    _check_model(model, intervention)
+    samples = list({s.id: s for s in reversed(samples)}.values())[::-1]  # one per id
+    todo = batches(model, samples, max_tokens, batch_size)
+    config = {"model": model_name or getattr(model.cfg, "model_name", "model"),
+              "samples": [s.id for s in samples], "max_tokens": max_tokens, "batch_size": batch_size,
+              "scales": [float(x) for x in scales], "eps": eps, "intervention": intervention,
+              "seed": seed, "swept_batches": swept_batches}
+    with results_lock(out_dir):
+        store = RawStore(out_dir, config, resume)
+        for bi, (ids, tokens, mask) in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
+            if store.done(bi, ids):
+                continue
+            store.write(bi, ids, analyse_batch(model, bi, ids, tokens, mask, scales, eps, intervention,
+                                               seed, swept_batches))
+            if on_batch is not None:
+                on_batch(bi)
+        tables = derive(store.load(len(todo)), eps)
+        save_tables(tables, out_dir)
+    return tables
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _layer_tables(geo, layer, mask, ids, eps, swept, causal=True) -> dict[str, pd.DataFrame]:
@@ -120,19 +259,54 @@ def _layer_tables(geo, layer, mask, ids, eps, swept, causal=True) -> dict[str, p
 
 
 def save_tables(tables: dict[str, pd.DataFrame], out_dir) -> list[Path]:
+    """Write every table atomically; ``tables.json`` (their checksums) is removed first and
+    written last, so a folder with a valid manifest holds one complete set of tables."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for name in (MANIFEST, "summary.json"):
+        (out / name).unlink(missing_ok=True)
     paths = []
     for key, name in TABLES.items():
         if key in tables:
-            tables[key].to_csv(out / name, index=False)
+            atomic_write(out / name, lambda tmp, df=tables[key]: df.to_csv(tmp, index=False))
             paths.append(out / name)
+    atomic_write_text(out / MANIFEST, json.dumps({p.name: _sha256(p) for p in paths}, indent=1))
     return paths
 
 
 def load_tables(out_dir) -> dict[str, pd.DataFrame]:
+    """The tables of a finished run; :class:`SinkResultsError` (what is wrong, and that
+    rerunning the same ``cwlens sinks`` command finishes it) if the folder holds no
+    complete, intact set."""
     out = Path(out_dir)
-    return {k: pd.read_csv(out / n) for k, n in TABLES.items() if (out / n).exists()}
+    rerun = ("Rerun the `cwlens sinks` command that wrote it (it resumes from the saved "
+             "batches and rewrites the tables), or point --out at a finished run.")
+    manifest = out / MANIFEST
+    if manifest.exists():
+        try:
+            sums = json.loads(manifest.read_text())
+        except ValueError:
+            raise SinkResultsError(f"{manifest} is corrupt. {rerun}") from None
+        bad = [n for n, h in sums.items() if not (out / n).exists() or _sha256(out / n) != h]
+        if bad:
+            raise SinkResultsError(f"{out}: tables {', '.join(bad)} are missing or changed since the "
+                                   f"run wrote them. {rerun}")
+        names = {k: n for k, n in TABLES.items() if n in sums}
+    elif (out / RAW_DIR).exists():
+        raise SinkResultsError(f"{out} holds an unfinished sinks run (no {MANIFEST}). {rerun}")
+    else:  # tables written before the manifest existed
+        names = {k: n for k, n in TABLES.items() if (out / n).exists()}
+    missing = [TABLES[k] for k in ("stats", "heads", "layers", "sweep", "curves", "histograms")
+               if k not in names]
+    if missing:
+        raise SinkResultsError(f"{out} has no sink tables {', '.join(missing)}. {rerun}")
+    tables = {}
+    for k, n in names.items():
+        try:
+            tables[k] = pd.read_csv(out / n)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+            raise SinkResultsError(f"{out / n} is empty or corrupt ({e}). {rerun}") from None
+    return tables
 
 
 def summarize(t: dict[str, pd.DataFrame], eps: float = statistics.EPS_GU) -> dict:
@@ -201,9 +375,7 @@ def read_run_info(out_dir) -> dict:
 
 
 def write_summary(summary: dict, out_dir) -> Path:
-    path = Path(out_dir) / "summary.json"
-    path.write_text(json.dumps(summary, indent=2))
-    return path
+    return atomic_write_text(Path(out_dir) / "summary.json", json.dumps(summary, indent=2))
 
 
 def format_summary(s: dict) -> str:

@@ -1,0 +1,190 @@
+"""Results on disk that survive kills and concurrent runs.
+
+Four primitives, used by ``cwlens faithfulness`` and ``cwlens sinks``:
+
+- :func:`results_lock`: one run per results folder. The lock is an ``flock`` on
+  ``<folder>/.cwlens.lock``, which the kernel releases when the holder dies (kill -9
+  included), so a lock left by a dead run is simply taken over. The file records the
+  holder's pid, host, start time and command, and a second run fails at once with a
+  :class:`ResultsLockedError` that names them. Re-entrant within one process.
+- :func:`atomic_write_text` / :func:`atomic_write`: a table is written to a temporary file
+  in the same folder, flushed, fsynced and renamed over the target (``os.replace``,
+  atomic on POSIX): a reader sees the old file or the new one, never a mix or 0 bytes.
+- :func:`append_text`: appends one record (e.g. one sample's rows) with one ``write``,
+  then ``flush`` + ``fsync``; readers ignore a torn last line (:func:`complete_lines`).
+- :func:`clean_stale_temps`: removes the temporary files a killed writer left behind
+  (called under the lock, so none of them belongs to a live writer).
+
+Test hook: ``CWLENS_TEST_WRITE_DELAY=<seconds>`` sleeps between writing a temporary file
+and renaming it, so that tests can kill a run in the middle of a save.
+"""
+
+import errno
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+from cwlens.errors import CwlensError
+
+LOCK_NAME = ".cwlens.lock"
+TEMP_PREFIX = ".cwlens-tmp-"
+
+
+class ResultsLockedError(CwlensError, RuntimeError):
+    """Another live run holds the results folder."""
+
+
+_held: dict[str, list] = {}  # realpath of the folder -> [fd, depth] (re-entrant lock)
+
+
+def _holder_text(lock_path: Path) -> str:
+    try:
+        info = json.loads(lock_path.read_text() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "another process"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started", 0)))
+    return (f"pid {info.get('pid')} on {info.get('host')} (started {started}: "
+            f"{info.get('command', '?')})")
+
+
+@contextmanager
+def results_lock(folder, what: str | None = None):
+    """Hold the results folder for this run (see the module docstring).
+
+    Raises:
+        ResultsLockedError: another live process holds it; the message names that
+            process and says how to proceed.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(folder)
+    if key in _held:  # this process holds it already
+        _held[key][1] += 1
+        try:
+            yield
+        finally:
+            _held[key][1] -= 1
+        return
+    lock_path = folder / LOCK_NAME
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        yield  # a read-only folder: nobody can write results there, so nothing to guard
+        return
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # no flock (Windows): run unlocked rather than refuse
+        pass
+    except BlockingIOError:
+        os.close(fd)
+        raise ResultsLockedError(
+            f"{folder} is in use by {_holder_text(lock_path)}. Wait for that run to finish "
+            "(rerunning the same command afterwards resumes and computes only what is "
+            "missing), or pass another --out."
+        ) from None
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+            "command": what or " ".join(sys.argv)}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    _held[key] = [fd, 1]
+    try:
+        clean_stale_temps(folder)
+        yield
+    finally:
+        del _held[key]
+        os.close(fd)  # releases the flock; the file stays (unlinking it would race)
+
+
+def holds_lock(folder) -> bool:
+    """Whether this process holds :func:`results_lock` on ``folder``."""
+    return os.path.realpath(folder) in _held
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # not supported on every platform
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, write: Callable[[Path], None]) -> Path:
+    """Create ``path`` atomically: ``write(tmp)`` fills a temporary file beside it, which
+    is fsynced and renamed over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            f.flush()
+            os.fsync(f.fileno())
+        delay = float(os.environ.get("CWLENS_TEST_WRITE_DELAY", "0") or 0)
+        if delay:
+            time.sleep(delay)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path, text: str) -> Path:
+    """:func:`atomic_write` of a UTF-8 text."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def append_text(path, text: str) -> None:
+    """Append ``text`` with one write, then flush and fsync."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def complete_lines(path, repair: bool = False) -> list[str]:
+    """The complete (newline-terminated) lines of ``path``; ``[]`` if it does not exist.
+    ``repair=True`` cuts a torn last line off the file (only its writer may do that)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if repair and end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+    return [ln for ln in data[:end].decode("utf-8").splitlines() if ln.strip()]
+
+
+def clean_stale_temps(folder) -> list[Path]:
+    """Remove temporary files of :func:`atomic_write` left in ``folder`` (and its direct
+    subfolders) by a killed run. Call it only while holding :func:`results_lock`."""
+    removed = []
+    folder = Path(folder)
+    for p in [*folder.glob(f"{TEMP_PREFIX}*"), *folder.glob(f"*/{TEMP_PREFIX}*")]:
+        if p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
