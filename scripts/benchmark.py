@@ -11,8 +11,20 @@ and reports ratio = cwlens / forward, with the median of --repeats runs, and pea
 (CUDA: max allocated; CPU: peak RSS of a fresh subprocess per row, minus the process's
 RSS after loading the model).
 
+With ``--stream`` it times the streaming engine instead (``cwlens.stream_reduce``): every
+layer's contribution weights and the three baselines, computed inside the forward pass in
+query blocks and reduced to per-row top-8 and per-key column sums, against the plain
+forward pass at the same n (interleaved). ``peak_extra_mb`` is then the peak memory of
+the streamed pass minus that of the plain forward pass (CPU: each measured alone in a
+fresh subprocess, glibc's mmap threshold fixed so that freed blocks leave the RSS; CUDA:
+max allocated). ``--json`` prints one JSON line per n with the keys
+``n, forward_s, stream_s, ratio, peak_extra_mb``.
+
     python scripts/benchmark.py                      # SmolLM2-135M, n = 128 512 2048, CPU
+    python scripts/benchmark.py --stream --json --lengths 2048 8192 --repeats 1
     python scripts/benchmark.py --device cuda --model llama-3.1-8b --lengths 512 2048
+    python scripts/benchmark.py --stream --json --device cuda --dtype bfloat16 \
+        --random-config llama-3.1-8b --lengths 2048 8192 32768     # random weights, no download
 """
 
 import argparse
@@ -57,13 +69,84 @@ def cwlens_pass(model, tokens, intra=False):
     return kept
 
 
+def random_tokens(model, n, device):
+    torch.manual_seed(0)
+    lo = min(100, model.cfg.d_vocab // 4)
+    return torch.randint(lo, model.cfg.d_vocab - lo, (1, n), device=device)
+
+
+STREAM_METRICS = ("contribution", "attention", "value_weighted", "value_weighted_output_normalized")
+
+
+def stream_pass(model, tokens, query_block=None):
+    """All-layer contribution + 3 baselines, streamed, reduced to top-8 and column sums."""
+    import cwlens
+    from cwlens import reducers
+
+    rs = [reducers.TopK(8, m) for m in STREAM_METRICS] + [reducers.ColumnSums(m) for m in STREAM_METRICS]
+    kw = {} if query_block is None else {"query_block": query_block}
+    return cwlens.stream_reduce(model, tokens, rs, **kw)
+
+
+def load(model_name, device, dtype, random_config):
+    import cwlens
+
+    if random_config is None:
+        return cwlens.load_model(model_name, device=device, dtype=dtype)
+    from cwlens.models.random_init import random_model
+
+    return random_model(random_config, device=device, dtype=dtype)
+
+
+def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_block=None):
+    model = load(model_name, device, dtype, random_config)
+    torch.manual_seed(0)
+    tokens = random_tokens(model, n, device)
+    times = {"forward": [], "stream": []}
+    with torch.no_grad():
+        if repeats > 1:  # warm-up (skipped for one-shot long runs)
+            model(tokens)
+            stream_pass(model, tokens, query_block)
+        for _ in range(repeats):
+            for name, fn in (("forward", lambda: model(tokens)),
+                             ("stream", lambda: stream_pass(model, tokens, query_block))):
+                sync(device)
+                t0 = time.perf_counter()
+                fn()
+                sync(device)
+                times[name].append(time.perf_counter() - t0)
+    fwd, st = statistics.median(times["forward"]), statistics.median(times["stream"])
+    return {"n": n, "forward_s": fwd, "stream_s": st, "ratio": st / fwd}
+
+
+def memory_row(model_name, device, n, dtype, what, random_config=None, query_block=None):
+    """Peak memory of one plain forward or one streamed pass, beyond the loaded model."""
+    model = load(model_name, device, dtype, random_config)
+    torch.manual_seed(0)
+    tokens = random_tokens(model, n, device)
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated() / 2**20
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        base = peak_rss_mb()
+    with torch.no_grad():
+        if what == "forward":
+            model(tokens)
+        else:
+            stream_pass(model, tokens, query_block)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb()
+    return {"n": n, "what": what, "peak_mb": peak - base}
+
+
 def one_row(model_name, device, n, repeats, dtype):
     import cwlens
 
     model = cwlens.load_model(model_name, device=device, dtype=dtype)
     base_rss = peak_rss_mb()
     torch.manual_seed(0)
-    tokens = torch.randint(100, model.cfg.d_vocab - 100, (1, n), device=device)
+    tokens = random_tokens(model, n, device)
     times = {"forward": [], "cwlens": [], "intra": []}
     with torch.no_grad():
         model(tokens)  # warm-up
@@ -91,6 +174,19 @@ def one_row(model_name, device, n, repeats, dtype):
             "ratio_with_intra": both / fwd, "peak_extra_mb": peak}
 
 
+def _sub(args, *extra, env=None) -> dict:
+    cmd = [sys.executable, __file__, "--model", args.model, "--device", args.device,
+           "--dtype", args.dtype, "--repeats", str(args.repeats), *extra]
+    if args.random_config:
+        cmd += ["--random-config", args.random_config]
+    if args.query_block:
+        cmd += ["--query-block", str(args.query_block)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"benchmark row failed ({' '.join(extra)}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -98,14 +194,33 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--stream", action="store_true", help="time the streaming engine (see above)")
+    ap.add_argument("--json", action="store_true", help="print one JSON line per n")
+    ap.add_argument("--query-block", type=int, default=None, help="stream_reduce's query_block")
+    ap.add_argument("--random-config", default=None,
+                    help="a model shape with random weights instead of --model (e.g. llama-3.1-8b)")
     ap.add_argument("--readme", help="also write the table into this markdown file, between "
-                    "<!-- benchmark:start --> and <!-- benchmark:end -->")
+                    "<!-- benchmark:start --> and <!-- benchmark:end --> (--stream: "
+                    "<!-- stream-benchmark:start --> ... end)")
     ap.add_argument("--row", type=int, help=argparse.SUPPRESS)  # internal: one row, JSON out
+    ap.add_argument("--stream-row", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--memory-row", nargs=2, help=argparse.SUPPRESS)  # n, forward|stream
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if args.row is not None:
         print(json.dumps(one_row(args.model, args.device, args.row, args.repeats, dtype)))
         return
+    if args.stream_row is not None:
+        print(json.dumps(stream_row(args.model, args.device, args.stream_row, args.repeats, dtype,
+                                    args.random_config, args.query_block)))
+        return
+    if args.memory_row is not None:
+        n, what = int(args.memory_row[0]), args.memory_row[1]
+        print(json.dumps(memory_row(args.model, args.device, n, dtype, what, args.random_config,
+                                    args.query_block)))
+        return
+    if args.stream:
+        return stream_main(args)
     print(f"model {args.model}, device {args.device}, dtype {args.dtype}, torch threads {torch.get_num_threads()}")
     print(f"{'n':>6} {'forward s':>10} {'cwlens s':>10} {'ratio':>7} {'+intra':>7} {'peak extra MB':>14}")
     md = [
@@ -113,10 +228,7 @@ def main():
         "|---|---|---|---|---|---|",
     ]
     for n in args.lengths:
-        cmd = [sys.executable, __file__, "--row", str(n), "--model", args.model,
-               "--device", args.device, "--dtype", args.dtype, "--repeats", str(args.repeats)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
+        r = _sub(args, "--row", str(n))
         print(
             f"{r['n']:>6} {r['forward_s']:>10.3f} {r['cwlens_s']:>10.3f} {r['ratio']:>7.2f} "
             f"{r['ratio_with_intra']:>7.2f} {r['peak_extra_mb']:>14.0f}"
@@ -129,19 +241,50 @@ def main():
         write_block(args.readme, "\n".join(md), args)
 
 
-def write_block(path, table: str, args) -> None:
+def stream_main(args) -> None:
+    import os
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # freed blocks leave the RSS
+    if not args.json:
+        print(f"model {args.random_config or args.model}, device {args.device}, dtype {args.dtype}, "
+              f"torch threads {torch.get_num_threads()}; streamed = contribution + 3 baselines "
+              "-> top-8 and column sums, every layer")
+        print(f"{'n':>6} {'forward s':>10} {'stream s':>10} {'ratio':>7} {'fwd peak MB':>12} {'peak extra MB':>14}")
+    md = ["| n | forward (s) | streamed (s) | ratio | forward peak (MB) | peak extra memory (MB) |",
+          "|---|---|---|---|---|---|"]
+    for n in args.lengths:
+        r = _sub(args, "--stream-row", str(n))
+        fwd = _sub(args, "--memory-row", str(n), "forward", env=env)["peak_mb"]
+        st = _sub(args, "--memory-row", str(n), "stream", env=env)["peak_mb"]
+        r["forward_peak_mb"] = round(fwd, 1)
+        r["peak_extra_mb"] = round(st - fwd, 1)
+        if args.json:
+            print(json.dumps({k: r[k] for k in ("n", "forward_s", "stream_s", "ratio", "peak_extra_mb")}
+                             | {"forward_peak_mb": r["forward_peak_mb"]}), flush=True)
+        else:
+            print(f"{n:>6} {r['forward_s']:>10.3f} {r['stream_s']:>10.3f} {r['ratio']:>7.2f} "
+                  f"{fwd:>12.0f} {st - fwd:>14.0f}", flush=True)
+        md.append(f"| {n} | {r['forward_s']:.2f} | {r['stream_s']:.2f} | {r['ratio']:.2f} | "
+                  f"{fwd:.0f} | {st - fwd:.0f} |")
+    if args.readme:
+        write_block(args.readme, "\n".join(md), args, marker="stream-benchmark")
+
+
+def write_block(path, table: str, args, marker: str = "benchmark") -> None:
     import platform
     from pathlib import Path
 
-    start, end = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
     text = Path(path).read_text(encoding="utf-8")
     if start not in text or end not in text:
         raise SystemExit(f"{path} has no {start} ... {end} block")
-    cmd = f"python scripts/benchmark.py --lengths {' '.join(map(str, args.lengths))} --readme {path}"
+    flags = " --stream --json" if args.stream else ""
+    flags += f" --repeats {args.repeats}" if args.repeats != 3 else ""
+    cmd = f"python scripts/benchmark.py{flags} --lengths {' '.join(map(str, args.lengths))} --readme {path}"
     block = (
         f"{start}\nMeasured with `{cmd}` ({args.model}, {args.device}, {args.dtype}, "
         f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; "
-        f"median of {args.repeats} interleaved runs):\n\n{table}\n{end}"
+        f"median of {args.repeats} interleaved run{'s' if args.repeats > 1 else ''}):\n\n{table}\n{end}"
     )
     Path(path).write_text(text[: text.index(start)] + block + text[text.index(end) + len(end):], encoding="utf-8")
 

@@ -84,24 +84,15 @@ def hooks_applied(model, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[ob
     once per model).
     """
     hook_dict = model.hook_dict
-    ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks if name in hook_dict))
-    added = []
-    try:
-        for name, fn in fwd_hooks:
-            if name not in hook_dict:
-                raise MissingHookError(
-                    f"The model has no hook point {name!r}; value masking needs "
-                    f"hook_pattern in every masked layer (layers 0..{model.cfg.n_layers - 1})."
-                )
-            point = hook_dict[name]
-            point.add_hook(fn, dir="fwd")
-            added.append((point, point.fwd_hooks[-1]))
+    for name, _ in fwd_hooks:
+        if name not in hook_dict:
+            raise MissingHookError(
+                f"The model has no hook point {name!r}; value masking needs "
+                f"hook_pattern in every masked layer (layers 0..{model.cfg.n_layers - 1})."
+            )
+    ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
+    with model.hooks(fwd_hooks=list(fwd_hooks)):  # TransformerLens removes exactly these on exit
         yield model
-    finally:
-        for point, handle in reversed(added):
-            handle.hook.remove()
-            if handle in point.fwd_hooks:
-                point.fwd_hooks.remove(handle)
 
 
 @contextmanager
