@@ -67,6 +67,15 @@ def _sink_figure(a: TextAnalysis):
     return fig
 
 
+def _text_block(a: TextAnalysis, fold_at: int = 1500) -> str:
+    """The analysed text; a long one is folded (click to show) so the figures come first."""
+    body = f'<p class="mono">{html.escape(a.text)}</p>'
+    if len(a.text) <= fold_at:
+        return body
+    return (f"<details><summary>{len(a.text):,} characters, {len(a.str_tokens):,} tokens "
+            f"(click to show)</summary>{body}</details>")
+
+
 def _table(headers, rows) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
@@ -160,7 +169,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} th{{background:#f
 <p>Contribution weights c<sub>ij</sub> = ⟨o<sub>i</sub>, α<sub>ij</sub>ṽ<sub>j</sub>⟩ / ‖o<sub>i</sub>‖² = attention × relative norm × cosine,
 with o<sub>i</sub> the layer's attention output (b<sub>O</sub> excluded): what each head moves, not only where it looks.
 Red adds along the output, blue opposes it.</p>
-<h2>Text</h2><p class="mono">{html.escape(a.text)}</p>
+<h2>Text</h2>{_text_block(a)}
 <h2>Summary</h2><p class="mono">{summary}</p>
 <h2>Attention sinks</h2>{fig_html[0]}
 {_table(["layer", "mean sink rate", "sink heads (>0.3)", "first-token contribution", "closure error"], sink_rows)}
