@@ -39,3 +39,8 @@ class ModelNotAvailableError(CwlensError, RuntimeError):
 
 class DatasetFormatError(CwlensError, ValueError):
     """A dataset file with a malformed line; the message names file and line."""
+
+
+class UnsupportedModelError(CwlensError, NotImplementedError):
+    """An analysis that needs a structure this model does not have (e.g. a pre-norm
+    residual stream); the message names what is missing and which models work."""
