@@ -36,6 +36,35 @@ def check_residual_model(model, what: str) -> ModelInfo:
     return info
 
 
+def check_residual_sum(cache, model, what: str, tolerance: float = 1e-3) -> None:
+    """Check, per layer, that the residual stream is the plain sum the circuit tools assume:
+    ``resid_mid - resid_pre = sum_h sum_j a_ij v~_j + b_O`` and ``next resid - resid_mid = mlp_out``
+    (relative error ``<= tolerance``). A norm after attention or after the MLP (Gemma-2/3)
+    or a post-norm block fails it."""
+    from cwlens import adapter
+
+    n = model.cfg.n_layers
+    for layer in range(n):
+        pre = adapter.read(cache, hook_names.resid_pre(layer), model).double()
+        mid = adapter.read(cache, hook_names.resid_mid(layer), model).double()
+        nxt = hook_names.resid_pre(layer + 1) if layer + 1 < n else hook_names.resid_post(layer)
+        post = adapter.read(cache, nxt, model).double()
+        heads = adapter.geometry(cache, model, layer).layer_output.double()
+        attn = heads + adapter.b_O(model, layer).double().to(heads.device)
+        mlp = adapter.read(cache, hook_names.mlp_out(layer), model).double()
+        parts = (("attention", "the heads' a_ij v~_j + b_O", mid - pre, attn),
+                 ("MLP", "hook_mlp_out", post - mid, mlp))
+        for part, hook, added, rebuilt in parts:
+            err = float((added - rebuilt).norm() / added.norm().clamp_min(1e-30))
+            if err > tolerance:
+                raise UnsupportedModelError(
+                    f"{what}: in layer {layer}, what the {part} block added to the residual "
+                    f"stream differs from {hook} "
+                    f"by {err:.1e} (relative). It needs pre-norm residual blocks without a norm "
+                    "after attention or MLP (Llama-, Mistral-, Qwen- or GPT-2-style models)."
+                )
+
+
 def circuit_names_filter(model) -> Callable[[str], bool]:
     """Hooks the circuit tools read: pattern and values of every layer, the residual
     stream before and after each attention, the MLP outputs and the final norm's scale."""

@@ -12,7 +12,7 @@ import torch
 
 from cwlens import adapter, hook_names
 from cwlens.circuits import direct_math
-from cwlens.circuits._model import check_residual_model, final_norm, unembed
+from cwlens.circuits._model import check_residual_model, check_residual_sum, final_norm, unembed
 from cwlens.circuits.results import HeadScores
 
 
@@ -82,6 +82,7 @@ def direct_logit_attribution(
             "answer logit minus the mean logit".
     """
     check_residual_model(model, "Direct logit attribution")
+    check_residual_sum(cache, model, "Direct logit attribution")
     n_layers = model.cfg.n_layers
     q = torch.as_tensor(list(queries), dtype=torch.long)
     W_U, b_U = unembed(model)
