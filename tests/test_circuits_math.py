@@ -29,6 +29,8 @@ def test_top_k_overlap_and_agreement():
     assert top_k_overlap(s.flat(), r.flat(), 2) == 0.5
     ag = agreement(s, r, k=2)
     assert ag.top_k_overlap == 0.5 and ag.n_heads == 4 and ag.spearman == pytest.approx(1 - 6 * 8 / (4 * 15))
+    # union of the top 2s: heads 0, 1 (score) and 0, 3 (patching) -> ranks (3,2,1) vs (3,1,2)
+    assert ag.spearman_top == pytest.approx(0.5)
     assert s.top(2) == [("L0H0", 4.0), ("L0H1", 3.0)]
     assert s.rank_of("L1H0") == 3
     df = s.to_dataframe()

@@ -112,11 +112,17 @@ def top_k_overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> float:
 
 @dataclass(frozen=True)
 class Agreement:
-    """How well ``score`` ranks the heads like ``reference`` (e.g. patching)."""
+    """How well ``score`` ranks the heads like ``reference`` (e.g. patching).
+
+    ``spearman`` is over all heads; most heads have effects near 0 whose order is noise,
+    so ``spearman_top`` is over the union of the two top-``k`` sets only (the heads either
+    ranking calls important).
+    """
 
     score: str
     reference: str
     spearman: float
+    spearman_top: float
     top_k_overlap: float
     k: int
     n_heads: int
@@ -133,4 +139,8 @@ def agreement(score: HeadScores, reference: HeadScores, k: int = 10) -> Agreemen
             f"{tuple(reference.values.shape)} [layer, head]; score the same model and layers."
         )
     a, b = score.flat(), reference.flat()
-    return Agreement(score.name, reference.name, spearman(a, b), top_k_overlap(a, b, k), k, a.numel())
+    k = min(k, a.numel())
+    union = sorted(set(torch.argsort(a, descending=True, stable=True)[:k].tolist())
+                   | set(torch.argsort(b, descending=True, stable=True)[:k].tolist()))
+    return Agreement(score.name, reference.name, spearman(a, b), spearman(a[union], b[union]),
+                     top_k_overlap(a, b, k), k, a.numel())
