@@ -66,3 +66,30 @@ def names_filter_for(layers: Iterable[int], closure: bool = False, **kw) -> Call
 
     return names_filter
 
+
+
+# -- the residual stream and the final norm (used by cwlens.circuits) --------------------
+def resid_pre(layer: int) -> str:
+    """The residual stream entering block ``layer`` ``[batch, pos, d_model]``."""
+    return f"blocks.{layer}.hook_resid_pre"
+
+
+def resid_mid(layer: int) -> str:
+    """The residual stream after block ``layer``'s attention, before its MLP."""
+    return f"blocks.{layer}.hook_resid_mid"
+
+
+def resid_post(layer: int) -> str:
+    """The residual stream leaving block ``layer``."""
+    return f"blocks.{layer}.hook_resid_post"
+
+
+def mlp_out(layer: int) -> str:
+    """What block ``layer``'s MLP writes into the residual stream."""
+    return f"blocks.{layer}.hook_mlp_out"
+
+
+def final_scale() -> str:
+    """The final norm's scale ``[batch, pos, 1]`` (RMS, or the standard deviation for
+    LayerNorm): ``ln_final.hook_normalized = centred(x) / scale``."""
+    return "ln_final.hook_scale"

@@ -1,0 +1,97 @@
+"""Token flow graph of one sequence from a cache (see :mod:`cwlens.circuits.flow_math`
+for the definition): composed flows, node importances and a pruned, NetworkX-free edge
+table. The plotly figure is :func:`cwlens.plotting.token_flow.token_flow_figure`.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from cwlens import adapter, hook_names
+from cwlens.circuits import flow_math
+from cwlens.circuits._model import check_residual_model, check_residual_sum
+
+
+@dataclass(frozen=True)
+class TokenFlow:
+    """Flows of one sequence, float64 on the CPU.
+
+    Attributes:
+        layer_flows: ``[layer, pos, pos]``, ``F_l``.
+        flows: ``[layer + 1, pos, pos]``: ``flows[l][i, j]`` = share of position ``i``'s
+            residual entering layer ``l`` that comes from input token ``j``.
+        resid_share, attn_share: ``[layer, pos]``, ``s^res`` and ``s^att``.
+        str_tokens: the token strings; rule: ``"signed"`` or ``"absolute"``.
+    """
+
+    layer_flows: torch.Tensor
+    flows: torch.Tensor
+    resid_share: torch.Tensor
+    attn_share: torch.Tensor
+    str_tokens: tuple = field(repr=False)
+    rule: str = "signed"
+
+    @property
+    def n_layers(self) -> int:
+        return self.layer_flows.shape[0]
+
+    def _target(self, target: int) -> int:
+        return target % self.layer_flows.shape[-1]
+
+    def input_attribution(self, target: int = -1) -> torch.Tensor:
+        """``[pos]``: how much of the final stream at ``target`` comes from each input token."""
+        return self.flows[-1][self._target(target)]
+
+    def node_importance(self, target: int = -1) -> torch.Tensor:
+        """``[layer + 1, pos]``: share of the final stream at ``target`` routed through each node."""
+        return flow_math.node_importance(self.layer_flows, self._target(target))
+
+    def edges(self, target: int = -1, threshold: float = 0.02, top: int | None = None) -> list[dict]:
+        """Edges ``(layer, from_pos) -> (layer + 1, to_pos)`` with ``|weight| >= threshold``
+        (strongest first; at most ``top``): dicts with ``layer, from_pos, to_pos, weight,
+        from_token, to_token``. Self edges (``from_pos == to_pos``) carry the residual share."""
+        w = flow_math.edge_weights(self.layer_flows, self._target(target))
+        keep = (w.abs() >= threshold).nonzero().tolist()
+        rows = [
+            {"layer": ly, "from_pos": j, "to_pos": i, "weight": float(w[ly, i, j]),
+             "from_token": self.str_tokens[j], "to_token": self.str_tokens[i]}
+            for ly, i, j in keep
+        ]
+        rows.sort(key=lambda r: -abs(r["weight"]))
+        return rows[:top] if top is not None else rows
+
+    def edges_dataframe(self, target: int = -1, threshold: float = 0.02, top: int | None = None):
+        import pandas as pd
+
+        cols = ["layer", "from_pos", "to_pos", "weight", "from_token", "to_token"]
+        return pd.DataFrame(self.edges(target, threshold, top), columns=cols)
+
+
+def token_flow(cache, model, batch: int = 0, rule: str = "signed", str_tokens=None,
+               closure_tolerance: float = 1e-3) -> TokenFlow:
+    """The token flow of sequence ``batch`` of a cache from :func:`cwlens.circuits.run_with_cache`.
+
+    Checks first that the residual stream is the plain sum of the blocks' outputs and that
+    what attention added (minus ``b_O``) is what the heads' ``a_ij v~_j`` terms rebuild
+    (relative error ``<= closure_tolerance``, :func:`~cwlens.circuits._model.check_residual_sum`);
+    otherwise the shares would not describe the contribution weights' output.
+    """
+    flow_math.check_rule(rule)
+    check_residual_model(model, "The token flow")
+    check_residual_sum(cache, model, "The token flow", closure_tolerance)
+    resid_share, attn_share, layer_flows = [], [], []
+    for layer in range(model.cfg.n_layers):
+        r = adapter.read(cache, hook_names.resid_pre(layer), model)[batch].double()
+        a = adapter.read(cache, hook_names.resid_mid(layer), model)[batch].double() - r
+        geo = adapter.geometry(cache, model, layer)
+        c = geo.contribution("inter")[batch].sum(0).double()  # [query, key]
+        s_res, s_att = flow_math.residual_shares(r, a, rule)
+        resid_share.append(s_res)
+        attn_share.append(s_att)
+        layer_flows.append(flow_math.layer_flow(r, a, c, rule))
+    layer_flows = torch.stack(layer_flows).cpu()
+    if str_tokens is None:
+        tokens = adapter.read(cache, hook_names.resid_pre(0), model).shape[1]
+        str_tokens = [str(i) for i in range(tokens)]
+    return TokenFlow(layer_flows, flow_math.compose(layer_flows), torch.stack(resid_share).cpu(),
+                     torch.stack(attn_share).cpu(), tuple(str_tokens), rule)

@@ -1,0 +1,103 @@
+"""Token flow: contribution weights composed through the residual stream (pure torch).
+
+Definition. Let ``r_i`` be position ``i``'s residual stream entering layer ``l``
+(``hook_resid_pre``), ``a_i`` what the attention block adds (``hook_resid_mid - hook_resid_pre``,
+so ``b_O`` included) and ``r'_i = r_i + a_i``. Two rules split ``r'_i`` into what it keeps
+from ``r_i`` and what attention brought:
+
+    rule="signed" (default)  s^res_i = <r'_i, r_i> / ||r'_i||^2,  s^att_i = <r'_i, a_i> / ||r'_i||^2
+                             (the projection shares; s^res + s^att = 1 exactly, either may
+                             be negative), and the attention share is spread over keys by
+                             the token-level inter-head contribution weights
+                             C_ij = sum_h c_ij^h (rows sum to 1; signed).
+    rule="absolute"          s^res, s^att proportional to |<r'_i, r_i>|, |<r'_i, a_i>| and
+                             C replaced by |C_ij| / sum_k |C_ik|: every factor is >= 0, so
+                             flows are proportions (rows are probability vectors).
+
+One layer's flow matrix is ``F_l = diag(s^res) + diag(s^att) C`` (``[pos, pos]``, lower
+triangular in a causal model): position ``i`` after attention is ``F_l[i, j]`` made of
+position ``j`` before it. The MLP is token-local: ``mlp(r'_i)`` is a function of ``r'_i``
+alone, so it inherits ``r'_i``'s composition (its flow matrix is the identity). ``b_O``
+belongs to no token: its part of ``a_i`` is spread with the same weights ``C_i``.
+
+Composing, ``flows[0] = I`` and ``flows[l+1] = F_l flows[l]``: ``flows[l][i, j]`` is how
+much of position ``i``'s residual stream entering layer ``l`` (``flows[n_layers]``: the
+final stream) comes from input token ``j``. Rows sum to 1 under both rules.
+
+Graph. For a target position ``t`` at the top, the importance of node ``(l, j)`` is
+``N_l = e_t F_{L-1} ... F_l`` (``N_L = e_t``; ``N_0 = flows[L][t]``), and the edge from
+``(l, j)`` to ``(l+1, i)`` has weight ``N_{l+1}[i] F_l[i, j]``. Each layer's edges sum to
+``sum_i N_{l+1}[i] = 1``.
+"""
+
+import torch
+
+from cwlens.errors import UnknownOptionError
+
+RULES = ("signed", "absolute")
+
+
+def check_rule(rule: str) -> str:
+    if rule not in RULES:
+        raise UnknownOptionError(
+            f"Unknown rule={rule!r}. Valid rules: 'signed' (projection shares, signed "
+            "contribution weights) or 'absolute' (absolute values renormalised to proportions)."
+        )
+    return rule
+
+
+def _safe(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    ok = den > 0
+    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def residual_shares(resid: torch.Tensor, attn: torch.Tensor, rule: str = "signed"):
+    """``(s_res, s_att)``, each ``[..., pos]``, from ``resid``/``attn`` ``[..., pos, d_model]``."""
+    new = resid + attn
+    dot_r, dot_a = (new * resid).sum(-1), (new * attn).sum(-1)
+    if check_rule(rule) == "signed":
+        norm = (new * new).sum(-1)
+        return _safe(dot_r, norm), _safe(dot_a, norm)
+    total = dot_r.abs() + dot_a.abs()
+    return _safe(dot_r.abs(), total), _safe(dot_a.abs(), total)
+
+
+def mixing_matrix(token_weights: torch.Tensor, rule: str = "signed") -> torch.Tensor:
+    """``C`` (signed) or ``|C| / rowsum |C|`` (absolute), ``[..., query_pos, key_pos]``."""
+    if check_rule(rule) == "signed":
+        return token_weights
+    a = token_weights.abs()
+    return _safe(a, a.sum(-1, keepdim=True))
+
+
+def layer_flow(resid, attn, token_weights, rule: str = "signed") -> torch.Tensor:
+    """``F_l = diag(s_res) + diag(s_att) C``: ``[..., pos, pos]``."""
+    s_res, s_att = residual_shares(resid, attn, rule)
+    mix = mixing_matrix(token_weights, rule)
+    return torch.diag_embed(s_res) + s_att[..., None] * mix
+
+
+def compose(layer_flows: torch.Tensor) -> torch.Tensor:
+    """``[layer, ..., pos, pos]`` -> ``[layer + 1, ..., pos, pos]`` with ``flows[0] = I``."""
+    n = layer_flows.shape[-1]
+    eye = torch.eye(n, dtype=layer_flows.dtype, device=layer_flows.device)
+    out = [eye.expand_as(layer_flows[0])]
+    for f in layer_flows:
+        out.append(f @ out[-1])
+    return torch.stack(out)
+
+
+def node_importance(layer_flows: torch.Tensor, target: int) -> torch.Tensor:
+    """``N``: ``[layer + 1, pos]`` for one sequence (``layer_flows``: ``[layer, pos, pos]``)."""
+    n_layers, n = layer_flows.shape[0], layer_flows.shape[-1]
+    nodes = [torch.zeros(n, dtype=layer_flows.dtype, device=layer_flows.device)]
+    nodes[0][target] = 1.0
+    for layer in range(n_layers - 1, -1, -1):
+        nodes.append(nodes[-1] @ layer_flows[layer])
+    return torch.stack(nodes[::-1])
+
+
+def edge_weights(layer_flows: torch.Tensor, target: int) -> torch.Tensor:
+    """``E[l, i, j] = N_{l+1}[i] F_l[i, j]``: ``[layer, to_pos, from_pos]``."""
+    nodes = node_importance(layer_flows, target)
+    return nodes[1:, :, None] * layer_flows

@@ -1,0 +1,92 @@
+"""Activation patching of single heads through ``hook_z`` (TransformerLens hooks).
+
+For head ``h`` of layer ``l`` the clean run is repeated with ``z^h`` (the head's mixed
+values, ``blocks.{l}.attn.hook_z``) replaced by
+
+    mode="corrupt"   its value on the corrupted prompts (same positions), or
+    mode="mean"      its mean over the clean batch at each position (mean ablation),
+
+and the effect is ``metric(clean) - metric(patched)``, averaged over the batch: positive
+where the head carries what the clean prompt needs. All heads of one layer are patched in
+one forward pass (the batch is repeated once per head), so a model costs ``n_layers``
+passes of ``n_heads x batch`` sequences. Hooks are applied with ``model.hooks(...)`` and
+removed on exit.
+"""
+
+from collections.abc import Callable
+
+import torch
+
+from cwlens import hook_names
+from cwlens.circuits.results import HeadScores
+from cwlens.errors import ShapeMismatchError, UnknownOptionError
+
+Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, vocab] -> [batch]
+MODES = ("corrupt", "mean")
+
+
+def replace_heads_hook(source: torch.Tensor, batch: int) -> Callable:
+    """A ``hook_z`` hook for a batch repeated once per head: in copy ``h`` (rows
+    ``h*batch .. (h+1)*batch``) head ``h``'s ``z`` is replaced by ``source[:, :, h]``."""
+
+    def replace_heads(z: torch.Tensor, hook) -> torch.Tensor:
+        z = z.clone()
+        n_heads = z.shape[2]
+        for h in range(n_heads):
+            rows = slice(h * batch, (h + 1) * batch)
+            z[rows, :, h] = source[:, :, h].to(z.dtype)
+        return z
+
+    return replace_heads
+
+
+def _z_of(model, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
+    names = {hook_names.z(layer) for layer in range(model.cfg.n_layers)}
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    return {layer: cache[hook_names.z(layer)] for layer in range(model.cfg.n_layers)}
+
+
+def patch_heads(
+    model,
+    clean: torch.Tensor,
+    metric: Metric,
+    corrupted: torch.Tensor | None = None,
+    mode: str = "corrupt",
+    layers=None,
+) -> HeadScores:
+    """Effect of patching each head's ``hook_z``: ``metric(clean) - metric(patched)``.
+
+    Args:
+        clean, corrupted: ``[batch, pos]`` tokens of equal shape (``corrupted`` is needed
+            for ``mode="corrupt"``).
+        metric: logits ``[batch, pos, d_vocab]`` -> ``[batch]`` (e.g. a logit difference).
+        layers: the layers to patch (default all); other layers get 0.
+    """
+    if mode not in MODES:
+        raise UnknownOptionError(f"Unknown patching mode={mode!r}. Valid modes: 'corrupt', 'mean'.")
+    if mode == "corrupt":
+        if corrupted is None or corrupted.shape != clean.shape:
+            got = None if corrupted is None else tuple(corrupted.shape)
+            raise ShapeMismatchError(
+                f"mode='corrupt' needs corrupted tokens shaped like the clean ones "
+                f"{tuple(clean.shape)}; got {got}. Pass corrupted=... or use mode='mean'."
+            )
+        sources = _z_of(model, corrupted)
+    else:
+        sources = {ly: z.mean(0, keepdim=True).expand_as(z) for ly, z in _z_of(model, clean).items()}
+    n_layers, n_heads, batch = model.cfg.n_layers, model.cfg.n_heads, clean.shape[0]
+    layers = range(n_layers) if layers is None else layers
+    with torch.no_grad():
+        base = metric(model(clean)).double()
+        repeated = clean.repeat(n_heads, 1)
+        effect = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+        for layer in layers:
+            hook = replace_heads_hook(sources[layer], batch)
+            with model.hooks(fwd_hooks=[(hook_names.z(layer), hook)]):
+                patched = metric(model(repeated)).double().view(n_heads, batch)
+            effect[layer] = (base[None, :] - patched).mean(1).cpu()
+    what = "corrupted run" if mode == "corrupt" else "clean-batch mean"
+    return HeadScores(
+        "patching", effect, f"drop of the metric when the head's z is patched from the {what}"
+    )

@@ -1,0 +1,194 @@
+"""Circuit tasks built offline from templates: IOI, induction, capital-city recall.
+
+A :class:`CircuitTask` is a batch of clean prompts of one length, the corrupted prompts
+that activation patching reads from, the query positions where the metric is read, the
+answer (and foil) token at each query, and the one key per query that the task's heads
+are expected to read (the induction key, the indirect-object name, the country).
+
+Metric: ``logit[answer] - logit[foil]`` at each query, or ``logit[answer] - mean logit``
+where there is no foil (induction), averaged over queries.
+"""
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from cwlens.circuits.direct_math import logit_difference
+from cwlens.errors import UnknownOptionError
+
+
+class TaskBuildError(UnknownOptionError):
+    """The templates do not give single-token answers or equal-length prompts here."""
+
+
+@dataclass(frozen=True)
+class CircuitTask:
+    """Tokens and positions of one task. Shapes: ``clean``/``corrupted`` ``[batch, pos]``;
+    ``answers``, ``foils`` (or None), ``keys``: ``[batch, n_queries]``."""
+
+    name: str
+    description: str
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    queries: tuple[int, ...]
+    answers: torch.Tensor
+    foils: torch.Tensor | None
+    keys: torch.Tensor
+    key_description: str
+
+    def metric(self, logits: torch.Tensor) -> torch.Tensor:
+        """The task's logit difference per prompt, ``[batch]``, averaged over queries."""
+        q = torch.as_tensor(self.queries)
+        n = logits.shape[0] // self.answers.shape[0]  # a batch repeated n times (patching)
+        answers = self.answers.to(logits.device).repeat(n, 1)
+        foils = None if self.foils is None else self.foils.to(logits.device).repeat(n, 1)
+        return logit_difference(logits, q, answers, foils).mean(-1)
+
+
+def _tokens(model, text: str) -> list[int]:
+    return model.to_tokens(text)[0].tolist()
+
+
+def _answer_token(model, prompt: list[int], text: str, answer: str) -> int | None:
+    """The single token ``answer`` adds after ``text``, or None if it is not one token."""
+    full = _tokens(model, text + answer)
+    if len(full) != len(prompt) + 1 or full[: len(prompt)] != prompt:
+        return None
+    return full[-1]
+
+
+def _keep_common_length(rows: list[dict], what: str) -> list[dict]:
+    if not rows:
+        raise TaskBuildError(
+            f"{what}: no prompt has single-token answers with this tokenizer; pass other "
+            "names/words (each must be one token after a space)."
+        )
+    length = Counter(len(r["clean"]) for r in rows).most_common(1)[0][0]
+    kept = [r for r in rows if len(r["clean"]) == length and len(r["corrupted"]) == length]
+    if len(kept) < 2:
+        raise TaskBuildError(
+            f"{what}: fewer than 2 prompts share one token length ({length}); pass words "
+            "that tokenize to the same number of tokens."
+        )
+    return kept
+
+
+def _position(tokens: list[int], token: int, occurrence: int = 0) -> int:
+    return [i for i, t in enumerate(tokens) if t == token][occurrence]
+
+
+NAMES = ("Mary", "John", "Tom", "James", "Anna", "Sarah", "David", "Emma", "Paul", "Lisa")
+PLACES = ("store", "park", "school", "beach", "office", "garden")
+OBJECTS = ("drink", "book", "ball", "gift", "key", "letter")
+
+
+def ioi(
+    model,
+    n_prompts: int = 8,
+    names: Sequence[str] = NAMES,
+    places: Sequence[str] = PLACES,
+    objects: Sequence[str] = OBJECTS,
+    seed: int = 0,
+) -> CircuitTask:
+    """Indirect object identification (Wang et al., 2022).
+
+    Clean: "When {A} and {B} went to the {place}, {B} gave a {object} to" -> " {A}" (foil
+    " {B}"). Corrupted: the second {B} becomes {A}, so the answer flips to {B}. Query: the
+    last position; key: the first {A} (what name-mover heads copy).
+    """
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n_prompts * 4):
+        if len(rows) >= n_prompts:
+            break
+        a, b = (names[int(i)] for i in torch.randperm(len(names), generator=g)[:2])
+        place = places[int(torch.randint(len(places), (1,), generator=g))]
+        obj = objects[int(torch.randint(len(objects), (1,), generator=g))]
+
+        def text(s2, a=a, b=b, place=place, obj=obj):
+            return f"When {a} and {b} went to the {place}, {s2} gave a {obj} to"
+
+        clean_t, corr_t = text(b), text(a)
+        clean, corr = _tokens(model, clean_t), _tokens(model, corr_t)
+        ans, foil = _answer_token(model, clean, clean_t, f" {a}"), _answer_token(model, clean, clean_t, f" {b}")
+        if ans is None or foil is None or ans == foil:
+            continue
+        rows.append({"clean": clean, "corrupted": corr, "answer": ans, "foil": foil,
+                     "key": _position(clean, ans)})
+    rows = _keep_common_length(rows, "IOI")
+    n = len(rows[0]["clean"])
+    return CircuitTask(
+        "ioi", "indirect object identification: logit(IO) - logit(S) at the last token",
+        torch.tensor([r["clean"] for r in rows]), torch.tensor([r["corrupted"] for r in rows]),
+        (n - 1,), torch.tensor([[r["answer"]] for r in rows]), torch.tensor([[r["foil"]] for r in rows]),
+        torch.tensor([[r["key"]] for r in rows]), "the indirect object's first mention",
+    )
+
+
+def induction(model, n_prompts: int = 4, length: int = 20, seed: int = 0) -> CircuitTask:
+    """Repeated random tokens: ``BOS R R`` (clean) vs ``BOS R' R`` (corrupted: nothing to copy).
+
+    Queries: every position of the second copy that predicts a repeated token; answer:
+    that next token (foil: the mean logit); key: the token after the query token's first
+    occurrence (the induction key, query - length + 1).
+    """
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.cfg.d_vocab
+    low, high = min(1000, vocab // 10), min(20000, vocab)
+    bos_id = getattr(model.tokenizer, "bos_token_id", None)
+    bos = torch.full((n_prompts, 1), bos_id if bos_id is not None else low, dtype=torch.long)
+    rand = torch.randint(low, high, (n_prompts, length), generator=g)
+    other = torch.randint(low, high, (n_prompts, length), generator=g)
+    clean = torch.cat([bos, rand, rand], 1)
+    corrupted = torch.cat([bos, other, rand], 1)
+    queries = tuple(range(length + 1, 2 * length))
+    q = torch.tensor(queries)
+    answers = clean[:, q + 1]
+    keys = (q - length + 1).expand(n_prompts, -1).clone()
+    return CircuitTask(
+        "induction", "induction on repeated random tokens: logit(next token) - mean logit over the second copy",
+        clean, corrupted, queries, answers, None, keys, "the token after the previous occurrence",
+    )
+
+
+CAPITALS = (("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"),
+            ("Japan", "Tokyo"), ("Russia", "Moscow"), ("Egypt", "Cairo"), ("Greece", "Athens"),
+            ("England", "London"), ("China", "Beijing"), ("Canada", "Ottawa"), ("Poland", "Warsaw"))
+
+
+def capitals(model, pairs: Sequence[tuple[str, str]] = CAPITALS, template: str = "The capital of {} is") -> CircuitTask:
+    """Fact recall: "The capital of {country} is" -> " {capital}", foil: the capital of
+    the corrupted prompt's country (the next pair in the list). Query: the last position;
+    key: the country token (the subject)."""
+    rows = []
+    for i, (country, capital) in enumerate(pairs):
+        other_country, other_capital = pairs[(i + 1) % len(pairs)]
+        clean_t, corr_t = template.format(country), template.format(other_country)
+        clean, corr = _tokens(model, clean_t), _tokens(model, corr_t)
+        ans = _answer_token(model, clean, clean_t, f" {capital}")
+        foil = _answer_token(model, clean, clean_t, f" {other_capital}")
+        country_tokens = _tokens(model, template.split("{}")[0] + country)
+        if ans is None or foil is None or ans == foil or country_tokens != clean[: len(country_tokens)]:
+            continue
+        rows.append({"clean": clean, "corrupted": corr, "answer": ans, "foil": foil,
+                     "key": len(country_tokens) - 1})
+    rows = _keep_common_length(rows, "capitals")
+    n = len(rows[0]["clean"])
+    return CircuitTask(
+        "capitals", "capital-city recall: logit(capital) - logit(other capital) at the last token",
+        torch.tensor([r["clean"] for r in rows]), torch.tensor([r["corrupted"] for r in rows]),
+        (n - 1,), torch.tensor([[r["answer"]] for r in rows]), torch.tensor([[r["foil"]] for r in rows]),
+        torch.tensor([[r["key"]] for r in rows]), "the country (the subject's last token)",
+    )
+
+
+TASKS = {"ioi": ioi, "induction": induction, "capitals": capitals}
+
+
+def build_task(name: str, model, **kwargs) -> CircuitTask:
+    """One of :data:`TASKS` by name."""
+    if name not in TASKS:
+        raise UnknownOptionError(f"Unknown task={name!r}. Valid tasks: {', '.join(map(repr, TASKS))}.")
+    return TASKS[name](model, **kwargs)
