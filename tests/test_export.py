@@ -1,0 +1,69 @@
+"""Exports round-trip: what is read back equals what the streaming engine computed."""
+
+import pandas as pd
+import pytest
+import torch
+
+import cwlens
+from cwlens import reducers
+from cwlens.cli.main import main
+from cwlens.export import circuitsvis_heads, export_texts, read_tables, reduction_tables
+from cwlens.testing import save_tiny, tiny_model
+
+TEXTS = ["the cat sat on the mat", "paris is the capital of france ."]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_written_tables_read_back_equal(model, tmp_path, fmt):
+    paths = export_texts(model, TEXTS, tmp_path, model_name="tiny", text_ids=["a", "b"], k=3,
+                         token_layers=[1], fmt=fmt)
+    assert set(paths) == {"topk", "column_sums", "heads", "token_level"}
+    back = read_tables(tmp_path)
+    for tid, text in zip("ab", TEXTS, strict=True):
+        tokens = model.to_tokens(text)
+        res = cwlens.stream_reduce(model, tokens, [
+            reducers.TopK(3, "contribution", by_abs=True), reducers.TopK(3, "attention"),
+            reducers.ColumnSums("contribution"), reducers.ColumnSums("attention"),
+            reducers.HeadSummary(), reducers.TokenLevel([1])])
+        want = reduction_tables(res, model.to_str_tokens(tokens[0]), "tiny", tid)
+        for name, df in want.items():
+            got = back[name][back[name].text_id.astype(str) == tid].reset_index(drop=True)
+            got["text_id"] = got["text_id"].astype(str)
+            pd.testing.assert_frame_equal(got, df, check_dtype=False, rtol=1e-6)
+
+
+def test_tables_hold_the_streamed_numbers(model):
+    tokens = model.to_tokens(TEXTS[0])
+    res = cwlens.stream_reduce(model, tokens, [reducers.TopK(2, "contribution"), reducers.TokenLevel([0])])
+    tables = reduction_tables(res, model.to_str_tokens(tokens[0]), "tiny", "x")
+    top = tables["topk"]
+    row = top[(top.layer == 1) & (top["head"] == 2) & (top["query"] == 4) & (top["rank"] == 0)]
+    assert float(row.value.iloc[0]) == pytest.approx(float(res["top2_contribution"].values[1, 0, 2, 4, 0]))
+    tok = tables["token_level"]
+    sums = tok.groupby("query")["value"].sum().to_numpy()
+    torch.testing.assert_close(torch.tensor(sums).double(), torch.ones(len(sums), dtype=torch.float64), atol=1e-5, rtol=0)
+    assert set(tok.columns) >= {"model", "text_id", "layer", "query", "key", "query_token", "key_token"}
+
+
+def test_cli_export(tmp_path, capsys):
+    model_dir = save_tiny("llama", tmp_path)
+    out = tmp_path / "ex"
+    assert main(["export", "--model", str(model_dir), "--device", "cpu", "--text", TEXTS[0],
+                 "--text", TEXTS[1], "--out", str(out), "--k", "2"]) == 0
+    assert "topk.parquet" in capsys.readouterr().out
+    assert sorted(read_tables(out)["topk"].text_id.astype(str).unique()) == ["0", "1"]
+    assert main(["export", "--model", str(model_dir), "--text", "x", "--metrics", "nope"]) == 1
+    assert "valid metrics" in capsys.readouterr().err
+
+
+def test_circuitsvis_view(model):
+    pytest.importorskip("circuitsvis")
+    tokens = model.to_tokens(TEXTS[0])
+    c = cwlens.stream(model, tokens, lambda layer, w: w.clone(), layers=[0])[0][0]
+    view = circuitsvis_heads(c, model.to_str_tokens(tokens[0]), signed=False)
+    assert "AttentionHeads" in str(view)
