@@ -6,9 +6,10 @@ Works with anything that looks like a TransformerLens model (``HookedTransformer
 tensors that :mod:`cwlens.core` takes, and raises a clear error when something is off.
 """
 
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, SupportsIndex
 
 import torch
 
@@ -16,7 +17,9 @@ from cwlens import hook_names
 from cwlens.core import AttentionGeometry
 from cwlens.errors import LayerOutOfRangeError, MissingHookError, ShapeMismatchError
 
-Layers = int | Iterable[int] | None
+# One layer (an int, a NumPy integer, a 0-d integer tensor), several (an iterable of
+# those, a 1-d array or tensor), or None for all. Validated by :func:`resolve_layers`.
+Layers = SupportsIndex | Iterable[SupportsIndex] | torch.Tensor | None
 
 
 class TLModel(Protocol):
@@ -50,20 +53,60 @@ class ModelInfo:
         return hook_names.needed(layers, closure, self.generation, self.post_attn_norm)
 
 
-def resolve_layers(model: TLModel, layer: Layers) -> tuple[list[int], bool]:
-    """``(layers, single)``: the layer list, and whether one int was asked for."""
+def _layer_index(item: object) -> int | None:
+    """``item`` as a Python int if it is an integer (int, NumPy integer, 0-d integer
+    tensor), else None. Bools are not layers, although Python counts them as ints."""
+    if isinstance(item, torch.Tensor):
+        if item.ndim != 0 or item.dtype == torch.bool or item.is_floating_point() or item.is_complex():
+            return None
+        return int(item.item())
+    if isinstance(item, bool) or type(item).__name__ == "bool_":  # Python and NumPy bools
+        return None
+    if isinstance(item, int):
+        return int(item)
+    if hasattr(item, "__index__") and not isinstance(item, str):
+        try:
+            return operator.index(item)  # NumPy integers
+        except TypeError:
+            return None
+    return None
+
+
+def resolve_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
+    """``(layers, single)``: the layer list, and whether one int was asked for.
+
+    Accepts an int, a NumPy integer or a 0-d integer tensor (one layer), an iterable of
+    those (a list, a 1-d array or tensor), or None (all layers). Negative indices count
+    from the end. Floats, bools and strings raise :class:`LayerOutOfRangeError`.
+    """
     n = model.cfg.n_layers
-    single = isinstance(layer, int)
-    layers = list(range(n)) if layer is None else [layer] if single else list(layer)
-    for item in layers:
-        if not isinstance(item, int) or isinstance(item, bool):
-            raise LayerOutOfRangeError(f"Layers must be ints; got {item!r}.")
-        if not -n <= item < n:
+    single = layer is not None and _layer_index(layer) is not None
+    if layer is None:
+        items: list[Any] = list(range(n))
+    elif single:
+        items = [layer]
+    elif isinstance(layer, str | bytes) or (isinstance(layer, torch.Tensor) and layer.ndim != 1):
+        items = [layer]  # refused below
+    else:
+        try:
+            items = list(layer)  # type: ignore[arg-type]
+        except TypeError:
+            items = [layer]  # a float or other scalar: refused below
+    layers = []
+    for item in items:
+        index = _layer_index(item)
+        if index is None:
             raise LayerOutOfRangeError(
-                f"Layer {item} is out of range: this model has {n} layers (0..{n - 1}); "
+                f"Layers must be ints (or NumPy / 0-d torch integers); got {item!r}. "
+                f"Pass an int in 0..{n - 1}, a list of them, or None for all layers."
+            )
+        if not -n <= index < n:
+            raise LayerOutOfRangeError(
+                f"Layer {index} is out of range: this model has {n} layers (0..{n - 1}); "
                 "pass layer=None for all of them."
             )
-    return [item % n for item in layers], single
+        layers.append(index % n)
+    return layers, single
 
 
 def W_O(model: TLModel, layer: int) -> torch.Tensor:
@@ -104,11 +147,17 @@ def geometry(
     pattern = read(cache, hook_names.pattern(layer), model)
     v = read(cache, hook_names.values(layer), model)
     info = ModelInfo.of(model)
-    if pattern.shape[1] != info.n_heads or v.shape[2] not in (info.n_kv_heads, info.n_heads):
+    # hook_v holds the model's kv heads. TransformerLens 3.x with
+    # cfg.ungroup_grouped_query_attention repeats them to one per query head: only then
+    # is a cache with n_heads value heads on a GQA model what this model made.
+    ungrouped = bool(getattr(model.cfg, "ungroup_grouped_query_attention", False))
+    value_heads = {info.n_kv_heads, info.n_heads} if ungrouped else {info.n_kv_heads}
+    if pattern.shape[1] != info.n_heads or v.shape[2] not in value_heads:
         raise ShapeMismatchError(
             f"Layer {layer}: the cache has {pattern.shape[1]} query heads and {v.shape[2]} "
-            f"value heads, but the model has {info.n_heads} and {info.n_kv_heads}. "
-            "Was the cache made by another model?"
+            f"value heads, but the model has {info.n_heads} query heads and "
+            f"{info.n_kv_heads} kv heads. Was the cache made by another model (an MHA "
+            "cache on a GQA model)? Rerun this model with cwlens.run_with_cache."
         )
     if v.shape[-1] != info.d_head:
         raise ShapeMismatchError(

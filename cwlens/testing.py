@@ -161,11 +161,16 @@ def tiny_model(arch: str, generation: str = "auto", seed: int = 0, directory=Non
     """A tiny seeded TransformerLens model: ``"bridge"`` (4.x) or ``"hooked"`` (3.x).
 
     Goes through a saved directory, as a user's local checkpoint would, so both
-    generations load byte-identical weights.
+    generations load byte-identical weights. Without ``directory`` the files go to a
+    temporary directory that is deleted once the model is in memory.
     """
     import tempfile
 
     from cwlens.models.loading import load_model
 
-    path = save_tiny(arch, directory or tempfile.mkdtemp(prefix="cwlens-tiny-"), seed)
-    return load_model(str(path), device="cpu", generation=generation)
+    if directory is not None:
+        path = save_tiny(arch, directory, seed)
+        return load_model(str(path), device="cpu", generation=generation)
+    with tempfile.TemporaryDirectory(prefix="cwlens-tiny-") as tmp:
+        path = save_tiny(arch, tmp, seed)
+        return load_model(str(path), device="cpu", generation=generation)

@@ -34,7 +34,7 @@ from functools import cached_property
 import torch
 
 from cwlens._types import KINDS, METRICS, WO, PairWeights, Pattern, PositionMask, Values
-from cwlens.errors import NonFiniteError, ShapeMismatchError, UnknownOptionError
+from cwlens.errors import EmptyInputError, NonFiniteError, ShapeMismatchError, UnknownOptionError
 
 
 def check_kind(kind: str) -> str:
@@ -93,6 +93,7 @@ class AttentionGeometry:
         if position_mask is not None:  # pad keys: no value, so every factor is 0 there too
             self.v = self.v * position_mask.to(device=device, dtype=dtype)[:, :, None, None]
         self.W_O = W_O.to(device=device, dtype=dtype)
+        _check_finite(self.pattern, self.v, layer)
         self.n_heads = pattern.shape[1]
         self.n_kv = v.shape[2]
         self.group = self.n_heads // self.n_kv
@@ -237,6 +238,22 @@ class AttentionGeometry:
         )
 
 
+def _check_finite(pattern: torch.Tensor, v: torch.Tensor, layer: int | None) -> None:
+    """NaN or inf in the pattern or the values poisons every measure (attention included).
+
+    One reduction each (no tensor of the pattern's size): a sum is finite exactly when
+    every term is, unless finite terms overflow, which attention probabilities (at most
+    1) and float32/64 activations do not.
+    """
+    for name, t in (("hook_pattern", pattern), ("hook_v", v)):
+        if not torch.isfinite(t.sum()):
+            where = "" if layer is None else f" in layer {layer}"
+            raise NonFiniteError(
+                f"Non-finite activations{where} (NaN or inf in {name}). This is usually "
+                "fp16 overflow: run the model in float32 or bfloat16."
+            )
+
+
 def _check_shapes(pattern, v, W_O, position_mask, layer) -> None:
     where = "" if layer is None else f" (layer {layer})"
     if pattern.ndim != 4 or v.ndim != 4 or W_O.ndim != 3:
@@ -247,6 +264,11 @@ def _check_shapes(pattern, v, W_O, position_mask, layer) -> None:
         )
     b, h, q, k = pattern.shape
     bv, kv_pos, g, d = v.shape
+    if 0 in (b, q, k):
+        raise EmptyInputError(
+            f"Empty input{where}: the pattern is {tuple(pattern.shape)} (batch, head, query, "
+            "key); run the model on at least one text of at least one token."
+        )
     problems = []
     if bv != b or kv_pos != k:
         problems.append(f"v has batch/key_pos {(bv, kv_pos)} but the pattern has {(b, k)}")

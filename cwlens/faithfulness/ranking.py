@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens.errors import ShapeMismatchError, UnknownOptionError
+from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 
 RANKINGS = (
     "attention",
@@ -70,7 +70,7 @@ def check_option(value: str, valid: Sequence[str], what: str) -> str:
 def n_to_mask(rate: float, n_eligible: torch.Tensor) -> torch.Tensor:
     """``round_half_up(rate * n)`` per unit (float64, so 0.3 * 10 is 3, 0.5 * 5 is 3)."""
     if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"rate must be in [0, 1] (the fraction of entries removed); got {rate}.")
+        raise InvalidArgumentError(f"rate must be in [0, 1] (the fraction of entries removed); got {rate}.")
     return torch.floor(rate * n_eligible.to(torch.float64) + 0.5).to(n_eligible.dtype)
 
 

@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from cwlens import adapter
+from cwlens import adapter, validation
 from cwlens.batching import pad_batch
 from cwlens.core.geometry import check_kind
+from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 from cwlens.faithfulness import choice, lm
 from cwlens.faithfulness.ranking import (
     MODES,
@@ -87,11 +88,19 @@ class FaithfulnessConfig:
             check_option(m, MODES, "mode")
         check_option(self.scope, SCOPES, "scope")
         check_kind(self.kind)
+        for name in ("metrics", "rates", "modes"):
+            if not getattr(self, name):
+                raise InvalidArgumentError(f"{name} is empty: give at least one.")
         for r in self.rates:
-            if not 0.0 <= r <= 1.0:
-                raise ValueError(f"rates must be in [0, 1]; got {r}.")
-        if self.batch_tokens < 1:
-            raise ValueError(f"batch_tokens must be positive; got {self.batch_tokens}.")
+            validation.rate(r, "rates")
+        validation.positive_int(self.batch_tokens, "batch_tokens")
+        validation.max_tokens(self.max_tokens)
+        if self.layers is not None:
+            for ly in self.layers:
+                if isinstance(ly, bool) or not isinstance(ly, int) or ly < 0:
+                    raise LayerOutOfRangeError(
+                        f"layers must be non-negative ints (or None for all); got {ly!r}."
+                    )
 
     def layer_sets(self, n_layers: int) -> list[tuple[str, tuple[int, ...]]]:
         """``[(label, layers)]``: one set (``"all"`` or ``"0,3"``) or one per layer."""
@@ -330,7 +339,7 @@ def run_faithfulness(
     t0 = time.perf_counter()
     samples = load_dataset(dataset, n, num_fewshot=num_fewshot) if isinstance(dataset, str) else list(dataset)
     if not samples:
-        raise ValueError("No samples to evaluate.")
+        raise EmptyInputError("No samples to evaluate: pass a dataset name or a non-empty list.")
     is_choice = isinstance(samples[0], ChoiceItem)
     ds_name = samples[0].dataset + (f"_{num_fewshot}shot" if is_choice and num_fewshot else "")
     name = model_name or getattr(model.cfg, "model_name", None) or "model"

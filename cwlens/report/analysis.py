@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 import torch
 
 import cwlens
+from cwlens import validation
 from cwlens.core.sinks import sink_rate
 
 
@@ -69,6 +70,8 @@ def _spread(n: int, k: int) -> list[int]:
 
 def analyze_text(model, text: str, model_name: str = "model", max_tokens: int = 64) -> TextAnalysis:
     """Run the model once on ``text`` (first ``max_tokens`` tokens) and collect every measure."""
+    validation.text(text)
+    validation.max_tokens(max_tokens)
     tokens = model.to_tokens(text)[:, :max_tokens]
     str_tokens = [str(t) for t in model.to_str_tokens(tokens[0])]
     with torch.no_grad():
