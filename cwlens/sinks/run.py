@@ -57,8 +57,14 @@ def analyse(
     """All tables of :data:`TABLES` for ``samples`` (a list of ``TextSample``)."""
     from tqdm.auto import tqdm
 
+    from cwlens import validation
+    from cwlens.errors import EmptyInputError
     from cwlens.measures import run_with_cache
 
+    validation.max_tokens(max_tokens)
+    validation.positive_int(batch_size, "batch_size")
+    if not samples:
+        raise EmptyInputError("No samples to analyse: pass at least one text.")
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in ("stats", "alignment", "histograms", "sweep", "curves", "ppl", "norm")}
     todo = batches(model, samples, max_tokens, batch_size)
     for bi, (ids, tokens, mask) in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
