@@ -105,12 +105,23 @@ def run(args) -> int:
 
 
 def _same_summary(summary: dict, out_dir) -> bool:
-    """Whether ``out_dir/summary.json`` already holds exactly this summary."""
+    """Whether ``out_dir/summary.json`` already holds this summary (numbers within 1e-6:
+    tables re-read from CSV round the last digits; NaN equals NaN)."""
     import json
+    import math
     from pathlib import Path
 
-    path = Path(out_dir) / "summary.json"
+    def same(a, b) -> bool:
+        if isinstance(a, float | int) and isinstance(b, float | int) and not isinstance(a, bool):
+            return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(map(same, a, b))
+        return a == b
+
     try:
-        return json.loads(path.read_text()) == json.loads(json.dumps(summary))
+        old = json.loads((Path(out_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return False
+    return same(old, json.loads(json.dumps(summary)))

@@ -69,7 +69,9 @@ class ResultsWriter:
                     f"{', '.join(diff)}). Use another output path, or resume=False "
                     "(--no-resume) to start it afresh."
                 )
-        self.config_path.write_text(json.dumps(config, indent=1, sort_keys=True))
+        text = json.dumps(config, indent=1, sort_keys=True)
+        if not (self.config_path.exists() and self.config_path.read_text() == text):
+            self.config_path.write_text(text)  # unchanged: no write (read-only folders work)
         self.done = self._load_done()
 
     def _load_done(self) -> set[str]:
