@@ -7,28 +7,18 @@ tensors that :mod:`cwlens.core` takes, and raises a clear error when something i
 """
 
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, SupportsIndex
+from typing import Any, cast
 
 import torch
 
 from cwlens import hook_names
+from cwlens._types import Cache, ModelGeneration
+from cwlens._types import Layers as Layers  # re-exported: measures and users import it here
+from cwlens._types import TLModel as TLModel  # re-exported
 from cwlens.core import AttentionGeometry
 from cwlens.errors import LayerOutOfRangeError, MissingHookError, ShapeMismatchError
-
-# One layer (an int, a NumPy integer, a 0-d integer tensor), several (an iterable of
-# those, a 1-d array or tensor), or None for all. Validated by :func:`resolve_layers`.
-Layers = SupportsIndex | Iterable[SupportsIndex] | torch.Tensor | None
-
-
-class TLModel(Protocol):
-    """What cwlens needs from a model (both TransformerLens generations satisfy it)."""
-
-    cfg: Any
-    blocks: Any
-
-    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -38,14 +28,14 @@ class ModelInfo:
     n_kv_heads: int
     d_head: int
     d_model: int
-    generation: str  # "bridge" (TransformerLens 4.x) or "hooked" (3.x)
+    generation: ModelGeneration  # "bridge" (TransformerLens 4.x) or "hooked" (3.x)
     post_attn_norm: bool  # a norm between the heads and hook_attn_out (Gemma-2/3)
 
     @classmethod
     def of(cls, model: TLModel) -> "ModelInfo":
         cfg = model.cfg
         n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-        generation = "bridge" if type(model).__name__ == "TransformerBridge" else "hooked"
+        generation: ModelGeneration = "bridge" if type(model).__name__ == "TransformerBridge" else "hooked"
         post = bool(getattr(cfg, "use_normalization_before_and_after", False))
         return cls(cfg.n_layers, cfg.n_heads, n_kv, cfg.d_head, cfg.d_model, generation, post)
 
@@ -89,7 +79,7 @@ def resolve_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
         items = [layer]  # refused below
     else:
         try:
-            items = list(layer)  # type: ignore[arg-type]
+            items = list(cast(Iterable[Any], layer))
         except TypeError:
             items = [layer]  # a float or other scalar: refused below
     layers = []
@@ -126,8 +116,8 @@ def b_O(model: TLModel, layer: int) -> torch.Tensor:
     return bias.detach()
 
 
-def read(cache: Mapping[str, torch.Tensor], name: str, model: TLModel, closure=False):
-    if name in cache:
+def read(cache: Cache, name: str, model: TLModel, closure=False):
+    if name in cache.keys():
         return cache[name]
     layer = int(name.split(".")[1])
     raise MissingHookError(
@@ -138,7 +128,7 @@ def read(cache: Mapping[str, torch.Tensor], name: str, model: TLModel, closure=F
 
 
 def geometry(
-    cache: Mapping[str, torch.Tensor],
+    cache: Cache,
     model: TLModel,
     layer: int,
     attention_mask: torch.Tensor | None = None,
@@ -168,7 +158,7 @@ def geometry(
     return AttentionGeometry(pattern, v, W_O(model, layer), position_mask=mask, layer=layer)
 
 
-def heads_output(cache: Mapping[str, torch.Tensor], model: TLModel, layer: int) -> torch.Tensor:
+def heads_output(cache: Cache, model: TLModel, layer: int) -> torch.Tensor:
     """What the model's heads wrote in this layer, without b_O: ``[batch, pos, d_model]``.
 
     Read from :func:`cwlens.hook_names.closure_target` (for models with a norm after

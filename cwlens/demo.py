@@ -40,7 +40,7 @@ def run_demo(
     model=None,
 ) -> dict:
     model = model if model is not None else cwlens.load_model(model_name, device=device)
-    text = load_dataset("gsm8k", n=sample + 1)[sample].text
+    text = load_dataset("gsm8k", n=sample + 1)[sample].text  # type: ignore[union-attr]
     tokens = model.to_tokens(text)[:, :max_tokens]
     str_tokens = model.to_str_tokens(tokens[0])
     with torch.no_grad():

@@ -8,18 +8,16 @@ or ``None`` for all layers (result with a leading ``layer`` axis). Results are f
 with; pad positions then get weight 0. Shapes: see :mod:`cwlens._types`.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from cwlens import adapter, hook_names
-from cwlens._types import METRICS, PairWeights, TokenWeights
+from cwlens._types import METRICS, Cache, Kind, LayerPairWeights, LayerTokenWeights, Metric
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import check_kind
 from cwlens.errors import EmptyInputError, ShapeMismatchError, UnknownOptionError
-
-Cache = Mapping[str, torch.Tensor]
 
 
 def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
@@ -32,9 +30,9 @@ def contribution_weights(
     cache: Cache,
     model: TLModel,
     layer: Layers = None,
-    kind: str = "inter",
+    kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
-) -> PairWeights:
+) -> LayerPairWeights:
     """Signed contribution weights ``c_ij^h = <o_i, a_ij^h v~_j^h> / ||o_i||^2``.
 
     ``kind="inter"``: ``o_i`` is the layer's multi-head output (b_O excluded); the weights
@@ -50,7 +48,7 @@ def token_contributions(
     model: TLModel,
     layer: Layers = None,
     attention_mask: torch.Tensor | None = None,
-) -> TokenWeights:
+) -> LayerTokenWeights:
     """Token-level weights ``c_ij = sum_h c_ij^h`` (inter): ``[batch, query_pos, key_pos]``, rows sum to 1."""
     return contribution_weights(cache, model, layer, "inter", attention_mask).sum(-3)
 
@@ -59,10 +57,10 @@ def importance(
     cache: Cache,
     model: TLModel,
     layer: Layers = None,
-    metric: str = "contribution",
-    kind: str = "inter",
+    metric: Metric = "contribution",
+    kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
-) -> PairWeights:
+) -> LayerPairWeights:
     """One importance measure by name, per head: ``[batch, head_index, query_pos, key_pos]``.
 
     ``metric``: ``"attention"`` (a), ``"value_weighted"`` (a ||v~||, Kobayashi et al. 2020),
@@ -90,7 +88,7 @@ class Decomposition:
     relative_norm: torch.Tensor
     cosine: torch.Tensor
     contribution: torch.Tensor
-    kind: str
+    kind: Kind
     layers: tuple[int, ...]
 
     @property
@@ -125,7 +123,7 @@ def decompose(
     cache: Cache,
     model: TLModel,
     layer: Layers = None,
-    kind: str = "inter",
+    kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
 ) -> Decomposition:
     """The factor split of the contribution weights (see :class:`Decomposition`)."""

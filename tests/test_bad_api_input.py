@@ -260,9 +260,9 @@ def test_a_running_conversion_is_not_cleaned(tmp_path):
 # -- protocol settings --------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kwargs", [dict(rates=(1.5,)), dict(rates=()), dict(batch_tokens=0), dict(max_tokens=0),
-               dict(max_tokens=-3), dict(metrics=()), dict(layers=(1.5,))],
+               dict(max_tokens=-3), dict(metrics=()), dict(layers=(-1,))],
     ids=["rate>1", "no-rates", "batch_tokens=0", "max_tokens=0", "max_tokens<0", "no-metrics",
-         "float-layer"],
+         "negative-layer"],
 )
 def test_faithfulness_config_refuses_bad_values(kwargs):
     from cwlens.faithfulness import FaithfulnessConfig

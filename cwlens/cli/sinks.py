@@ -74,7 +74,7 @@ def run(args) -> int:
         from cwlens.datasets import load_dataset
 
         arg_types.output_dir(args.out)
-        samples = []
+        samples: list = []
         for name in args.dataset:  # before the model: a bad count fails fast
             samples += load_dataset(name, n=args.samples)
         model = cwlens.load_model(args.model, device=args.device)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from cwlens import adapter, validation
+from cwlens._types import Kind, Mode, RankingMetric, Scope
 from cwlens.batching import pad_batch
 from cwlens.core.geometry import check_kind
 from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
@@ -66,13 +67,13 @@ class FaithfulnessConfig:
         reuse: share forward passes between conditions with identical masks (default True).
     """
 
-    metrics: tuple[str, ...] = RANKINGS
+    metrics: tuple[RankingMetric, ...] = RANKINGS
     rates: tuple[float, ...] = (0.1, 0.3, 0.5)
-    modes: tuple[str, ...] = MODES
-    scope: str = "row"
+    modes: tuple[Mode, ...] = MODES
+    scope: Scope = "row"
     layers: tuple[int, ...] | None = None
     per_layer: bool = False
-    kind: str = "inter"
+    kind: Kind = "inter"
     causal_only: bool = True
     mask_first_token: bool = True
     renormalize: bool = False
@@ -84,8 +85,8 @@ class FaithfulnessConfig:
     def __post_init__(self):
         for m in self.metrics:
             check_option(m, RANKINGS, "metric")
-        for m in self.modes:
-            check_option(m, MODES, "mode")
+        for mode in self.modes:
+            check_option(mode, MODES, "mode")
         check_option(self.scope, SCOPES, "scope")
         check_kind(self.kind)
         for name in ("metrics", "rates", "modes"):
@@ -122,8 +123,8 @@ class FaithfulnessConfig:
 
 @dataclass(frozen=True)
 class Condition:
-    metric: str
-    mode: str
+    metric: RankingMetric
+    mode: Mode
     rate: float
     layers_label: str
     layers: tuple[int, ...]
@@ -176,7 +177,9 @@ def plan_batches(units: Sequence[_Unit], batch_tokens: int) -> list[list[int]]:
     """Unit indices per batch: sorted by length (stable), at most ``batch_tokens`` padded
     tokens per batch (a longer unit gets a batch of its own)."""
     order = sorted(range(len(units)), key=lambda i: max(map(len, units[i].sequences)))
-    batches, current, n_seq, longest = [], [], 0, 0
+    batches: list[list[int]] = []
+    current: list[int] = []
+    n_seq, longest = 0, 0
     for i in order:
         seqs = units[i].sequences
         new_longest = max(longest, *map(len, seqs))
@@ -227,7 +230,7 @@ class _MemoryWriter:
         self.done.add(rows[0]["sample_id"])
 
 
-def _scored(metric: str, cfg: FaithfulnessConfig) -> str:
+def _scored(metric: RankingMetric, cfg: FaithfulnessConfig) -> RankingMetric:
     """At row scope ``||o||`` (inter: ``||o_i||``, intra: ``||o_i^h||``) is one positive
     constant per row, so value_weighted_output_normalized orders every row exactly as
     value_weighted: rank it by value_weighted, so float rounding cannot make the two
@@ -252,7 +255,9 @@ def _rankings(cache, model, mask, metric, cfg, layers, keys):
 
 def _batch_outputs(model, units, batch, cfg, conditions, stats):
     """``{condition or None (clean): [per-unit measures]}`` for one batch."""
-    seqs, rows_of, keys = [], [], []
+    seqs: list[torch.Tensor] = []
+    rows_of: list[list[int]] = []
+    keys: list = []
     for u in batch:
         rows_of.append(list(range(len(seqs), len(seqs) + len(units[u].sequences))))
         seqs += units[u].sequences
@@ -386,5 +391,6 @@ def run_faithfulness(
 
         from cwlens.faithfulness.results import COLUMNS
 
+        assert isinstance(writer, _MemoryWriter)
         table = pd.DataFrame(writer.rows, columns=list(COLUMNS))
     return FaithfulnessResult(table, cfg, str(out) if out else None, stats)

@@ -133,6 +133,6 @@ def _convert(gguf_path: Path, out: Path) -> None:
     # plain float32 checkpoint that save_pretrained accepts and any loader can read.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010  (typed as a module attribute)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

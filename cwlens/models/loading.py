@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from cwlens._types import Generation
 from cwlens.errors import (
     CwlensError,
     DeviceNotAvailableError,
@@ -59,7 +60,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     compatibility_mode: bool = False,
-    generation: str = "auto",
+    generation: Generation = "auto",
 ):
     """Load a TransformerLens model.
 

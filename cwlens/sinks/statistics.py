@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from cwlens import adapter
+from cwlens._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.sinks import first_real_index, key_onehot, query_after_sink
 
@@ -52,7 +53,7 @@ def layer_statistics(
     geo: AttentionGeometry,
     sink_index: torch.Tensor,
     sink_positions=(0,),
-    kind: str = "intra",
+    kind: Kind = "intra",
 ) -> dict[str, torch.Tensor]:
     """The per-``(batch, head)`` columns of :func:`sink_statistics` for one layer."""
     check_kind(kind)
@@ -99,7 +100,7 @@ def sink_statistics(
     sample_ids=None,
     eps: float = EPS_GU,
     sink_positions=(0,),
-    kind: str = "intra",
+    kind: Kind = "intra",
 ) -> pd.DataFrame:
     """Tidy table, one row per ``(sample, layer, head)`` (see the module docstring)."""
     resolved, _ = adapter.resolve_layers(model, layers)
