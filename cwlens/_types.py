@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any, Literal, Protocol, SupportsIndex, runtime_checkable
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 
 Pattern = Float[torch.Tensor, "batch head_index query_pos key_pos"]
 Values = Float[torch.Tensor, "batch key_pos kv_head d_head"]
@@ -40,7 +40,8 @@ LayerPairWeights = Float[torch.Tensor, "*layer batch head_index query_pos key_po
 LayerTokenWeights = Float[torch.Tensor, "*layer batch query_pos key_pos"]
 QueryNorms = Float[torch.Tensor, "batch head_index query_pos"]
 KeyNorms = Float[torch.Tensor, "batch head_index key_pos"]
-PositionMask = Bool[torch.Tensor, "batch pos"]
+# True / 1 on real tokens: a bool mask, or the 0/1 integer attention_mask of pad_batch
+PositionMask = Bool[torch.Tensor, "batch pos"] | Int[torch.Tensor, "batch pos"]
 
 # -- the option strings (checked at run time too: a bad value raises UnknownOptionError) --
 Kind = Literal["intra", "inter"]

@@ -36,13 +36,9 @@ import torch
 from cwlens._types import (
     KINDS,
     METRICS,
-    WO,
     Kind,
     Metric,
     PairWeights,
-    Pattern,
-    PositionMask,
-    Values,
 )
 from cwlens.errors import EmptyInputError, NonFiniteError, ShapeMismatchError, UnknownOptionError
 
@@ -83,12 +79,12 @@ class AttentionGeometry:
 
     def __init__(
         self,
-        pattern: Pattern,
-        v: Values,
-        W_O: WO,
-        position_mask: PositionMask | None = None,
+        pattern: torch.Tensor,  # Pattern; shapes checked by _check_shapes (clearer errors)
+        v: torch.Tensor,  # Values
+        W_O: torch.Tensor,  # WO
+        position_mask: torch.Tensor | None = None,  # PositionMask
         layer: int | None = None,
-    ):
+    ) -> None:
         self.layer = layer
         _check_shapes(pattern, v, W_O, position_mask, layer)
         dtype = compute_dtype(pattern, v, W_O)
