@@ -21,8 +21,11 @@ When several layers are asked for, results get a leading ``layer`` axis.
 All results are ``float32`` whatever the cache dtype.
 """
 
+from collections.abc import Iterable
+from typing import Any, Literal, Protocol, SupportsIndex, runtime_checkable
+
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 
 Pattern = Float[torch.Tensor, "batch head_index query_pos key_pos"]
 Values = Float[torch.Tensor, "batch key_pos kv_head d_head"]
@@ -31,12 +34,31 @@ WO = Float[torch.Tensor, "head_index d_head d_model"]
 Residual = Float[torch.Tensor, "batch pos d_model"]
 PairWeights = Float[torch.Tensor, "batch head_index query_pos key_pos"]
 TokenWeights = Float[torch.Tensor, "batch query_pos key_pos"]
+# what the public measures return: one layer asked for, no leading axis; several, a
+# leading ``layer`` axis (``*layer`` matches zero or one dimension)
+LayerPairWeights = Float[torch.Tensor, "*layer batch head_index query_pos key_pos"]
+LayerTokenWeights = Float[torch.Tensor, "*layer batch query_pos key_pos"]
 QueryNorms = Float[torch.Tensor, "batch head_index query_pos"]
 KeyNorms = Float[torch.Tensor, "batch head_index key_pos"]
-PositionMask = Bool[torch.Tensor, "batch pos"]
+# True / 1 on real tokens: a bool mask, or the 0/1 integer attention_mask of pad_batch
+PositionMask = Bool[torch.Tensor, "batch pos"] | Int[torch.Tensor, "batch pos"]
 
-KINDS = ("intra", "inter")
-METRICS = (
+# -- the option strings (checked at run time too: a bad value raises UnknownOptionError) --
+Kind = Literal["intra", "inter"]
+Metric = Literal[
+    "attention", "value_weighted", "value_weighted_output_normalized", "contribution"
+]
+RankingMetric = Literal[
+    "attention", "value_weighted", "value_weighted_output_normalized", "contribution",
+    "contribution_abs", "random",
+]
+Scope = Literal["row", "head", "layer"]
+Mode = Literal["comprehensiveness", "sufficiency"]
+Generation = Literal["auto", "bridge", "hooked"]
+ModelGeneration = Literal["bridge", "hooked"]  # what a loaded model is
+
+KINDS: tuple[Kind, ...] = ("intra", "inter")
+METRICS: tuple[Metric, ...] = (
     "attention",
     "value_weighted",
     "value_weighted_output_normalized",
@@ -44,3 +66,34 @@ METRICS = (
 )
 # every per-entry measure the streaming engine computes (METRICS and |contribution|)
 STREAM_METRICS = METRICS + ("contribution_abs",)
+
+# One layer (an int, a NumPy integer, a 0-d integer tensor), several (an iterable of
+# those, a 1-d array or tensor), or None for all. Validated by adapter.resolve_layers.
+Layers = SupportsIndex | Iterable[SupportsIndex] | torch.Tensor | None
+
+
+
+class TLModel(Protocol):
+    """What cwlens needs from a model (both TransformerLens generations satisfy it): a
+    ``cfg`` with ``n_layers``, ``n_heads``, ``d_head``, ``d_model``, per-block
+    ``attn.W_O``, and the usual TransformerLens methods."""
+
+    cfg: Any
+    blocks: Any
+    hook_dict: Any
+
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def to_tokens(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """An activation cache: a dict of hook name -> tensor, or TransformerLens'
+    ``ActivationCache`` (which is not a ``Mapping``: it has no ``__contains__``)."""
+
+    def __getitem__(self, name: str, /) -> torch.Tensor: ...
+
+    def keys(self) -> Any: ...

@@ -6,13 +6,17 @@ Works with anything that looks like a TransformerLens model (``HookedTransformer
 tensors that :mod:`cwlens.core` takes, and raises a clear error when something is off.
 """
 
-from collections.abc import Iterable, Mapping
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, cast
 
 import torch
 
 from cwlens import hook_names
+from cwlens._types import Cache, ModelGeneration
+from cwlens._types import Layers as Layers  # re-exported: measures and users import it here
+from cwlens._types import TLModel as TLModel  # re-exported
 from cwlens.core import AttentionGeometry
 from cwlens.errors import (
     LayerOutOfRangeError,
@@ -20,17 +24,6 @@ from cwlens.errors import (
     ShapeMismatchError,
     UnsupportedModelError,
 )
-
-Layers = int | Iterable[int] | None
-
-
-class TLModel(Protocol):
-    """What cwlens needs from a model (both TransformerLens generations satisfy it)."""
-
-    cfg: Any
-    blocks: Any
-
-    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -40,14 +33,14 @@ class ModelInfo:
     n_kv_heads: int
     d_head: int
     d_model: int
-    generation: str  # "bridge" (TransformerLens 4.x) or "hooked" (3.x)
+    generation: ModelGeneration  # "bridge" (TransformerLens 4.x) or "hooked" (3.x)
     post_attn_norm: bool  # a norm between the heads and hook_attn_out (Gemma-2/3)
 
     @classmethod
     def of(cls, model: TLModel) -> "ModelInfo":
         cfg = model.cfg
         n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-        generation = "bridge" if type(model).__name__ == "TransformerBridge" else "hooked"
+        generation: ModelGeneration = "bridge" if type(model).__name__ == "TransformerBridge" else "hooked"
         post = bool(getattr(cfg, "use_normalization_before_and_after", False))
         return cls(cfg.n_layers, cfg.n_heads, n_kv, cfg.d_head, cfg.d_model, generation, post)
 
@@ -100,20 +93,60 @@ def require_next_token_model(model: TLModel, what: str, alternative: str) -> Non
         )
 
 
-def resolve_layers(model: TLModel, layer: Layers) -> tuple[list[int], bool]:
-    """``(layers, single)``: the layer list, and whether one int was asked for."""
+def _layer_index(item: object) -> int | None:
+    """``item`` as a Python int if it is an integer (int, NumPy integer, 0-d integer
+    tensor), else None. Bools are not layers, although Python counts them as ints."""
+    if isinstance(item, torch.Tensor):
+        if item.ndim != 0 or item.dtype == torch.bool or item.is_floating_point() or item.is_complex():
+            return None
+        return int(item.item())
+    if isinstance(item, bool) or type(item).__name__ == "bool_":  # Python and NumPy bools
+        return None
+    if isinstance(item, int):
+        return int(item)
+    if hasattr(item, "__index__") and not isinstance(item, str):
+        try:
+            return operator.index(item)  # NumPy integers
+        except TypeError:
+            return None
+    return None
+
+
+def resolve_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
+    """``(layers, single)``: the layer list, and whether one int was asked for.
+
+    Accepts an int, a NumPy integer or a 0-d integer tensor (one layer), an iterable of
+    those (a list, a 1-d array or tensor), or None (all layers). Negative indices count
+    from the end. Floats, bools and strings raise :class:`LayerOutOfRangeError`.
+    """
     n = model.cfg.n_layers
-    single = isinstance(layer, int)
-    layers = list(range(n)) if layer is None else [layer] if single else list(layer)
-    for item in layers:
-        if not isinstance(item, int) or isinstance(item, bool):
-            raise LayerOutOfRangeError(f"Layers must be ints; got {item!r}.")
-        if not -n <= item < n:
+    single = layer is not None and _layer_index(layer) is not None
+    if layer is None:
+        items: list[Any] = list(range(n))
+    elif single:
+        items = [layer]
+    elif isinstance(layer, str | bytes) or (isinstance(layer, torch.Tensor) and layer.ndim != 1):
+        items = [layer]  # refused below
+    else:
+        try:
+            items = list(cast(Iterable[Any], layer))
+        except TypeError:
+            items = [layer]  # a float or other scalar: refused below
+    layers = []
+    for item in items:
+        index = _layer_index(item)
+        if index is None:
             raise LayerOutOfRangeError(
-                f"Layer {item} is out of range: this model has {n} layers (0..{n - 1}); "
+                f"Layers must be ints (or NumPy / 0-d torch integers); got {item!r}. "
+                f"Pass an int in 0..{n - 1}, a list of them, or None for all layers."
+            )
+        if not -n <= index < n:
+            raise LayerOutOfRangeError(
+                f"Layer {index} is out of range: this model has {n} layers (0..{n - 1}); "
                 "pass layer=None for all of them."
             )
-    return [item % n for item in layers], single
+        layers.append(index % n)
+    return layers, single
 
 
 def forward_kwargs(model: TLModel, attention_mask: torch.Tensor | None) -> dict[str, Any]:
@@ -144,8 +177,8 @@ def b_O(model: TLModel, layer: int) -> torch.Tensor:
     return bias.detach()
 
 
-def read(cache: Mapping[str, torch.Tensor], name: str, model: TLModel, closure=False):
-    if name in cache:
+def read(cache: Cache, name: str, model: TLModel, closure=False):
+    if name in cache.keys():
         return cache[name]
     layer = int(name.split(".")[1])
     raise MissingHookError(
@@ -156,7 +189,7 @@ def read(cache: Mapping[str, torch.Tensor], name: str, model: TLModel, closure=F
 
 
 def geometry(
-    cache: Mapping[str, torch.Tensor],
+    cache: Cache,
     model: TLModel,
     layer: int,
     attention_mask: torch.Tensor | None = None,
@@ -177,11 +210,17 @@ def layer_geometry(
     """The geometry of one layer from its ``hook_pattern`` and ``hook_v`` tensors
     (from a cache or caught by hooks during a forward pass), checked against the model."""
     info = ModelInfo.of(model)
-    if pattern.shape[1] != info.n_heads or v.shape[2] not in (info.n_kv_heads, info.n_heads):
+    # hook_v holds the model's kv heads. TransformerLens 3.x with
+    # cfg.ungroup_grouped_query_attention repeats them to one per query head: only then
+    # is a cache with n_heads value heads on a GQA model what this model made.
+    ungrouped = bool(getattr(model.cfg, "ungroup_grouped_query_attention", False))
+    value_heads = {info.n_kv_heads, info.n_heads} if ungrouped else {info.n_kv_heads}
+    if pattern.shape[1] != info.n_heads or v.shape[2] not in value_heads:
         raise ShapeMismatchError(
             f"Layer {layer}: the cache has {pattern.shape[1]} query heads and {v.shape[2]} "
-            f"value heads, but the model has {info.n_heads} and {info.n_kv_heads}. "
-            "Was the cache made by another model?"
+            f"value heads, but the model has {info.n_heads} query heads and "
+            f"{info.n_kv_heads} kv heads. Was the cache made by another model (an MHA "
+            "cache on a GQA model)? Rerun this model with cwlens.run_with_cache."
         )
     if v.shape[-1] != info.d_head:
         raise ShapeMismatchError(
@@ -192,7 +231,7 @@ def layer_geometry(
     return AttentionGeometry(pattern, v, W_O(model, layer), position_mask=mask, layer=layer)
 
 
-def heads_output(cache: Mapping[str, torch.Tensor], model: TLModel, layer: int) -> torch.Tensor:
+def heads_output(cache: Cache, model: TLModel, layer: int) -> torch.Tensor:
     """What the model's heads wrote in this layer, without b_O: ``[batch, pos, d_model]``.
 
     Read from :func:`closure_hook` (for models with a norm after attention on

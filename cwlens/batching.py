@@ -9,7 +9,7 @@ mask to ``run_with_cache`` *and* to cwlens' measures: pad positions then get wei
 import torch
 
 from cwlens.adapter import is_encoder
-from cwlens.errors import UnknownOptionError
+from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
 
 __all__ = ["is_encoder", "pad_batch", "token_ids"]
 
@@ -30,10 +30,23 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
     side = padding_side or ("right" if is_encoder(model) else "left")
     if side not in ("left", "right"):
         raise UnknownOptionError(f"padding_side must be 'left' or 'right'; got {side!r}.")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or max_tokens < 1):
+        raise InvalidArgumentError(
+            f"max_tokens must be a positive number of tokens, or None for whole texts; "
+            f"got {max_tokens!r}."
+        )
+    texts = list(texts)
+    if not texts:
+        raise EmptyInputError("No texts to batch: pass at least one text.")
     rows = [
         token_ids(model, t) if isinstance(t, str) else torch.as_tensor(t).flatten().cpu()
         for t in texts
     ]
+    empty = [i for i, r in enumerate(rows) if len(r) == 0]
+    if empty:
+        raise EmptyInputError(
+            f"text {empty[0]} of the batch has no tokens: pass texts with at least one token."
+        )
     if max_tokens is not None:
         rows = [r[:max_tokens] for r in rows]
     tok = model.tokenizer

@@ -40,7 +40,7 @@ def run_demo(
     model=None,
 ) -> dict:
     model = model if model is not None else cwlens.load_model(model_name, device=device)
-    text = load_dataset("gsm8k", n=sample + 1)[sample].text
+    text = load_dataset("gsm8k", n=sample + 1)[sample].text  # type: ignore[union-attr]
     # one streamed pass: every layer's geometry built once, all 40 tokens kept (window=None)
     an = analyze_text(model, text, model_name=model_name, max_tokens=max_tokens, window=None,
                       top_k=top_k, check_intra=True)

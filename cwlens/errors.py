@@ -47,3 +47,18 @@ class InterventionNotAppliedError(CwlensError, RuntimeError):
 
 class UnsupportedModelError(CwlensError, ValueError):
     """A computation that does not apply to this kind of model (e.g. next-token loss on an encoder)."""
+class InvalidArgumentError(CwlensError, ValueError):
+    """A value outside what an option accepts (a negative count, a rate above 1, ...)."""
+
+
+class EmptyInputError(InvalidArgumentError):
+    """An input with nothing in it: an empty text, zero tokens, an empty list of texts."""
+
+
+class DeviceNotAvailableError(InvalidArgumentError):
+    """A device string torch does not know, or a device this machine does not have."""
+
+
+class OutputPathError(CwlensError, OSError):
+    """An output path that cannot be written: a folder where a file is expected, a file
+    where a folder is expected, or a location without write permission."""

@@ -148,10 +148,19 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
     for name, frames in tables.items():
         df = pd.concat(frames, ignore_index=True)
         path = out / f"{name}.{fmt}"
-        atomic_write(path, lambda f, df=df: df.to_parquet(f, index=False) if fmt == "parquet"
-                     else df.to_csv(f, index=False))
+        atomic_write(path, _writer(df, fmt))
         paths[name] = path
     return paths
+
+
+def _writer(df: pd.DataFrame, fmt: str):
+    def write(tmp: Path) -> None:
+        if fmt == "parquet":
+            df.to_parquet(tmp, index=False)
+        else:
+            df.to_csv(tmp, index=False)
+
+    return write
 
 
 def read_tables(out_dir) -> dict[str, pd.DataFrame]:

@@ -6,6 +6,8 @@ The names are the same on ``HookedTransformer`` (TransformerLens 3.x) and
 
 from collections.abc import Callable, Iterable
 
+from cwlens._types import ModelGeneration
+
 
 def pattern(layer: int) -> str:
     """Attention probabilities ``[batch, head_index, query_pos, key_pos]``."""
@@ -33,7 +35,7 @@ def o_proj_out(layer: int) -> str:
     return f"blocks.{layer}.attn.o.hook_out"
 
 
-def closure_target(layer: int, generation: str, post_attn_norm: bool = False) -> str:
+def closure_target(layer: int, generation: ModelGeneration, post_attn_norm: bool = False) -> str:
     """The hook that holds what the attention heads wrote, to check the weights against.
 
     TransformerBridge: :func:`o_proj_out`. HookedTransformer: :func:`attn_out`, or
@@ -45,7 +47,7 @@ def closure_target(layer: int, generation: str, post_attn_norm: bool = False) ->
 
 
 def needed(
-    layers: Iterable[int], closure: bool = False, generation: str = "bridge",
+    layers: Iterable[int], closure: bool = False, generation: ModelGeneration = "bridge",
     post_attn_norm: bool = False,
 ) -> list[str]:
     """The hooks cwlens reads for these layers (``closure`` adds :func:`closure_target`)."""

@@ -8,18 +8,16 @@ or ``None`` for all layers (result with a leading ``layer`` axis). Results are f
 with; pad positions then get weight 0. Shapes: see :mod:`cwlens._types`.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from cwlens import adapter, hook_names
-from cwlens._types import METRICS, PairWeights, TokenWeights
+from cwlens._types import METRICS, Cache, Kind, LayerPairWeights, LayerTokenWeights, Metric
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import check_kind
-from cwlens.errors import UnknownOptionError
-
-Cache = Mapping[str, torch.Tensor]
+from cwlens.errors import EmptyInputError, ShapeMismatchError, UnknownOptionError
 
 
 def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
@@ -32,9 +30,9 @@ def contribution_weights(
     cache: Cache,
     model: TLModel,
     layer: Layers = None,
-    kind: str = "inter",
+    kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
-) -> PairWeights:
+) -> LayerPairWeights:
     """Signed contribution weights ``c_ij^h = <o_i, a_ij^h v~_j^h> / ||o_i||^2``.
 
     ``kind="inter"``: ``o_i`` is the layer's multi-head output (b_O excluded); the weights
@@ -50,7 +48,7 @@ def token_contributions(
     model: TLModel,
     layer: Layers = None,
     attention_mask: torch.Tensor | None = None,
-) -> TokenWeights:
+) -> LayerTokenWeights:
     """Token-level weights ``c_ij = sum_h c_ij^h`` (inter): ``[batch, query_pos, key_pos]``, rows sum to 1."""
     return contribution_weights(cache, model, layer, "inter", attention_mask).sum(-3)
 
@@ -59,10 +57,10 @@ def importance(
     cache: Cache,
     model: TLModel,
     layer: Layers = None,
-    metric: str = "contribution",
-    kind: str = "inter",
+    metric: Metric = "contribution",
+    kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
-) -> PairWeights:
+) -> LayerPairWeights:
     """One importance measure by name, per head: ``[batch, head_index, query_pos, key_pos]``.
 
     ``metric``: ``"attention"`` (a), ``"value_weighted"`` (a ||v~||, Kobayashi et al. 2020),
@@ -90,7 +88,7 @@ class Decomposition:
     relative_norm: torch.Tensor
     cosine: torch.Tensor
     contribution: torch.Tensor
-    kind: str
+    kind: Kind
     layers: tuple[int, ...]
 
     @property
@@ -125,7 +123,7 @@ def decompose(
     cache: Cache,
     model: TLModel,
     layer: Layers = None,
-    kind: str = "inter",
+    kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
 ) -> Decomposition:
     """The factor split of the contribution weights (see :class:`Decomposition`)."""
@@ -209,8 +207,63 @@ def run_with_cache(
     attention_mask: torch.Tensor | None = None,
     **kwargs,
 ):
-    """``model.run_with_cache`` keeping only the hooks cwlens needs: returns ``(logits, cache)``."""
+    """``model.run_with_cache`` keeping only the hooks cwlens needs: returns ``(logits, cache)``.
+
+    ``input``: a text, a list of texts or tokens ``[batch, pos]``. ``attention_mask``
+    (``[batch, pos]``, 1 on real tokens) must have the tokens' shape.
+
+    Raises:
+        EmptyInputError: an empty text, an empty list or zero tokens.
+        ShapeMismatchError: a mask whose shape differs from the tokens'.
+    """
+    _check_input(model, input, attention_mask)
     kwargs.update(adapter.forward_kwargs(model, attention_mask))
     return model.run_with_cache(
         input, names_filter=names_filter(model, layers, closure), **kwargs
     )
+
+
+def _check_input(model: TLModel, input: object, attention_mask: torch.Tensor | None) -> None:
+    """Refuse empty input, and a mask that does not match the tokens, before any compute."""
+    if isinstance(input, str):
+        texts: list[str] | None = [input]
+    elif isinstance(input, list | tuple) and all(isinstance(t, str) for t in input):
+        texts = list(input)
+    else:
+        texts = None
+    if texts is not None:
+        if not texts:
+            raise EmptyInputError("The input is an empty list of texts: pass at least one text.")
+        empty = [i for i, t in enumerate(texts) if not t.strip()]
+        if empty:
+            raise EmptyInputError(
+                f"Text {empty[0]} of the input is empty: pass a text with at least one word."
+            )
+        if attention_mask is None:
+            return
+        from cwlens.batching import is_encoder
+
+        if is_encoder(model) or len(texts) != 1:
+            # several texts: the mask comes from pad_batch, which returns the tokens too
+            raise ShapeMismatchError(
+                "An attention_mask needs tokens, not texts: pass the tokens it belongs to "
+                "(tokens, mask = cwlens.batching.pad_batch(model, texts))."
+            )
+        tokens = model.to_tokens(texts[0])
+    elif isinstance(input, torch.Tensor):
+        tokens = input
+    else:
+        return
+    if tokens.numel() == 0:
+        raise EmptyInputError(
+            f"The tokens are empty (shape {tuple(tokens.shape)}): pass at least one text of "
+            "at least one token."
+        )
+    if attention_mask is not None:
+        want = tuple(tokens.shape) if tokens.ndim == 2 else (1, tokens.shape[-1])
+        if tuple(attention_mask.shape) != want:
+            raise ShapeMismatchError(
+                f"attention_mask is {tuple(attention_mask.shape)} but the tokens are "
+                f"{tuple(tokens.shape)}: the mask must be [batch, pos] like the tokens it was "
+                "made with (cwlens.batching.pad_batch returns both)."
+            )

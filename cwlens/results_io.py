@@ -125,14 +125,14 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path, write: Callable[[Path], None]) -> Path:
+def atomic_write(path, write: Callable[[Path], object]) -> Path:
     """Create ``path`` atomically: ``write(tmp)`` fills a temporary file beside it, which
     is fsynced and renamed over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=path.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=path.parent)
     os.close(fd)
-    tmp = Path(tmp)
+    tmp = Path(tmp_name)
     try:
         write(tmp)
         with open(tmp, "rb+") as f:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from cwlens import adapter, hook_names
-from cwlens._types import STREAM_METRICS
+from cwlens._types import STREAM_METRICS, Kind
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.errors import CwlensError, UnknownOptionError
@@ -100,7 +100,7 @@ def stream_geometry(
     attention_mask: torch.Tensor | None = None,
     closure: bool = False,
     **forward_kwargs,
-) -> tuple[torch.Tensor, list[Any]] | tuple[torch.Tensor, list[Any], Any]:
+) -> tuple[Any, ...]:
     """Run the model once; call ``fn(layer, geometry)`` as each layer is computed.
 
     ``geometry`` is that layer's :class:`~cwlens.core.AttentionGeometry` (pad queries and
@@ -148,7 +148,7 @@ def stream_geometry(
         hooks += [(adapter.closure_hook(model, ly), check(ly)) for ly in resolved]
     forward_kwargs.update(adapter.forward_kwargs(model, attention_mask))
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        logits = model(input, **forward_kwargs)
+        logits = model(input, **forward_kwargs)  # type: ignore[operator]
     missing = [ly for ly in resolved if ly not in results]
     if missing:
         raise CwlensError(
@@ -174,7 +174,7 @@ def stream(
     input,
     fn: Callable[[int, torch.Tensor], Any],
     metric: str = "contribution",
-    kind: str = "inter",
+    kind: Kind = "inter",
     layers: Layers = None,
     attention_mask: torch.Tensor | None = None,
 ) -> list[Any]:
@@ -206,7 +206,7 @@ class BlockMeasures(dict):
     baseline by the value-weighted one, which orders every row the same way).
     """
 
-    def __init__(self, geometry: AttentionGeometry, kind: str, n_keys: int):
+    def __init__(self, geometry: AttentionGeometry, kind: Kind, n_keys: int):
         super().__init__()
         self.geometry, self.kind, self.n_keys = geometry, kind, n_keys
 
@@ -231,7 +231,7 @@ def stream_reduce(
     model: TLModel,
     input,
     reducers: dict[str, Any] | Iterable[Any],
-    kind: str = "inter",
+    kind: Kind = "inter",
     layers: Layers = None,
     attention_mask: torch.Tensor | None = None,
     query_block: int | None = DEFAULT_QUERY_BLOCK,
@@ -252,7 +252,12 @@ def stream_reduce(
         out["top"].indices      # [layer, batch, head, query, 8]
     """
     check_kind(kind)
-    named = dict(reducers) if isinstance(reducers, dict) else {r.name: r for r in reducers}
+    named: dict[str, Any] = {}
+    if isinstance(reducers, dict):
+        named.update(reducers)
+    else:
+        for r in reducers:
+            named[getattr(r, "name", str(r))] = r
     if not named:
         raise CwlensError("stream_reduce needs at least one reducer (see cwlens.reducers).")
     if query_block is not None and (not isinstance(query_block, int) or query_block < 1):

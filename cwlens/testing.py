@@ -4,7 +4,11 @@ They build the per-pair vectors ``a_ij v~_j^h`` (``[batch, head, query, key, d_m
 that the fast path never builds, so use them only at small sizes.
 """
 
+from typing import Any
+
 import torch
+
+from cwlens._types import Generation
 
 
 def naive_measures(pattern, v, W_O, position_mask=None) -> dict[str, torch.Tensor]:
@@ -109,12 +113,12 @@ def tiny_hf_model(arch: str, seed: int = 0):
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {ARCHITECTURES}; got {arch!r}")
     tok = tiny_tokenizer(encoder=arch == "bert")
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
     )
-    configs = {
+    configs: dict[str, Any] = {
         "llama": lambda: T.LlamaConfig(**common, head_dim=16),
         "deepseek": lambda: T.LlamaConfig(**{**common, "num_key_value_heads": 4}, head_dim=16),
         "mistral": lambda: T.MistralConfig(**common, head_dim=16, sliding_window=None),
@@ -124,7 +128,7 @@ def tiny_hf_model(arch: str, seed: int = 0):
             query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"],
         ),
         "gpt2": lambda: T.GPT2Config(
-            vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128, n_ctx=128,
+            vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128, n_ctx=128,  # type: ignore[call-arg]
             bos_token_id=1, eos_token_id=2, pad_token_id=0,
         ),
         "bert": lambda: T.BertConfig(
@@ -157,15 +161,20 @@ def save_tiny(arch: str, directory, seed: int = 0):
     return path
 
 
-def tiny_model(arch: str, generation: str = "auto", seed: int = 0, directory=None):
+def tiny_model(arch: str, generation: Generation = "auto", seed: int = 0, directory=None):
     """A tiny seeded TransformerLens model: ``"bridge"`` (4.x) or ``"hooked"`` (3.x).
 
     Goes through a saved directory, as a user's local checkpoint would, so both
-    generations load byte-identical weights.
+    generations load byte-identical weights. Without ``directory`` the files go to a
+    temporary directory that is deleted once the model is in memory.
     """
     import tempfile
 
     from cwlens.models.loading import load_model
 
-    path = save_tiny(arch, directory or tempfile.mkdtemp(prefix="cwlens-tiny-"), seed)
-    return load_model(str(path), device="cpu", generation=generation)
+    if directory is not None:
+        path = save_tiny(arch, directory, seed)
+        return load_model(str(path), device="cpu", generation=generation)
+    with tempfile.TemporaryDirectory(prefix="cwlens-tiny-") as tmp:
+        path = save_tiny(arch, tmp, seed)
+        return load_model(str(path), device="cpu", generation=generation)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The whole test suite (what CI runs): lint, the TransformerLens 4.x suite in .venv
-# (unit, integration, the real offline model, notebooks), then the architecture tests
-# again under TransformerLens 3.x in .venv-tl3.
+# The whole test suite (what CI runs): lint, type check (mypy), the TransformerLens 4.x
+# suite in .venv (unit, integration, the real offline model, notebooks; every cwlens
+# function type- and shape-checked at run time by jaxtyping + beartype), then the
+# architecture tests again under TransformerLens 3.x in .venv-tl3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONWARNINGS=ignore
 echo "== ruff" && .venv/bin/ruff check cwlens tests scripts notebooks
+echo "== mypy (config: pyproject.toml [tool.mypy])" && .venv/bin/mypy
 echo "== TransformerLens 4.x (TransformerBridge)"
 .venv/bin/python -m pytest -q "$@"
 if [ -x .venv-tl3/bin/python ]; then

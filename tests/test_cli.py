@@ -60,7 +60,10 @@ def test_figures_runs_the_steps_it_is_given(tmp_path, capsys):
     assert main(["figures", "--model", str(model_dir), "--device", "cpu", "--only", "demo", "--out", str(out), "--no-png"]) == 0
     assert "[1/1] cwlens demo" in capsys.readouterr().out
     assert (out / "demo_attention_vs_contribution.html").exists()
-    assert main(["figures", "--only", "plots"]) == 1  # unknown step: explained, exit 1
+    with pytest.raises(SystemExit) as exit_:  # unknown step: a usage error, exit 2
+        main(["figures", "--only", "plots"])
+    assert exit_.value.code == 2
+    assert "unknown step 'plots'" in capsys.readouterr().err
 
 
 def test_faithfulness_command_on_a_tiny_model(tmp_path, capsys):

@@ -231,8 +231,12 @@ def test_rows_are_deduplicated_and_settings_are_not_pooled(tmp_path):
     cfg = FaithfulnessConfig(rates=(0.3, 0.3), metrics=("attention", "attention"), modes=("sufficiency",) * 2)
     assert cfg.rates == (0.3,) and cfg.metrics == ("attention",) and len(cfg.conditions(2)) == 1
     capsys_out = tmp_path / "doc.md"
-    assert main(["faithfulness", "--dataset", "gsm8k,gsm8k", "--out", str(tmp_path), "--report-only",
-                 "--figures", "", "--summary-md", str(capsys_out)]) == 0
+    # a dataset listed twice is refused before anything runs (it would count every sample twice)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["faithfulness", "--dataset", "gsm8k,gsm8k", "--out", str(tmp_path), "--report-only"])
+    assert exit_info.value.code == 2
+    assert main(["faithfulness", "--dataset", "gsm8k", "--out", str(tmp_path), "--report-only",
+                 "--summary-md", str(capsys_out)]) == 0
     assert "n = 2," in capsys_out.read_text()
 
 

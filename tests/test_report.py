@@ -56,7 +56,9 @@ def test_blank_page_is_detected(tmp_path):
 
 
 def test_analyze_rejects_bad_input(tmp_path, capsys):
-    assert main(["analyze", "--model", "smollm2-135m", "--file", str(tmp_path / "missing.txt")]) == 1
+    with pytest.raises(SystemExit) as exit_:  # checked by argparse, before any model loads
+        main(["analyze", "--model", "smollm2-135m", "--file", str(tmp_path / "missing.txt")])
+    assert exit_.value.code == 2
     assert "does not exist" in capsys.readouterr().err
 
 

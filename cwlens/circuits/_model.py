@@ -73,7 +73,6 @@ def circuit_names_filter(model) -> Callable[[str], bool]:
     for layer in range(n):
         keep |= {hook_names.resid_pre(layer), hook_names.resid_mid(layer), hook_names.mlp_out(layer)}
     keep |= {hook_names.resid_post(n - 1), hook_names.final_scale()}
-    keep = frozenset(keep)
 
     def names_filter(name: str) -> bool:
         return name in keep

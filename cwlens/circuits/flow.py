@@ -89,9 +89,9 @@ def token_flow(cache, model, batch: int = 0, rule: str = "signed", str_tokens=No
         resid_share.append(s_res)
         attn_share.append(s_att)
         layer_flows.append(flow_math.layer_flow(r, a, c, rule))
-    layer_flows = torch.stack(layer_flows).cpu()
+    flows = torch.stack(layer_flows).cpu()
     if str_tokens is None:
         tokens = adapter.read(cache, hook_names.resid_pre(0), model).shape[1]
         str_tokens = [str(i) for i in range(tokens)]
-    return TokenFlow(layer_flows, flow_math.compose(layer_flows), torch.stack(resid_share).cpu(),
+    return TokenFlow(flows, flow_math.compose(flows), torch.stack(resid_share).cpu(),
                      torch.stack(attn_share).cpu(), tuple(str_tokens), rule)

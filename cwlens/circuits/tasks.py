@@ -10,8 +10,9 @@ where there is no foil (induction), averaged over queries.
 """
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,7 +60,7 @@ def _answer_token(model, prompt: list[int], text: str, answer: str) -> int | Non
     return full[-1]
 
 
-def _keep_common_length(rows: list[dict], what: str) -> list[dict]:
+def _keep_common_length(rows: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
     if not rows:
         raise TaskBuildError(
             f"{what}: no prompt has single-token answers with this tokenizer; pass other "
@@ -99,7 +100,7 @@ def ioi(
     last position; key: the first {A} (what name-mover heads copy).
     """
     g = torch.Generator().manual_seed(seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for _ in range(n_prompts * 4):
         if len(rows) >= n_prompts:
             break
@@ -162,7 +163,7 @@ def capitals(model, pairs: Sequence[tuple[str, str]] = CAPITALS, template: str =
     """Fact recall: "The capital of {country} is" -> " {capital}", foil: the capital of
     the corrupted prompt's country (the next pair in the list). Query: the last position;
     key: the country token (the subject)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i, (country, capital) in enumerate(pairs):
         other_country, other_capital = pairs[(i + 1) % len(pairs)]
         clean_t, corr_t = template.format(country), template.format(other_country)
@@ -184,7 +185,7 @@ def capitals(model, pairs: Sequence[tuple[str, str]] = CAPITALS, template: str =
     )
 
 
-TASKS = {"ioi": ioi, "induction": induction, "capitals": capitals}
+TASKS: dict[str, Callable[..., CircuitTask]] = {"ioi": ioi, "induction": induction, "capitals": capitals}
 
 
 def build_task(name: str, model, **kwargs) -> CircuitTask:

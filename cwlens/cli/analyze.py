@@ -3,8 +3,9 @@
 import sys
 from pathlib import Path
 
+from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
-from cwlens.errors import CwlensError
+from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 
 
 def register(sub) -> None:
@@ -19,15 +20,17 @@ def register(sub) -> None:
     add_model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="the text to analyse")
-    src.add_argument("--file", help="a UTF-8 text file to analyse ('-' for standard input)")
+    src.add_argument("--file", type=arg_types.text_file,
+                     help="a UTF-8 text file to analyse ('-' for standard input)")
     p.add_argument("--out", default="runs/report.html", help="report path (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="analyse the first N tokens (default: %(default)s)")
-    p.add_argument("--window", type=int, default=64,
+    p.add_argument("--max-tokens", type=arg_types.max_tokens, default=4096,
+                   help="analyse the first N tokens (default: %(default)s)")
+    p.add_argument("--window", type=arg_types.positive_int, default=64,
                    help="draw the heatmaps for the last N tokens; every other number covers all "
                    "tokens (default: %(default)s; capped so that the report fits --max-mb)")
     p.add_argument("--max-mb", type=float, default=50.0,
                    help="largest report size in MB (default: %(default)s)")
-    p.add_argument("--layers", default=None,
+    p.add_argument("--layers", default=None, type=arg_types.layer_list,
                    help="comma-separated layers for the per-head heatmaps (default: 4 spread over the depth)")
     p.set_defaults(func=run)
 
@@ -39,25 +42,24 @@ def run(args) -> int:
     if args.text is not None:
         text = args.text
     elif args.file == "-":
-        text = sys.stdin.read()
-    else:
-        path = Path(args.file)
-        if not path.is_file():
-            raise CwlensError(f"--file {args.file!r} does not exist")
-        text = path.read_text(encoding="utf-8")
-    if not text.strip():
-        raise CwlensError("the text is empty: pass --text or a non-empty --file")
-    layers = None
-    if args.layers:
         try:
-            layers = [int(x) for x in args.layers.split(",")]
-        except ValueError as err:
-            raise CwlensError(f"--layers must be comma-separated ints, e.g. 0,5,10; got {args.layers!r}") from err
+            text = sys.stdin.read()
+        except UnicodeDecodeError as err:
+            raise InvalidArgumentError("standard input is not UTF-8 text") from err
+    else:
+        text = Path(args.file).read_text(encoding="utf-8")  # checked by arg_types.text_file
+    if not text.strip():
+        raise EmptyInputError("the text is empty: pass --text or a non-empty --file")
+    out = arg_types.output_file(args.out)
     model = load_model(args.model, device=args.device)
+    layers = list(args.layers) if args.layers else None
     if layers is not None:
         bad = [ly for ly in layers if not 0 <= ly < model.cfg.n_layers]
         if bad:
-            raise CwlensError(f"--layers {bad} out of range: the model has layers 0..{model.cfg.n_layers - 1}")
+            raise LayerOutOfRangeError(
+                f"--layers {','.join(map(str, bad))} out of range: the model has layers "
+                f"0..{model.cfg.n_layers - 1}"
+            )
     from cwlens.report.html import estimated_bytes, window_for
 
     n_head_layers = len(layers) if layers is not None else min(4, model.cfg.n_layers)
@@ -68,7 +70,7 @@ def run(args) -> int:
               f"--max-mb {args.max_mb:g}; drawing the last {window} tokens instead", file=sys.stderr)
     analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,
                             window=window)
-    out = render_report(analysis, args.out, layers)
+    written = render_report(analysis, out, layers)
     print("\n".join(analysis.summary_lines()))
-    print(f"\nwrote {out} ({out.stat().st_size / 1e6:.1f} MB, opens offline)")
+    print(f"\nwrote {written} ({written.stat().st_size / 1e6:.1f} MB, opens offline)")
     return 0

@@ -1,6 +1,8 @@
 """``cwlens demo``: attention vs contribution on one GSM8K problem (the README's main job)."""
 
+from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
+from cwlens.errors import InvalidArgumentError
 
 
 def register(sub) -> None:
@@ -13,19 +15,37 @@ def register(sub) -> None:
         "above, contribution matrices below) as HTML and PNG.",
     )
     add_model_args(p)
-    p.add_argument("--sample", type=int, default=0, help="GSM8K sample index (default: 0)")
-    p.add_argument("--max-tokens", type=int, default=40, help="truncate to this many tokens (default: 40)")
-    p.add_argument("--heads", type=int, default=3, help="how many sink-heavy heads to show (default: 3)")
+    p.add_argument("--sample", type=arg_types.non_negative_int, default=0,
+                   help="GSM8K sample index (default: 0)")
+    p.add_argument("--max-tokens", type=arg_types.max_tokens, default=40,
+                   help="truncate to this many tokens (default: 40)")
+    p.add_argument("--heads", type=arg_types.positive_int, default=None,
+                   help="how many sink-heavy heads to show, at most one per layer (default: 3)")
     p.add_argument("--out", default="figures", help="output folder (default: %(default)s)")
     p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    import cwlens
+    from cwlens.datasets import load_dataset
     from cwlens.demo import run_demo
 
+    n = len(load_dataset("gsm8k"))
+    if args.sample >= n:
+        raise InvalidArgumentError(f"--sample {args.sample}: the shipped GSM8K sample has "
+                                   f"problems 0..{n - 1}")
+    arg_types.output_dir(args.out)
+    model = cwlens.load_model(args.model, device=args.device)
+    heads = args.heads or min(3, model.cfg.n_layers)
+    if heads > model.cfg.n_layers:
+        raise InvalidArgumentError(
+            f"--heads {args.heads}: the demo shows at most one head per layer and the model "
+            f"has {model.cfg.n_layers} layers; pass --heads {model.cfg.n_layers} or fewer"
+        )
     run_demo(
         model_name=args.model, sample=args.sample, max_tokens=args.max_tokens,
-        n_heads=args.heads, out_dir=args.out, device=args.device, png=not args.no_png,
+        n_heads=heads, out_dir=args.out, device=args.device, png=not args.no_png,
+        model=model,
     )
     return 0

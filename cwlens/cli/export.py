@@ -43,7 +43,7 @@ def _texts(args) -> tuple[list[str], list[str]]:
         from cwlens.datasets import load_dataset
 
         samples = load_dataset(args.dataset, args.samples)
-        return [s.text for s in samples], [s.id for s in samples]
+        return [getattr(s, "text", "") for s in samples], [s.id for s in samples]
     if args.file == "-":
         lines = sys.stdin.read().splitlines()
     else:

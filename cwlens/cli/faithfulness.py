@@ -3,7 +3,10 @@
 import argparse
 from pathlib import Path
 
+from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
+from cwlens.errors import InvalidArgumentError
+from cwlens.faithfulness.ranking import MODES, RANKINGS
 
 DESCRIPTION = """\
 Ranks every attention entry (layer, head, query i, key j) by an importance metric, removes
@@ -43,20 +46,23 @@ def register(sub) -> None:
     )
     add_model_args(p)
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", default="gsm8k",
+    g.add_argument("--dataset", default="gsm8k", type=arg_types.dataset_list(),
                    help="comma-separated: gsm8k, fineweb_edu, mmlu, winogrande, boolq (default: %(default)s)")
-    g.add_argument("--samples", default="50",
+    g.add_argument("--samples", default="50", type=arg_types.samples_spec,
                    help="samples per dataset: one number, or name=N,... (default: %(default)s)")
-    g.add_argument("--num-fewshot", type=int, default=0, help="MMLU exemplars from the dev split, 0-5 (default: 0)")
-    g.add_argument("--max-tokens", type=int, default=512,
+    g.add_argument("--num-fewshot", type=int, default=0, choices=range(6), metavar="{0..5}",
+                   help="MMLU exemplars from the dev split, 0-5 (default: 0)")
+    g.add_argument("--max-tokens", type=arg_types.max_tokens, default=512,
                    help="truncate language-modelling documents to their first N tokens (default: %(default)s)")
     g = p.add_argument_group("masking protocol (defaults: see docs/faithfulness.md)")
-    g.add_argument("--metrics", default="all", help="comma-separated metrics or 'all' (default: all six)")
-    g.add_argument("--rates", default="0.1,0.3,0.5", help="removal rates in [0, 1] (default: %(default)s)")
-    g.add_argument("--modes", default="comprehensiveness,sufficiency", help="(default: both)")
+    g.add_argument("--metrics", default="all", type=arg_types.choice_list(RANKINGS, "metric", allow_all=True),
+                   help="comma-separated metrics or 'all' (default: all six)")
+    g.add_argument("--rates", default="0.1,0.3,0.5", type=arg_types.rates, help="removal rates in [0, 1] (default: %(default)s)")
+    g.add_argument("--modes", default="comprehensiveness,sufficiency",
+                   type=arg_types.choice_list(MODES, "mode"), help="(default: both)")
     g.add_argument("--scope", default="row", choices=("row", "head", "layer"),
                    help="ranking unit: per head-and-query row, per head, per layer (default: %(default)s)")
-    g.add_argument("--layers", default="all", help="'all' or comma-separated layer indices (default: all)")
+    g.add_argument("--layers", default="all", type=arg_types.layers_or_all, help="'all' or comma-separated layer indices (default: all)")
     g.add_argument("--per-layer", action="store_true", help="mask one layer at a time (n_layers x the cost)")
     g.add_argument("--kind", default="inter", choices=("inter", "intra"),
                    help="output that the value-aware metrics project on (default: %(default)s)")
@@ -68,7 +74,7 @@ def register(sub) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of the random control (default: 0)")
     g = p.add_argument_group("output")
     g.add_argument("--out", default="runs/faithfulness", help="results folder (default: %(default)s)")
-    g.add_argument("--batch-tokens", type=int, default=2048, help="padded tokens per forward pass (default: %(default)s)")
+    g.add_argument("--batch-tokens", type=arg_types.positive_int, default=2048, help="padded tokens per forward pass (default: %(default)s)")
     g.add_argument("--no-resume", action="store_true", help="start the results files afresh")
     g.add_argument("--report-only", action="store_true", help="do not run: summarise existing results")
     g.add_argument("--figures", default="figures", help="figure folder, '' for none (default: %(default)s)")
@@ -80,68 +86,94 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _samples(text: str, datasets: list[str]) -> dict[str, int]:
-    if "=" not in text:
-        return {d: int(text) for d in datasets}
-    given = {k.strip(): int(v) for k, v in (kv.split("=") for kv in _csv(text))}
-    missing = [d for d in datasets if d not in given]
+def _samples(spec: int | dict[str, int], datasets: tuple[str, ...]) -> dict[str, int]:
+    if isinstance(spec, int):
+        return {d: spec for d in datasets}
+    missing = [d for d in datasets if d not in spec]
     if missing:
-        raise SystemExit(f"cwlens faithfulness: --samples has no count for {', '.join(missing)}")
-    return given
+        raise InvalidArgumentError(
+            f"--samples has no count for {', '.join(missing)}; give one for each --dataset, "
+            "e.g. " + ",".join(f"{d}=50" for d in datasets)
+        )
+    extra = [d for d in spec if d not in datasets]
+    if extra:
+        raise InvalidArgumentError(
+            f"--samples gives a count for {', '.join(extra)}, which --dataset "
+            f"({','.join(datasets)}) does not list"
+        )
+    return dict(spec)
 
 
 def _config(args):
-    from cwlens.faithfulness import RANKINGS, FaithfulnessConfig
+    from cwlens.faithfulness import FaithfulnessConfig
 
-    metrics = RANKINGS if args.metrics == "all" else tuple(_csv(args.metrics))
-    layers = None if args.layers == "all" else tuple(int(x) for x in _csv(args.layers))
     return FaithfulnessConfig(
-        metrics=metrics, rates=tuple(float(r) for r in _csv(args.rates)),
-        modes=tuple(_csv(args.modes)), scope=args.scope, layers=layers,
-        per_layer=args.per_layer, kind=args.kind, causal_only=not args.non_causal,
-        mask_first_token=not args.protect_first_token, renormalize=args.renormalize,
-        seed=args.seed, max_tokens=args.max_tokens, batch_tokens=args.batch_tokens,
+        metrics=args.metrics, rates=args.rates, modes=args.modes, scope=args.scope,
+        layers=args.layers, per_layer=args.per_layer, kind=args.kind,
+        causal_only=not args.non_causal, mask_first_token=not args.protect_first_token,
+        renormalize=args.renormalize, seed=args.seed, max_tokens=args.max_tokens,
+        batch_tokens=args.batch_tokens,
     )
 
 
-def run(args) -> int:
-    from cwlens.datasets import available_datasets
+def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> list[Path]:
+    """Everything that can be checked without the model: counts, paths. Returns the
+    results files."""
+    from cwlens.datasets import load_dataset
 
-    datasets = list(dict.fromkeys(_csv(args.dataset)))  # gsm8k,gsm8k runs it once
-    known = {d.name: d for d in available_datasets()}
+    out = arg_types.output_dir(args.out, must_write=False)
+    paths = []
     for d in datasets:
-        if d not in known:
-            raise SystemExit(f"cwlens faithfulness: unknown dataset {d!r}; one of {', '.join(known)}")
-    counts = _samples(args.samples, datasets)
-    cfg = _config(args)
-    out = Path(args.out)
+        shots = args.num_fewshot if d == "mmlu" else 0
+        if not args.report_only:
+            load_dataset(d, n=counts[d], num_fewshot=shots)  # too many samples: fails here
+        paths.append(out / f"{d}{f'_{shots}shot' if shots else ''}.jsonl")
     if args.report_only:
-        return report(_paths(out, datasets, args), args)
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise InvalidArgumentError(
+                f"--report-only: no results in {', '.join(missing)}; run without --report-only "
+                "first, or pass the --out of that run"
+            )
+    elif args.no_resume or not all(p.is_file() for p in paths):
+        arg_types.output_dir(out)  # something will be written: it must be writable now
+    if args.figures:
+        arg_types.output_dir(args.figures, "--figures")
+    for md in _csv(args.summary_md or ""):
+        arg_types.output_file(md, "--summary-md")
+    return paths
+
+
+def run(args) -> int:
+    datasets = args.dataset
+    counts = _samples(args.samples, datasets)
+    if args.num_fewshot and "mmlu" not in datasets:
+        raise InvalidArgumentError("--num-fewshot applies to mmlu only, and --dataset has no mmlu")
+    cfg = _config(args)
+    paths = _check_inputs(args, datasets, counts)
+    if args.report_only:
+        return report(paths, args)
     from cwlens.results_io import results_lock
 
-    with results_lock(out):  # one run per results folder, for the whole command
-        return _run(args, out, datasets, counts, cfg)
+    with results_lock(paths[0].parent):  # one run per results folder, for the whole command
+        _run(args, datasets, counts, cfg, paths)
+    return report(paths, args)
 
 
-def _paths(out, datasets, args) -> list[Path]:
-    return [out / f"{d}{f'_{s}shot' if (s := _shots(d, args)) else ''}.jsonl" for d in datasets]
-
-
-def _shots(dataset: str, args) -> int:
-    return args.num_fewshot if dataset == "mmlu" else 0
-
-
-def _run(args, out, datasets, counts, cfg) -> int:
-    paths = _paths(out, datasets, args)
+def _run(args, datasets, counts, cfg, paths) -> None:
     model = None
     for d, path in zip(datasets, paths, strict=True):
-        shots = _shots(d, args)
         if model is None:
             import cwlens
 
             model = cwlens.load_model(args.model, device=args.device)
+            if cfg.layers is not None:  # before any compute
+                from cwlens.adapter import resolve_layers
+
+                resolve_layers(model, list(cfg.layers))
         from cwlens.faithfulness import run_faithfulness
 
+        shots = args.num_fewshot if d == "mmlu" else 0
         result = run_faithfulness(
             model, d, cfg, n=counts[d], num_fewshot=shots, out=path, resume=not args.no_resume,
             model_name=args.model, progress=not args.no_progress,
@@ -149,7 +181,6 @@ def _run(args, out, datasets, counts, cfg) -> int:
         s = result.stats
         print(f"{d}: {s.n_forwards} forward passes in {s.n_batches} batches, "
               f"{s.wall_seconds:.0f}s -> {path}")
-    return report(paths, args)
 
 
 def report(paths, args) -> int:

@@ -5,6 +5,7 @@ The faithfulness and sink runs keep their results in ``runs/`` and resume, so a 
 call only redraws (or finishes an interrupted run).
 """
 
+from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
 
 FAITHFULNESS = [
@@ -37,7 +38,7 @@ def register(sub) -> None:
     )
     add_model_args(p)
     p.add_argument("--out", default="figures", help="figure folder (default: %(default)s)")
-    p.add_argument("--only", default=",".join(STEPS),
+    p.add_argument("--only", default=",".join(STEPS), type=arg_types.choice_list(STEPS, "step"),
                    help="comma-separated steps to run (default: %(default)s)")
     p.add_argument("--no-png", action="store_true", help="HTML only (no Chromium needed)")
     p.add_argument("--rerun", action="store_true",
@@ -47,16 +48,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from cwlens.cli.main import main as cwlens_main
-    from cwlens.errors import UnknownOptionError
-
-    steps = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = sorted(set(steps) - set(STEPS))
-    if unknown:
-        raise UnknownOptionError(f"--only: unknown steps {unknown}; valid: {', '.join(STEPS)}")
     from pathlib import Path
 
+    from cwlens.cli.main import main as cwlens_main
+
+    steps = list(args.only)
+    arg_types.output_dir(args.out)
     common = ["--model", args.model] + (["--device", args.device] if args.device else [])
+    common += ["--debug"] if getattr(args, "debug", False) else []
     sinks_done = Path(SINKS[SINKS.index("--out") + 1], "summary.json").is_file()
     redraw = ["--plot-only"] if sinks_done and not args.rerun else []
     png = ["--no-png"] if args.no_png else []

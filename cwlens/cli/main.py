@@ -1,12 +1,14 @@
 """``cwlens``: one command, several subcommands. ``cwlens <subcommand> --help`` for each.
 
-Exit codes: 0 success, 1 an error cwlens explains (bad input, missing model), 2 bad
-command-line usage (argparse), 130 interrupted.
+Exit codes: 0 success, 1 an error cwlens explains (bad input, missing model, a path it
+cannot write), 2 bad command-line usage (argparse), 130 interrupted. Errors are one line,
+``cwlens: error: ...``; ``--debug`` shows the traceback.
 """
 
 import argparse
 import sys
 
+from cwlens.cli.common import add_debug_flag
 from cwlens.errors import CwlensError
 
 EPILOG = """examples:
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     from cwlens import __version__
 
     parser.add_argument("--version", action="version", version=f"cwlens {__version__}")
+    add_debug_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="<command>")
 
     import importlib
@@ -64,12 +67,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except CwlensError as err:
-        print(f"cwlens: error: {err}", file=sys.stderr)
+    except (CwlensError, OSError) as err:  # model load errors arrive as ModelNotAvailableError
+        if getattr(args, "debug", False):
+            raise
+        print(f"cwlens: error: {_one_line(err)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
         print("cwlens: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(err: BaseException) -> str:
+    """The error as one line (a CwlensError's message may list options on more lines)."""
+    if isinstance(err, OSError) and not isinstance(err, CwlensError) and err.strerror:
+        where = f": {err.filename!r}" if err.filename else ""
+        return f"{err.strerror}{where}"
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 if __name__ == "__main__":

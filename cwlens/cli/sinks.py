@@ -1,6 +1,8 @@
 """``cwlens sinks``: the attention-sink analysis on a dataset sample (tables, figures, summary)."""
 
+from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
+from cwlens.errors import InvalidArgumentError
 
 
 def register(sub) -> None:
@@ -19,14 +21,18 @@ def register(sub) -> None:
         "interruption; the tables are then written (atomically) from the saved batches.",
     )
     add_model_args(p)
-    p.add_argument("--dataset", default="gsm8k",
+    p.add_argument("--dataset", default="gsm8k", type=arg_types.dataset_list(("text",)),
                    help="gsm8k, fineweb_edu, or both comma-separated (default: %(default)s)")
-    p.add_argument("--samples", type=int, default=50, help="texts per dataset (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=128, help="truncate each text (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=8, help="texts per forward pass (default: %(default)s)")
-    p.add_argument("--scales", default="0,0.5",
+    p.add_argument("--samples", type=arg_types.positive_int, default=50,
+                   help="texts per dataset (default: %(default)s)")
+    p.add_argument("--max-tokens", type=arg_types.max_tokens, default=128,
+                   help="truncate each text (default: %(default)s)")
+    p.add_argument("--batch-size", type=arg_types.positive_int, default=8,
+                   help="texts per forward pass (default: %(default)s)")
+    p.add_argument("--scales", default="0,0.5", type=arg_types.scales,
                    help="sink-value scales for the intervention, comma-separated (default: %(default)s)")
-    p.add_argument("--eps", type=float, default=0.3, help="sink-head threshold (default: %(default)s)")
+    p.add_argument("--eps", type=arg_types.fraction, default=0.3,
+                   help="sink-head threshold, in [0, 1] (default: %(default)s)")
     p.add_argument("--no-intervention", action="store_true", help="skip the forward passes with hooks")
     p.add_argument("--seed", type=int, default=0, help="seed of the random control positions")
     p.add_argument("--out", default="runs/sinks", help="folder for tables (default: %(default)s)")
@@ -62,6 +68,8 @@ def run(args) -> int:
     if args.plot_only and not Path(args.out).is_dir():
         raise sink_run.SinkResultsError(
             f"--plot-only: no results folder {args.out}; run `cwlens sinks` without --plot-only first.")
+    if not args.plot_only:
+        arg_types.output_dir(args.out)  # before the lock creates it
     with results_lock(args.out):  # one run per results folder
         return _run(args)
 
@@ -70,36 +78,69 @@ def _run(args) -> int:
     from cwlens.sinks import run as sink_run
 
     label = model_label(args.model)
+    dataset = ",".join(args.dataset)
+    arg_types.output_dir(args.figures, "--figures")
     if args.plot_only:
-        tables = sink_run.load_tables(args.out)
+        out = arg_types.output_dir(args.out, must_write=False)
+        tables = sink_run.load_tables(out)
+        missing = [k for k in ("layers", "heads") if k not in tables]
+        if missing:
+            raise InvalidArgumentError(
+                f"--plot-only: {out} has no sink tables ({', '.join(missing)} missing); run "
+                "`cwlens sinks` without --plot-only first, or pass the --out of that run"
+            )
     else:
         import cwlens
         from cwlens.datasets import load_dataset
 
-        model = cwlens.load_model(args.model, device=args.device)
-        samples = []
-        for name in dict.fromkeys(n.strip() for n in args.dataset.split(",") if n.strip()):
+        arg_types.output_dir(args.out)
+        samples: list = []
+        for name in args.dataset:  # before the model: a bad count fails fast
             samples += load_dataset(name, n=args.samples)
-        scales = tuple(float(s) for s in args.scales.split(",") if s.strip())
-        print(f"cwlens sinks: {args.model} on {len(samples)} texts of {args.dataset} "
+        model = cwlens.load_model(args.model, device=args.device)
+        print(f"cwlens sinks: {args.model} on {len(samples)} texts of {dataset} "
               f"(first {args.max_tokens} tokens each)")
         tables = sink_run.run_to_folder(
             model, samples, args.out, max_tokens=args.max_tokens, batch_size=args.batch_size,
-            scales=scales, eps=args.eps, intervention=not args.no_intervention, seed=args.seed,
+            scales=args.scales, eps=args.eps, intervention=not args.no_intervention, seed=args.seed,
             resume=not args.no_resume, model_name=args.model,
         )
         print(f"wrote {len(tables)} tables to {args.out}/")
     summary = sink_run.summarize(tables, args.eps)
-    run_info = {"model": args.model, "model_label": label, "dataset": args.dataset,
+    run_info = {"model": args.model, "model_label": label, "dataset": dataset,
                 "max_tokens": args.max_tokens}
     if args.plot_only:  # keep what the run that made the tables recorded
         run_info.update(sink_run.read_run_info(args.out))
         label = run_info["model_label"]
     summary.update(run_info)
-    sink_run.write_summary(summary, args.out)
+    if not (args.plot_only and _same_summary(summary, args.out)):  # read-only folders: no write
+        sink_run.write_summary(summary, args.out)
     print(sink_run.format_summary(summary))
     from cwlens.plotting.sinks import all_figures
 
     written = all_figures(tables, args.figures, model_label=label, png=not args.no_png)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _same_summary(summary: dict, out_dir) -> bool:
+    """Whether ``out_dir/summary.json`` already holds this summary (numbers within 1e-6:
+    tables re-read from CSV round the last digits; NaN equals NaN)."""
+    import json
+    import math
+    from pathlib import Path
+
+    def same(a, b) -> bool:
+        if isinstance(a, float | int) and isinstance(b, float | int) and not isinstance(a, bool):
+            return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(map(same, a, b))
+        return a == b
+
+    try:
+        old = json.loads((Path(out_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return same(old, json.loads(json.dumps(summary)))

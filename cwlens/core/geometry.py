@@ -33,18 +33,23 @@ from functools import cached_property
 
 import torch
 
-from cwlens._types import KINDS, METRICS, WO, PairWeights, Pattern, PositionMask, Values
-from cwlens.errors import NonFiniteError, ShapeMismatchError, UnknownOptionError
+from cwlens._types import (
+    KINDS,
+    METRICS,
+    Kind,
+    PairWeights,
+)
+from cwlens.errors import EmptyInputError, NonFiniteError, ShapeMismatchError, UnknownOptionError
 
 
-def check_kind(kind: str) -> str:
+def check_kind(kind: str) -> Kind:
     if kind not in KINDS:
         raise UnknownOptionError(
             f"Unknown kind={kind!r}. Valid kinds: 'intra' (project on the head's own output, "
             f"rows sum to 1 per head) or 'inter' (project on the layer's multi-head output, "
             f"sums to 1 over heads and keys)."
         )
-    return kind
+    return kind  # narrowed to Kind by the check above
 
 
 def safe_divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -73,13 +78,13 @@ class AttentionGeometry:
 
     def __init__(
         self,
-        pattern: Pattern,
-        v: Values,
-        W_O: WO,
-        position_mask: PositionMask | None = None,
+        pattern: torch.Tensor,  # Pattern; shapes checked by _check_shapes (clearer errors)
+        v: torch.Tensor,  # Values
+        W_O: torch.Tensor,  # WO
+        position_mask: torch.Tensor | None = None,  # PositionMask
         layer: int | None = None,
         query_start: int | None = None,
-    ):
+    ) -> None:
         self.layer = layer
         _check_shapes(pattern, v, W_O, position_mask, layer)
         dtype = compute_dtype(pattern, v, W_O)
@@ -103,6 +108,7 @@ class AttentionGeometry:
         if position_mask is not None:  # pad keys: no value, so every factor is 0 there too
             self.v = self.v * position_mask.to(device=device, dtype=dtype)[:, :, None, None]
         self.W_O = W_O.to(device=device, dtype=dtype)
+        _check_finite(self.pattern, self.v, layer)
         self.n_heads = pattern.shape[1]
         self.n_kv = v.shape[2]
         self.group = self.n_heads // self.n_kv
@@ -184,7 +190,7 @@ class AttentionGeometry:
         norm_sq = (o * o).sum(-1)[:, None, :]  # [b, 1, q]
         return proj, norm_sq
 
-    def _projection(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _projection(self, kind: Kind) -> tuple[torch.Tensor, torch.Tensor]:
         proj, norm_sq = self._intra if check_kind(kind) == "intra" else self._inter
         if not torch.isfinite(norm_sq).all():
             where = "" if self.layer is None else f" in layer {self.layer}"
@@ -194,15 +200,15 @@ class AttentionGeometry:
             )
         return proj, norm_sq
 
-    def output_norm(self, kind: str = "inter") -> torch.Tensor:
+    def output_norm(self, kind: Kind = "inter") -> torch.Tensor:
         """``||o_i^h||`` ``[batch, head_index, query_pos]`` (intra) or ``||o_i||`` ``[batch, 1, query_pos]`` (inter)."""
         return self._projection(kind)[1].sqrt()
 
-    def zero_output(self, kind: str = "inter") -> torch.Tensor:
+    def zero_output(self, kind: Kind = "inter") -> torch.Tensor:
         """True where ``||o|| = 0``, so that the weights there are set to 0, not NaN."""
         return self._projection(kind)[1] == 0
 
-    def _inverse(self, kind: str, power: float) -> torch.Tensor:
+    def _inverse(self, kind: Kind, power: float) -> torch.Tensor:
         """``||o||^-power`` (0 where ``||o|| = 0``), ``[batch, head or 1, query_pos]``."""
         norm_sq = self._projection(kind)[1]
         ok = norm_sq > 0
@@ -215,7 +221,7 @@ class AttentionGeometry:
         p = proj.reshape(b, q, self.n_kv, self.group, d)
         return torch.einsum("bqgrd,bkgd->bgrqk", p, self.v).flatten(1, 2)
 
-    def dot(self, kind: str = "inter") -> PairWeights:
+    def dot(self, kind: Kind = "inter") -> PairWeights:
         """``<o_i, v~_j^h>`` (unweighted by attention): ``[batch, head_index, query_pos, key_pos]``."""
         if kind not in self._dots:
             self._dots[kind] = self._pair_dot(self._projection(kind)[0])
@@ -231,30 +237,30 @@ class AttentionGeometry:
         """``a_ij ||v~_j||`` (Kobayashi et al., 2020)."""
         return self.pattern * self.value_norm[:, :, None, :]
 
-    def value_weighted_output_normalized(self, kind: str = "inter") -> PairWeights:
+    def value_weighted_output_normalized(self, kind: Kind = "inter") -> PairWeights:
         """``a_ij ||v~_j|| / ||o_i||``."""
         out = self.pattern * self._inverse(kind, 1)[..., None]  # one allocation, two passes
         return out.mul_(self.value_norm[:, :, None, :])
 
-    def contribution(self, kind: str = "inter") -> PairWeights:
+    def contribution(self, kind: Kind = "inter") -> PairWeights:
         """``<o_i, a_ij v~_j> / ||o_i||^2``, signed."""
         proj = self._projection(kind)[0]
         inv = self._inverse(kind, 2)  # [b, h or 1, q] -> scale the projection, not the pairs
         scaled = proj * inv.permute(0, 2, 1)[..., None]
         return self._pair_dot(scaled).mul_(self.pattern)  # in place: no second big buffer
 
-    def relative_norm(self, kind: str = "inter") -> PairWeights:
+    def relative_norm(self, kind: Kind = "inter") -> PairWeights:
         """``||v~_j|| / ||o_i||`` broadcast to ``[batch, head_index, query_pos, key_pos]``."""
         rel = self._inverse(kind, 1)[..., None] * self.value_norm[:, :, None, :]
         return rel.expand_as(self.pattern)
 
-    def cosine(self, kind: str = "inter") -> PairWeights:
+    def cosine(self, kind: Kind = "inter") -> PairWeights:
         """``cos(o_i, v~_j)``; 0 where either vector is zero."""
         inv_v = safe_divide(torch.ones_like(self.value_norm), self.value_norm)
         scale = self._inverse(kind, 1)[..., None] * inv_v[:, :, None, :]
         return self.dot(kind) * scale
 
-    def measure(self, metric: str, kind: str = "inter") -> PairWeights:
+    def measure(self, metric: str, kind: Kind = "inter") -> PairWeights:
         """One of :data:`cwlens._types.METRICS` (or ``"contribution_abs"``, ``|c|``) by name."""
         if metric == "attention":
             return self.attention()
@@ -272,6 +278,22 @@ class AttentionGeometry:
         )
 
 
+def _check_finite(pattern: torch.Tensor, v: torch.Tensor, layer: int | None) -> None:
+    """NaN or inf in the pattern or the values poisons every measure (attention included).
+
+    One reduction each (no tensor of the pattern's size): a sum is finite exactly when
+    every term is, unless finite terms overflow, which attention probabilities (at most
+    1) and float32/64 activations do not.
+    """
+    for name, t in (("hook_pattern", pattern), ("hook_v", v)):
+        if not torch.isfinite(t.sum()):
+            where = "" if layer is None else f" in layer {layer}"
+            raise NonFiniteError(
+                f"Non-finite activations{where} (NaN or inf in {name}). This is usually "
+                "fp16 overflow: run the model in float32 or bfloat16."
+            )
+
+
 def _check_shapes(pattern, v, W_O, position_mask, layer) -> None:
     where = "" if layer is None else f" (layer {layer})"
     if pattern.ndim != 4 or v.ndim != 4 or W_O.ndim != 3:
@@ -282,6 +304,11 @@ def _check_shapes(pattern, v, W_O, position_mask, layer) -> None:
         )
     b, h, q, k = pattern.shape
     bv, kv_pos, g, d = v.shape
+    if 0 in (b, q, k):
+        raise EmptyInputError(
+            f"Empty input{where}: the pattern is {tuple(pattern.shape)} (batch, head, query, "
+            "key); run the model on at least one text of at least one token."
+        )
     problems = []
     if bv != b or kv_pos != k:
         problems.append(f"v has batch/key_pos {(bv, kv_pos)} but the pattern has {(b, k)}")

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import InvalidArgumentError
 from . import tasks
 from .hub import fetch_rows
 from .jsonl import read_rows, validate_rows
@@ -50,7 +51,8 @@ def load_dataset(
         seed: shuffle rows with ``random.Random(seed)`` before taking n.
 
     Raises:
-        UnknownDatasetError, DatasetFormatError, DatasetSourceError, ValueError.
+        UnknownDatasetError, DatasetFormatError, DatasetSourceError, InvalidArgumentError
+        (a ValueError).
     """
     spec = get_spec(name)
     _check_args(spec, n, source, num_fewshot, seed)
@@ -60,7 +62,7 @@ def load_dataset(
     if n is not None:
         if n > len(rows):
             where = path or source
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"n={n} but {name} ({where}) has only {len(rows)} rows"
                 + ('; source="hf" gives the full split' if source == "shipped" and not path else "")
             )
@@ -72,17 +74,17 @@ def load_dataset(
 
 def _check_args(spec: DatasetSpec, n, source, num_fewshot, seed) -> None:
     if source not in SOURCES:
-        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+        raise InvalidArgumentError(f"source must be one of {SOURCES}, got {source!r}")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-        raise ValueError(f"n must be a non-negative int or None, got {n!r}")
+        raise InvalidArgumentError(f"n must be a non-negative int or None, got {n!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"seed must be an int or None, got {seed!r}")
+        raise InvalidArgumentError(f"seed must be an int or None, got {seed!r}")
     if spec.info.name == "mmlu":
         ok = isinstance(num_fewshot, int) and not isinstance(num_fewshot, bool)
         if not (ok and 0 <= num_fewshot <= tasks.MMLU_MAX_FEWSHOT):
-            raise ValueError(f"mmlu supports num_fewshot 0-5, got {num_fewshot!r}")
+            raise InvalidArgumentError(f"mmlu supports num_fewshot 0-5, got {num_fewshot!r}")
     elif num_fewshot != 0:
-        raise ValueError(f"num_fewshot is only supported for mmlu, not {spec.info.name}")
+        raise InvalidArgumentError(f"num_fewshot is only supported for mmlu, not {spec.info.name}")
 
 
 def _rows(spec: DatasetSpec, n, path, source, seed) -> list[tuple[int, dict[str, Any]]]:
@@ -93,12 +95,12 @@ def _rows(spec: DatasetSpec, n, path, source, seed) -> list[tuple[int, dict[str,
         numbered = read_rows(spec.path, spec.schema)
     else:
         if spec.hub is None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{spec.info.name} has no hub source (it is a shipped substitute); "
                 'use source="shipped" or path=...'
             )
         if spec.hub.streaming and seed is not None:
-            raise ValueError(f"seed is not supported for the streamed {spec.hub.label()}")
+            raise InvalidArgumentError(f"seed is not supported for the streamed {spec.hub.label()}")
         numbered = validate_rows(fetch_rows(spec.hub, limit=n), spec.schema, spec.hub.label())
     return [(index, row) for index, (_, row) in enumerate(numbered)]
 
@@ -120,7 +122,7 @@ def _choice_items(spec: DatasetSpec, rows, num_fewshot, path, source) -> list[Ch
     for index, row in rows:
         exemplars = pool.get(row["subject"], [])[:num_fewshot]
         if len(exemplars) < num_fewshot:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"mmlu subject {row['subject']!r} has {len(exemplars)} dev exemplars, "
                 f"num_fewshot={num_fewshot} needs {num_fewshot}"
             )

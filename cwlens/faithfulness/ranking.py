@@ -46,9 +46,10 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens.errors import ShapeMismatchError, UnknownOptionError
+from cwlens._types import Kind, Mode, RankingMetric, Scope
+from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 
-RANKINGS = (
+RANKINGS: tuple[RankingMetric, ...] = (
     "attention",
     "value_weighted",
     "value_weighted_output_normalized",
@@ -56,8 +57,8 @@ RANKINGS = (
     "contribution_abs",
     "random",
 )
-SCOPES = ("row", "head", "layer")
-MODES = ("comprehensiveness", "sufficiency")
+SCOPES: tuple[Scope, ...] = ("row", "head", "layer")
+MODES: tuple[Mode, ...] = ("comprehensiveness", "sufficiency")
 
 
 def check_option(value: str, valid: Sequence[str], what: str) -> str:
@@ -71,7 +72,7 @@ def check_option(value: str, valid: Sequence[str], what: str) -> str:
 def n_to_mask(rate: float, n_eligible: torch.Tensor) -> torch.Tensor:
     """``round_half_up(rate * n)`` per unit (float64, so 0.3 * 10 is 3, 0.5 * 5 is 3)."""
     if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"rate must be in [0, 1] (the fraction of entries removed); got {rate}.")
+        raise InvalidArgumentError(f"rate must be in [0, 1] (the fraction of entries removed); got {rate}.")
     return torch.floor(rate * n_eligible.to(torch.float64) + 0.5).to(n_eligible.dtype)
 
 
@@ -112,9 +113,9 @@ class Ranking:
 
     rank: torch.Tensor
     n_eligible: torch.Tensor
-    scope: str
+    scope: Scope
 
-    def mask(self, rate: float, mode: str) -> torch.Tensor:
+    def mask(self, rate: float, mode: Mode) -> torch.Tensor:
         """bool ``[batch, head_index, query_pos, key_pos]``: the entries to remove."""
         check_option(mode, MODES, "mode")
         k = n_to_mask(rate, self.n_eligible)
@@ -129,7 +130,7 @@ class Ranking:
         return hashlib.blake2b(self.rank.cpu().numpy().tobytes(), digest_size=16).digest()
 
 
-def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: str = "row") -> Ranking:
+def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: Scope = "row") -> Ranking:
     """Rank ``scores`` ``[batch, head, query, key]`` (higher = more important) per unit.
 
     ``eligible`` broadcasts to ``scores`` (see :func:`eligible_entries`).
@@ -181,7 +182,7 @@ def random_scores(
     return out.to(position_mask.device)
 
 
-def metric_scores(geometry, metric: str, kind: str = "inter") -> torch.Tensor:
+def metric_scores(geometry, metric: RankingMetric, kind: Kind = "inter") -> torch.Tensor:
     """Scores of one non-random metric from an :class:`~cwlens.core.AttentionGeometry`."""
     check_option(metric, RANKINGS, "metric")
     if metric == "random":

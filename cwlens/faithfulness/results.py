@@ -108,8 +108,8 @@ class ResultsWriter:
                     "(--no-resume) to start it afresh."
                 )
         text = json.dumps(config, indent=1, sort_keys=True)
-        if not self.config_path.exists() or self.config_path.read_text() != text:
-            atomic_write_text(self.config_path, text)
+        if not (self.config_path.exists() and self.config_path.read_text() == text):
+            atomic_write_text(self.config_path, text)  # unchanged: no write (read-only folders work)
         self.done = self._load_done()
 
     def _load_done(self) -> set[str]:

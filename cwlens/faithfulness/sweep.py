@@ -23,10 +23,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from cwlens import adapter
+import torch
+
+from cwlens import adapter, validation
+from cwlens._types import Kind, Mode, RankingMetric, Scope
 from cwlens.batching import pad_batch
 from cwlens.core.bitmask import PackedMask
 from cwlens.core.geometry import check_kind
+from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 from cwlens.faithfulness import choice, lm
 from cwlens.faithfulness.ranking import (
     MODES,
@@ -70,13 +74,13 @@ class FaithfulnessConfig:
         reuse: share forward passes between conditions with identical masks (default True).
     """
 
-    metrics: tuple[str, ...] = RANKINGS
+    metrics: tuple[RankingMetric, ...] = RANKINGS
     rates: tuple[float, ...] = (0.1, 0.3, 0.5)
-    modes: tuple[str, ...] = MODES
-    scope: str = "row"
+    modes: tuple[Mode, ...] = MODES
+    scope: Scope = "row"
     layers: tuple[int, ...] | None = None
     per_layer: bool = False
-    kind: str = "inter"
+    kind: Kind = "inter"
     causal_only: bool = True
     mask_first_token: bool = True
     renormalize: bool = False
@@ -93,15 +97,23 @@ class FaithfulnessConfig:
                 object.__setattr__(self, name, tuple(dict.fromkeys(value)))
         for m in self.metrics:
             check_option(m, RANKINGS, "metric")
-        for m in self.modes:
-            check_option(m, MODES, "mode")
+        for mode in self.modes:
+            check_option(mode, MODES, "mode")
         check_option(self.scope, SCOPES, "scope")
         check_kind(self.kind)
+        for name in ("metrics", "rates", "modes"):
+            if not getattr(self, name):
+                raise InvalidArgumentError(f"{name} is empty: give at least one.")
         for r in self.rates:
-            if not 0.0 <= r <= 1.0:
-                raise ValueError(f"rates must be in [0, 1]; got {r}.")
-        if self.batch_tokens < 1:
-            raise ValueError(f"batch_tokens must be positive; got {self.batch_tokens}.")
+            validation.rate(r, "rates")
+        validation.positive_int(self.batch_tokens, "batch_tokens")
+        validation.max_tokens(self.max_tokens)
+        if self.layers is not None:
+            for ly in self.layers:
+                if isinstance(ly, bool) or not isinstance(ly, int) or ly < 0:
+                    raise LayerOutOfRangeError(
+                        f"layers must be non-negative ints (or None for all); got {ly!r}."
+                    )
 
     def layer_sets(self, n_layers: int) -> list[tuple[str, tuple[int, ...]]]:
         """``[(label, layers)]``: one set (``"all"`` or ``"0,3"``) or one per layer."""
@@ -123,8 +135,8 @@ class FaithfulnessConfig:
 
 @dataclass(frozen=True)
 class Condition:
-    metric: str
-    mode: str
+    metric: RankingMetric
+    mode: Mode
     rate: float
     layers_label: str
     layers: tuple[int, ...]
@@ -177,7 +189,9 @@ def plan_batches(units: Sequence[_Unit], batch_tokens: int) -> list[list[int]]:
     """Unit indices per batch: sorted by length (stable), at most ``batch_tokens`` padded
     tokens per batch (a longer unit gets a batch of its own)."""
     order = sorted(range(len(units)), key=lambda i: max(map(len, units[i].sequences)))
-    batches, current, n_seq, longest = [], [], 0, 0
+    batches: list[list[int]] = []
+    current: list[int] = []
+    n_seq, longest = 0, 0
     for i in order:
         seqs = units[i].sequences
         new_longest = max(longest, *map(len, seqs))
@@ -228,7 +242,7 @@ class _MemoryWriter:
         self.done.add(rows[0]["sample_id"])
 
 
-def _scored(metric: str, cfg: FaithfulnessConfig) -> str:
+def _scored(metric: RankingMetric, cfg: FaithfulnessConfig) -> RankingMetric:
     """At row scope ``||o||`` (inter: ``||o_i||``, intra: ``||o_i^h||``) is one positive
     constant per row, so value_weighted_output_normalized orders every row exactly as
     value_weighted: rank it by value_weighted, so float rounding cannot make the two
@@ -238,7 +252,7 @@ def _scored(metric: str, cfg: FaithfulnessConfig) -> str:
     return metric
 
 
-def _mask_jobs(conditions, cfg) -> tuple[dict, dict]:
+def _mask_jobs(conditions, cfg) -> tuple[dict, dict]:  # noqa: C901
     """``(jobs, key_of)``: the distinct masks the conditions need, and each condition's.
 
     A job is ``key -> (ranking metric or None, mode, rate, layers)``. Conditions whose
@@ -252,6 +266,7 @@ def _mask_jobs(conditions, cfg) -> tuple[dict, dict]:
         if cfg.reuse and c.rate == 0.0:
             key_of[c] = None
             continue
+        key: tuple
         if cfg.reuse and c.rate == 1.0:
             key = ("all", c.layers)
             jobs.setdefault(key, (None, c.mode, c.rate, c.layers))
@@ -299,7 +314,9 @@ def _batch_outputs(model, units, batch, cfg, conditions, stats):
     One streamed clean pass gives the clean scores and, layer by layer, every mask the
     conditions need; then one masked pass per distinct mask.
     """
-    seqs, rows_of, keys = [], [], []
+    seqs: list[torch.Tensor] = []
+    rows_of: list[list[int]] = []
+    keys: list = []
     for u in batch:
         rows_of.append(list(range(len(seqs), len(seqs) + len(units[u].sequences))))
         seqs += units[u].sequences
@@ -413,7 +430,7 @@ def run_faithfulness(
     t0 = time.perf_counter()
     samples = load_dataset(dataset, n, num_fewshot=num_fewshot) if isinstance(dataset, str) else list(dataset)
     if not samples:
-        raise ValueError("No samples to evaluate.")
+        raise EmptyInputError("No samples to evaluate: pass a dataset name or a non-empty list.")
     samples = list({s.id: s for s in reversed(samples)}.values())[::-1]  # one per id, first kept
     is_choice = isinstance(samples[0], ChoiceItem)
     ds_name = samples[0].dataset + (f"_{num_fewshot}shot" if is_choice and num_fewshot else "")
@@ -438,7 +455,7 @@ def run_faithfulness(
             writer = ResultsWriter(out, run_config, n_rows, resume)
             _sweep(model, units, cfg, conditions, base, writer, stats, progress, ds_name, on_sample)
     else:
-        writer = _MemoryWriter(n_rows)
+        writer = _MemoryWriter(n_rows)  # type: ignore[assignment]  # same interface
         _sweep(model, units, cfg, conditions, base, writer, stats, progress, ds_name, on_sample)
     stats.wall_seconds = time.perf_counter() - t0
     if out:
@@ -450,5 +467,6 @@ def run_faithfulness(
 
         from cwlens.faithfulness.results import COLUMNS
 
+        assert isinstance(writer, _MemoryWriter)
         table = pd.DataFrame(writer.rows, columns=list(COLUMNS))
     return FaithfulnessResult(table, cfg, str(out) if out else None, stats)

@@ -29,7 +29,7 @@ from cwlens.errors import MissingHookError, ShapeMismatchError
 from cwlens.interventions.selfcheck import ensure_edits_act, kinds_of
 
 HookFn = Callable[..., torch.Tensor]
-Masks = Mapping[int, torch.Tensor]
+Masks = Mapping[int, "torch.Tensor | PackedMask"]  # PackedMask: unpacked only while its layer runs
 
 
 def pattern_mask_hook(mask: "torch.Tensor | PackedMask", renormalize: bool = False) -> HookFn:

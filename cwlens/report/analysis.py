@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cwlens import reducers
+from cwlens import reducers, validation
 from cwlens.core.geometry import AttentionGeometry
 from cwlens.streaming import stream_reduce
 
@@ -173,6 +173,9 @@ def analyze_text(
     """Run the model once on ``text`` (its first ``max_tokens`` tokens; None: all) and
     collect what the report shows. ``window``: the number of last tokens drawn at full
     resolution, or ``(start, stop)``, or None for every token."""
+    validation.text(text)
+    if max_tokens is not None:
+        validation.max_tokens(max_tokens)
     tokens = model.to_tokens(text)
     if max_tokens is not None:
         tokens = tokens[:, :max_tokens]

@@ -21,6 +21,8 @@ chose? That relation can take any shape, so it is measured, not derived:
   scales share one curve.
 """
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import torch
@@ -155,7 +157,7 @@ def summary(bins: pd.DataFrame, sink_heads: set | None = None) -> dict:
     """Headline numbers for ``summary.json`` and the printed summary."""
     fits = head_fits(bins)
     fitted = fits[fits["minimum"] != "undetermined"]
-    out = {
+    out: dict[str, Any] = {
         "observed_heads": int(len(fitted)),
         "observed_interior_frac_heads": float((fitted["minimum"] == "interior").mean()),
         "observed_low_frac_heads": float((fitted["minimum"] == "low").mean()),

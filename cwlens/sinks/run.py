@@ -127,6 +127,13 @@ def analyse(
     (:func:`run_to_folder` does the same with a resumable store on disk)."""
     from tqdm.auto import tqdm
 
+    from cwlens import validation
+    from cwlens.errors import EmptyInputError
+
+    validation.max_tokens(max_tokens)
+    validation.positive_int(batch_size, "batch_size")
+    if not samples:
+        raise EmptyInputError("No samples to analyse: pass at least one text.")
     _check_model(model, intervention)
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in RAW_PARTS}
     todo = batches(model, samples, max_tokens, batch_size)
@@ -258,6 +265,13 @@ def _layer_tables(geo, layer, mask, ids, eps, swept, causal=True) -> dict[str, p
             "observed": observed.layer_bins(geo, layer, mask)}
 
 
+def _csv_writer(df: pd.DataFrame):
+    def write(tmp: Path) -> None:
+        df.to_csv(tmp, index=False)
+
+    return write
+
+
 def save_tables(tables: dict[str, pd.DataFrame], out_dir) -> list[Path]:
     """Write every table atomically; ``tables.json`` (their checksums) is removed first and
     written last, so a folder with a valid manifest holds one complete set of tables."""
@@ -268,7 +282,7 @@ def save_tables(tables: dict[str, pd.DataFrame], out_dir) -> list[Path]:
     paths = []
     for key, name in TABLES.items():
         if key in tables:
-            atomic_write(out / name, lambda tmp, df=tables[key]: df.to_csv(tmp, index=False))
+            atomic_write(out / name, _csv_writer(tables[key]))
             paths.append(out / name)
     atomic_write_text(out / MANIFEST, json.dumps({p.name: _sha256(p) for p in paths}, indent=1))
     return paths

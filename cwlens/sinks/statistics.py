@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from cwlens import adapter
+from cwlens._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.sinks import first_real_index, key_onehot, query_after_sink
 
@@ -54,7 +55,7 @@ def layer_statistics(
     geo: AttentionGeometry,
     sink_index: torch.Tensor,
     sink_positions=(0,),
-    kind: str = "intra",
+    kind: Kind = "intra",
     causal: bool = True,
 ) -> dict[str, torch.Tensor]:
     """The per-``(batch, head)`` columns of :func:`sink_statistics` for one layer.
@@ -112,7 +113,7 @@ def sink_statistics(
     sample_ids=None,
     eps: float = EPS_GU,
     sink_positions=(0,),
-    kind: str = "intra",
+    kind: Kind = "intra",
 ) -> pd.DataFrame:
     """Tidy table, one row per ``(sample, layer, head)`` (see the module docstring)."""
     resolved, _ = adapter.resolve_layers(model, layers)
@@ -126,7 +127,7 @@ def sink_statistics(
 
 def layer_frame(
     geo, layer: int, attention_mask=None, sample_ids=None, eps: float = EPS_GU,
-    sink_positions=(0,), kind: str = "intra", causal: bool = True,
+    sink_positions=(0,), kind: Kind = "intra", causal: bool = True,
 ) -> pd.DataFrame:
     """The rows of :func:`sink_statistics` for one layer's geometry (streaming-friendly);
     ``causal=False`` for encoders (every real key is in the tail)."""

@@ -1,0 +1,280 @@
+"""argparse ``type=`` functions and path checks: every flag is validated before a model loads.
+
+A ``type=`` function raises :class:`argparse.ArgumentTypeError`, which argparse turns into
+``cwlens <command>: error: argument --flag: <message>`` and exit code 2. The path checks
+(:func:`output_dir`, :func:`output_file`) look at the file system without changing it:
+the nearest existing ancestor must be a folder we may write into.
+"""
+
+import argparse
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from cwlens.errors import OutputPathError
+
+Error = argparse.ArgumentTypeError
+
+
+def _items(text: str, what: str) -> list[str]:
+    """Comma-separated items; empty items (``"0.1,,0.3"``, ``""``) are refused."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise Error(f"expected a comma-separated list of {what}, e.g. {_EXAMPLES[what]}; got {text!r}")
+    return items
+
+
+_EXAMPLES = {
+    "rates": "0.1,0.3,0.5",
+    "scales": "0,0.5",
+    "layer indices": "0,5,10",
+    "names": "gsm8k,fineweb_edu",
+    "counts": "50 or gsm8k=50,mmlu=100",
+}
+
+
+def _no_duplicates(values: list, what: str, text: str) -> None:
+    seen, dup = set(), []
+    for v in values:
+        if v in seen and v not in dup:
+            dup.append(v)
+        seen.add(v)
+    if dup:
+        shown = ", ".join(map(str, dup))
+        raise Error(f"{what} listed twice ({shown}) in {text!r}: each would be counted twice; "
+                    "give each once")
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise Error(f"expected a positive integer (1, 2, ...); got {text!r}") from None
+    if value < 1:
+        raise Error(f"must be a positive integer (1, 2, ...); got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (an index, a seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise Error(f"expected a non-negative integer (0, 1, ...); got {text!r}") from None
+    if value < 0:
+        raise Error(f"must be 0 or more; got {value}")
+    return value
+
+
+def max_tokens(text: str) -> int:
+    """A truncation length: a positive integer (0 and negatives would mean "all" / "drop the end")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise Error(f"expected a positive number of tokens, e.g. 128; got {text!r}") from None
+    if value < 1:
+        raise Error(f"must be a positive number of tokens, e.g. 128 (leave the flag out for "
+                    f"whole texts where the command allows it); got {value}")
+    return value
+
+
+def _finite_float(item: str, text: str, what: str) -> float:
+    try:
+        value = float(item)
+    except ValueError:
+        raise Error(f"{item!r} in {text!r} is not a number; expected {what}, "
+                    f"e.g. {_EXAMPLES[what]}") from None
+    if not math.isfinite(value):
+        raise Error(f"{item!r} in {text!r} is not a finite number")
+    return value
+
+
+def rates(text: str) -> tuple[float, ...]:
+    """Comma-separated removal rates in [0, 1], each given once."""
+    values = [_finite_float(item, text, "rates") for item in _items(text, "rates")]
+    bad = [v for v in values if not 0.0 <= v <= 1.0]
+    if bad:
+        raise Error(f"rates are fractions in [0, 1]; got {', '.join(map(str, bad))} in {text!r}")
+    _no_duplicates(values, "rate", text)
+    return tuple(values)
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1] (a threshold)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise Error(f"expected a number in [0, 1]; got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise Error(f"must be in [0, 1]; got {text}")
+    return value
+
+
+def scales(text: str) -> tuple[float, ...]:
+    """Comma-separated finite scale factors, each given once."""
+    values = [_finite_float(item, text, "scales") for item in _items(text, "scales")]
+    _no_duplicates(values, "scale", text)
+    return tuple(values)
+
+
+def layer_list(text: str) -> tuple[int, ...]:
+    """Comma-separated layer indices >= 0, each given once (checked against the model later)."""
+    values = []
+    for item in _items(text, "layer indices"):
+        try:
+            values.append(int(item))
+        except ValueError:
+            raise Error(f"{item!r} in {text!r} is not a layer index; expected integers, "
+                        "e.g. 0,5,10") from None
+    negative = [v for v in values if v < 0]
+    if negative:
+        raise Error(f"layer indices start at 0; got {', '.join(map(str, negative))}")
+    _no_duplicates(values, "layer", text)
+    return tuple(values)
+
+
+def layers_or_all(text: str) -> tuple[int, ...] | None:
+    """``all`` (None) or a :func:`layer_list`."""
+    return None if text.strip() == "all" else layer_list(text)
+
+
+def choice_list(valid: tuple[str, ...], what: str, allow_all: bool = False):
+    """A type for comma-separated names from ``valid`` (each once); ``all`` if allowed."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        if allow_all and text.strip() == "all":
+            return tuple(valid)
+        names = _items(text, "names")
+        unknown = [n for n in names if n not in valid]
+        if unknown:
+            raise Error(f"unknown {what} {', '.join(map(repr, unknown))}; valid: "
+                        + ", ".join(valid) + (", or all" if allow_all else ""))
+        _no_duplicates(names, what, text)
+        return tuple(names)
+
+    parse.__name__ = f"{what}_list"
+    return parse
+
+
+def dataset_list(kinds: tuple[str, ...] = ("text", "choice")):
+    """Comma-separated dataset names (of the given kinds), each once."""
+    from cwlens.datasets import available_datasets
+
+    names = tuple(d.name for d in available_datasets() if d.kind in kinds)
+    return choice_list(names, "dataset")
+
+
+def device(text: str) -> str:
+    """cpu, cuda, cuda:N or mps, available on this machine (checked before any load)."""
+    from cwlens.errors import DeviceNotAvailableError
+    from cwlens.models.loading import check_device
+
+    try:
+        check_device(text)
+    except DeviceNotAvailableError as err:
+        raise Error(str(err)) from None
+    return text
+
+
+def text_file(text: str) -> str:
+    """A readable UTF-8 text file, or ``-`` for standard input."""
+    if text == "-":
+        return text
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise Error(f"{text!r} does not exist")
+    if path.is_dir():
+        raise Error(f"{text!r} is a directory; pass a text file")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise Error(f"cannot read {text!r}: {err.strerror}") from None
+    if b"\0" in data:
+        raise Error(f"{text!r} is a binary file; pass a UTF-8 text file")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise Error(f"{text!r} is not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r}); "
+                    "convert it, e.g. iconv -t UTF-8") from None
+    return str(path)
+
+
+def samples_spec(text: str) -> int | dict[str, int]:
+    """``N`` (every dataset) or ``name=N,...`` with positive counts, each name once."""
+    if "=" not in text:
+        return positive_int(text)
+    counts: dict[str, int] = {}
+    for item in _items(text, "counts"):
+        name, sep, count = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise Error(f"expected name=N in {text!r}, e.g. gsm8k=50,mmlu=100; got {item!r}")
+        if name in counts:
+            raise Error(f"{name!r} is given twice in {text!r}")
+        try:
+            counts[name] = positive_int(count.strip())
+        except Error as err:
+            raise Error(f"{name}: {err}") from None
+    return counts
+
+
+# -- paths (checked before the model loads; they raise OutputPathError: exit 1) ------------
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists():
+        if p.parent == p:
+            break
+        p = p.parent
+    return p
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be created in ``folder`` (permissions *and* read-only mounts,
+    which ``os.access`` misses for root): an anonymous temp file, deleted at once."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def _check_ancestors(path: Path, flag: str) -> None:
+    """No ancestor of ``path`` is a file, and the nearest existing one is writable."""
+    base = _nearest_existing(path.parent)
+    if not base.is_dir():
+        raise OutputPathError(f"{flag} {str(path)!r}: {str(base)!r} is a file, not a folder; "
+                              "pass a path inside a folder")
+    if not _writable(base):
+        raise OutputPathError(f"{flag} {str(path)!r}: no permission to write into {str(base)!r}; "
+                              "pass a writable location")
+
+
+def output_dir(path: str | Path, flag: str = "--out", must_write: bool = True) -> Path:
+    """A folder to write into: not a file, under folders, writable (if ``must_write``)."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise OutputPathError(f"{flag} {str(p)!r} is a file; pass a folder (it is created if "
+                              "missing)")
+    base = _nearest_existing(p)
+    if not base.is_dir():
+        raise OutputPathError(f"{flag} {str(p)!r}: {str(base)!r} is a file, not a folder")
+    if must_write and not _writable(base):
+        raise OutputPathError(f"{flag} {str(p)!r}: no permission to write into {str(base)!r}; "
+                              "pass a writable folder")
+    return p
+
+
+def output_file(path: str | Path, flag: str = "--out") -> Path:
+    """A file to (over)write: not a folder, its folder creatable and writable."""
+    p = Path(path).expanduser()
+    if p.is_dir() or str(path).endswith(("/", os.sep)):
+        raise OutputPathError(f"{flag} {str(p)!r} is a folder; pass a file name, e.g. "
+                              f"{str(p / 'report.html')!r}")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise OutputPathError(f"{flag} {str(p)!r} exists and is read-only; pass another file")
+    _check_ancestors(p, flag)
+    return p
