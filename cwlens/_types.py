@@ -24,6 +24,8 @@ All results are ``float32`` whatever the cache dtype.
 import torch
 from jaxtyping import Bool, Float
 
+from cwlens.metrics import GEOMETRY, HIERARCHY
+
 Pattern = Float[torch.Tensor, "batch head_index query_pos key_pos"]
 Values = Float[torch.Tensor, "batch key_pos kv_head d_head"]
 HeadZ = Float[torch.Tensor, "batch query_pos head_index d_head"]
@@ -36,11 +38,7 @@ KeyNorms = Float[torch.Tensor, "batch head_index key_pos"]
 PositionMask = Bool[torch.Tensor, "batch pos"]
 
 KINDS = ("intra", "inter")
-METRICS = (
-    "attention",
-    "value_weighted",
-    "value_weighted_output_normalized",
-    "contribution",
-)
-# every per-entry measure the streaming engine computes (METRICS and |contribution|)
-STREAM_METRICS = METRICS + ("contribution_abs",)
+# the paper's four metrics (cwlens.importance); the registry is cwlens.metrics
+METRICS = HIERARCHY
+# every per-entry measure the streaming engine computes (METRICS, |contribution|, alti)
+STREAM_METRICS = GEOMETRY

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from cwlens import adapter, hook_names
-from cwlens._types import METRICS, PairWeights, TokenWeights
+from cwlens._types import STREAM_METRICS, PairWeights, TokenWeights
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import check_kind
-from cwlens.errors import UnknownOptionError
+from cwlens.metrics import get as get_metric
 
 Cache = Mapping[str, torch.Tensor]
 
@@ -67,12 +67,10 @@ def importance(
 
     ``metric``: ``"attention"`` (a), ``"value_weighted"`` (a ||v~||, Kobayashi et al. 2020),
     ``"value_weighted_output_normalized"`` (a ||v~|| / ||o||) or ``"contribution"``
-    (a ||v~|| / ||o|| cos(o, v~)). ``kind`` picks ``o`` for the last two.
+    (a ||v~|| / ||o|| cos(o, v~)), or any other geometry metric of :mod:`cwlens.metrics`
+    (``"contribution_abs"``, ``"alti"``). ``kind`` picks ``o`` where the metric uses one.
     """
-    if metric not in METRICS:
-        raise UnknownOptionError(
-            f"Unknown metric={metric!r}. Valid metrics: {', '.join(repr(m) for m in METRICS)}."
-        )
+    get_metric(metric, STREAM_METRICS)
     check_kind(kind)
     return _per_layer(cache, model, layer, attention_mask, lambda g: g.measure(metric, kind))
 

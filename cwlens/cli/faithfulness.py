@@ -36,6 +36,15 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _metrics_help() -> str:
+    from cwlens import metrics
+
+    extra = [m for m in metrics.NAMES if m not in metrics.DEFAULT]
+    return (f"comma-separated metrics or 'all' (default: all = {', '.join(metrics.DEFAULT)}); "
+            f"also: {', '.join(extra)} (attention_gradient*: supervised references, one "
+            "backward pass per batch; alti: O(n^2 d_model) per layer)")
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "faithfulness", help="comprehensiveness/sufficiency of importance metrics by value masking",
@@ -51,7 +60,7 @@ def register(sub) -> None:
     g.add_argument("--max-tokens", type=int, default=512,
                    help="truncate language-modelling documents to their first N tokens (default: %(default)s)")
     g = p.add_argument_group("masking protocol (defaults: see docs/faithfulness.md)")
-    g.add_argument("--metrics", default="all", help="comma-separated metrics or 'all' (default: all six)")
+    g.add_argument("--metrics", default="all", help=_metrics_help())
     g.add_argument("--rates", default="0.1,0.3,0.5", help="removal rates in [0, 1] (default: %(default)s)")
     g.add_argument("--modes", default="comprehensiveness,sufficiency", help="(default: both)")
     g.add_argument("--scope", default="row", choices=("row", "head", "layer"),
