@@ -33,6 +33,12 @@ def o_proj_out(layer: int) -> str:
     return f"blocks.{layer}.attn.o.hook_out"
 
 
+def resid_post(layer: int) -> str:
+    """The residual stream after block ``layer`` ``[batch, pos, d_model]`` (the last
+    layer's is an encoder's output hidden state)."""
+    return f"blocks.{layer}.hook_resid_post"
+
+
 def closure_target(layer: int, generation: str, post_attn_norm: bool = False) -> str:
     """The hook that holds what the attention heads wrote, to check the weights against.
 
