@@ -27,6 +27,8 @@ from typing import Any, Literal, Protocol, SupportsIndex, runtime_checkable
 import torch
 from jaxtyping import Bool, Float, Int
 
+from cwlens.metrics import GEOMETRY, HIERARCHY
+
 Pattern = Float[torch.Tensor, "batch head_index query_pos key_pos"]
 Values = Float[torch.Tensor, "batch key_pos kv_head d_head"]
 HeadZ = Float[torch.Tensor, "batch query_pos head_index d_head"]
@@ -48,9 +50,9 @@ Kind = Literal["intra", "inter"]
 Metric = Literal[
     "attention", "value_weighted", "value_weighted_output_normalized", "contribution"
 ]
-RankingMetric = Literal[
+RankingMetric = Literal[  # every name of cwlens.metrics.REGISTRY
     "attention", "value_weighted", "value_weighted_output_normalized", "contribution",
-    "contribution_abs", "random",
+    "contribution_abs", "alti", "attention_gradient", "attention_gradient_abs", "random",
 ]
 Scope = Literal["row", "head", "layer"]
 Mode = Literal["comprehensiveness", "sufficiency"]
@@ -58,14 +60,10 @@ Generation = Literal["auto", "bridge", "hooked"]
 ModelGeneration = Literal["bridge", "hooked"]  # what a loaded model is
 
 KINDS: tuple[Kind, ...] = ("intra", "inter")
-METRICS: tuple[Metric, ...] = (
-    "attention",
-    "value_weighted",
-    "value_weighted_output_normalized",
-    "contribution",
-)
-# every per-entry measure the streaming engine computes (METRICS and |contribution|)
-STREAM_METRICS = METRICS + ("contribution_abs",)
+# the paper's four metrics (cwlens.importance); the registry is cwlens.metrics
+METRICS: tuple[str, ...] = HIERARCHY
+# every per-entry measure the streaming engine computes (METRICS, |contribution|, alti)
+STREAM_METRICS: tuple[str, ...] = GEOMETRY
 
 # One layer (an int, a NumPy integer, a 0-d integer tensor), several (an iterable of
 # those, a 1-d array or tensor), or None for all. Validated by adapter.resolve_layers.

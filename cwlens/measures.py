@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from cwlens import adapter, hook_names
-from cwlens._types import METRICS, Cache, Kind, LayerPairWeights, LayerTokenWeights, Metric
+from cwlens._types import STREAM_METRICS, Cache, Kind, LayerPairWeights, LayerTokenWeights
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import check_kind
-from cwlens.errors import EmptyInputError, ShapeMismatchError, UnknownOptionError
+from cwlens.errors import EmptyInputError, ShapeMismatchError
+from cwlens.metrics import get as get_metric
 
 
 def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
@@ -57,7 +58,7 @@ def importance(
     cache: Cache,
     model: TLModel,
     layer: Layers = None,
-    metric: Metric = "contribution",
+    metric: str = "contribution",
     kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
 ) -> LayerPairWeights:
@@ -65,12 +66,10 @@ def importance(
 
     ``metric``: ``"attention"`` (a), ``"value_weighted"`` (a ||v~||, Kobayashi et al. 2020),
     ``"value_weighted_output_normalized"`` (a ||v~|| / ||o||) or ``"contribution"``
-    (a ||v~|| / ||o|| cos(o, v~)). ``kind`` picks ``o`` for the last two.
+    (a ||v~|| / ||o|| cos(o, v~)), or any other geometry metric of :mod:`cwlens.metrics`
+    (``"contribution_abs"``, ``"alti"``). ``kind`` picks ``o`` where the metric uses one.
     """
-    if metric not in METRICS:
-        raise UnknownOptionError(
-            f"Unknown metric={metric!r}. Valid metrics: {', '.join(repr(m) for m in METRICS)}."
-        )
+    get_metric(metric, STREAM_METRICS)
     check_kind(kind)
     return _per_layer(cache, model, layer, attention_mask, lambda g: g.measure(metric, kind))
 

@@ -31,21 +31,18 @@ from typing import Any
 import torch
 
 from cwlens import adapter, hook_names
-from cwlens._types import STREAM_METRICS, Kind
+from cwlens import metrics as _metrics
+from cwlens._types import Kind
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import AttentionGeometry, check_kind
-from cwlens.errors import CwlensError, UnknownOptionError
+from cwlens.errors import CwlensError
 
 DEFAULT_QUERY_BLOCK = 256
 
 
 def check_metric(metric: str) -> str:
-    if metric not in STREAM_METRICS:
-        raise UnknownOptionError(
-            f"Unknown metric={metric!r}. Valid metrics: "
-            f"{', '.join(repr(m) for m in STREAM_METRICS)}."
-        )
-    return metric
+    """``metric`` if the streaming engine computes it (:data:`cwlens.metrics.GEOMETRY`)."""
+    return _metrics.get(metric, _metrics.GEOMETRY).name
 
 
 class _Taps:
@@ -181,8 +178,9 @@ def stream(
     """Call ``fn(layer, weights)`` with each layer's ``[batch, head, query, key]`` float32
     tensor of ``metric`` while the model runs; return ``[fn(...) for each layer]``.
 
-    ``metric``: ``attention``, ``value_weighted``, ``value_weighted_output_normalized``,
-    ``contribution`` (signed) or ``contribution_abs``; ``kind`` picks ``o`` (``"inter"``:
+    ``metric``: any geometry metric of :mod:`cwlens.metrics` (``attention``,
+    ``value_weighted``, ``value_weighted_output_normalized``, ``contribution`` (signed),
+    ``contribution_abs``, ``alti``); ``kind`` picks ``o`` (``"inter"``:
     the layer's output, ``"intra"``: the head's). Only one layer's weights exist at a time;
     keep from ``weights`` what you need (the tensor itself may be reused).
 

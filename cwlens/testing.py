@@ -54,6 +54,30 @@ def naive_measures(pattern, v, W_O, position_mask=None) -> dict[str, torch.Tenso
     return out
 
 
+def naive_alti(pattern, v, W_O, position_mask=None) -> dict[str, torch.Tensor]:
+    """ALTI proximities (``alti_intra``, ``alti_inter``) straight from the definition, in
+    float64, with the full ``[batch, head, query, key, d_model]`` parts: ``p = max(0,
+    ||o||_1 - ||o - a v~||_1)`` normalised over the keys of a head (intra) or over every
+    head and key of a query (inter); rows whose ``p`` are all 0 stay 0."""
+    a, v = pattern.double(), v.double()
+    if position_mask is not None:
+        m = position_mask.double()
+        a = a * m[:, None, :, None] * m[:, None, None, :]
+        v = v * m[:, :, None, None]
+    n_heads, n_kv = a.shape[1], v.shape[2]
+    v_tilde = torch.einsum("bkhd,hdm->bhkm", v.repeat_interleave(n_heads // n_kv, dim=2),
+                           W_O.double())
+    parts = a[..., None] * v_tilde[:, :, None, :, :]  # [b, h, q, k, m]
+    o_head = parts.sum(3, keepdim=True)  # [b, h, q, 1, m]
+    o = o_head.sum(1, keepdim=True)  # [b, 1, q, 1, m]
+    out = {}
+    for kind, whole, dims in (("intra", o_head, (-1,)), ("inter", o, (1, 3))):
+        p = (whole.abs().sum(-1) - (whole - parts).abs().sum(-1)).clamp_min(0)
+        total = p.sum(dims, keepdim=True)
+        out[f"alti_{kind}"] = torch.where(total > 0, p / torch.where(total > 0, total, 1.0), 0.0)
+    return out
+
+
 def random_layer(
     batch=2, n_heads=4, n_kv=2, pos=7, d_head=5, d_model=12, seed=0, dtype=torch.float32
 ):

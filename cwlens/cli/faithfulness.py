@@ -6,7 +6,7 @@ from pathlib import Path
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
 from cwlens.errors import InvalidArgumentError
-from cwlens.faithfulness.ranking import MODES, RANKINGS
+from cwlens.faithfulness.ranking import ALL_RANKINGS, MODES, RANKINGS
 
 DESCRIPTION = """\
 Ranks every attention entry (layer, head, query i, key j) by an importance metric, removes
@@ -39,6 +39,15 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _metrics_help() -> str:
+    from cwlens import metrics
+
+    extra = [m for m in metrics.NAMES if m not in metrics.DEFAULT]
+    return (f"comma-separated metrics or 'all' (default: all = {', '.join(metrics.DEFAULT)}); "
+            f"also: {', '.join(extra)} (attention_gradient*: supervised references, one "
+            "backward pass per batch; alti: O(n^2 d_model) per layer)")
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "faithfulness", help="comprehensiveness/sufficiency of importance metrics by value masking",
@@ -55,8 +64,9 @@ def register(sub) -> None:
     g.add_argument("--max-tokens", type=arg_types.max_tokens, default=512,
                    help="truncate language-modelling documents to their first N tokens (default: %(default)s)")
     g = p.add_argument_group("masking protocol (defaults: see docs/faithfulness.md)")
-    g.add_argument("--metrics", default="all", type=arg_types.choice_list(RANKINGS, "metric", allow_all=True),
-                   help="comma-separated metrics or 'all' (default: all six)")
+    g.add_argument("--metrics", default="all",
+                   type=arg_types.choice_list(ALL_RANKINGS, "metric", allow_all=RANKINGS),
+                   help=_metrics_help())
     g.add_argument("--rates", default="0.1,0.3,0.5", type=arg_types.rates, help="removal rates in [0, 1] (default: %(default)s)")
     g.add_argument("--modes", default="comprehensiveness,sufficiency",
                    type=arg_types.choice_list(MODES, "mode"), help="(default: both)")

@@ -35,7 +35,6 @@ import torch
 
 from cwlens._types import (
     KINDS,
-    METRICS,
     Kind,
     PairWeights,
 )
@@ -260,22 +259,18 @@ class AttentionGeometry:
         scale = self._inverse(kind, 1)[..., None] * inv_v[:, :, None, :]
         return self.dot(kind) * scale
 
+    def alti(self, kind: Kind = "inter") -> PairWeights:
+        """ALTI-style L1 proximity of ``a_ij v~_j`` to ``o_i``, normalised per row (the
+        peers' metric, :mod:`cwlens.core.alti`; costs ``O(n^2 d_model)``, not ``O(n^2 d_head)``)."""
+        from cwlens.core.alti import alti_weights
+
+        return alti_weights(self, kind)
+
     def measure(self, metric: str, kind: Kind = "inter") -> PairWeights:
-        """One of :data:`cwlens._types.METRICS` (or ``"contribution_abs"``, ``|c|``) by name."""
-        if metric == "attention":
-            return self.attention()
-        if metric == "value_weighted":
-            return self.value_weighted()
-        if metric == "value_weighted_output_normalized":
-            return self.value_weighted_output_normalized(kind)
-        if metric == "contribution":
-            return self.contribution(kind)
-        if metric == "contribution_abs":
-            return self.contribution(kind).abs_()
-        raise UnknownOptionError(
-            f"Unknown metric={metric!r}. Valid metrics: "
-            f"{', '.join(repr(m) for m in (*METRICS, 'contribution_abs'))}."
-        )
+        """A geometry metric of the registry (:data:`cwlens.metrics.GEOMETRY`) by name."""
+        from cwlens import metrics
+
+        return metrics.from_geometry(self, metric, kind)
 
 
 def _check_finite(pattern: torch.Tensor, v: torch.Tensor, layer: int | None) -> None:

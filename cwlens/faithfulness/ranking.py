@@ -13,9 +13,12 @@ so that at ``r = 1`` both masks are every eligible entry, and at ``r = 0`` nothi
 Parameters (with defaults, also used by :mod:`cwlens.faithfulness.sweep`):
 
 ``metric``
-    ``attention`` (a), ``value_weighted`` (a ||v~||), ``value_weighted_output_normalized``
-    (a ||v~|| / ||o||), ``contribution`` (signed c: a strongly negative entry ranks
-    *least* important), ``contribution_abs`` (|c|) or ``random`` (seeded control).
+    any of :mod:`cwlens.metrics`: ``attention`` (a), ``value_weighted`` (a ||v~||),
+    ``value_weighted_output_normalized`` (a ||v~|| / ||o||), ``contribution`` (signed c:
+    a strongly negative entry ranks *least* important), ``contribution_abs`` (|c|),
+    ``random`` (seeded control); the peers' ``alti`` (L1 proximity, Ferrando et al. 2022)
+    and the supervised references ``attention_gradient`` (-a dL/da) and
+    ``attention_gradient_abs``.
 ``kind="inter"``
     ``o`` for the output-normalised baseline and the contribution: the layer's
     multi-head output (``"intra"``: the head's own output).
@@ -46,17 +49,13 @@ from dataclasses import dataclass
 
 import torch
 
+from cwlens import metrics
 from cwlens._types import Kind, Mode, RankingMetric, Scope
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 
-RANKINGS: tuple[RankingMetric, ...] = (
-    "attention",
-    "value_weighted",
-    "value_weighted_output_normalized",
-    "contribution",
-    "contribution_abs",
-    "random",
-)
+# every metric a ranking can use (the registry, cwlens.metrics), and the default sweep's
+ALL_RANKINGS: tuple[str, ...] = metrics.NAMES
+RANKINGS: tuple[str, ...] = metrics.DEFAULT
 SCOPES: tuple[Scope, ...] = ("row", "head", "layer")
 MODES: tuple[Mode, ...] = ("comprehensiveness", "sufficiency")
 
@@ -182,11 +181,17 @@ def random_scores(
     return out.to(position_mask.device)
 
 
-def metric_scores(geometry, metric: RankingMetric, kind: Kind = "inter") -> torch.Tensor:
-    """Scores of one non-random metric from an :class:`~cwlens.core.AttentionGeometry`."""
-    check_option(metric, RANKINGS, "metric")
-    if metric == "random":
+def metric_scores(geometry, metric: RankingMetric, kind: Kind = "inter",
+                  gradient_scores=None) -> torch.Tensor:
+    """Scores of one non-random metric: a geometry metric from an
+    :class:`~cwlens.core.AttentionGeometry`, a gradient metric from this layer's signed
+    ``-a * dL/da`` (``gradient_scores``, see :mod:`cwlens.gradients`)."""
+    entry = metrics.get(metric, ALL_RANKINGS)
+    if entry.source == "random" or entry.compute is None:
         raise ValueError("metric='random' has no geometry; use random_scores().")
-    if metric == "contribution_abs":
-        return geometry.contribution(kind).abs()
-    return geometry.measure(metric, kind)
+    if entry.source == "gradient":
+        if gradient_scores is None:
+            raise ValueError(f"metric={metric!r} needs this layer's gradient scores "
+                             "(cwlens.gradients.attention_gradient).")
+        return entry.compute(gradient_scores, kind)
+    return entry.compute(geometry, kind)

@@ -5,15 +5,11 @@ output-normalised < contribution, i.e. for comprehensiveness the damage (ΔPPL u
 accuracy down) grows along that order, and for sufficiency it shrinks.
 """
 
-HIERARCHY = ("attention", "value_weighted", "value_weighted_output_normalized", "contribution")
-SHORT = {
-    "attention": "attn",
-    "value_weighted": "vw",
-    "value_weighted_output_normalized": "vwon",
-    "contribution": "contrib",
-    "contribution_abs": "abs contrib",
-    "random": "random",
-}
+from cwlens import metrics as _metrics
+
+HIERARCHY = _metrics.HIERARCHY
+# table labels of every metric (the registry: cwlens.metrics); supervised ones say so
+SHORT = {name: m.short for name, m in _metrics.REGISTRY.items()}
 LM_MEASURE, CHOICE_MEASURE = "delta_ppl", "acc"
 
 

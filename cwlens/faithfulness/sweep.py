@@ -17,6 +17,13 @@ clean), rate 1 (every eligible entry, whatever the metric or mode), and
 value_weighted_output_normalized with ``scope="row"``, which orders every row exactly as
 value_weighted (``||o||`` is constant along a row). Batches are fixed by the sample list and the
 configuration, so a resumed run computes bit-identical numbers.
+
+Peers' metrics: ``alti`` is a geometry metric and is ranked inside the streamed pass like
+the others (at ``O(n^2 d_model)`` per layer instead of ``O(n^2 d_head)``). The supervised
+``attention_gradient`` / ``attention_gradient_abs`` need gradients, which the no-grad
+streamed pass cannot give: when asked for, each batch first runs one more forward +
+backward pass (:func:`cwlens.gradients.attention_gradient`, about 3x a forward and the
+memory of a training step, every layer's scores kept until the clean pass ranks them).
 """
 
 import time
@@ -33,6 +40,7 @@ from cwlens.core.geometry import check_kind
 from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 from cwlens.faithfulness import choice, lm
 from cwlens.faithfulness.ranking import (
+    ALL_RANKINGS,
     MODES,
     RANKINGS,
     SCOPES,
@@ -43,7 +51,9 @@ from cwlens.faithfulness.ranking import (
     rank_entries,
 )
 from cwlens.faithfulness.results import ResultsWriter
+from cwlens.gradients import attention_gradient
 from cwlens.interventions.value_masking import run_masked
+from cwlens.metrics import GRADIENT
 from cwlens.results_io import results_lock
 from cwlens.streaming import stream_geometry
 
@@ -74,7 +84,7 @@ class FaithfulnessConfig:
         reuse: share forward passes between conditions with identical masks (default True).
     """
 
-    metrics: tuple[RankingMetric, ...] = RANKINGS
+    metrics: tuple[str, ...] = RANKINGS
     rates: tuple[float, ...] = (0.1, 0.3, 0.5)
     modes: tuple[Mode, ...] = MODES
     scope: Scope = "row"
@@ -96,7 +106,7 @@ class FaithfulnessConfig:
             if value is not None:
                 object.__setattr__(self, name, tuple(dict.fromkeys(value)))
         for m in self.metrics:
-            check_option(m, RANKINGS, "metric")
+            check_option(m, ALL_RANKINGS, "metric")
         for mode in self.modes:
             check_option(mode, MODES, "mode")
         check_option(self.scope, SCOPES, "scope")
@@ -135,7 +145,7 @@ class FaithfulnessConfig:
 
 @dataclass(frozen=True)
 class Condition:
-    metric: RankingMetric
+    metric: str  # a name of cwlens.metrics.REGISTRY
     mode: Mode
     rate: float
     layers_label: str
@@ -278,7 +288,7 @@ def _mask_jobs(conditions, cfg) -> tuple[dict, dict]:  # noqa: C901
     return jobs, key_of
 
 
-def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
+def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None, gradients=None) -> dict:
     """Rank one layer's entries by every metric some job needs; ``{job key: PackedMask}``.
 
     Runs inside the clean forward pass (:func:`cwlens.stream_geometry`), so only one
@@ -300,7 +310,7 @@ def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
             if metric == "random":
                 scores = random_scores(shape, mask, keys, cfg.seed, layer)
             else:
-                scores = metric_scores(geo, metric, cfg.kind)
+                scores = metric_scores(geo, metric, cfg.kind, (gradients or {}).get(layer))
             ranks[metric] = rank_entries(scores, eligible, cfg.scope)
             del scores
         out[key] = PackedMask.pack(ranks[metric].mask(rate, mode))
@@ -330,10 +340,16 @@ def _batch_outputs(model, units, batch, cfg, conditions, stats):
         return [units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)
                 for u, rows in zip(batch, rows_of, strict=True)]
 
+    gradients = None
+    if any(job[0] in GRADIENT for job in jobs.values()):
+        # supervised references: a separate forward + backward pass (cwlens.gradients)
+        t = time.perf_counter()
+        gradients = attention_gradient(model, tokens, mask, layers)
+        stats.ranking_seconds += time.perf_counter() - t
     t, ranked_before = time.perf_counter(), stats.ranking_seconds
     logits, per_layer = stream_geometry(
         model, tokens, lambda ly, geo: _layer_masks(geo, ly, mask, jobs, cfg, keys, stats,
-                                     adapter.attention_window(model, ly)),
+                                     adapter.attention_window(model, ly), gradients),
         layers=layers, attention_mask=mask,
     )
     stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)

