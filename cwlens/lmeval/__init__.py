@@ -11,11 +11,14 @@ Optional extra: ``pip install cwlens[lmeval]``. Nothing here imports lm-eval unt
 :func:`task_dir` on the include path (lm-eval has no plugin entry point, so a bare
 ``lm_eval`` does not know the model). From Python::
 
-    import lm_eval, cwlens.lmeval
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    import cwlens.lmeval
+
     cwlens.lmeval.register()
-    lm_eval.simple_evaluate(model="cwlens-masked", model_args="pretrained=smollm2-135m,...",
-                            tasks=["cwlens_boolq"],
-                            task_manager=lm_eval.tasks.TaskManager(include_path=cwlens.lmeval.task_dir()))
+    simple_evaluate(model="cwlens-masked", model_args="pretrained=smollm2-135m,metric=...",
+                    tasks=["cwlens_boolq"],
+                    task_manager=TaskManager(include_path=cwlens.lmeval.task_dir()))
 
 The tasks ``cwlens_mmlu``, ``cwlens_winogrande`` and ``cwlens_boolq`` read the shipped
 samples (``cwlens/datasets/data``) with the prompts of :mod:`cwlens.datasets.tasks`, so

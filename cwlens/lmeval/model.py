@@ -82,6 +82,8 @@ class CwlensMaskedLM(LM):
 
             from cwlens.models.loading import load_model
 
+            if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+                device = "cpu"  # lm-eval's CLI passes cuda:0 by default
             model = load_model(str(pretrained), device=device, dtype=getattr(torch, str(dtype)))
         from cwlens import adapter
 
@@ -92,6 +94,19 @@ class CwlensMaskedLM(LM):
         self.max_length = int(max_length or model.cfg.n_ctx)
         self.progress = bool(progress)
         self.stats = SweepStats()
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        """``--model_args`` win over lm-eval's own options (``--device``: lm-eval's
+        default is ``cuda:0``; without CUDA the model loads on the CPU)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**extra, **arg_dict})
 
     def _score(self, requests, groups, disable_tqdm=False):
         return score_requests(self.model, requests, groups, self.config,
