@@ -110,7 +110,7 @@ def lm_eval_samples(model, task, metric, mode, rate, data_file=None, limit=None)
     lm = cwlens.lmeval.register()(model=model, metric=metric, mode=mode, rate=rate,
                                   progress=False)
     meta = {"data_file": str(data_file)} if data_file else {}
-    manager = TaskManager(include_path=task_dir(), metadata=meta)
+    manager = TaskManager(include_path=task_dir(), include_defaults=False, metadata=meta)
     out = simple_evaluate(model=lm, tasks=[task], task_manager=manager, limit=limit,
                                   log_samples=True, verbosity="ERROR")
     return sorted(out["samples"][task], key=lambda s: s["doc_id"]), out
