@@ -27,6 +27,17 @@ def test_cwlens_lmeval_imports_without_lm_eval():
     assert out.stdout.strip() == "False"
 
 
+def test_missing_lm_eval_names_the_install(monkeypatch):
+    import cwlens.lmeval
+    from cwlens.errors import CwlensError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    with pytest.raises(CwlensError, match=r"pip install 'cwlens\[lmeval\]'"):
+        cwlens.lmeval.register()
+
+
 def test_task_yamls_are_shipped():
     names = sorted(p for p in os.listdir(task_dir()))
     assert names == ["cwlens_boolq.yaml", "cwlens_mmlu.yaml", "cwlens_tasks.py",
@@ -149,6 +160,23 @@ def test_lm_eval_scores_equal_cwlens_scores(tiny, name, metric, mode, rate):
     # the task's requests are the items' (context, continuation) pairs, character for character
     assert [[tuple(a) for a in s["arguments"]] for s in samples] == [list(i.pairs) for i in items]
     assert_same_scores(name, samples, ours, abs_ll=1e-9)
+
+
+def test_requests_split_like_lm_eval(tiny):
+    """Empty context: the prefix token (BOS) alone; else cwlens's encode_pair split, the
+    input left-truncated to max_length with the continuation kept whole."""
+    from cwlens.lmeval.requests import encode_request, token_request
+
+    model, _, _ = tiny
+    bos = model.tokenizer.bos_token_id
+    words = model.to_tokens("the cat sat", prepend_bos=False)[0].tolist()
+    assert encode_request(model, "", "the cat sat") == ([bos], words)
+    ctx, cont = encode_request(model, "the cat ", "sat")  # the trailing space moves over
+    assert (ctx, cont) == ([bos, *words[:2]], words[2:])
+    req = token_request([bos, *words[:2]], words[2:], max_length=2)
+    assert req.input_ids == tuple(words[:2]) and req.start == 1
+    with pytest.raises(Exception, match="does not fit"):
+        token_request([bos], words, max_length=2)
 
 
 @needs_lm_eval
