@@ -16,7 +16,7 @@ from cwlens.errors import UnknownOptionError
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.lmeval import task_dir
 from cwlens.lmeval.cli import with_task_dir
-from cwlens.lmeval.settings import masking_config, parse_layers
+from cwlens.lmeval.settings import describe, masking_config, parse_layers
 from cwlens.testing import save_tiny
 
 
@@ -48,7 +48,9 @@ def test_model_args_are_checked():
     cfg = masking_config("contribution", "sufficiency", 0.3, scope="head", layers="0;1")
     assert (cfg.metrics, cfg.modes, cfg.rates, cfg.scope, cfg.layers) == (
         ("contribution",), ("sufficiency",), (0.3,), "head", (0, 1))
-    assert masking_config(None).metrics == () and masking_config("none").metrics == ()
+    for clean in (masking_config(None), masking_config("none", rate=0.3),
+                  masking_config("contribution", rate=0)):
+        assert clean.rates == (0.0,) and describe(clean)["cwlens_metric"] == "none"
     assert parse_layers(2) == (2,) and parse_layers([0, 3]) == (0, 3) and parse_layers(None) is None
     with pytest.raises(UnknownOptionError, match="metric"):
         masking_config("contributoin", rate=0.3)

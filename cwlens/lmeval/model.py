@@ -50,7 +50,7 @@ class CwlensMaskedLM(LM):
         model=None,
         metric=None,
         mode: str = "comprehensiveness",
-        rate: float = 0.0,
+        rate: float | int = 0.0,
         scope: str = "row",
         kind: str = "inter",
         layers=None,

@@ -89,7 +89,8 @@ def group_units(requests: Sequence[choice.ChoiceRequest], groups: Sequence[objec
     members: dict[object, list[int]] = {}
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
-    units, where = [], [None] * len(requests)
+    units: list = []
+    where: list[tuple[int, int]] = [(0, 0)] * len(requests)
     for u, idx in enumerate(members.values()):
         reqs = [requests[i] for i in idx]
         inputs, which = choice.unique_inputs(reqs)

@@ -5,8 +5,8 @@ tokens): one clean forward pass on the streaming engine ranks every layer's entr
 ``cfg``'s metric and keeps the mask bit-packed, then one ``run_masked`` pass scores the
 requests with those entries removed (:func:`cwlens.faithfulness.sweep._batch_outputs`,
 the function ``run_faithfulness`` runs). Masks are built on, and applied to, each
-input sequence as a whole -- the context and the continuation tokens it reads. With no
-condition (metric ``none``) or rate 0 the clean pass's logits are the scores.
+input sequence as a whole -- the context and the continuation tokens it reads. At rate 0
+(metric ``none``) the clean pass's logits are the scores.
 """
 
 from collections.abc import Sequence
@@ -33,9 +33,9 @@ def score_requests(
         return []
     units, where = group_units(requests, groups)
     conditions = cfg.conditions(model.cfg.n_layers)
-    if len(conditions) > 1:
+    if len(conditions) != 1:
         raise ValueError(f"score_requests takes one masking condition; got {len(conditions)}.")
-    key = conditions[0] if conditions else None
+    key = conditions[0]
     stats = stats if stats is not None else SweepStats()
     scores: list = [None] * len(units)
     batches = plan_batches(units, cfg.batch_tokens)

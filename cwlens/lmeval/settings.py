@@ -13,10 +13,13 @@ tokens per forward pass) are those of :class:`~cwlens.faithfulness.FaithfulnessC
 with its defaults.
 """
 
+from typing import Any
+
 from cwlens.errors import UnknownOptionError
 from cwlens.faithfulness.sweep import FaithfulnessConfig
 
 NO_MASK = ("none", "clean")
+PLACEHOLDER = "attention"  # the clean model's config: any metric at rate 0 masks nothing
 
 
 def parse_layers(value) -> tuple[int, ...] | None:
@@ -42,7 +45,7 @@ def parse_layers(value) -> tuple[int, ...] | None:
 def masking_config(
     metric=None,
     mode: str = "comprehensiveness",
-    rate: float = 0.0,
+    rate: float | int = 0.0,
     scope: str = "row",
     kind: str = "inter",
     layers=None,
@@ -51,30 +54,39 @@ def masking_config(
     seed: int = 0,
     batch_tokens: int = 2048,
 ) -> FaithfulnessConfig:
-    """A one-condition :class:`FaithfulnessConfig` (no condition for the clean model).
+    """A one-condition :class:`FaithfulnessConfig`. The clean model (metric ``none``) is
+    rate 0, which the sweep runs as the clean pass alone (no mask, no masked pass).
 
     Options are checked here (unknown metric, mode, scope or kind; rate outside [0, 1]),
     so a typo fails before the model is loaded.
     """
     metric = "none" if metric is None else str(metric)
     clean = metric in NO_MASK
-    return FaithfulnessConfig(
-        metrics=() if clean else (metric,),
-        rates=(float(rate),),
-        modes=(str(mode),),
-        scope=str(scope),
-        layers=parse_layers(layers),
-        kind=str(kind),
-        renormalize=bool(renormalize),
-        mask_first_token=bool(mask_first_token),
-        seed=int(seed),
-        batch_tokens=int(batch_tokens),
-    )
+    # plain strings here; FaithfulnessConfig checks each against its valid values
+    options: dict[str, Any] = {
+        "metrics": (PLACEHOLDER if clean else metric,),
+        "rates": (0.0 if clean else float(rate),),
+        "modes": (str(mode),),
+        "scope": str(scope),
+        "layers": parse_layers(layers),
+        "kind": str(kind),
+        "renormalize": bool(renormalize),
+        "mask_first_token": bool(mask_first_token),
+        "seed": int(seed),
+        "batch_tokens": int(batch_tokens),
+    }
+    return FaithfulnessConfig(**options)
+
+
+def is_clean(cfg: FaithfulnessConfig) -> bool:
+    """Nothing is masked: metric ``none`` or rate 0."""
+    return cfg.rates[0] == 0.0
 
 
 def describe(cfg: FaithfulnessConfig) -> dict:
-    """The condition as lm-eval's results ``config`` records it."""
-    if not cfg.metrics:
+    """The condition as lm-eval's results ``config`` records it (metric ``none`` where
+    nothing is masked)."""
+    if is_clean(cfg):
         return {"cwlens_metric": "none", "cwlens_rate": 0.0}
     return {
         "cwlens_metric": cfg.metrics[0],
