@@ -1,0 +1,3 @@
+from cwlens.lmeval.cli import main
+
+main()

@@ -1,0 +1,56 @@
+"""Score token requests clean or masked, with the faithfulness sweep's own batch step.
+
+Per batch (:func:`cwlens.faithfulness.sweep.plan_batches`, ``cfg.batch_tokens`` padded
+tokens): one clean forward pass on the streaming engine ranks every layer's entries by
+``cfg``'s metric and keeps the mask bit-packed, then one ``run_masked`` pass scores the
+requests with those entries removed (:func:`cwlens.faithfulness.sweep._batch_outputs`,
+the function ``run_faithfulness`` runs). Masks are built on, and applied to, each
+input sequence as a whole -- the context and the continuation tokens it reads. At rate 0
+(metric ``none``) the clean pass's logits are the scores.
+"""
+
+from collections.abc import Sequence
+
+from cwlens.faithfulness.sweep import FaithfulnessConfig, SweepStats, _batch_outputs, plan_batches
+from cwlens.lmeval.requests import group_units
+
+
+def score_requests(
+    model,
+    requests: Sequence,
+    groups: Sequence[object],
+    cfg: FaithfulnessConfig,
+    progress: bool = False,
+    stats: SweepStats | None = None,
+) -> list[tuple[float, bool]]:
+    """``[(ll, is_greedy)]`` per request, in the order given.
+
+    ``requests``: :class:`~cwlens.faithfulness.choice.ChoiceRequest` s
+    (:func:`~cwlens.lmeval.requests.token_request`); ``groups``: one hashable per request,
+    equal for the requests of one document (they share a unit, as in the sweep).
+    """
+    if not requests:
+        return []
+    units, where = group_units(requests, groups)
+    conditions = cfg.conditions(model.cfg.n_layers)
+    if len(conditions) != 1:
+        raise ValueError(f"score_requests takes one masking condition; got {len(conditions)}.")
+    key = conditions[0]
+    stats = stats if stats is not None else SweepStats()
+    scores: list = [None] * len(units)
+    batches = plan_batches(units, cfg.batch_tokens)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(units), desc="cwlens-masked", unit="doc")
+    for batch in batches:
+        results = _batch_outputs(model, units, batch, cfg, conditions, stats)
+        stats.n_batches += 1
+        for pos, u in enumerate(batch):
+            scores[u] = results[key][pos]
+        if bar is not None:
+            bar.update(len(batch))
+    if bar is not None:
+        bar.close()
+    return [(scores[u]["ll"][k], scores[u]["greedy"][k]) for u, k in where]

@@ -1,0 +1,278 @@
+"""lm-eval-harness under masking (``cwlens-masked``): lm-eval's scores equal cwlens's own
+multiple-choice scores on the same items, clean and masked."""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cwlens.datasets import load_dataset
+from cwlens.errors import UnknownOptionError
+from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
+from cwlens.lmeval import task_dir
+from cwlens.lmeval.cli import with_task_dir
+from cwlens.lmeval.settings import describe, masking_config, parse_layers
+from cwlens.testing import save_tiny
+
+
+def test_cwlens_lmeval_imports_without_lm_eval():
+    code = ("import sys, cwlens, cwlens.lmeval, cwlens.lmeval.settings, cwlens.lmeval.scoring; "
+            "print('lm_eval' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_missing_lm_eval_names_the_install(monkeypatch):
+    import cwlens.lmeval
+    from cwlens.errors import CwlensError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    with pytest.raises(CwlensError, match=r"pip install 'cwlens\[lmeval\]'"):
+        cwlens.lmeval.register()
+
+
+def test_task_yamls_are_shipped():
+    names = sorted(p for p in os.listdir(task_dir()))
+    assert names == ["cwlens_boolq.yaml", "cwlens_mmlu.yaml", "cwlens_tasks.py",
+                     "cwlens_winogrande.yaml"]
+
+
+def test_model_args_are_checked():
+    cfg = masking_config("contribution", "sufficiency", 0.3, scope="head", layers="0;1")
+    assert (cfg.metrics, cfg.modes, cfg.rates, cfg.scope, cfg.layers) == (
+        ("contribution",), ("sufficiency",), (0.3,), "head", (0, 1))
+    for clean in (masking_config(None), masking_config("none", rate=0.3),
+                  masking_config("contribution", rate=0)):
+        assert clean.rates == (0.0,) and describe(clean)["cwlens_metric"] == "none"
+    assert parse_layers(2) == (2,) and parse_layers([0, 3]) == (0, 3) and parse_layers(None) is None
+    with pytest.raises(UnknownOptionError, match="metric"):
+        masking_config("contributoin", rate=0.3)
+    with pytest.raises(UnknownOptionError, match="mode"):
+        masking_config("attention", "comprehensive", 0.3)
+    with pytest.raises(ValueError, match="rates"):
+        masking_config("attention", rate=1.5)
+    with pytest.raises(UnknownOptionError, match="layers"):
+        parse_layers("0,x")
+
+
+def test_cli_adds_the_task_dir_once():
+    assert with_task_dir(["--tasks", "cwlens_boolq"], "/t") == [
+        "--tasks", "cwlens_boolq", "--include_path", "/t"]
+    assert with_task_dir(["--include_path", "/mine"], "/t") == ["--include_path", "/mine"]
+
+
+# --- against lm-eval ----------------------------------------------------------
+
+needs_lm_eval = pytest.mark.skipif(
+    importlib.util.find_spec("lm_eval") is None,
+    reason="lm-eval is not installed: pip install 'cwlens[lmeval]' (or 'lm-eval>=0.4.9')",
+)
+
+# items in the tiny word-level vocabulary (cwlens.testing), in the shipped files' formats
+WINOGRANDE = [
+    {"sentence": "mary went to the store and _ gave john the milk .", "option1": "she",
+     "option2": "he", "answer": "1"},
+    {"sentence": "the cat sat on the mat and _ ran fast .", "option1": "it",
+     "option2": "they", "answer": "1"},
+    {"sentence": "john gave mary a bottle of water and _ was big .", "option1": "the bottle",
+     "option2": "the water", "answer": "2"},
+    {"sentence": "the dog ran to the house when _ was slow .", "option1": "the car",
+     "option2": "the tree", "answer": "2"},
+]
+BOOLQ = [
+    {"question": "is paris the capital of france", "passage": "paris is the capital city of "
+     "france . london is the capital of england .", "answer": True},
+    {"question": "was the cat red", "passage": "the cat was blue and the dog was green .",
+     "answer": False},
+]
+CONDITIONS = [  # (metric, mode, rate): clean, masked both ways, rate 0 = clean
+    (None, "comprehensiveness", 0.0),
+    ("contribution", "comprehensiveness", 0.3),
+    ("attention", "sufficiency", 0.5),
+    ("contribution", "comprehensiveness", 0.0),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import cwlens
+
+    root = tmp_path_factory.mktemp("lmeval")
+    files = {}
+    for name, rows in (("winogrande", WINOGRANDE), ("boolq", BOOLQ)):
+        files[name] = root / f"{name}.jsonl"
+        files[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = save_tiny("llama", root)
+    return cwlens.load_model(str(path), device="cpu"), files, path
+
+
+def lm_eval_samples(model, task, metric, mode, rate, data_file=None, limit=None):
+    """lm-eval's logged samples (by doc_id) and results for one masking condition."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import cwlens.lmeval
+
+    lm = cwlens.lmeval.register()(model=model, metric=metric, mode=mode, rate=rate,
+                                  progress=False)
+    meta = {"data_file": str(data_file)} if data_file else {}
+    manager = TaskManager(include_path=task_dir(), include_defaults=False, metadata=meta)
+    out = simple_evaluate(model=lm, tasks=[task], task_manager=manager, limit=limit,
+                                  log_samples=True, verbosity="ERROR")
+    return sorted(out["samples"][task], key=lambda s: s["doc_id"]), out
+
+
+def cwlens_scores(model, items, metric, mode, rate):
+    """``{(sample_id, measure): value}`` of ``run_faithfulness`` (clean if metric is None)."""
+    cfg = FaithfulnessConfig(metrics=(metric or "contribution",), rates=(rate,), modes=(mode,))
+    table = run_faithfulness(model, items, cfg, progress=False).table
+    table = table[table.metric == (metric or "none")]
+    return {(r.sample_id, r.measure): r.value for r in table.itertuples()}
+
+
+def assert_same_scores(name, samples, ours, abs_ll):
+    """Per document: acc and acc_norm equal, the gold choice's log-likelihood equal."""
+    assert len(samples) == len({k[0] for k in ours})
+    for s in samples:
+        sid = f"{name}-{s['doc_id']:04d}"
+        gold = int(s["doc"]["answer"]) - 1 if name == "winogrande" else int(s["doc"]["answer"])
+        lls = [r[0][0] for r in s["resps"]]
+        assert s["acc"] == ours[sid, "acc"], sid
+        if "acc_norm" in s:
+            assert s["acc_norm"] == ours[sid, "acc_norm"], sid
+        assert lls[gold] == pytest.approx(ours[sid, "gold_ll"], abs=abs_ll, rel=0), sid
+
+
+@needs_lm_eval
+@pytest.mark.parametrize("name", ["winogrande", "boolq"])
+@pytest.mark.parametrize("metric,mode,rate", CONDITIONS)
+def test_lm_eval_scores_equal_cwlens_scores(tiny, name, metric, mode, rate):
+    model, files, _ = tiny
+    samples, _ = lm_eval_samples(model, f"cwlens_{name}", metric, mode, rate, files[name])
+    items = load_dataset(name, path=files[name])
+    ours = cwlens_scores(model, items, metric, mode, rate)
+    assert len(samples) == (len(WINOGRANDE) if name == "winogrande" else len(BOOLQ))
+    # the task's requests are the items' (context, continuation) pairs, character for character
+    assert [[tuple(a) for a in s["arguments"]] for s in samples] == [list(i.pairs) for i in items]
+    assert_same_scores(name, samples, ours, abs_ll=1e-9)
+
+
+def test_requests_split_like_lm_eval(tiny):
+    """Empty context: the prefix token (BOS) alone; else cwlens's encode_pair split, the
+    input left-truncated to max_length with the continuation kept whole."""
+    from cwlens.lmeval.requests import encode_request, token_request
+
+    model, _, _ = tiny
+    bos = model.tokenizer.bos_token_id
+    words = model.to_tokens("the cat sat", prepend_bos=False)[0].tolist()
+    assert encode_request(model, "", "the cat sat") == ([bos], words)
+    ctx, cont = encode_request(model, "the cat ", "sat")  # the trailing space moves over
+    assert (ctx, cont) == ([bos, *words[:2]], words[2:])
+    req = token_request([bos, *words[:2]], words[2:], max_length=2)
+    assert req.input_ids == tuple(words[:2]) and req.start == 1
+    with pytest.raises(Exception, match="does not fit"):
+        token_request([bos], words, max_length=2)
+
+
+@needs_lm_eval
+def test_masking_changes_the_scores_and_rate_zero_does_not(tiny):
+    model, files, _ = tiny
+    lls = {}
+    for metric, mode, rate in CONDITIONS:
+        samples, _ = lm_eval_samples(model, "cwlens_winogrande", metric, mode, rate,
+                                     files["winogrande"])
+        lls[metric, mode, rate] = [r[0][0] for s in samples for r in s["resps"]]
+    clean = lls[None, "comprehensiveness", 0.0]
+    assert lls["contribution", "comprehensiveness", 0.0] == clean
+    for key in (("contribution", "comprehensiveness", 0.3), ("attention", "sufficiency", 0.5)):
+        assert all(math.isfinite(x) for x in lls[key])
+        assert max(abs(a - b) for a, b in zip(lls[key], clean, strict=True)) > 1e-4
+
+
+@needs_lm_eval
+def test_results_record_the_condition(tiny):
+    model, files, _ = tiny
+    _, out = lm_eval_samples(model, "cwlens_winogrande", "contribution", "sufficiency", 0.3,
+                             files["winogrande"])
+    cfg = out["config"]
+    assert (cfg["cwlens_metric"], cfg["cwlens_mode"], cfg["cwlens_rate"]) == (
+        "contribution", "sufficiency", 0.3)
+
+
+@needs_lm_eval
+def test_loglikelihood_rolling_equals_direct_sum(tiny):
+    from lm_eval.api.instance import Instance
+
+    import cwlens.lmeval
+
+    model, _, _ = tiny
+    text = "the cat sat on the mat and the dog ran fast to the house"
+    tokens = model.to_tokens(text)  # [BOS, ...]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(tokens).double(), -1)
+    direct = float(logp[0, :-1].gather(-1, tokens[0, 1:, None]).sum())
+    req = Instance("loglikelihood_rolling", {}, (text,), 0)
+    lm = cwlens.lmeval.register()(model=model, progress=False)
+    assert lm.loglikelihood_rolling([req])[0] == pytest.approx(direct, abs=1e-9)
+    # windows of 4 tokens: each predicts from at most 4 tokens of context; all are scored
+    short = cwlens.lmeval.register()(model=model, progress=False, max_length=4)
+    windowed = short.loglikelihood_rolling([req])[0]
+    assert math.isfinite(windowed) and windowed != pytest.approx(direct, abs=1e-6)
+
+
+@needs_lm_eval
+def test_generate_until_is_refused_clearly(tiny):
+    import cwlens.lmeval
+    from cwlens.errors import CwlensError
+
+    model, _, _ = tiny
+    lm = cwlens.lmeval.register()(model=model, progress=False)
+    with pytest.raises(CwlensError, match="log-likelihoods only"):
+        lm.generate_until([])
+    with pytest.raises(CwlensError, match="unknown model_args"):
+        cwlens.lmeval.register()(model=model, metrc="attention")
+
+
+@needs_lm_eval
+def test_command_line_runs_offline(tiny, tmp_path):
+    _, files, path = tiny
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "cwlens.lmeval", "--model", "cwlens-masked", "--model_args",
+           f"pretrained={path},device=cpu,metric=contribution,mode=comprehensiveness,rate=0.3",
+           "--tasks", "cwlens_winogrande", "--metadata",
+           json.dumps({"data_file": str(files["winogrande"])}),
+           "--output_path", str(tmp_path / "out")]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "cwlens_winogrande" in run.stdout and "acc" in run.stdout
+    results = list((tmp_path / "out").rglob("results_*.json"))
+    acc = json.loads(results[0].read_text())["results"]["cwlens_winogrande"]["acc,none"]
+    ours = cwlens_scores(tiny[0], load_dataset("winogrande", path=files["winogrande"]),
+                         "contribution", "comprehensiveness", 0.3)
+    assert acc == pytest.approx(sum(v for (_, m), v in ours.items() if m == "acc") / len(WINOGRANDE))
+
+
+@needs_lm_eval
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["boolq", "mmlu", "winogrande"])
+def test_shipped_tasks_equal_cwlens_on_smollm2(name):
+    """The shipped tasks' requests are cwlens's items: same scores on SmolLM2."""
+    import cwlens
+
+    model = cwlens.load_model("smollm2-135m", device="cpu")
+    items = load_dataset(name, 3)
+    for metric, mode, rate in ((None, "comprehensiveness", 0.0),
+                               ("contribution", "comprehensiveness", 0.3)):
+        samples, _ = lm_eval_samples(model, f"cwlens_{name}", metric, mode, rate, limit=3)
+        assert [[tuple(a) for a in s["arguments"]] for s in samples] == [
+            list(item.pairs) for item in items]
+        assert_same_scores(name, samples, cwlens_scores(model, items, metric, mode, rate),
+                           abs_ll=1e-9)
