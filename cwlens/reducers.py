@@ -29,7 +29,11 @@ from cwlens.errors import CwlensError
 
 
 class Reducer:
-    """Base class: ``start_layer`` / ``update`` (once per query block) / ``end_layer`` / ``result``."""
+    """Base class: ``start_layer`` / ``update`` (once per query block) / ``end_layer`` / ``result``.
+
+    Blocks of a layer may arrive in any order (the engine hands over the widest first):
+    ``update`` gets each block's ``query_start``; reducers that keep rows put them back in
+    query order (:func:`in_query_order`)."""
 
     name = "reducer"
     metrics: tuple[str, ...] = ()
@@ -80,8 +84,8 @@ class TopK(Reducer):
         self.metric, self.by_abs, self.sum_heads = metric, by_abs, sum_heads
         self.metrics = (metric,)
         self.name = name or f"top{k}_{metric}"
-        self._idx: dict[int, list[torch.Tensor]] = {}
-        self._val: dict[int, list[torch.Tensor]] = {}
+        self._idx: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        self._val: dict[int, list[tuple[int, torch.Tensor]]] = {}
 
     def update(self, layer, query_start, weights, block):
         n_keys = getattr(weights, "n_keys", None)
@@ -96,13 +100,13 @@ class TopK(Reducer):
             if self.sum_heads:
                 w = w.sum(1, keepdim=True)
             idx, val = _row_topk(w, self.k, self.by_abs, n_keys)
-        self._idx.setdefault(layer, []).append(idx.int())
-        self._val.setdefault(layer, []).append(val)
+        self._idx.setdefault(layer, []).append((query_start, idx.int()))
+        self._val.setdefault(layer, []).append((query_start, val))
 
     def result(self) -> TopKResult:
         layers = tuple(self._idx)
-        idx = torch.stack([torch.cat(self._idx[ly], 2) for ly in layers])
-        val = torch.stack([torch.cat(self._val[ly], 2) for ly in layers])
+        idx = torch.stack([in_query_order(self._idx[ly], 2) for ly in layers])
+        val = torch.stack([in_query_order(self._val[ly], 2) for ly in layers])
         return TopKResult(idx, val, layers, self.metric)
 
 
@@ -166,18 +170,20 @@ class TokenLevel(Reducer):
         self.metric = metric
         self.metrics = (metric,)
         self.name = name or f"token_{metric}"
-        self._rows: dict[int, list[torch.Tensor]] = {}
+        self._rows: dict[int, list[tuple[int, torch.Tensor]]] = {}
 
     def update(self, layer, query_start, weights, block):
         if self.keep is None or layer in self.keep:
             rows = weights[self.metric].sum(1)
-            self._rows.setdefault(layer, []).append(_pad_keys(rows, getattr(weights, "n_keys", None)))
+            rows = _pad_keys(rows, getattr(weights, "n_keys", None))
+            self._rows.setdefault(layer, []).append((query_start, rows))
 
     def result(self) -> LayerTensor:
         layers = tuple(self._rows)
         if not layers:
             raise CwlensError(f"TokenLevel kept no layer: none of {sorted(self.keep or [])} was streamed.")
-        return LayerTensor(torch.stack([torch.cat(self._rows[ly], 1) for ly in layers]), layers, self.metric)
+        return LayerTensor(torch.stack([in_query_order(self._rows[ly], 1) for ly in layers]),
+                           layers, self.metric)
 
 
 @dataclass(frozen=True)
@@ -211,6 +217,12 @@ class HeadSummaryResult:
                                  "entropy": float(self.entropy[li, i, j]),
                                  "output_share": float(self.output_share[li, i, j])})
         return pd.DataFrame(rows)
+
+
+def in_query_order(blocks: list[tuple[int, torch.Tensor]], dim: int) -> torch.Tensor:
+    """Concatenate ``(query_start, rows)`` blocks along the query axis ``dim`` in query order
+    (the engine may hand blocks over in any order)."""
+    return torch.cat([t for _, t in sorted(blocks, key=lambda b: b[0])], dim)
 
 
 def _pad_keys(x: torch.Tensor, n_keys: int | None) -> torch.Tensor:
@@ -282,14 +294,14 @@ class FullMatrices(Reducer):
         self.pairs = [(int(layer), int(head)) for layer, head in pairs]
         self.metrics = tuple(metrics)
         self.name = name
-        self._rows: dict[tuple[int, int, str], list[torch.Tensor]] = {}
+        self._rows: dict[tuple[int, int, str], list[tuple[int, torch.Tensor]]] = {}
 
     def update(self, layer, query_start, weights, block):
         for ly, head in self.pairs:
             if ly == layer:
                 for m in self.metrics:
                     rows = _pad_keys(weights[m][:, head], getattr(weights, "n_keys", None))
-                    self._rows.setdefault((ly, head, m), []).append(rows.clone())
+                    self._rows.setdefault((ly, head, m), []).append((query_start, rows.clone()))
 
     def result(self) -> dict[tuple[int, int, str], torch.Tensor]:
-        return {key: torch.cat(rows, 1) for key, rows in self._rows.items()}
+        return {key: in_query_order(rows, 1) for key, rows in self._rows.items()}

@@ -274,7 +274,9 @@ def stream_reduce(
             r.start_layer(layer, geo)
         n_q, n_k = geo.pattern.shape[2], geo.pattern.shape[3]
         step = n_q if query_block is None else query_block
-        for start in range(0, n_q, step):
+        # widest (last) block first: each later block then fits in memory a freed one
+        # leaves, instead of growing the heap (a causal block's width grows with its start)
+        for start in reversed(range(0, n_q, step)):
             stop = min(n_q, start + step)
             # causal: keys after the block's last query have a = 0 in every row of it
             key_stop = geo.query_start + stop if causal else n_k

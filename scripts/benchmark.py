@@ -18,7 +18,8 @@ forward pass at the same n (interleaved). ``peak_extra_mb`` is then the peak mem
 the streamed pass minus that of the plain forward pass (CPU: each measured alone in a
 fresh subprocess, glibc's mmap threshold fixed so that freed blocks leave the RSS; CUDA:
 max allocated). ``--json`` prints one JSON line per n with the keys
-``n, forward_s, stream_s, ratio, peak_extra_mb``.
+``n, forward_s, stream_s, ratio, peak_extra_mb``. On CPU, rows with n > 4096 run once
+(no warm-up, no repeats): each takes minutes.
 
     python scripts/benchmark.py                      # SmolLM2-135M, n = 128 512 2048, CPU
     python scripts/benchmark.py --stream --json --lengths 2048 8192 --repeats 1
@@ -98,7 +99,12 @@ def load(model_name, device, dtype, random_config):
     return random_model(random_config, device=device, dtype=dtype)
 
 
+LONG = 4096  # rows longer than this run once, without warm-up (CPU minutes each)
+
+
 def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_block=None):
+    if n > LONG and not str(device).startswith("cuda"):
+        repeats = 1
     model = load(model_name, device, dtype, random_config)
     torch.manual_seed(0)
     tokens = random_tokens(model, n, device)

@@ -150,7 +150,7 @@ class _ReportReducer(reducers.Reducer):
         if r0 < r1:
             rows = _factors(self._geo.rows(at + r0, at + r1), slice(w0, w1))
             for key, val in rows.items():
-                self._win.setdefault(layer, {}).setdefault(key, []).append(val[0].clone())
+                self._win.setdefault(layer, {}).setdefault(key, []).append((query_start, val[0].clone()))
         last = self.n - 1 - query_start
         if 0 <= last < bq:
             rows = _factors(self._geo.rows(at + last, at + last + 1), slice(0, self.n))
@@ -191,7 +191,8 @@ def analyze_text(
     top = reducers.TopK(top_k, "contribution", by_abs=True, sum_heads=True, name="top")
     res = stream_reduce(model, tokens, [report, top], query_block=query_block, closure=True)
     layers = sorted(report._win)
-    stack = lambda key: torch.stack([torch.cat(report._win[ly][key], 1) for ly in layers]).cpu()  # noqa: E731
+    stack = lambda key: torch.stack(  # noqa: E731
+        [reducers.in_query_order(report._win[ly][key], 1) for ly in layers]).cpu()
     sink_tail = torch.stack([report._sink_tail[ly] for ly in layers]).cpu()  # [L, h, 2]
     n_tail = max(n - 1, 1)
     notes = []
