@@ -4,6 +4,8 @@ import argparse
 from pathlib import Path
 
 from cwlens.cli.common import add_model_args
+from cwlens.cli.placement import HELP as PLACEMENT_HELP
+from cwlens.cli.placement import add_placement_args, load_kwargs
 
 DESCRIPTION = """\
 Ranks every attention entry (layer, head, query i, key j) by an importance metric, removes
@@ -29,7 +31,7 @@ examples:
       --samples gsm8k=50,fineweb_edu=50,mmlu=100,winogrande=100,boolq=100 --max-tokens 256
   cwlens faithfulness --dataset mmlu --num-fewshot 5 --samples 100 --scope layer
   cwlens faithfulness --dataset gsm8k --report-only --summary-md docs/faithfulness.md
-"""
+""" + PLACEMENT_HELP % {"cmd": "faithfulness"}
 
 
 def _csv(text: str) -> list[str]:
@@ -42,6 +44,7 @@ def register(sub) -> None:
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_args(p)
+    add_placement_args(p)
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default="gsm8k",
                    help="comma-separated: gsm8k, fineweb_edu, mmlu, winogrande, boolq (default: %(default)s)")
@@ -115,12 +118,17 @@ def run(args) -> int:
     counts = _samples(args.samples, datasets)
     cfg = _config(args)
     out = Path(args.out)
-    if args.report_only:
-        return report(_paths(out, datasets, args), args)
-    from cwlens.results_io import results_lock
+    from cwlens import distributed
 
-    with results_lock(out):  # one run per results folder, for the whole command
-        return _run(args, out, datasets, counts, cfg)
+    if args.report_only:  # under torchrun, rank 0 alone reports
+        env = distributed.launched()
+        return report(_paths(out, datasets, args), args) if env is None or env.main else 0
+    placed = load_kwargs(args)
+    with distributed.session() as world:  # torchrun: one process group for the command
+        from cwlens.results_io import results_lock
+
+        with results_lock(out):  # one run per results folder (torchrun: per job)
+            return _run(args, out, datasets, counts, cfg, placed, world)
 
 
 def _paths(out, datasets, args) -> list[Path]:
@@ -131,7 +139,7 @@ def _shots(dataset: str, args) -> int:
     return args.num_fewshot if dataset == "mmlu" else 0
 
 
-def _run(args, out, datasets, counts, cfg) -> int:
+def _run(args, out, datasets, counts, cfg, placed, world) -> int:
     paths = _paths(out, datasets, args)
     model = None
     for d, path in zip(datasets, paths, strict=True):
@@ -139,7 +147,7 @@ def _run(args, out, datasets, counts, cfg) -> int:
         if model is None:
             import cwlens
 
-            model = cwlens.load_model(args.model, device=args.device)
+            model = cwlens.load_model(args.model, **placed)
         from cwlens.faithfulness import run_faithfulness
 
         result = run_faithfulness(
@@ -147,9 +155,11 @@ def _run(args, out, datasets, counts, cfg) -> int:
             model_name=args.model, progress=not args.no_progress,
         )
         s = result.stats
-        print(f"{d}: {s.n_forwards} forward passes in {s.n_batches} batches, "
-              f"{s.wall_seconds:.0f}s -> {path}")
-    return report(paths, args)
+        if world.main:
+            ranks = f" over {world.size} processes" if world.size > 1 else ""
+            print(f"{d}: {s.n_forwards} forward passes in {s.n_batches} batches{ranks}, "
+                  f"{s.wall_seconds:.0f}s -> {path}")
+    return report(paths, args) if world.main else 0
 
 
 def report(paths, args) -> int:
