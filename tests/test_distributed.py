@@ -397,3 +397,46 @@ def test_smollm2_two_processes_equal_one(tmp_path):
         assert code == 0, err[-3000:]
     assert (tmp_path / "f2" / "gsm8k.jsonl").read_bytes() == (tmp_path / "f1" / "gsm8k.jsonl").read_bytes()
     same_sink_tables(tmp_path / "s1", tmp_path / "s2")
+
+
+# -- shard files: merge and progress (no processes needed) ------------------------------
+
+
+def _rows(sample, n=3):
+    from cwlens.faithfulness.results import COLUMNS
+
+    return [{**{c: None for c in COLUMNS}, "sample_id": sample, "measure": f"m{k}", "value": k}
+            for k in range(n)]
+
+
+def test_merge_shards_keeps_complete_samples_once_in_one_process_order(tmp_path):
+    from cwlens.faithfulness.results import ResultsWriter, merge_shards, shard_name
+
+    path = tmp_path / "r.jsonl"
+    a = ResultsWriter(path, {"x": 1}, 3, shard=shard_name(0))
+    b = ResultsWriter(path, {"x": 1}, 3, shard=shard_name(1))
+    a.write_sample(_rows("s2"))
+    b.write_sample(_rows("s1"))
+    b.write_sample(_rows("s2"))  # a duplicate (identical rows)
+    with open(b.path, "a") as f:  # a write cut by kill -9: two of three rows, then a torn line
+        f.write("".join(json.dumps(r) + "\n" for r in _rows("s3")[:2]) + '{"torn')
+    c = ResultsWriter(path, {"x": 1}, 3, shard=shard_name(2))  # resume sees every shard
+    assert c.done == {"s1", "s2"}
+    merge_shards(path, 3, order=["s1", "s2", "s3"])
+    assert not list(tmp_path.glob("*.shard-*"))
+    ids = [json.loads(x)["sample_id"] for x in path.read_text().splitlines()]
+    assert ids == ["s1"] * 3 + ["s2"] * 3  # s3 was cut: recomputed by the next run
+    assert merge_shards(path, 3) == path and len(path.read_text().splitlines()) == 6  # no-op
+
+
+def test_row_counter_counts_only_new_complete_rows(tmp_path):
+    from cwlens.faithfulness.results import ResultsWriter, RowCounter, shard_name
+
+    path = tmp_path / "r.jsonl"
+    ResultsWriter(path, {"x": 1}, 3).write_sample(_rows("old"))
+    counter = RowCounter(path)
+    assert counter.new_rows() == 0
+    ResultsWriter(path, {"x": 1}, 3, shard=shard_name(1)).write_sample(_rows("new"))
+    with open(path, "a") as f:
+        f.write('{"half')
+    assert counter.new_rows() == 3
