@@ -270,6 +270,7 @@ def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
     layer's scores and ranks exist at a time; the masks are kept bit-packed.
     """
     t = time.perf_counter()
+    mask = mask.to(geo.pattern.device)  # a model split over GPUs: this layer's device
     # ``window``: a sliding-window layer's span (Gemma-3); keys outside it are never eligible
     eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token, window)
     shape = geo.pattern.shape

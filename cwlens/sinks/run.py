@@ -272,6 +272,7 @@ def _layer_tables(geo, layer, mask, ids, eps, swept, causal=True) -> dict[str, p
     """Every per-layer sink table from one layer's geometry: statistics, alignment,
     histograms, and the sink-rate sweep (``swept``: also recompute norms from the changed
     pattern, the check of the closed form; done on the first batch)."""
+    mask = mask.to(geo.pattern.device)  # a model split over GPUs: this layer's device
     al, hist = alignment.layer_tables(geo, layer, mask, ids)
     s, c = sweep.layer_sweep_tables(geo, layer, mask, ids, swept=swept)
     return {"stats": statistics.layer_frame(geo, layer, mask, ids, eps, causal=causal),
