@@ -6,7 +6,9 @@ Four primitives, used by ``cwlens faithfulness`` and ``cwlens sinks``:
   ``<folder>/.cwlens.lock``, which the kernel releases when the holder dies (kill -9
   included), so a lock left by a dead run is simply taken over. The file records the
   holder's pid, host, start time and command, and a second run fails at once with a
-  :class:`ResultsLockedError` that names them. Re-entrant within one process.
+  :class:`ResultsLockedError` that names them. Re-entrant within one process. In a
+  torchrun job, rank 0 holds it for the whole job (the file also records the job's
+  master address, run id and size) and the other ranks join it.
 - :func:`atomic_write_text` / :func:`atomic_write`: a table is written to a temporary file
   in the same folder, flushed, fsynced and renamed over the target (``os.replace``,
   atomic on POSIX): a reader sees the old file or the new one, never a mix or 0 bytes.
@@ -51,20 +53,29 @@ def _holder_text(lock_path: Path) -> str:
     if not info:
         return "another process"
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started", 0)))
-    return (f"pid {info.get('pid')} on {info.get('host')} (started {started}: "
-            f"{info.get('command', '?')})")
+    job = info.get("torchrun")
+    who = (f"a torchrun job of {job.get('world_size')} processes (master {job.get('master')}, "
+           f"run id {job.get('run_id')}), rank 0 = pid {info.get('pid')} on {info.get('host')}"
+           if job else f"pid {info.get('pid')} on {info.get('host')}")
+    return f"{who} (started {started}: {info.get('command', '?')})"
 
 
 @contextmanager
 def results_lock(folder, what: str | None = None):
     """Hold the results folder for this run (see the module docstring).
 
+    In a torchrun job (:func:`cwlens.distributed.is_distributed`) every rank calls it at
+    the same point: rank 0 takes the lock (its file records the job: master address and
+    port, run id, number of processes), the other ranks join it, and if rank 0 cannot
+    take it every rank raises the same error at once. Each rank checks that it sees rank
+    0's lock file (the folder must be shared by all nodes). On a normal exit the ranks
+    meet at a barrier before rank 0 lets go, so the lock covers every rank's writes.
+
     Raises:
         ResultsLockedError: another live process holds it; the message names that
             process and says how to proceed.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     key = os.path.realpath(folder)
     if key in _held:  # this process holds it already
         _held[key][1] += 1
@@ -73,13 +84,26 @@ def results_lock(folder, what: str | None = None):
         finally:
             _held[key][1] -= 1
         return
+    from cwlens import distributed
+
+    if distributed.is_distributed():
+        with _job_lock(folder, key, what):
+            yield
+        return
+    with _process_lock(folder, key, what):
+        yield
+
+
+@contextmanager
+def _process_lock(folder: Path, key: str, what: str | None, job: dict | None = None):
+    folder.mkdir(parents=True, exist_ok=True)
     lock_path = folder / LOCK_NAME
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
-        yield  # a read-only folder: nobody can write results there, so nothing to guard
+        yield None  # a read-only folder: nobody can write results there, so nothing to guard
         return
     try:
         import fcntl
@@ -96,15 +120,55 @@ def results_lock(folder, what: str | None = None):
         ) from None
     info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
             "command": what or " ".join(sys.argv)}
+    if job is not None:
+        info["torchrun"] = job
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
+    os.fsync(fd)  # other nodes of a job read it (shared file systems)
     _held[key] = [fd, 1]
     try:
         clean_stale_temps(folder)
-        yield
+        yield info
     finally:
         del _held[key]
         os.close(fd)  # releases the flock; the file stays (unlinking it would race)
+
+
+@contextmanager
+def _job_lock(folder: Path, key: str, what: str | None):
+    """:func:`results_lock` for every rank of a torchrun job (rank 0 holds the flock)."""
+    from contextlib import ExitStack
+
+    from cwlens import distributed
+
+    w = distributed.world()
+    with ExitStack() as stack:
+        def acquire():
+            info = stack.enter_context(_process_lock(folder, key, what, distributed.job_info()))
+            return None if info is None else info["started"]
+
+        stamp = distributed.on_main(acquire)  # rank 0's error, if any, raised on every rank
+        ok, message = True, ""
+        if not w.main:
+            try:
+                seen = json.loads((folder / LOCK_NAME).read_text() or "{}").get("started")
+            except (OSError, ValueError):
+                seen = None
+            if stamp is not None and seen != stamp:
+                ok, message = False, (
+                    f"{folder} is not the folder rank 0 locked: results must go to a folder that "
+                    "every node of the job shares (a network file system), given by the same --out.")
+            _held[key] = [None, 1]
+        finished = False
+        try:
+            distributed.check_all(ok, message)
+            yield
+            finished = True
+        finally:
+            if not w.main:
+                del _held[key]
+            if finished:
+                distributed.barrier()  # every rank's writes are done before rank 0 lets go
 
 
 def holds_lock(folder) -> bool:

@@ -33,3 +33,21 @@ def test_random_model_has_the_shape_and_exact_identities():
     assert res.closure.worst_relative_error < 1e-5
     share = res["heads"].output_share.sum(-1)
     torch.testing.assert_close(share, torch.ones_like(share), rtol=0, atol=1e-5)
+
+
+def test_faithfulness_benchmark_nproc_prints_the_speed_up(tmp_path):
+    """``--nproc 2``: one process and a torchrun job of two on the same sweep, in one
+    invocation; it prints both runs and the speed-up, and the files are identical."""
+    from cwlens.testing import save_tiny
+
+    model = save_tiny("llama", tmp_path)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_faithfulness.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--nproc", "2", "--model", str(model), "--samples", "4",
+         "--max-tokens", "8", "--batch-tokens", "8", "--rates", "0.3", "--repeats", "1"],
+        capture_output=True, text=True, check=True).stdout
+    runs = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert [r["nproc"] for r in runs] == [1, 2] and all(r["threads_per_process"] == 1 for r in runs)
+    assert runs[0]["n_batches"] == runs[1]["n_batches"] == 4
+    assert "speed-up over one process: sweep " in out and "cores busy on average" in out
+    assert "identical result files (every run): True" in out

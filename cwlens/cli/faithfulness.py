@@ -5,6 +5,8 @@ from pathlib import Path
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
+from cwlens.cli.placement import HELP as PLACEMENT_HELP
+from cwlens.cli.placement import add_placement_args, load_kwargs
 from cwlens.errors import InvalidArgumentError
 from cwlens.faithfulness.ranking import ALL_RANKINGS, MODES, RANKINGS
 
@@ -32,7 +34,7 @@ examples:
       --samples gsm8k=50,fineweb_edu=50,mmlu=100,winogrande=100,boolq=100 --max-tokens 256
   cwlens faithfulness --dataset mmlu --num-fewshot 5 --samples 100 --scope layer
   cwlens faithfulness --dataset gsm8k --report-only --summary-md docs/faithfulness.md
-"""
+""" + PLACEMENT_HELP % {"cmd": "faithfulness"}
 
 
 def _csv(text: str) -> list[str]:
@@ -54,6 +56,7 @@ def register(sub) -> None:
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_args(p)
+    add_placement_args(p)
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default="gsm8k", type=arg_types.dataset_list(),
                    help="comma-separated: gsm8k, fineweb_edu, mmlu, winogrande, boolq (default: %(default)s)")
@@ -161,22 +164,26 @@ def run(args) -> int:
         raise InvalidArgumentError("--num-fewshot applies to mmlu only, and --dataset has no mmlu")
     cfg = _config(args)
     paths = _check_inputs(args, datasets, counts)
-    if args.report_only:
-        return report(paths, args)
-    from cwlens.results_io import results_lock
+    from cwlens import distributed
 
-    with results_lock(paths[0].parent):  # one run per results folder, for the whole command
-        _run(args, datasets, counts, cfg, paths)
-    return report(paths, args)
+    if args.report_only:  # under torchrun, rank 0 alone reports
+        env = distributed.launched()
+        return report(paths, args) if env is None or env.main else 0
+    placed = load_kwargs(args)
+    with distributed.session() as world:  # torchrun: one process group for the command
+        from cwlens.results_io import results_lock
+
+        with results_lock(paths[0].parent):  # one run per results folder (torchrun: per job)
+            return _run(args, datasets, counts, cfg, paths, placed, world)
 
 
-def _run(args, datasets, counts, cfg, paths) -> None:
+def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
     model = None
     for d, path in zip(datasets, paths, strict=True):
         if model is None:
             import cwlens
 
-            model = cwlens.load_model(args.model, device=args.device)
+            model = cwlens.load_model(args.model, **placed)
             if cfg.layers is not None:  # before any compute
                 from cwlens.adapter import resolve_layers
 
@@ -189,8 +196,11 @@ def _run(args, datasets, counts, cfg, paths) -> None:
             model_name=args.model, progress=not args.no_progress,
         )
         s = result.stats
-        print(f"{d}: {s.n_forwards} forward passes in {s.n_batches} batches, "
-              f"{s.wall_seconds:.0f}s -> {path}")
+        if world.main:
+            ranks = f" over {world.size} processes" if world.size > 1 else ""
+            print(f"{d}: {s.n_forwards} forward passes in {s.n_batches} batches{ranks}, "
+                  f"{s.wall_seconds:.0f}s -> {path}")
+    return report(paths, args) if world.main else 0
 
 
 def report(paths, args) -> int:

@@ -1,7 +1,11 @@
 """``cwlens sinks``: the attention-sink analysis on a dataset sample (tables, figures, summary)."""
 
+import argparse
+
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
+from cwlens.cli.placement import HELP as PLACEMENT_HELP
+from cwlens.cli.placement import add_placement_args, load_kwargs
 from cwlens.errors import InvalidArgumentError
 
 
@@ -19,8 +23,11 @@ def register(sub) -> None:
         "non-sink position as control). The sink is the first real token of each text. Each batch "
         "is saved in <out>/raw as it finishes: rerun the same command to resume after an "
         "interruption; the tables are then written (atomically) from the saved batches.",
+        epilog=PLACEMENT_HELP % {"cmd": "sinks"},
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_args(p)
+    add_placement_args(p)
     p.add_argument("--dataset", default="gsm8k", type=arg_types.dataset_list(("text",)),
                    help="gsm8k, fineweb_edu, or both comma-separated (default: %(default)s)")
     p.add_argument("--samples", type=arg_types.positive_int, default=50,
@@ -70,11 +77,21 @@ def run(args) -> int:
             f"--plot-only: no results folder {args.out}; run `cwlens sinks` without --plot-only first.")
     if not args.plot_only:
         arg_types.output_dir(args.out)  # before the lock creates it
-    with results_lock(args.out):  # one run per results folder
-        return _run(args)
+    from cwlens import distributed
+
+    if args.plot_only:  # under torchrun, rank 0 alone redraws
+        env = distributed.launched()
+        if env is not None and not env.main:
+            return 0
+        with results_lock(args.out):
+            return _run(args)
+    placed = load_kwargs(args)
+    with distributed.session() as world:  # torchrun: one process group for the command
+        with results_lock(args.out):  # one run per results folder (torchrun: per job)
+            return _run(args, placed, world)
 
 
-def _run(args) -> int:
+def _run(args, placed=None, world=None) -> int:
     from cwlens.sinks import run as sink_run
 
     label = model_label(args.model)
@@ -97,14 +114,19 @@ def _run(args) -> int:
         samples: list = []
         for name in args.dataset:  # before the model: a bad count fails fast
             samples += load_dataset(name, n=args.samples)
-        model = cwlens.load_model(args.model, device=args.device)
-        print(f"cwlens sinks: {args.model} on {len(samples)} texts of {dataset} "
-              f"(first {args.max_tokens} tokens each)")
+        model = cwlens.load_model(args.model, **(placed or {"device": args.device}))
+        main = world is None or world.main
+        if main:
+            ranks = f" over {world.size} processes" if world is not None and world.size > 1 else ""
+            print(f"cwlens sinks: {args.model} on {len(samples)} texts of {dataset} "
+                  f"(first {args.max_tokens} tokens each){ranks}")
         tables = sink_run.run_to_folder(
             model, samples, args.out, max_tokens=args.max_tokens, batch_size=args.batch_size,
             scales=args.scales, eps=args.eps, intervention=not args.no_intervention, seed=args.seed,
             resume=not args.no_resume, model_name=args.model,
         )
+        if not main:
+            return 0  # rank 0 writes the summary and the figures
         print(f"wrote {len(tables)} tables to {args.out}/")
     summary = sink_run.summarize(tables, args.eps)
     run_info = {"model": args.model, "model_label": label, "dataset": dataset,

@@ -18,8 +18,12 @@ dropped (atomic rewrite) and recomputed. ``<name>.config.json`` beside the file 
 run's configuration; resuming with another configuration is refused.
 
 Shards (for runs split over processes): ``<name>.shard-<id>.jsonl`` beside ``<name>.jsonl``
-holds the rows one process wrote (``ResultsWriter(..., shard=id)``). Every reader and
-every writer's resume treat the main file and all its shards as one table.
+holds the rows one process wrote (``ResultsWriter(..., shard=id)``; a torchrun job's
+rank ``r`` writes :func:`shard_name` ``(r)``). Every reader and every writer's resume
+treat the main file and all its shards as one table, so a job killed with kill -9 and
+rerun with any number of processes computes only the missing samples. At the end of a
+run :func:`merge_shards` folds the shards into ``<name>.jsonl`` in the order a
+one-process run writes (the file is then byte-identical to that run's).
 """
 
 import json
@@ -52,6 +56,11 @@ def result_files(path) -> list[Path]:
     path = Path(path)
     shards = sorted(path.parent.glob(f"{path.stem}.shard-*{path.suffix}"))
     return [p for p in [path, *shards] if p.exists()]
+
+
+def shard_name(rank: int) -> str:
+    """The shard id of a torchrun job's rank ``rank``: ``rank00001``."""
+    return f"rank{rank:05d}"
 
 
 def _parse(line: str, path: Path, number: int) -> dict:
@@ -173,3 +182,66 @@ def summarize(df, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
         out.append({**dict(zip(CELL, key, strict=True)), "n": len(values),
                     "mean": float(values.mean()), "ci_low": low, "ci_high": high})
     return pd.DataFrame(out, columns=[*CELL, "n", "mean", "ci_low", "ci_high"])
+
+
+def merge_shards(path, rows_per_sample: int, order: Sequence[str] = ()) -> Path:
+    """Fold the shard files of ``path`` into ``path`` itself and remove them.
+
+    Kept: every sample whose rows in one file are complete (``rows_per_sample`` distinct
+    keys: one finished write; a write cut by a kill is dropped), de-duplicated by
+    :data:`KEY` (the first row read wins: the main file, then the shards by name).
+    Samples are written in ``order`` (the sample ids in the order a one-process run
+    writes them), then any others in the order read; each sample's rows as written.
+    The main file is replaced atomically before the shards are removed, so a kill in
+    between leaves only duplicates, which every reader drops. Call it under the folder
+    lock, after every writer has finished. Nothing happens if there are no shards.
+    """
+    main = Path(path)
+    files = result_files(main)
+    if all(f == main for f in files):
+        return main
+    samples: dict[str, list[str]] = {}
+    seen: set = set()
+    for f in files:
+        per_file: dict[str, list[tuple[str, tuple]]] = {}
+        for i, line in enumerate(complete_lines(f), 1):
+            row = _parse(line, f, i)
+            per_file.setdefault(row["sample_id"], []).append((line, _key(row)))
+        for sample, items in per_file.items():
+            if len({k for _, k in items}) < rows_per_sample:
+                continue  # a write cut by a kill: the sample was (or will be) recomputed
+            for line, k in items:
+                if k not in seen:
+                    seen.add(k)
+                    samples.setdefault(sample, []).append(line)
+    position = {s: i for i, s in enumerate(order)}
+    ids = sorted(samples, key=lambda s: position.get(s, len(position)))
+    atomic_write_text(main, "".join(line + "\n" for s in ids for line in samples[s]))
+    for f in files:
+        if f != main:
+            f.unlink(missing_ok=True)
+    return main
+
+
+class RowCounter:
+    """How many complete rows were appended to a results file and its shards since this
+    counter was made (reads only the new bytes; for the progress bar of a split run)."""
+
+    def __init__(self, path):
+        self.main = Path(path)
+        self.offsets = {p: p.stat().st_size for p in result_files(self.main)}
+        self.rows = 0
+
+    def new_rows(self) -> int:
+        for p in result_files(self.main):
+            start = self.offsets.get(p, 0)
+            try:
+                with open(p, "rb") as f:
+                    f.seek(start)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1
+            self.rows += data[:end].count(b"\n")
+            self.offsets[p] = start + end
+        return self.rows

@@ -295,6 +295,7 @@ def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None, gradient
     layer's scores and ranks exist at a time; the masks are kept bit-packed.
     """
     t = time.perf_counter()
+    mask = mask.to(geo.pattern.device)  # a model split over GPUs: this layer's device
     # ``window``: a sliding-window layer's span (Gemma-3); keys outside it are never eligible
     eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token, window)
     shape = geo.pattern.shape
@@ -391,29 +392,69 @@ def _rows(base, unit_id, results, conditions, u_pos):
 def _sweep(model, units, cfg, conditions, base, writer, stats, progress, ds_name, on_sample):
     """Every batch of the plan that has an unfinished sample: the whole batch is computed
     (so each sample gets exactly the numbers of an uninterrupted run) and the rows of its
-    unfinished samples are appended, one sample at a time."""
-    batches = plan_batches(units, cfg.batch_tokens)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    unfinished samples are appended, one sample at a time.
 
-        bar = tqdm(total=len(units), initial=len(writer.done & {u.sample_id for u in units}),
-                   desc=f"{ds_name} ({len(conditions)} conditions)", unit="sample")
-    for batch in batches:
-        todo = [u for u in batch if units[u].sample_id not in writer.done]
-        if not todo:
-            continue
-        results = _batch_outputs(model, units, batch, cfg, conditions, stats)
-        stats.n_batches += 1
-        for pos, u in enumerate(batch):
-            if u in todo:
-                writer.write_sample(_rows(base, units[u].sample_id, results, conditions, pos))
-                if bar is not None:
-                    bar.update(1)
-                if on_sample is not None:
-                    on_sample(units[u].sample_id)
-    if bar is not None:
-        bar.close()
+    In a torchrun job the batches left to do are dealt round-robin over the ranks
+    (:func:`cwlens.distributed.shard`); rank 0's progress bar counts every rank's rows
+    as they land on disk."""
+    from cwlens import distributed
+
+    batches = plan_batches(units, cfg.batch_tokens)
+    todo = [b for b in batches if any(units[u].sample_id not in writer.done for u in b)]
+    initial = len(writer.done & {u.sample_id for u in units})
+    count = None
+    if getattr(writer, "main", None) is not None:
+        from cwlens.faithfulness.results import RowCounter
+
+        counter = RowCounter(writer.main)
+        count = lambda: initial + counter.new_rows() // writer.rows_per_sample  # noqa: E731
+    with distributed.JobProgress(len(units), initial, f"{ds_name} ({len(conditions)} conditions)",
+                                 "sample", enabled=progress, count=count) as bar:
+        for batch in distributed.shard(todo):
+            results = _batch_outputs(model, units, batch, cfg, conditions, stats)
+            stats.n_batches += 1
+            for pos, u in enumerate(batch):
+                if units[u].sample_id not in writer.done:
+                    writer.write_sample(_rows(base, units[u].sample_id, results, conditions, pos))
+                    bar.advance(1)
+                    if on_sample is not None:
+                        on_sample(units[u].sample_id)
+
+
+def _open_writer(out, run_config, n_rows, resume) -> ResultsWriter:
+    """The results writer of this process. In a torchrun job every rank checks that all
+    computed the same configuration; rank 0 opens the file first (``resume=False``
+    starts it afresh; it writes the configuration and repairs its shard) and tells the
+    others which samples are finished, so all ranks deal the same batches; each rank
+    then appends to its own shard (:func:`~cwlens.faithfulness.results.shard_name`)."""
+    from cwlens import distributed
+    from cwlens.faithfulness.results import shard_name
+
+    if not distributed.is_distributed():
+        return ResultsWriter(out, run_config, n_rows, resume)
+    distributed.agree(run_config, "sweep configuration")
+    shard = shard_name(distributed.world().rank)
+    opened: dict = {}
+
+    def first():
+        opened["writer"] = ResultsWriter(out, run_config, n_rows, resume, shard=shard)
+        return sorted(opened["writer"].done)
+
+    done = distributed.on_main(first)
+    writer = opened.get("writer") or ResultsWriter(out, run_config, n_rows, True, shard=shard)
+    writer.done = set(done)
+    distributed.barrier()  # every shard repaired before anyone counts rows
+    return writer
+
+
+def _job_stats(stats: SweepStats) -> SweepStats:
+    """Counts and seconds summed over the ranks of a torchrun job (wall: the longest)."""
+    from cwlens import distributed
+
+    every = distributed.gather(asdict(stats))
+    total = SweepStats(**{k: sum(s[k] for s in every) for k in every[0]})
+    total.wall_seconds = max(s["wall_seconds"] for s in every)
+    return total
 
 
 def run_faithfulness(
@@ -463,17 +504,28 @@ def run_faithfulness(
             "renormalize": cfg.renormalize, "causal_only": cfg.causal_only,
             "mask_first_token": cfg.mask_first_token, "max_tokens": cfg.max_tokens,
             "seed": cfg.seed}
+    from cwlens import distributed
+
+    distributed.require_session()
     stats = SweepStats()
+    order = [units[u].sample_id for b in plan_batches(units, cfg.batch_tokens) for u in b]
     if out:
         from pathlib import Path
 
+        from cwlens.faithfulness.results import merge_shards
+
         with results_lock(Path(out).parent):
-            writer = ResultsWriter(out, run_config, n_rows, resume)
+            writer = _open_writer(out, run_config, n_rows, resume)
             _sweep(model, units, cfg, conditions, base, writer, stats, progress, ds_name, on_sample)
+            distributed.barrier()  # every rank's rows are on disk
+            if distributed.world().main:
+                merge_shards(out, n_rows, order)  # one file, as a one-process run writes it
+            distributed.barrier()
     else:
-        writer = _MemoryWriter(n_rows)  # type: ignore[assignment]  # same interface
+        writer = _MemoryWriter(n_rows)  # type: ignore[assignment]  # in a torchrun job: this rank's share; all gather below
         _sweep(model, units, cfg, conditions, base, writer, stats, progress, ds_name, on_sample)
     stats.wall_seconds = time.perf_counter() - t0
+    stats = _job_stats(stats)
     if out:
         from cwlens.faithfulness.results import read_results
 
@@ -484,5 +536,8 @@ def run_faithfulness(
         from cwlens.faithfulness.results import COLUMNS
 
         assert isinstance(writer, _MemoryWriter)
-        table = pd.DataFrame(writer.rows, columns=list(COLUMNS))
+        rows = [r for part in distributed.gather(writer.rows) for r in part]
+        position = {s: i for i, s in enumerate(order)}
+        rows.sort(key=lambda r: position[r["sample_id"]])  # stable: a sample's rows stay in order
+        table = pd.DataFrame(rows, columns=list(COLUMNS))
     return FaithfulnessResult(table, cfg, str(out) if out else None, stats)

@@ -65,6 +65,9 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     compatibility_mode: bool = False,
     generation: Generation = "auto",
+    n_devices: int | None = None,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
 ):
     """Load a TransformerLens model.
 
@@ -78,12 +81,38 @@ def load_model(
             (value biases are kept in the heads: ``fold_value_biases=False``).
         generation: ``"bridge"`` (TransformerLens 4.x), ``"hooked"`` (3.x
             ``HookedTransformer``) or ``"auto"`` (bridge on 4.x, hooked on 3.x).
+        n_devices: split the model over this many CUDA GPUs (``0..n-1``; TransformerBridge
+            only). Under torchrun, :func:`cwlens.distributed.placement` gives each rank its
+            own group of GPUs instead (a ``device_map`` strategy with ``max_memory``).
+        device_map: a Hugging Face device map (``"auto"``, ``"balanced"``,
+            ``"sequential"``, or ``{module: device}``); exclusive with ``device``.
+        max_memory: per-device budget for the device map (``{gpu index: bytes}``).
+
+    Raises:
+        PlacementError: ``device`` with ``device_map``, ``n_devices < 1`` or more than the
+            visible GPUs, or multi-device loading on TransformerLens 3.x.
     """
-    device = str(check_device(device))
     if generation not in ("auto", "bridge", "hooked"):
         raise UnknownOptionError(
             f"generation must be 'auto', 'bridge' or 'hooked'; got {generation!r}"
         )
+    from cwlens.distributed import PlacementError
+
+    multi = device_map is not None or (n_devices or 1) > 1 or max_memory is not None
+    if device_map is not None and device is not None:
+        raise PlacementError(f"device={device!r} and device_map are exclusive: pass one.")
+    if n_devices is not None:
+        if n_devices < 1:
+            raise PlacementError(f"n_devices must be at least 1; got {n_devices}.")
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n_devices > 1 and n_devices > visible:
+            raise PlacementError(f"n_devices={n_devices} needs {n_devices} CUDA GPUs; "
+                                 f"{visible} are visible. Lower n_devices.")
+        if n_devices > 1 and device is not None and str(device) != "cuda":
+            raise PlacementError(f"n_devices={n_devices} picks the GPUs itself; pass device=None "
+                                 f"or 'cuda', not {device!r}.")
+    # multi-device: the bridge places the model (device and device_map are exclusive)
+    placed_device = None if multi else str(check_device(device))
     source, hub_id = resolve(name_or_path)
     if os.path.isdir(source):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory needs no network
@@ -93,7 +122,10 @@ def load_model(
         if generation == "bridge":
             from transformer_lens.model_bridge import TransformerBridge
 
-            model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype)
+            placed = {k: v for k, v in (("n_devices", n_devices), ("device_map", device_map),
+                                        ("max_memory", max_memory)) if v is not None}
+            model = TransformerBridge.boot_transformers(source, device=placed_device, dtype=dtype,
+                                                        **placed)
             if compatibility_mode:
                 # TL 4.3 folds b_V into b_O by default: hook_v would lose b_V and every head
                 # output its term sum_j a_ij b_V = b_V. Keep it in the heads (as raw mode and
@@ -101,9 +133,13 @@ def load_model(
                 model.enable_compatibility_mode(fold_value_biases=False)
             enable_pattern_edits(model)  # hook_pattern edits act on wrapped (BERT) attention too
             return model
+        if multi:
+            raise PlacementError(
+                "n_devices / device_map need the TransformerBridge (TransformerLens 4.x); "
+                "the 3.x HookedTransformer loads on one device here.")
         from cwlens.models.hooked import load_hooked
 
-        return load_hooked(source, hub_id, device=device, dtype=dtype)
+        return load_hooked(source, hub_id, device=placed_device, dtype=dtype)
     except CwlensError:
         raise
     except Exception as err:  # transformers/torch/hub errors: one explained error

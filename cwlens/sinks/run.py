@@ -224,10 +224,17 @@ def run_to_folder(
     """:func:`analyse` with every batch saved as it finishes (:class:`RawStore`), resumed
     on a rerun, and the derived tables written atomically from the store at the end
     (:func:`save_tables`), all under the folder lock
-    (:func:`cwlens.results_io.results_lock`). ``on_batch(bi)`` runs after each saved batch."""
-    from tqdm.auto import tqdm
+    (:func:`cwlens.results_io.results_lock`). ``on_batch(bi)`` runs after each saved batch.
+
+    In a torchrun job (:mod:`cwlens.distributed`) every rank checks that all computed the
+    same configuration, rank 0 opens the store (``resume=False`` empties it) and says
+    which batches are missing, those are dealt round-robin over the ranks (each batch is
+    the batch of a one-process run), and after a barrier rank 0 writes the tables; every
+    rank returns them."""
+    from cwlens import distributed
 
     _check_model(model, intervention)
+    distributed.require_session()
     samples = list({s.id: s for s in reversed(samples)}.values())[::-1]  # one per id
     todo = batches(model, samples, max_tokens, batch_size)
     config = {"model": model_name or getattr(model.cfg, "model_name", "model"),
@@ -235,16 +242,30 @@ def run_to_folder(
               "scales": [float(x) for x in scales], "eps": eps, "intervention": intervention,
               "seed": seed, "swept_batches": swept_batches}
     with results_lock(out_dir):
-        store = RawStore(out_dir, config, resume)
-        for bi, (ids, tokens, mask) in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
-            if store.done(bi, ids):
-                continue
-            store.write(bi, ids, analyse_batch(model, bi, ids, tokens, mask, scales, eps, intervention,
-                                               seed, swept_batches))
-            if on_batch is not None:
-                on_batch(bi)
+        distributed.agree(config, "sinks configuration")
+        opened: dict = {}
+
+        def first():
+            opened["store"] = RawStore(out_dir, config, resume)
+            return [bi for bi, (ids, _, _) in enumerate(todo) if not opened["store"].done(bi, ids)]
+
+        missing = distributed.on_main(first)
+        store = opened.get("store") or RawStore(out_dir, config, resume=True)
+        n_done = len(todo) - len(missing)
+        with distributed.JobProgress(len(todo), n_done, "sinks", "batch", enabled=progress,
+                                     count=lambda: len(list(store.dir.glob("batch-*.json")))) as bar:
+            for bi in distributed.shard(missing):
+                ids, tokens, mask = todo[bi]
+                store.write(bi, ids, analyse_batch(model, bi, ids, tokens, mask, scales, eps,
+                                                   intervention, seed, swept_batches))
+                bar.advance(1)
+                if on_batch is not None:
+                    on_batch(bi)
+        distributed.barrier()  # every rank's batches are saved
         tables = derive(store.load(len(todo)), eps)
-        save_tables(tables, out_dir)
+        if distributed.world().main:
+            save_tables(tables, out_dir)
+        distributed.barrier()
     return tables
 
 
@@ -258,6 +279,7 @@ def _layer_tables(geo, layer, mask, ids, eps, swept, causal=True) -> dict[str, p
     """Every per-layer sink table from one layer's geometry: statistics, alignment,
     histograms, and the sink-rate sweep (``swept``: also recompute norms from the changed
     pattern, the check of the closed form; done on the first batch)."""
+    mask = mask.to(geo.pattern.device)  # a model split over GPUs: this layer's device
     al, hist = alignment.layer_tables(geo, layer, mask, ids)
     s, c = sweep.layer_sweep_tables(geo, layer, mask, ids, swept=swept)
     return {"stats": statistics.layer_frame(geo, layer, mask, ids, eps, causal=causal),
