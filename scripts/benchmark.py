@@ -208,6 +208,8 @@ def main():
     ap.add_argument("--readme", help="also write the table into this markdown file, between "
                     "<!-- benchmark:start --> and <!-- benchmark:end --> (--stream: "
                     "<!-- stream-benchmark:start --> ... end)")
+    ap.add_argument("--marker", default=None, help="the README block's marker name (default: "
+                    "benchmark, or stream-benchmark with --stream)")
     ap.add_argument("--row", type=int, help=argparse.SUPPRESS)  # internal: one row, JSON out
     ap.add_argument("--stream-row", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--memory-row", nargs=2, help=argparse.SUPPRESS)  # n, forward|stream
@@ -244,7 +246,7 @@ def main():
             f"{r['ratio_with_intra']:.2f} | {r['peak_extra_mb']:.0f} |"
         )
     if args.readme:
-        write_block(args.readme, "\n".join(md), args)
+        write_block(args.readme, "\n".join(md), args, marker=args.marker or "benchmark")
 
 
 def stream_main(args) -> None:
@@ -273,7 +275,7 @@ def stream_main(args) -> None:
         md.append(f"| {n} | {r['forward_s']:.2f} | {r['stream_s']:.2f} | {r['ratio']:.2f} | "
                   f"{fwd:.0f} | {st - fwd:.0f} |")
     if args.readme:
-        write_block(args.readme, "\n".join(md), args, marker="stream-benchmark")
+        write_block(args.readme, "\n".join(md), args, marker=args.marker or "stream-benchmark")
 
 
 def write_block(path, table: str, args, marker: str = "benchmark") -> None:
@@ -285,6 +287,7 @@ def write_block(path, table: str, args, marker: str = "benchmark") -> None:
     if start not in text or end not in text:
         raise SystemExit(f"{path} has no {start} ... {end} block")
     flags = " --stream --json" if args.stream else ""
+    flags += f" --marker {args.marker}" if args.marker else ""
     flags += f" --repeats {args.repeats}" if args.repeats != 3 else ""
     cmd = f"python scripts/benchmark.py{flags} --lengths {' '.join(map(str, args.lengths))} --readme {path}"
     block = (
