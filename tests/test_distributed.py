@@ -224,7 +224,9 @@ PROBE = textwrap.dedent("""
         capture("busy", busy)
         d.barrier()
     capture("no_session", d.require_session)
-    print("PROBE " + json.dumps(out), flush=True)
+    # one file per rank: two ranks printing at once can interleave on a shared stdout
+    with open(held + f".probe-{os.environ['RANK']}.json", "w") as f:
+        f.write(json.dumps(out))
 """)
 
 
@@ -237,8 +239,7 @@ def test_glue_under_torchrun(tmp_path):
     with results_lock(held):  # this process holds one folder
         code, out, err = finish(torchrun(2, str(script), str(held), str(free)))
     assert code == 0, err[-3000:]
-    ranks = sorted((json.loads(x[6:]) for x in out.splitlines() if x.startswith("PROBE ")),
-                   key=lambda r: r["world"][0])
+    ranks = [json.loads((tmp_path / f"held.probe-{r}.json").read_text()) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [[0, 2, True], [1, 2, False]]
     assert ranks[0]["shard"] == [0, 2, 4, 6] and ranks[1]["shard"] == [1, 3, 5]
     assert ranks[0]["on_main"] == ranks[1]["on_main"]  # rank 0's pid on both
