@@ -78,6 +78,8 @@ CASES = {
     "file-binary": (["analyze", "--file", "{p}/binary.txt"], 2, "binary file"),
     "file-not-utf8": (["analyze", "--file", "{p}/latin1.txt"], 2, "not UTF-8"),
     "analyze-layers-words": (A + ["--layers", "a,b"], 2, "not a layer index"),
+    "analyze-max-mb-negative": (A + ["--max-mb", "-3"], 2, "must be a positive number"),
+    "analyze-window-zero": (A + ["--window", "0"], 2, "--window"),
     "device-unknown": (["demo", "--device", "tpu"], 2, "Unknown device 'tpu'"),
     "device-bad-index": (["demo", "--device", "cuda:x"], 2, "Unknown device"),
     "device-cuda-without-gpu": pytest.param(

@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--window", type=arg_types.positive_int, default=64,
                    help="draw the heatmaps for the last N tokens; every other number covers all "
                    "tokens (default: %(default)s; capped so that the report fits --max-mb)")
-    p.add_argument("--max-mb", type=float, default=50.0,
+    p.add_argument("--max-mb", type=arg_types.positive_float, default=50.0,
                    help="largest report size in MB (default: %(default)s)")
     p.add_argument("--layers", default=None, type=arg_types.layer_list,
                    help="comma-separated layers for the per-head heatmaps (default: 4 spread over the depth)")

@@ -101,6 +101,17 @@ def rates(text: str) -> tuple[float, ...]:
     return tuple(values)
 
 
+def positive_float(text: str) -> float:
+    """A finite number above 0 (a size in MB, ...)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise Error(f"expected a positive number; got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise Error(f"must be a positive number; got {text}")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number in [0, 1] (a threshold)."""
     try:
