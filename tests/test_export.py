@@ -57,8 +57,10 @@ def test_cli_export(tmp_path, capsys):
                  "--text", TEXTS[1], "--out", str(out), "--k", "2"]) == 0
     assert "topk.parquet" in capsys.readouterr().out
     assert sorted(read_tables(out)["topk"].text_id.astype(str).unique()) == ["0", "1"]
-    assert main(["export", "--model", str(model_dir), "--text", "x", "--metrics", "nope"]) == 1
-    assert "valid metrics" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad:  # a usage error (argparse type), like every command's
+        main(["export", "--model", str(model_dir), "--text", "x", "--metrics", "nope"])
+    assert bad.value.code == 2
+    assert "unknown metric 'nope'; valid: " in capsys.readouterr().err
 
 
 def test_circuitsvis_view(model):
