@@ -226,5 +226,33 @@ def report(paths, args) -> int:
                 written = save_figure(fig, Path(args.figures) / f"faithfulness_{ds}{suffix}",
                                       png=not args.no_png)
                 print("figure:", ", ".join(map(str, written)))
+    _aopc_report(table, args)
     return 0
+
+
+def _aopc_report(table, args) -> None:
+    """With three or more rates: the AOPC table (ΔNLL for language modelling, accuracy for
+    multiple choice) per dataset and setting, and its perturbation-curve figure."""
+    from cwlens.faithfulness import aopc
+    from cwlens.faithfulness.report import setting_groups
+
+    for ds in sorted(table.dataset.unique()):
+        for suffix, model, rows in setting_groups(table, ds):
+            if rows["rate"][rows["mode"] != "clean"].nunique() < 3:
+                continue
+            measure = "delta_nll" if (rows.measure == "nll").any() else "acc"
+            damage = aopc.damages(rows, measure)
+            per_sample = aopc.aopc(damage)
+            summary = aopc.aopc_summary(per_sample)
+            print(f"**{ds}**{f' ({model})' if model else ''}: area over the perturbation curve")
+            print(aopc.markdown(summary, measure, aopc.verdicts(per_sample)))
+            if args.figures:
+                from cwlens.plotting import save_figure
+                from cwlens.plotting.faithfulness import aopc_curves
+
+                fig = aopc_curves(aopc.curve_summary(damage), summary,
+                                  f"{ds} — {model or args.model}", aopc.UNITS[measure])
+                written = save_figure(fig, Path(args.figures) / f"faithfulness_{ds}{suffix}_aopc",
+                                      png=not args.no_png)
+                print("figure:", ", ".join(map(str, written)))
 

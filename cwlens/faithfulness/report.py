@@ -47,26 +47,39 @@ def _select(frame, **where):
 
 def paired_comparisons(table, dataset: str, mode: str, rate: float, measure: str,
                        setting: dict | None = None, n_boot: int = 2000, level: float = 0.95,
-                       seed: int = 0):
+                       seed: int = 0, order: tuple[str, ...] = HIERARCHY):
     """``{(a, b): PairedDifference}`` of the faithfulness score of metric ``b`` minus that
     of ``a`` (comprehensiveness: damage; sufficiency: minus damage), paired by sample, for
-    every pair of hierarchy metrics present at one cell. ``setting``: ``{column: value}``
+    every pair of ``order`` metrics present at one cell. ``setting``: ``{column: value}``
     that selects one run (model, scope, ...; see :data:`~cwlens.faithfulness.results.SETTING`)."""
-    from cwlens.bootstrap import paired_frame_difference
+    return cell_comparisons(_score_cell(table, dataset, mode, rate, measure, setting), order,
+                            n_boot, level, seed)
 
+
+def _score_cell(table, dataset, mode, rate, measure, setting):
+    """Rows ``metric, sample_id, value`` of one cell, ``value`` = the faithfulness score."""
     if "value" not in table.columns:
         raise TypeError("paired comparisons need the per-sample rows (read_results), not a summary.")
     cell = _select(table, dataset=dataset, mode=mode, rate=rate, measure=measure, **(setting or {}))
     sign = 1.0 if mode == "comprehensiveness" else -1.0
-    cell = cell.assign(value=[sign * damage(measure, v) for v in cell["value"]])
-    present = [m for m in HIERARCHY if (cell.metric == m).any()]
+    return cell.assign(value=[sign * damage(measure, v) for v in cell["value"]])
+
+
+def cell_comparisons(cell, order: tuple[str, ...] = HIERARCHY, n_boot: int = 2000,
+                     level: float = 0.95, seed: int = 0):
+    """``{(a, b): PairedDifference}`` of ``b`` minus ``a`` for every pair of ``order``
+    present in ``cell`` (rows ``metric, sample_id, value``; ``value``: a faithfulness
+    score, higher = more faithful), paired by sample."""
+    from cwlens.bootstrap import paired_frame_difference
+
+    present = [m for m in order if (cell.metric == m).any()]
     return {(a, b): paired_frame_difference(cell, "metric", a, b, n_boot=n_boot, level=level, seed=seed)
             for i, a in enumerate(present) for b in present[i + 1:]}
 
 
 def hierarchy_verdict(table, dataset: str, mode: str, rate: float, measure: str,
                       setting: dict | None = None, n_boot: int = 2000, level: float = 0.95,
-                      seed: int = 0) -> str:
+                      seed: int = 0, order: tuple[str, ...] = HIERARCHY) -> str:
     """The four hierarchy metrics ordered by faithfulness at one cell, and whether the
     paper's order holds, from a paired bootstrap of the per-sample differences (``table``:
     the rows of :func:`~cwlens.faithfulness.read_results`).
@@ -77,19 +90,29 @@ def hierarchy_verdict(table, dataset: str, mode: str, rate: float, measure: str,
     pairs (attn < vw < vwon < contrib): ``holds`` (every pair resolved in that order),
     ``holds, with ties`` (the others identical), ``does not hold (a > b)`` (some pair
     resolved the other way round), else ``unresolved (a vs b, ...)``. For example
-    ``"attn < vw = vwon < contrib: holds, with ties"``."""
-    pairs = paired_comparisons(table, dataset, mode, rate, measure, setting, n_boot, level, seed)
-    present = [m for m in HIERARCHY if any(m in p for p in pairs)]
+    ``"attn < vw = vwon < contrib: holds, with ties"``. ``order``: the expected order
+    (e.g. with ``contribution_abs`` in place of ``contribution``)."""
+    return cell_verdict(_score_cell(table, dataset, mode, rate, measure, setting), order,
+                        n_boot, level, seed)
+
+
+def cell_verdict(cell, order: tuple[str, ...] = HIERARCHY, n_boot: int = 2000,
+                 level: float = 0.95, seed: int = 0) -> str:
+    """:func:`hierarchy_verdict` of one cell of faithfulness scores (rows ``metric,
+    sample_id, value``, higher = more faithful; e.g. AOPC, :mod:`~cwlens.faithfulness.aopc`)."""
+    pairs = cell_comparisons(cell, order, n_boot, level, seed)
+    present = [m for m in order if any(m in p for p in pairs)]
     if len(present) < 2:
         return "n/a"
+    best = order[-1]
 
     def diff(a, b):  # b minus a
         return pairs[(a, b)] if (a, b) in pairs else _negated(pairs[(b, a)])
 
-    order = sorted(present, key=lambda m: (sum(diff(o, m).mean for o in present if o != m),
-                                           HIERARCHY.index(m)))
-    parts = [SHORT[order[0]]]
-    for a, b in zip(order, order[1:], strict=False):
+    ranked = sorted(present, key=lambda m: (sum(diff(o, m).mean for o in present if o != m),
+                                            order.index(m)))
+    parts = [SHORT[ranked[0]]]
+    for a, b in zip(ranked, ranked[1:], strict=False):
         d = diff(a, b)
         parts += [" = " if d.identical else " < " if d.sign > 0 else " ≈ ", SHORT[b]]
     expected = list(zip(present, present[1:], strict=False))
@@ -106,9 +129,9 @@ def hierarchy_verdict(table, dataset: str, mode: str, rate: float, measure: str,
         verdict = "holds, with ties"
     else:
         verdict = "holds"
-    if not verdict.startswith("holds") and "contribution" in present and all(
-            diff(m, "contribution").sign > 0 for m in present if m != "contribution"):
-        verdict += "; contribution best"
+    if not verdict.startswith("holds") and best in present and all(
+            diff(m, best).sign > 0 for m in present if m != best):
+        verdict += f"; {best.replace('_', ' ')} best"
     return "".join(parts) + f": {verdict}"
 
 
@@ -229,21 +252,22 @@ def _marker_line(text: str, marker: str, start: int = 0) -> int:
     return m.start() if m else -1
 
 
-def write_block(path, text: str) -> None:
-    """Replace the block between :data:`START` and :data:`END` in ``path`` (append it if
-    absent; create the file if needed). Markers count only on lines of their own; the block
-    ends at the first end marker *after* the start marker. The file is replaced atomically."""
+def write_block(path, text: str, start: str = START, end: str = END) -> None:
+    """Replace the block between the ``start`` and ``end`` markers (default :data:`START`,
+    :data:`END`) in ``path`` (append it if absent; create the file if needed). Markers count
+    only on lines of their own; the block ends at the first end marker *after* the start
+    marker. The file is replaced atomically."""
     from pathlib import Path
 
     from cwlens.results_io import atomic_write_text
 
     p = Path(path)
-    block = f"{START}\n{text.rstrip()}\n{END}\n"
+    block = f"{start}\n{text.rstrip()}\n{end}\n"
     old = p.read_text(encoding="utf-8") if p.exists() else ""
-    begin = _marker_line(old, START)
-    end = _marker_line(old, END, begin + len(START)) if begin >= 0 else -1
-    if begin >= 0 and end >= 0:
-        rest = old[end + len(END) :]
+    begin = _marker_line(old, start)
+    stop = _marker_line(old, end, begin + len(start)) if begin >= 0 else -1
+    if begin >= 0 and stop >= 0:
+        rest = old[stop + len(end) :]
         new = old[:begin] + block + (rest[1:] if rest.startswith("\n") else rest)
     else:
         new = old + ("\n" if old and not old.endswith("\n") else "") + block

@@ -59,3 +59,57 @@ def faithfulness_curves(summary, dataset: str, measure: str, title: str | None =
         margin=dict(t=110),
     )
     return fig
+
+
+def aopc_curves(curves, aopc_summary=None, title: str = "", ylabel: str = "damage"):
+    """Perturbation curves on a log rate axis (comprehensiveness | sufficiency): the mean
+    damage per rate with its bootstrap CI band, one line per metric; with
+    ``aopc_summary`` (:func:`cwlens.faithfulness.aopc.aopc_summary`) the legend gives each
+    metric's AOPC. ``curves``: :func:`cwlens.faithfulness.aopc.curve_summary` output."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    modes = ("comprehensiveness", "sufficiency")
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=(
+        "<b>comprehensiveness</b>: remove top-ranked<br>(higher curve = more faithful)",
+        "<b>sufficiency</b>: remove bottom-ranked<br>(lower curve = more faithful)"))
+    metrics = [m for m in COLORS if m in set(curves.metric)]
+    for col, mode in enumerate(modes, start=1):
+        for metric in metrics:
+            d = curves[(curves.metric == metric) & (curves["mode"] == mode)].sort_values("rate")
+            if not len(d):
+                continue
+            name = LABELS[metric]
+            if aopc_summary is not None:
+                hit = aopc_summary[(aopc_summary.metric == metric) & (aopc_summary["mode"] == mode)]
+                if len(hit):
+                    name += f" ({'comp' if col == 1 else 'suff'} AOPC {hit['aopc'].iloc[0]:.3g})"
+            color = COLORS[metric]
+            fig.add_trace(go.Scatter(  # the CI band: upper edge, then lower edge back
+                x=list(d.rate) + list(d.rate)[::-1], y=list(d.ci_high) + list(d.ci_low)[::-1],
+                mode="lines", fill="toself", fillcolor=_rgba(color, 0.10), line=dict(width=0),
+                hoverinfo="skip",
+                showlegend=False, legendgroup=f"{metric}{col}"), row=1, col=col)
+            fig.add_trace(go.Scatter(
+                x=list(d.rate), y=list(d["mean"]), mode="lines+markers", name=name,
+                legendgroup=f"{metric}{col}", legend="legend" if col == 1 else "legend2",
+                line=dict(color=color, dash="dot" if metric == "random" else "solid")),
+                row=1, col=col)
+        rates = sorted(set(curves.rate))
+        fig.update_xaxes(type="log", title_text="removal rate (log scale)", tickvals=rates,
+                         ticktext=[f"{r:g}" for r in rates], row=1, col=col)
+        fig.update_yaxes(title_text=ylabel, row=1, col=col)
+    n = int(curves["n"].max()) if len(curves) else 0
+    fig.update_layout(
+        title=f"{title} (n = {n}; bands: 95% bootstrap CI)", template="plotly_white",
+        width=1250, height=600, margin=dict(t=110, b=200),
+        legend=dict(orientation="v", x=0.0, y=-0.18, yanchor="top", font=dict(size=11)),
+        legend2=dict(orientation="v", x=0.55, y=-0.18, yanchor="top", font=dict(size=11)),
+    )
+    return fig
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"

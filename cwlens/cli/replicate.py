@@ -1,0 +1,164 @@
+"""``cwlens replicate``: every claim of the paper on several models, one table."""
+
+import argparse
+
+from cwlens.cli import arg_types
+from cwlens.cli.common import add_debug_flag
+
+DESCRIPTION = """\
+Runs, for each model, the faithfulness test at removal rates 0.01..0.5 with every metric
+(the paper's four, |contribution|, the peers' ALTI and the supervised attention x gradient,
+the random control), the sink analysis (with the sink-norm intervention on decoders), the
+token-class shares (attention vs norm-weighted on [CLS]/BOS, [SEP]/EOS, punctuation), and
+on one decoder the per-layer masking; then writes one table of claims x models, the AOPC
+tables and the perturbation-curve figures.
+Decoders: language modelling on FineWeb-Edu documents (damage = ΔNLL). Encoders: the
+sentence-embedding damage 1 - cos (mean pooling) on FineWeb-Edu sentences.
+Each stage writes as it goes into <out>/<model>/: rerun the same command to resume; a
+model that cannot be loaded (e.g. its package is not installed) is reported and skipped.
+"""
+
+EPILOG = """\
+examples:
+  cwlens replicate                                   # the three offline models (~1 h on 2 CPU cores)
+  cwlens replicate --models smollm2-135m --samples 8 # a quick look
+  cwlens replicate --table-only --docs docs/replication.md --readme README.md
+offline models: smollm2-135m (default install), gemma-3-270m (scripts/setup.sh --gemma),
+all-minilm-l6-v2 (scripts/setup.sh --minilm).
+"""
+
+
+def register(sub) -> None:
+    from cwlens.replication.plan import DEFAULT_MODELS, ReplicationConfig
+
+    d = ReplicationConfig()
+    p = sub.add_parser("replicate", help="the paper's claims on several models: one resumable run, "
+                       "one table", description=DESCRIPTION, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), type=_models,
+                   help="comma-separated model names, local directories or hub ids "
+                   "(default: %(default)s)")
+    p.add_argument("--device", default=None, type=arg_types.device,
+                   help="cpu, cuda, cuda:1, mps (default: cuda if available)")
+    p.add_argument("--out", default="runs/replicate", help="results folder (default: %(default)s)")
+    g = p.add_argument_group("sizes")
+    g.add_argument("--samples", type=arg_types.positive_int, default=d.samples,
+                   help="FineWeb-Edu documents per decoder faithfulness run (default: %(default)s)")
+    g.add_argument("--max-tokens", type=arg_types.max_tokens, default=d.max_tokens,
+                   help="tokens per document (default: %(default)s)")
+    g.add_argument("--rates", type=arg_types.rates, default=d.rates,
+                   help="removal rates of the curves (default: " + ",".join(f"{r:g}" for r in d.rates) + ")")
+    g.add_argument("--sentences", type=arg_types.positive_int, default=d.sentences,
+                   help="FineWeb-Edu sentences: encoder task and token classes (default: %(default)s)")
+    g.add_argument("--sink-samples", type=arg_types.positive_int, default=d.sink_samples,
+                   help="GSM8K texts of the sink analysis (default: %(default)s)")
+    g.add_argument("--per-layer-model", default=d.per_layer_model,
+                   help="the model masked one layer at a time, '' for none (default: %(default)s)")
+    g.add_argument("--per-layer-samples", type=arg_types.positive_int, default=d.per_layer_samples,
+                   help="documents of the per-layer run (default: %(default)s)")
+    g = p.add_argument_group("output")
+    g.add_argument("--table-only", action="store_true",
+                   help="do not compute: build the table from what --out holds")
+    g.add_argument("--figures", default="figures", help="figure folder, '' for none (default: %(default)s)")
+    g.add_argument("--no-png", action="store_true", help="figures as HTML only")
+    g.add_argument("--docs", default=None, help="also write the tables into this markdown file")
+    g.add_argument("--readme", default=None,
+                   help="also write the claims table between the replication markers of this file")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_debug_flag(p, argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def _models(text: str) -> tuple[str, ...]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("--models needs at least one model name")
+    if len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError(f"--models lists a model twice: {text!r}")
+    return tuple(items)
+
+
+def run(args) -> int:
+    from cwlens.replication.plan import ReplicationConfig
+
+    cfg = ReplicationConfig(samples=args.samples, max_tokens=args.max_tokens, rates=args.rates,
+                            sentences=args.sentences, sink_samples=args.sink_samples,
+                            per_layer_model=args.per_layer_model,
+                            per_layer_samples=args.per_layer_samples)
+    out = arg_types.output_dir(args.out, must_write=not args.table_only)
+    if args.figures:
+        arg_types.output_dir(args.figures, "--figures")
+    for flag, path in (("--docs", args.docs), ("--readme", args.readme)):
+        if path:
+            arg_types.output_file(path, flag)
+    skipped: dict[str, str] = {}
+    if not args.table_only:
+        skipped = _compute(args, cfg, out)
+    return _report(args, out, skipped)
+
+
+def _compute(args, cfg, out) -> dict[str, str]:
+    import time
+
+    import cwlens
+    from cwlens.errors import ModelNotAvailableError
+    from cwlens.replication.stages import run_model
+
+    skipped = {}
+    for name in args.models:
+        t0 = time.perf_counter()
+        try:
+            model = cwlens.load_model(name, device=args.device)
+        except ModelNotAvailableError as err:
+            why = " ".join(str(err).split())
+            why = why if len(why) <= 160 else why[:157] + "..."
+            print(f"[{name}] skipped: {why}")
+            skipped[name] = why
+            continue
+        run_model(model, name, out, cfg, progress=not args.no_progress)
+        print(f"[{name}] done in {time.perf_counter() - t0:.0f} s")
+        del model
+    return skipped
+
+
+def _report(args, out, skipped: dict[str, str]) -> int:
+    from cwlens.errors import ModelNotAvailableError
+    from cwlens.faithfulness.report import write_block
+    from cwlens.replication import claims
+
+    results = [claims.load(out, name) for name in args.models]
+    table = claims.claims_table(results)
+    aopc = claims.aopc_tables(results)
+    print("\n" + table + "\n" + aopc)
+    for name, why in skipped.items():
+        print(f"note: {name} was skipped ({why}); its column reads n/a.")
+    if skipped and len(skipped) == len(args.models):
+        raise ModelNotAvailableError("no model could be loaded: " + "; ".join(
+            f"{name}: {why}" for name, why in skipped.items()))
+    if args.figures:
+        written = claims.write_figures(results, args.figures, png=not args.no_png)
+        if written:
+            print("wrote " + ", ".join(str(p) for p in written))
+    command = "cwlens replicate " + " ".join(f"--{k} {v}" for k, v in _nondefault(args))
+    if args.docs:
+        write_block(args.docs, f"Produced by `{command.strip()}`.\n\n{table}\n{aopc}",
+                    start=claims.START, end=claims.END)
+        print(f"wrote {args.docs}")
+    if args.readme:
+        write_block(args.readme, f"Produced by `{command.strip()}`.\n\n{table}",
+                    start=claims.START, end=claims.END)
+        print(f"wrote {args.readme}")
+    return 0
+
+
+def _nondefault(args):
+    """The sizing options that differ from their defaults (for the 'produced by' line)."""
+    from cwlens.replication.plan import DEFAULT_MODELS, ReplicationConfig
+
+    d = ReplicationConfig()
+    pairs = [("models", ",".join(args.models), ",".join(DEFAULT_MODELS)),
+             ("samples", args.samples, d.samples), ("max-tokens", args.max_tokens, d.max_tokens),
+             ("sentences", args.sentences, d.sentences),
+             ("sink-samples", args.sink_samples, d.sink_samples),
+             ("per-layer-samples", args.per_layer_samples, d.per_layer_samples)]
+    return [(k, v) for k, v, default in pairs if v != default]

@@ -1,0 +1,203 @@
+"""Perturbation curves and their area (AOPC) per metric, with paired bootstrap differences.
+
+A faithfulness run scores each sample at several removal rates ``r_1 < ... < r_K``. Per
+sample ``s``, metric ``m`` and mode, the *damage* ``D_s(m, r)`` is how much worse the
+masked model does than the clean one at rate ``r``; the area over the perturbation
+curve (DeYoung et al. 2020, "ERASER", with the rates as its bins) is::
+
+    AOPC_s(m) = (1 / K) * sum_k D_s(m, r_k)
+
+Comprehensiveness removes the top-ranked entries (a faithful metric: large AOPC);
+sufficiency removes the bottom-ranked ones (a faithful metric: small AOPC). The
+*faithfulness score* is ``+AOPC`` for comprehensiveness and ``-AOPC`` for sufficiency, so
+that "higher = more faithful" in both; differences between metrics are paired by sample
+(:func:`cwlens.bootstrap.paired_bootstrap`) and a difference is resolved when its 95%
+interval excludes 0.
+
+Damage per measure (``D``, bigger = more harm):
+
+``delta_nll`` (default for language modelling)
+    ``NLL(masked) - NLL(clean)``, the mean token NLL, i.e. ``log(PPL_masked / PPL_clean)``.
+    The log scale keeps AOPC from being decided by the rates at which the model is
+    destroyed (ΔPPL reaches 10^4 at 30% removal).
+``delta_ppl``
+    ``PPL(masked) - PPL(clean)``, as the tables print.
+``acc``, ``acc_norm``, ``gold_ll`` (multiple choice)
+    ``clean - masked``.
+``embedding_damage`` (encoders, :mod:`~cwlens.faithfulness.encoder`)
+    ``1 - cos(masked, clean)`` of the sentence embedding, as computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from cwlens.errors import InvalidArgumentError
+
+DAMAGE_MEASURES = ("delta_nll", "delta_ppl", "acc", "acc_norm", "gold_ll", "embedding_damage")
+KEYS = ("metric", "mode", "sample_id")
+# one label per damage measure, for tables and axes
+UNITS = {"delta_nll": "ΔNLL (nats/token, masked − clean)", "delta_ppl": "ΔPPL (masked − clean)",
+         "acc": "accuracy drop", "acc_norm": "accuracy drop (length-norm.)",
+         "gold_ll": "drop of gold log-likelihood", "embedding_damage": "1 − cos(masked, clean embedding)"}
+
+
+def damages(table: pd.DataFrame, measure: str = "delta_nll") -> pd.DataFrame:
+    """Per-sample damage rows ``metric, mode, rate, layers, sample_id, damage`` of one run
+    (``table``: the rows of :func:`~cwlens.faithfulness.read_results` restricted to one
+    dataset and setting; encoder rows carry ``measure = "embedding_damage"``)."""
+    if measure not in DAMAGE_MEASURES:
+        raise InvalidArgumentError(f"measure={measure!r} is not a damage measure; valid: "
+                                   f"{', '.join(DAMAGE_MEASURES)}.")
+    cols = ["metric", "mode", "rate", "layers", "sample_id", "damage"]
+    if measure == "embedding_damage":  # encoder rows: the damage itself
+        out = table[table["measure"] == measure]
+        out = out.assign(damage=out["value"])
+        if "layers" not in out.columns:
+            out["layers"] = "all"
+        return out[cols].reset_index(drop=True)
+    base = "nll" if measure == "delta_nll" else "ppl" if measure == "delta_ppl" else measure
+    rows = table[table["measure"] == base]
+    clean = rows[rows["mode"] == "clean"].drop_duplicates("sample_id").set_index("sample_id")["value"]
+    cells = rows[rows["mode"] != "clean"]
+    if not len(cells):
+        raise InvalidArgumentError(f"No masked rows with measure {base!r} in this table.")
+    missing = set(cells["sample_id"]) - set(clean.index)
+    if missing:
+        raise InvalidArgumentError(f"{len(missing)} samples have masked rows but no clean row "
+                                   f"(e.g. {sorted(missing)[0]!r}): the results file is incomplete.")
+    ref = cells["sample_id"].map(clean)
+    sign = 1.0 if measure in ("delta_nll", "delta_ppl") else -1.0
+    out = cells.assign(damage=sign * (cells["value"] - ref))
+    if "layers" not in out.columns:
+        out["layers"] = "all"
+    return out[cols].reset_index(drop=True)
+
+
+def aopc(damage: pd.DataFrame, rates: Sequence[float] | None = None) -> pd.DataFrame:
+    """Per ``(metric, mode, sample_id)`` (and ``layers`` where several layer sets were
+    masked): ``aopc`` = the mean damage over ``rates`` (default: every rate present) and
+    ``score`` (``+aopc`` comprehensiveness, ``-aopc`` sufficiency). A sample must have
+    every rate: a missing one is an error, not a silently shorter curve."""
+    rates = sorted(set(damage["rate"])) if rates is None else sorted(rates)
+    if not rates:
+        raise InvalidArgumentError("AOPC needs at least one removal rate.")
+    sub = damage[damage["rate"].isin(rates)]
+    keys = [*KEYS, "layers"] if sub["layers"].nunique() > 1 else list(KEYS)
+    grouped = sub.groupby(keys, sort=False)
+    counts = grouped["rate"].nunique()
+    short = counts[counts < len(rates)]
+    if len(short):
+        raise InvalidArgumentError(
+            f"{len(short)} (metric, mode, sample) curves lack some of the rates {rates} "
+            f"(e.g. {short.index[0]}): finish the run (rerun the same command) first.")
+    out = grouped["damage"].mean().rename("aopc").reset_index()
+    out["score"] = out["aopc"].where(out["mode"] == "comprehensiveness", -out["aopc"])
+    return out
+
+
+def curve_summary(damage: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per ``(metric, mode, rate)``: ``n``, ``mean``, ``ci_low``, ``ci_high`` of the damage
+    (percentile bootstrap of the mean): the points of the perturbation curves."""
+    from cwlens.bootstrap import bootstrap_ci
+
+    rows = []
+    for (metric, mode, rate), g in damage.groupby(["metric", "mode", "rate"], sort=True):
+        lo, hi = bootstrap_ci(g["damage"].to_numpy(), n_boot=n_boot, seed=seed)
+        rows.append(dict(metric=metric, mode=mode, rate=float(rate), n=len(g),
+                         mean=float(g["damage"].mean()), ci_low=lo, ci_high=hi))
+    return pd.DataFrame(rows)
+
+
+def aopc_summary(per_sample: pd.DataFrame, reference: str = "contribution", n_boot: int = 2000,
+                 seed: int = 0) -> pd.DataFrame:
+    """Per ``(metric, mode)``: AOPC mean and bootstrap CI, and the paired difference of the
+    faithfulness score of the metric minus ``reference``'s (``delta``, ``delta_low``,
+    ``delta_high``; positive = more faithful than ``reference``; NaN for the reference
+    itself or when it is absent)."""
+    from cwlens.bootstrap import bootstrap_ci, paired_frame_difference
+
+    rows = []
+    for mode, g in per_sample.groupby("mode", sort=True):
+        cell = g.rename(columns={"score": "value"})
+        for metric, m in g.groupby("metric", sort=False):
+            lo, hi = bootstrap_ci(m["aopc"].to_numpy(), n_boot=n_boot, seed=seed)
+            d = (paired_frame_difference(cell, "metric", reference, metric, n_boot=n_boot, seed=seed)
+                 if reference in set(g["metric"]) and metric != reference else None)
+            rows.append(dict(metric=metric, mode=mode, n=len(m), aopc=float(m["aopc"].mean()),
+                             ci_low=lo, ci_high=hi,
+                             delta=d.mean if d else float("nan"), delta_low=d.low if d else float("nan"),
+                             delta_high=d.high if d else float("nan"),
+                             resolved=bool(d and d.sign != 0)))
+    return pd.DataFrame(rows)
+
+
+def verdicts(per_sample: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict[tuple[str, str], str]:
+    """``{(mode, variant): verdict}``: the paper's hierarchy on AOPC scores, with signed
+    (``"signed"``) and absolute (``"abs"``) contribution weights as the top metric
+    (:func:`~cwlens.faithfulness.report.cell_verdict`)."""
+    from cwlens.faithfulness.report import HIERARCHY, cell_verdict
+
+    abs_order = tuple("contribution_abs" if m == "contribution" else m for m in HIERARCHY)
+    out = {}
+    for mode, g in per_sample.groupby("mode", sort=True):
+        cell = g.rename(columns={"score": "value"})
+        for variant, order in (("signed", HIERARCHY), ("abs", abs_order)):
+            if order[-1] in set(g["metric"]):
+                out[(mode, variant)] = cell_verdict(cell, order, n_boot=n_boot, seed=seed)
+    return out
+
+
+def ranking_line(summary: pd.DataFrame, mode: str, metrics: Sequence[str] | None = None) -> str:
+    """The metrics of one mode from most to least faithful by mean AOPC score, e.g.
+    ``"attn×grad (sup.) > contrib > alti > ..."`` (means only; the table has the CIs)."""
+    from cwlens.metrics import REGISTRY
+
+    sub = summary[summary["mode"] == mode]
+    if metrics is not None:
+        sub = sub[sub["metric"].isin(metrics)]
+    sign = 1.0 if mode == "comprehensiveness" else -1.0
+    order = sorted(sub.itertuples(), key=lambda r: -sign * r.aopc)
+    return " > ".join(REGISTRY[r.metric].short for r in order)
+
+
+def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
+             reference: str = "contribution") -> str:
+    """The AOPC table: metric x mode, AOPC mean [95% CI] and the paired difference of the
+    faithfulness score against ``reference`` (+ = more faithful than it); then the
+    hierarchy verdicts."""
+    from cwlens.metrics import REGISTRY
+
+    short = REGISTRY[reference].short
+    lines = [f"AOPC of {UNITS.get(measure, measure)}, mean [95% CI], n = {int(summary['n'].max())}; "
+             f"Δ = faithfulness score minus {short}'s, paired bootstrap 95% "
+             f"(+ = more faithful than {short}; **bold**: interval excludes 0)", "",
+             "| metric | comp AOPC | comp Δ | suff AOPC | suff Δ |", "|---|---|---|---|---|"]
+    for metric in [m for m in REGISTRY if m in set(summary["metric"])]:
+        cells = [REGISTRY[metric].short]
+        for mode in ("comprehensiveness", "sufficiency"):
+            hit = summary[(summary["metric"] == metric) & (summary["mode"] == mode)]
+            if not len(hit):
+                cells += ["", ""]
+                continue
+            r = hit.iloc[0]
+            cells.append(f"{_num(r.aopc)} [{_num(r.ci_low)}, {_num(r.ci_high)}]")
+            if r.delta != r.delta:  # NaN: the reference itself
+                cells.append("—")
+            else:
+                text = f"{_num(r.delta, '+')} [{_num(r.delta_low, '+')}, {_num(r.delta_high, '+')}]"
+                cells.append(f"**{text}**" if r.resolved else text)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    if verdict:
+        lines += ["", "Hierarchy on AOPC (least < most faithful; `<` resolved, `≈` unresolved, "
+                  "`=` identical):", ""]
+        for (mode, variant), text in sorted(verdict.items()):
+            lines.append(f"- {mode}, {'signed c' if variant == 'signed' else '|c|'}: {text}")
+    return "\n".join(lines) + "\n"
+
+
+def _num(x: float, sign: str = "") -> str:
+    """Three decimals, or three significant digits below 0.01 (tiny damages stay visible)."""
+    return f"{x:{sign}.3g}" if x != 0 and abs(x) < 0.01 else f"{x:{sign}.3f}"

@@ -1,0 +1,56 @@
+"""What ``cwlens replicate`` runs: the models, the sample sizes and the folder layout."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cwlens import metrics
+
+DEFAULT_MODELS = ("smollm2-135m", "gemma-3-270m", "all-minilm-l6-v2")
+RATES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+PER_LAYER_METRICS = ("attention", "contribution", "alti", "random")
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """Every choice of ``cwlens replicate`` (defaults sized for a 2-core CPU: about an
+    hour for the three default models).
+
+    Attributes:
+        samples: FineWeb-Edu documents per decoder faithfulness run (first
+            ``max_tokens`` tokens each).
+        max_tokens: tokens per document (faithfulness, sinks).
+        rates: removal rates of the perturbation curves (AOPC averages over them).
+        sentences: FineWeb-Edu sentences of the encoder task and the token-class analysis.
+        sink_samples: GSM8K texts of the sink analysis.
+        per_layer_model: the model masked one layer at a time ("" for none).
+        per_layer_samples, per_layer_rate: that run's size (``PER_LAYER_METRICS``).
+        batch_tokens: padded tokens per forward pass (decoder faithfulness).
+        seed: seed of the random control.
+    """
+
+    samples: int = 24
+    max_tokens: int = 128
+    rates: tuple[float, ...] = RATES
+    sentences: int = 64
+    sink_samples: int = 24
+    per_layer_model: str = "smollm2-135m"
+    per_layer_samples: int = 8
+    per_layer_rate: float = 0.1
+    batch_tokens: int = 2048
+    seed: int = 0
+    decoder_metrics: tuple[str, ...] = metrics.NAMES
+    encoder_metrics: tuple[str, ...] = field(
+        default=tuple(m for m in metrics.NAMES if metrics.REGISTRY[m].source != "gradient"))
+
+
+def model_dir(out, model: str) -> Path:
+    """``<out>/<model>`` with path separators of hub ids / local paths replaced."""
+    safe = str(model).strip("/").replace("/", "__").replace("\\", "__")
+    return Path(out) / safe
+
+
+FAITHFULNESS = "faithfulness/fineweb_edu.jsonl"
+ENCODER_FAITHFULNESS = "faithfulness/fineweb_edu_sentences.jsonl"
+PER_LAYER = "per_layer/fineweb_edu.jsonl"
+SINKS = "sinks"
+TOKEN_CLASSES = "token_classes.csv"

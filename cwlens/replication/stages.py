@@ -1,0 +1,132 @@
+"""The stages of ``cwlens replicate`` on one model, each resumable.
+
+Faithfulness runs append one sample at a time (:class:`~cwlens.faithfulness.results.ResultsWriter`),
+the sink analysis saves each batch (:func:`cwlens.sinks.run.run_to_folder`), the token-class
+table is written atomically once computed; a rerun skips what is on disk.
+"""
+
+from collections.abc import Callable
+from pathlib import Path
+
+from cwlens import adapter
+from cwlens.replication import plan
+from cwlens.replication.plan import ReplicationConfig
+
+Log = Callable[[str], None]
+
+
+def run_model(model, name: str, out, cfg: ReplicationConfig, log: Log = print,
+              progress: bool = True) -> Path:
+    """Every stage for ``model`` (loaded, called ``name``) into ``<out>/<name>``."""
+    folder = plan.model_dir(out, name)
+    folder.mkdir(parents=True, exist_ok=True)
+    if adapter.is_encoder(model):
+        encoder_faithfulness(model, name, folder / plan.ENCODER_FAITHFULNESS, cfg, log, progress)
+    else:
+        decoder_faithfulness(model, name, folder / plan.FAITHFULNESS, cfg, log, progress)
+        if name == cfg.per_layer_model:
+            per_layer(model, name, folder / plan.PER_LAYER, cfg, log, progress)
+    sinks(model, name, folder / plan.SINKS, cfg, log, progress)
+    token_classes(model, folder / plan.TOKEN_CLASSES, cfg, log)
+    return folder
+
+
+def faithfulness_config(cfg: ReplicationConfig, **changes):
+    from cwlens.faithfulness import FaithfulnessConfig
+
+    base = dict(metrics=cfg.decoder_metrics, rates=cfg.rates, max_tokens=cfg.max_tokens,
+                batch_tokens=cfg.batch_tokens, seed=cfg.seed)
+    return FaithfulnessConfig(**{**base, **changes})
+
+
+def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool):
+    """Value masking on FineWeb-Edu at every rate, every metric, both modes (ΔPPL, NLL)."""
+    from cwlens.faithfulness import run_faithfulness
+
+    log(f"[{name}] faithfulness: {cfg.samples} FineWeb-Edu documents x {len(cfg.decoder_metrics)} "
+        f"metrics x {len(cfg.rates)} rates x 2 modes -> {path}")
+    result = run_faithfulness(model, "fineweb_edu", faithfulness_config(cfg), n=cfg.samples,
+                              out=path, model_name=name, progress=progress)
+    log(f"[{name}] faithfulness: {result.stats.n_batches} batches computed now "
+        f"({result.stats.wall_seconds:.0f} s)")
+
+
+def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool):
+    """The same test masking one layer at a time (one rate, a few metrics)."""
+    from cwlens.faithfulness import run_faithfulness
+
+    fc = faithfulness_config(cfg, metrics=plan.PER_LAYER_METRICS, rates=(cfg.per_layer_rate,),
+                             per_layer=True)
+    log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {model.cfg.n_layers} "
+        f"layers x {len(plan.PER_LAYER_METRICS)} metrics, rate {cfg.per_layer_rate:g} -> {path}")
+    run_faithfulness(model, "fineweb_edu", fc, n=cfg.per_layer_samples, out=path, model_name=name,
+                     progress=progress)
+
+
+def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
+                         batch_size: int = 16):
+    """The sentence-embedding damage (:func:`cwlens.faithfulness.encoder.embedding_damage`)
+    on ``cfg.sentences`` FineWeb-Edu sentences, written in the faithfulness results format
+    (``measure = "embedding_damage"``) one sample at a time; batches are fixed by the
+    sentence order, so a resumed run computes the numbers of an uninterrupted one."""
+    from tqdm.auto import tqdm
+
+    from cwlens.faithfulness.encoder import embedding_damage, sentences
+    from cwlens.faithfulness.ranking import MODES
+    from cwlens.faithfulness.results import ResultsWriter
+    from cwlens.results_io import results_lock
+
+    texts = sentences("fineweb_edu", cfg.sentences)
+    metrics, rates = cfg.encoder_metrics, cfg.rates
+    config = {"model": name, "dataset": "fineweb_edu_sentences", "metrics": list(metrics),
+              "rates": list(rates), "modes": list(MODES), "scope": "row", "kind": "inter",
+              "batch_size": batch_size, "seed": cfg.seed, "samples": [i for i, _ in texts]}
+    base = {"model": name, "dataset": "fineweb_edu_sentences", "scope": "row", "kind": "inter",
+            "renormalize": False, "causal_only": False, "mask_first_token": True,
+            "max_tokens": None, "seed": cfg.seed}
+    log(f"[{name}] encoder faithfulness: {len(texts)} sentences x {len(metrics)} metrics x "
+        f"{len(rates)} rates x 2 modes -> {path}")
+    with results_lock(path.parent):
+        writer = ResultsWriter(path, config, len(metrics) * len(rates) * len(MODES))
+        chunks = [texts[s : s + batch_size] for s in range(0, len(texts), batch_size)]
+        todo = [c for c in chunks if any(i not in writer.done for i, _ in c)]
+        for chunk in tqdm(todo, desc=f"{name} sentences", unit="batch", disable=not progress):
+            rows = embedding_damage(model, chunk, metrics, rates, MODES, batch_size=batch_size,
+                                    seed=cfg.seed)
+            for sid, _ in chunk:
+                if sid in writer.done:
+                    continue
+                writer.write_sample([{**base, **r, "layers": "all", "measure": "embedding_damage",
+                                      "value": r["damage"]} for r in rows if r["sample_id"] == sid])
+
+
+def sinks(model, name, folder: Path, cfg: ReplicationConfig, log: Log, progress: bool):
+    """The sink analysis on GSM8K texts; the sink-norm intervention on decoders only."""
+    from cwlens.cli.sinks import model_label
+    from cwlens.datasets import load_dataset
+    from cwlens.sinks import run as sink_run
+
+    intervention = not adapter.is_encoder(model)
+    samples = load_dataset("gsm8k", cfg.sink_samples)
+    log(f"[{name}] sinks: {len(samples)} GSM8K texts"
+        f"{'' if intervention else ' (no intervention: it needs a next-token loss)'} -> {folder}")
+    tables = sink_run.run_to_folder(model, samples, folder, max_tokens=cfg.max_tokens,
+                                    intervention=intervention, seed=cfg.seed, progress=progress,
+                                    model_name=name)
+    summary = sink_run.summarize(tables)
+    summary.update({"model": name, "model_label": model_label(name), "dataset": "gsm8k",
+                    "max_tokens": cfg.max_tokens})
+    sink_run.write_summary(summary, folder)
+
+
+def token_classes(model, path: Path, cfg: ReplicationConfig, log: Log):
+    """Attention vs norm-weighted share of [CLS]/BOS, [SEP]/EOS, punctuation, other tokens."""
+    if path.exists():
+        return
+    from cwlens import token_classes as tc
+    from cwlens.faithfulness.encoder import sentences
+    from cwlens.results_io import atomic_write_text
+
+    log(f"[token classes] {cfg.sentences} FineWeb-Edu sentences -> {path}")
+    df = tc.class_shares(model, sentences("fineweb_edu", cfg.sentences), max_tokens=cfg.max_tokens)
+    atomic_write_text(path, df.to_csv(index=False))

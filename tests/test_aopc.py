@@ -1,0 +1,121 @@
+"""AOPC: the damages are the right differences, the area is the mean over rates, the paired
+differences and verdicts read the per-sample scores, and a real run's AOPC equals the
+mean of its per-rate ΔNLL computed by hand."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cwlens.errors import InvalidArgumentError
+from cwlens.faithfulness import aopc as A
+
+
+def _rows(values, clean, measure="nll"):
+    """A results table: ``values[(metric, mode, rate, sample)] = masked value``."""
+    rows = [dict(metric="none", mode="clean", rate=0.0, layers="none", sample_id=s,
+                 measure=measure, value=v) for s, v in clean.items()]
+    rows += [dict(metric=m, mode=mode, rate=r, layers="all", sample_id=s, measure=measure, value=v)
+             for (m, mode, r, s), v in values.items()]
+    return pd.DataFrame(rows)
+
+
+def test_delta_nll_is_masked_minus_clean_and_aopc_the_mean_over_rates():
+    clean = {"a": 2.0, "b": 3.0}
+    values = {("contribution", "comprehensiveness", r, s): clean[s] + 10 * r + (s == "b")
+              for r in (0.1, 0.3) for s in "ab"}
+    d = A.damages(_rows(values, clean))
+    got = d.set_index(["rate", "sample_id"])["damage"]
+    assert got[(0.1, "a")] == pytest.approx(1.0) and got[(0.3, "b")] == pytest.approx(4.0)
+    per = A.aopc(d).set_index("sample_id")
+    assert per.loc["a", "aopc"] == pytest.approx((1.0 + 3.0) / 2)
+    assert per.loc["b", "aopc"] == pytest.approx((2.0 + 4.0) / 2)
+    assert (per["score"] == per["aopc"]).all()  # comprehensiveness: score = +AOPC
+
+
+def test_sufficiency_score_is_minus_aopc_and_accuracy_damage_is_a_drop():
+    clean = {"a": 1.0}
+    values = {("attention", "sufficiency", 0.5, "a"): 0.0}
+    d = A.damages(_rows(values, clean, measure="acc"), "acc")
+    assert d["damage"].iloc[0] == 1.0  # accuracy fell from 1 to 0
+    assert A.aopc(d)["score"].iloc[0] == -1.0
+
+
+def test_a_curve_missing_a_rate_is_an_error_not_a_shorter_curve():
+    clean = {"a": 1.0, "b": 1.0}
+    values = {("attention", "comprehensiveness", 0.1, "a"): 2.0,
+              ("attention", "comprehensiveness", 0.3, "a"): 3.0,
+              ("attention", "comprehensiveness", 0.1, "b"): 2.0}
+    with pytest.raises(InvalidArgumentError, match="lack some of the rates"):
+        A.aopc(A.damages(_rows(values, clean)))
+    with pytest.raises(InvalidArgumentError, match="not a damage measure"):
+        A.damages(_rows(values, clean), "nll")
+
+
+def _synthetic(n=30, seed=0):
+    """Four hierarchy metrics whose comprehensiveness damage grows along the paper's order,
+    plus per-sample noise shared by all metrics (what the pairing removes)."""
+    rng = np.random.default_rng(seed)
+    clean = {f"s{i}": 2.0 for i in range(n)}
+    shared = {s: rng.normal(0, 1.0) for s in clean}
+    values = {}
+    for k, m in enumerate(("attention", "value_weighted", "value_weighted_output_normalized",
+                           "contribution")):
+        for r in (0.1, 0.3):
+            for s in clean:
+                values[(m, "comprehensiveness", r, s)] = 2.0 + shared[s] + 0.5 * k + r + rng.normal(0, 0.05)
+    return _rows(values, clean)
+
+
+def test_paired_differences_and_verdict_on_a_known_order():
+    per = A.aopc(A.damages(_synthetic()))
+    summary = A.aopc_summary(per).set_index("metric")
+    # attention is 1.5 below contribution on every sample (+ noise): paired difference -1.5
+    assert summary.loc["attention", "delta"] == pytest.approx(-1.5, abs=0.05)
+    assert summary.loc["attention", "delta_high"] < 0 and summary.loc["attention", "resolved"]
+    assert np.isnan(summary.loc["contribution", "delta"])
+    # the unpaired intervals overlap (shared noise sd 1), the paired ones do not
+    assert summary.loc["attention", "ci_high"] > summary.loc["value_weighted", "ci_low"]
+    verdict = A.verdicts(per)[("comprehensiveness", "signed")]
+    assert verdict == "attn < vw < vwon < contrib: holds"
+
+
+def test_markdown_escapes_the_pipes_of_metric_names():
+    clean = {"a": 1.0, "b": 1.5}
+    values = {(m, "comprehensiveness", 0.1, s): 2.0 + i + (s == "b")
+              for i, m in enumerate(("contribution", "attention_gradient_abs")) for s in clean}
+    per = A.aopc(A.damages(_rows(values, clean)))
+    text = A.markdown(A.aopc_summary(per), "delta_nll")
+    row = next(line for line in text.splitlines() if "attn×grad" in line)
+    assert row.startswith("| \\|attn×grad\\| (sup.) |")
+    assert row.count(" | ") == 4  # five cells: the escaped pipes do not split the row
+
+
+def test_aopc_of_a_real_run_equals_the_per_rate_delta_nll_by_hand():
+    from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
+    from cwlens.testing import tiny_model
+
+    model = tiny_model("llama")
+    cfg = FaithfulnessConfig(metrics=("attention", "contribution", "random"), rates=(0.1, 0.3, 0.5),
+                             max_tokens=16, batch_tokens=64)
+    table = run_faithfulness(model, "fineweb_edu", cfg, n=3, progress=False).table
+    per = A.aopc(A.damages(table)).set_index(["metric", "mode", "sample_id"])
+    nll = table[table.measure == "nll"]
+    for (metric, mode, sid), row in per.iterrows():
+        clean = nll[(nll["mode"] == "clean") & (nll.sample_id == sid)]["value"].iloc[0]
+        masked = nll[(nll.metric == metric) & (nll["mode"] == mode) & (nll.sample_id == sid)]
+        assert sorted(masked.rate) == [0.1, 0.3, 0.5]
+        assert row["aopc"] == pytest.approx(float((masked["value"] - clean).mean()), abs=1e-12)
+
+
+def test_curve_figure_has_a_log_rate_axis_and_one_line_per_metric():
+    from cwlens.plotting.faithfulness import aopc_curves
+
+    d = A.damages(_synthetic(n=6))
+    fig = aopc_curves(A.curve_summary(d, n_boot=200), A.aopc_summary(A.aopc(d), n_boot=200),
+                      "synthetic", A.UNITS["delta_nll"])
+    assert fig.layout.xaxis.type == "log"
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert sorted(t.legendgroup for t in lines) == sorted(
+        f"{m}1" for m in ("attention", "value_weighted", "value_weighted_output_normalized",
+                          "contribution"))
+    assert all("AOPC" in t.name for t in lines)

@@ -1,0 +1,94 @@
+"""``cwlens replicate`` on a tiny decoder and a tiny encoder: every stage writes its files,
+the table has a row per claim and says n/a where a claim cannot apply, a rerun computes
+nothing, and the table is rebuilt from the files alone."""
+
+import json
+
+import pytest
+
+from cwlens.cli.main import main
+from cwlens.replication import claims, plan
+from cwlens.testing import save_tiny
+
+SIZES = ["--samples", "3", "--sentences", "6", "--sink-samples", "3", "--per-layer-samples", "2",
+         "--max-tokens", "24", "--rates", "0.1,0.3,0.5", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("replicate")
+    lm, enc = str(save_tiny("llama", tmp)), str(save_tiny("bert", tmp))
+    args = ["replicate", "--models", f"{lm},{enc}", "--per-layer-model", lm, "--out",
+            str(tmp / "out"), "--figures", str(tmp / "fig"), "--no-png", *SIZES]
+    assert main(args) == 0
+    return tmp, lm, enc, args
+
+
+def test_every_stage_wrote_its_files(run):
+    tmp, lm, enc, _ = run
+    dec, encd = plan.model_dir(tmp / "out", lm), plan.model_dir(tmp / "out", enc)
+    for path in (plan.FAITHFULNESS, plan.PER_LAYER, plan.SINKS + "/summary.json", plan.TOKEN_CLASSES):
+        assert (dec / path).exists(), path
+    for path in (plan.ENCODER_FAITHFULNESS, plan.SINKS + "/summary.json", plan.TOKEN_CLASSES):
+        assert (encd / path).exists(), path
+    assert not (encd / plan.FAITHFULNESS).exists() and not (encd / plan.PER_LAYER).exists()
+    assert "ppl" not in json.loads((encd / plan.SINKS / "summary.json").read_text())  # no intervention
+    figs = sorted(p.name for p in (tmp / "fig").iterdir())
+    assert figs == sorted(f"replicate_aopc_{plan.model_dir('', m).name}.html" for m in (lm, enc))
+
+
+def test_table_has_every_claim_and_honest_na(run):
+    tmp, lm, enc, _ = run
+    results = [claims.load(tmp / "out", lm), claims.load(tmp / "out", enc)]
+    table = claims.claims_table(results)
+    rows = [line for line in table.splitlines()[2:] if line.startswith("| ")]
+    assert len(rows) == len(claims.CLAIMS)
+    cells = {claim: line for (claim, _, _), line in zip(claims.CLAIMS, rows, strict=True)}
+    decoder_cells = [c(results[0]) for _, _, c in claims.CLAIMS]
+    # the decoder ran everything: no n/a at all
+    assert not [c for c in decoder_cells if c.startswith("n/a") and "none in the texts" not in c]
+    grad = cells["attention × gradient (supervised) vs signed c"]
+    assert grad.rstrip(" |").endswith("n/a (needs a next-token loss)")
+    assert cells["Sink-norm intervention vs control"].rstrip(" |").endswith("n/a (needs a next-token loss)")
+    assert "holds" in table or "does not hold" in table or "unresolved" in table
+    assert results[0].per_layer is not None and set(results[0].per_layer["layers"]) == {"0", "1"}
+
+
+def test_rerun_computes_nothing_and_table_only_rebuilds(run, capsys, tmp_path):
+    tmp, lm, enc, args = run
+    files = [plan.model_dir(tmp / "out", lm) / plan.FAITHFULNESS,
+             plan.model_dir(tmp / "out", enc) / plan.ENCODER_FAITHFULNESS]
+    before = [p.read_bytes() for p in files]
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "faithfulness: 0 batches computed now" in out
+    assert [p.read_bytes() for p in files] == before
+    docs = tmp_path / "claims.md"
+    table_only = ["replicate", "--models", f"{lm},{enc}", "--per-layer-model", lm, "--out",
+                  str(tmp / "out"), "--figures", "", "--table-only", "--docs", str(docs), *SIZES]
+    for _ in range(2):  # the block is replaced, not appended
+        assert main(table_only) == 0
+    text = docs.read_text()
+    assert text.count(claims.START) == 1 and "| Hierarchy, comprehensiveness, signed c |" in text
+
+
+def test_table_only_on_an_empty_folder_says_not_run(tmp_path, capsys):
+    assert main(["replicate", "--models", "smollm2-135m", "--out", str(tmp_path), "--figures", "",
+                 "--table-only"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("n/a (not run") >= len(claims.CLAIMS) - 1
+
+
+def test_a_model_that_cannot_load_is_skipped_and_named(tmp_path, capsys):
+    code = main(["replicate", "--models", "no-such-model-xyz", "--out", str(tmp_path),
+                 "--figures", ""])
+    err = capsys.readouterr().err
+    assert code == 1 and "no model could be loaded" in err and "no-such-model-xyz" in err
+
+
+@pytest.mark.parametrize("bad", ["--models a,a", "--models ,", "--rates 0.1,2", "--samples 0"])
+def test_bad_options_are_usage_errors(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["replicate", *bad.split()])
+    assert exc.value.code == 2
