@@ -207,11 +207,12 @@ def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int 
     for start in range(0, len(rows), batch_size):
         tokens, mask = pad_batch(model, rows[start : start + batch_size])
         classes = token_classes(model, tokens, mask)
+
+        def one_layer(ly: int, geo: AttentionGeometry, cl: torch.Tensor = classes) -> tuple[int, _Sums]:
+            return ly, layer_sums(geo, cl, causal, kind)
+
         with torch.no_grad():
-            _, per_layer = stream_geometry(
-                model, tokens, lambda ly, geo, cl=classes: (ly, layer_sums(geo, cl, causal, kind)),
-                attention_mask=mask,
-            )
+            _, per_layer = stream_geometry(model, tokens, one_layer, attention_mask=mask)
         for ly, sums in per_layer:
             if ly not in totals:
                 totals[ly] = sums

@@ -231,3 +231,23 @@ def test_minilm_tokenizer_marks_cls_sep_and_punctuation():
         assert labels == want, list(zip(pieces, labels, strict=True))
         assert (cl[~m.bool()] == -1).all()
     assert [CLASSES[int(c)] for c in classes[0]].count("punctuation") == 4  # , . ' !
+
+
+@pytest.mark.slow
+def test_minilm_cls_and_sep_get_attention_not_norm(minilm):
+    """Kobayashi et al. (2020) on all-MiniLM-L6-v2, 16 shipped sentences. What the data
+    shows (64 sentences, scripts/kobayashi.py): [CLS]+[SEP] get 2.4-5.2x more attention
+    than norm-weighted share in every layer, because [CLS]'s ||v~|| / ||o|| is 3-35x
+    smaller than other tokens'. Punctuation does NOT follow the classic finding here (it
+    gets less attention than its uniform share), so nothing is asserted about it."""
+    from cwlens.faithfulness.encoder import sentences
+
+    df = class_shares(minilm, sentences("fineweb_edu", 16))
+    sums = df.groupby("layer")[["key_frac", *SHARES]].sum()
+    assert sums.to_numpy() == pytest.approx(1.0, abs=1e-4)
+    special = df[df.token_class.isin(["cls", "sep"])].groupby("layer")[
+        ["attention", "norm_weighted"]].sum()
+    assert len(special) == 6
+    assert (special["attention"] > 2 * special["norm_weighted"]).all(), special
+    rel = df.pivot(index="layer", columns="token_class", values="mean_relative_norm")
+    assert (rel["cls"] < 0.5 * rel["other"]).all(), rel
