@@ -7,13 +7,20 @@ c = a * (||v~|| / ||o||) * cos(o, v~) averaged per key of the class
 
     OMP_NUM_THREADS=1 python scripts/kobayashi.py --sentences 64
     OMP_NUM_THREADS=1 python scripts/kobayashi.py --sentences 64 --model smollm2-135m
+
+--per-sentence also runs each sentence alone and gives, per class, the mean over sentences
+of (attention - norm-weighted share) averaged over layers, its 95% bootstrap interval, and
+in how many sentences attention exceeds the norm-weighted share.
 """
 
 import argparse
 import json
 import time
 
+import numpy as np
+
 import cwlens
+from cwlens.bootstrap import bootstrap_ci
 from cwlens.faithfulness.encoder import sentences
 from cwlens.token_classes import CLASSES, COLUMNS, class_shares, format_summary, summary
 
@@ -27,6 +34,25 @@ def markdown(df) -> str:
     return "\n".join(lines)
 
 
+def per_sentence(model, texts, args) -> None:
+    diffs: dict[str, list[float]] = {c: [] for c in CLASSES}
+    for _, text in texts:
+        df = class_shares(model, [text], max_tokens=args.max_tokens, kind=args.kind)
+        means = df.groupby("token_class")[["attention", "norm_weighted", "n_keys"]].mean()
+        for c in CLASSES:
+            if means.loc[c, "n_keys"] > 0:
+                diffs[c].append(float(means.loc[c, "attention"] - means.loc[c, "norm_weighted"]))
+    print("\nper sentence (each run alone), attention - norm-weighted share, mean over layers:")
+    for c in CLASSES:
+        d = np.array(diffs[c])
+        if len(d) == 0:
+            print(f"  {c}: no tokens of this class")
+            continue
+        lo, hi = bootstrap_ci(list(d))
+        print(f"  {c}: {d.mean():+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]; attention > norm-weighted "
+              f"in {(d > 0).sum()}/{len(d)} sentences")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sentences", type=int, default=64)
@@ -35,6 +61,8 @@ def main() -> None:
     ap.add_argument("--kind", default="inter", choices=("inter", "intra"))
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--per-sentence", action="store_true",
+                    help="also the per-sentence differences with bootstrap intervals")
     ap.add_argument("--json", default=None, help="also write the table and the summary here")
     args = ap.parse_args()
     model = cwlens.load_model(args.model, device="cpu")
@@ -57,6 +85,8 @@ def main() -> None:
         cells = [f"L{ly}: {a:.3f}/{n:.3f}/{c:.3f}" for ly, (a, n, c) in enumerate(
             zip(per["attention"], per["norm_weighted"], per["contribution_abs"], strict=True))]
         print(f"  {name}: " + "  ".join(cells))
+    if args.per_sentence:
+        per_sentence(model, texts, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": df.to_dict("records"), "summary": d}, f, indent=1)

@@ -195,6 +195,15 @@ def test_summary_and_its_lines(bert):
         assert label in text
 
 
+def test_a_class_without_tokens_is_said_so(llama):
+    """A decoder's eos never occurs inside these texts: no [SEP] keys, NaN factor means."""
+    df = class_shares(llama, LM_TEXTS)
+    sep = df[df.token_class == "sep"]
+    assert (sep["n_keys"] == 0).all() and (sep["attention"] == 0).all()
+    assert sep["mean_cosine"].isna().all()
+    assert "[SEP]: no tokens of this class" in format_summary(summary(df))
+
+
 def test_bad_input_is_refused_with_a_cwlens_error(bert):
     for kwargs in ({"kind": "both"}, {"max_tokens": 0}, {"batch_size": 0}, {"batch_size": True}):
         with pytest.raises(CwlensError):
