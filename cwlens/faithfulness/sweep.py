@@ -481,7 +481,8 @@ def run_faithfulness(
 
     adapter.require_next_token_model(
         model, "The faithfulness test",
-        "Use a decoder; the encoder task (sentence-embedding damage) is not built yet.",
+        "Use a decoder here; for an encoder, the sentence-embedding damage task is "
+        "cwlens.faithfulness.encoder.embedding_damage (CLI: cwlens replicate --models <encoder>).",
     )
     cfg = config or FaithfulnessConfig()
     t0 = time.perf_counter()

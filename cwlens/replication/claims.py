@@ -161,8 +161,10 @@ def _token_classes(res: ModelResults, cls: str) -> str:
     g = t[t["token_class"] == cls]
     if not len(g) or g["n_keys"].sum() == 0:
         return NA + " (none in the texts)"
+    other = t[t["token_class"] == "other"]
     return (f"attention {g['attention'].mean():.3f} vs norm-weighted {g['norm_weighted'].mean():.3f}"
-            f" (key share {g['key_frac'].mean():.3f})")
+            f" (uniform {g['key_frac'].mean():.3f}); ‖ṽ‖/‖o‖ {g['mean_relative_norm'].mean():.2f}"
+            f" vs {other['mean_relative_norm'].mean():.2f} for other tokens")
 
 
 def _per_layer(res: ModelResults) -> str:
