@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up what they need (scripts/setup.sh).
-.PHONY: demo test setup bench
+.PHONY: demo test setup bench replicate
 
 demo:
 	@bash scripts/setup.sh
@@ -12,3 +12,9 @@ test:
 bench:
 	@bash scripts/setup.sh
 	.venv/bin/python scripts/benchmark.py
+
+# the paper's claims on SmolLM2-135M, Gemma-3-270M and all-MiniLM-L6-v2 (resumable, ~1-2 h on
+# 2 CPU cores); writes runs/replicate, figures/replicate_aopc_*, docs/replication.md, README.md
+replicate:
+	@bash scripts/setup.sh --gemma --minilm
+	.venv/bin/cwlens replicate --docs docs/replication.md --readme README.md

@@ -119,3 +119,19 @@ def test_curve_figure_has_a_log_rate_axis_and_one_line_per_metric():
         f"{m}1" for m in ("attention", "value_weighted", "value_weighted_output_normalized",
                           "contribution"))
     assert all("AOPC" in t.name for t in lines)
+
+
+def test_cli_prints_the_aopc_table_and_draws_the_curves(tmp_path, capsys):
+    from cwlens.cli.main import main
+    from cwlens.testing import save_tiny
+
+    model = save_tiny("llama", tmp_path)
+    args = ["faithfulness", "--model", str(model), "--dataset", "fineweb_edu", "--samples", "2",
+            "--max-tokens", "16", "--metrics", "attention,contribution", "--out", str(tmp_path / "r"),
+            "--figures", str(tmp_path / "fig"), "--no-png", "--no-progress"]
+    assert main([*args, "--rates", "0.1,0.5"]) == 0  # two rates: no AOPC
+    assert "area over the perturbation curve" not in capsys.readouterr().out
+    assert main([*args, "--rates", "0.1,0.3,0.5", "--out", str(tmp_path / "r3")]) == 0
+    out = capsys.readouterr().out
+    assert "area over the perturbation curve" in out and "| contrib |" in out
+    assert (tmp_path / "fig" / "faithfulness_fineweb_edu_aopc.html").exists()

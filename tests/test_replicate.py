@@ -87,8 +87,15 @@ def test_a_model_that_cannot_load_is_skipped_and_named(tmp_path, capsys):
     assert code == 1 and "no model could be loaded" in err and "no-such-model-xyz" in err
 
 
-@pytest.mark.parametrize("bad", ["--models a,a", "--models ,", "--rates 0.1,2", "--samples 0"])
+@pytest.mark.parametrize("bad", ["--models a,a", "--models ,", "--rates 0.1,2", "--samples 0",
+                                 "--max-tokens -1", "--sentences x"])
 def test_bad_options_are_usage_errors(bad, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["replicate", *bad.split()])
     assert exc.value.code == 2
+
+
+def test_per_layer_model_must_be_one_of_the_models(tmp_path, capsys):
+    code = main(["replicate", "--models", "smollm2-135m", "--per-layer-model", "gemma-3-270m",
+                 "--out", str(tmp_path), "--figures", "", "--table-only"])
+    assert code == 1 and "--per-layer-model 'gemma-3-270m' is not one of --models" in capsys.readouterr().err

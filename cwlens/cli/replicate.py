@@ -52,8 +52,9 @@ def register(sub) -> None:
                    help="FineWeb-Edu sentences: encoder task and token classes (default: %(default)s)")
     g.add_argument("--sink-samples", type=arg_types.positive_int, default=d.sink_samples,
                    help="GSM8K texts of the sink analysis (default: %(default)s)")
-    g.add_argument("--per-layer-model", default=d.per_layer_model,
-                   help="the model masked one layer at a time, '' for none (default: %(default)s)")
+    g.add_argument("--per-layer-model", default=None,
+                   help="the model (one of --models) masked one layer at a time, '' for none "
+                   f"(default: {d.per_layer_model} when it is in --models)")
     g.add_argument("--per-layer-samples", type=arg_types.positive_int, default=d.per_layer_samples,
                    help="documents of the per-layer run (default: %(default)s)")
     g = p.add_argument_group("output")
@@ -79,8 +80,16 @@ def _models(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
+    from cwlens.errors import InvalidArgumentError
     from cwlens.replication.plan import ReplicationConfig
 
+    if args.per_layer_model is None:
+        default = ReplicationConfig().per_layer_model
+        args.per_layer_model = default if default in args.models else ""
+    elif args.per_layer_model and args.per_layer_model not in args.models:
+        raise InvalidArgumentError(
+            f"--per-layer-model {args.per_layer_model!r} is not one of --models "
+            f"({','.join(args.models)}): name one of them, or '' for no per-layer run")
     cfg = ReplicationConfig(samples=args.samples, max_tokens=args.max_tokens, rates=args.rates,
                             sentences=args.sentences, sink_samples=args.sink_samples,
                             per_layer_model=args.per_layer_model,
