@@ -99,3 +99,17 @@ def test_per_layer_model_must_be_one_of_the_models(tmp_path, capsys):
     code = main(["replicate", "--models", "smollm2-135m", "--per-layer-model", "gemma-3-270m",
                  "--out", str(tmp_path), "--figures", "", "--table-only"])
     assert code == 1 and "--per-layer-model 'gemma-3-270m' is not one of --models" in capsys.readouterr().err
+
+
+def test_batch_tokens_keep_one_batch_of_logits_within_budget():
+    from types import SimpleNamespace
+
+    from cwlens.replication.plan import ReplicationConfig
+    from cwlens.replication.stages import LOGIT_BUDGET, batch_tokens
+
+    cfg = ReplicationConfig()
+    sizes = {v: batch_tokens(SimpleNamespace(cfg=SimpleNamespace(d_vocab=v)), cfg)
+             for v in (49152, 262144, 10**7)}
+    assert sizes[49152] == cfg.batch_tokens  # SmolLM2: unchanged
+    assert sizes[262144] == 512 and sizes[262144] * 262144 <= LOGIT_BUDGET  # Gemma-3
+    assert sizes[10**7] == cfg.max_tokens  # never below one document

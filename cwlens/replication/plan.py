@@ -24,7 +24,8 @@ class ReplicationConfig:
         sink_samples: GSM8K texts of the sink analysis.
         per_layer_model: the model masked one layer at a time ("" for none).
         per_layer_samples, per_layer_rate: that run's size (``PER_LAYER_METRICS``).
-        batch_tokens: padded tokens per forward pass (decoder faithfulness).
+        batch_tokens: padded tokens per forward pass (decoder faithfulness; lowered for
+            large vocabularies, see :func:`cwlens.replication.stages.batch_tokens`).
         seed: seed of the random control.
     """
 

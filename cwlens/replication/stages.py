@@ -31,11 +31,23 @@ def run_model(model, name: str, out, cfg: ReplicationConfig, log: Log = print,
     return folder
 
 
-def faithfulness_config(cfg: ReplicationConfig, **changes):
+LOGIT_BUDGET = 2**27  # batch tokens x vocabulary: 512 MB of float32 logits per batch
+
+
+def batch_tokens(model, cfg: ReplicationConfig) -> int:
+    """``cfg.batch_tokens``, lowered for a large vocabulary so that one batch's logits stay
+    within :data:`LOGIT_BUDGET` entries (the gradient metrics keep them, and their float64
+    loss, for the backward pass): SmolLM2 (49k) keeps 2048 tokens, Gemma-3 (262k) gets 512."""
+    cap = max(cfg.max_tokens, LOGIT_BUDGET // int(model.cfg.d_vocab))
+    return min(cfg.batch_tokens, cap)
+
+
+def faithfulness_config(cfg: ReplicationConfig, model=None, **changes):
     from cwlens.faithfulness import FaithfulnessConfig
 
     base = dict(metrics=cfg.decoder_metrics, rates=cfg.rates, max_tokens=cfg.max_tokens,
-                batch_tokens=cfg.batch_tokens, seed=cfg.seed)
+                batch_tokens=cfg.batch_tokens if model is None else batch_tokens(model, cfg),
+                seed=cfg.seed)
     return FaithfulnessConfig(**{**base, **changes})
 
 
@@ -45,7 +57,7 @@ def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: L
 
     log(f"[{name}] faithfulness: {cfg.samples} FineWeb-Edu documents x {len(cfg.decoder_metrics)} "
         f"metrics x {len(cfg.rates)} rates x 2 modes -> {path}")
-    result = run_faithfulness(model, "fineweb_edu", faithfulness_config(cfg), n=cfg.samples,
+    result = run_faithfulness(model, "fineweb_edu", faithfulness_config(cfg, model), n=cfg.samples,
                               out=path, model_name=name, progress=progress)
     log(f"[{name}] faithfulness: {result.stats.n_batches} batches computed now "
         f"({result.stats.wall_seconds:.0f} s)")
@@ -55,7 +67,7 @@ def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progres
     """The same test masking one layer at a time (one rate, a few metrics)."""
     from cwlens.faithfulness import run_faithfulness
 
-    fc = faithfulness_config(cfg, metrics=plan.PER_LAYER_METRICS, rates=(cfg.per_layer_rate,),
+    fc = faithfulness_config(cfg, model, metrics=plan.PER_LAYER_METRICS, rates=(cfg.per_layer_rate,),
                              per_layer=True)
     log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {model.cfg.n_layers} "
         f"layers x {len(plan.PER_LAYER_METRICS)} metrics, rate {cfg.per_layer_rate:g} -> {path}")
