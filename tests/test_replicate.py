@@ -34,7 +34,8 @@ def test_every_stage_wrote_its_files(run):
     assert not (encd / plan.FAITHFULNESS).exists() and not (encd / plan.PER_LAYER).exists()
     assert "ppl" not in json.loads((encd / plan.SINKS / "summary.json").read_text())  # no intervention
     figs = sorted(p.name for p in (tmp / "fig").iterdir())
-    assert figs == sorted(f"replicate_aopc_{plan.model_dir('', m).name}.html" for m in (lm, enc))
+    assert figs == sorted([f"replicate_aopc_{plan.model_dir('', m).name}.html" for m in (lm, enc)]
+                          + [f"replicate_per_layer_{plan.model_dir('', lm).name}.html"])
 
 
 def test_table_has_every_claim_and_honest_na(run):

@@ -167,26 +167,64 @@ def _token_classes(res: ModelResults, cls: str) -> str:
             f" vs {other['mean_relative_norm'].mean():.2f} for other tokens")
 
 
+def _layer_wins(comp: pd.DataFrame, a: str, b: str) -> tuple[int, int, int]:
+    """``(b more damaging, b less, layers)``: per layer, the paired 95% comparison of ``b``
+    against ``a`` (per-sample damage)."""
+    from cwlens.bootstrap import paired_frame_difference
+
+    layers = sorted(set(comp["layers"]), key=int)
+    more = less = 0
+    for ly in layers:
+        cell = comp[comp["layers"] == ly].rename(columns={"damage": "value"})
+        diff = paired_frame_difference(cell, "metric", a, b)
+        more += diff.sign > 0
+        less += diff.sign < 0
+    return more, less, len(layers)
+
+
 def _per_layer(res: ModelResults) -> str:
     d = res.per_layer
     if d is None:
         return NA + " (not run for this model)"
-    from cwlens.bootstrap import paired_frame_difference
-
     comp = d[d["mode"] == "comprehensiveness"]
-    layers = sorted(set(comp["layers"]), key=int)
-    better = worse = 0
-    for ly in layers:
-        cell = comp[comp["layers"] == ly].rename(columns={"damage": "value"})
-        diff = paired_frame_difference(cell, "metric", "attention", "contribution")
-        better += diff.sign > 0
-        worse += diff.sign < 0
+    more, less, n = _layer_wins(comp, "attention", "contribution")
+    text = (f"rate {float(comp['rate'].iloc[0]):g}, one layer at a time, comprehensiveness: "
+            f"contribution > attention in {more} of {n} layers, < in {less} (paired 95%)")
+    if "alti" in set(comp["metric"]):
+        more, less, n = _layer_wins(comp, "contribution", "alti")
+        text += f"; ALTI > contribution in {more}, < in {less}"
     means = comp[comp["metric"] == "contribution"].groupby("layers")["damage"].mean()
-    top = means.idxmax()
-    rate = float(comp["rate"].iloc[0])
-    return (f"rate {rate:g}, one layer at a time: contribution more comprehensive than attention in "
-            f"{better} of {len(layers)} layers, less in {worse} (paired 95%); most damaging layer "
-            f"{top} (ΔNLL {means.max():.2f})")
+    return text + f"; most damaging layer {means.idxmax()} (ΔNLL {means.max():.2f})"
+
+
+def per_layer_figure(res: ModelResults):
+    """Mean ΔNLL per masked layer, one line per metric (comprehensiveness | sufficiency)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from cwlens.plotting.faithfulness import COLORS, LABELS
+
+    d = res.per_layer
+    assert d is not None
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=(
+        "<b>comprehensiveness</b> (higher = more faithful)", "<b>sufficiency</b> (lower = more faithful)"))
+    for col, mode in enumerate(("comprehensiveness", "sufficiency"), start=1):
+        for metric in [m for m in COLORS if m in set(d["metric"])]:
+            g = d[(d["mode"] == mode) & (d["metric"] == metric)].copy()
+            g["layer"] = g["layers"].astype(int)
+            mean = g.groupby("layer")["damage"].mean()
+            fig.add_trace(go.Scatter(x=list(mean.index), y=list(mean.values), mode="lines+markers",
+                                     name=LABELS[metric], legendgroup=metric, showlegend=col == 1,
+                                     line=dict(color=COLORS[metric],
+                                               dash="dot" if metric == "random" else "solid")),
+                          row=1, col=col)
+        fig.update_xaxes(title_text="masked layer", row=1, col=col)
+        fig.update_yaxes(title_text=A.UNITS["delta_nll"], row=1, col=col)
+    rate = float(d["rate"].iloc[0])
+    fig.update_layout(title=f"{res.name}: one layer masked at a time, rate {rate:g} "
+                      f"(n = {d['sample_id'].nunique()} documents)", template="plotly_white",
+                      width=1150, height=480, legend=dict(orientation="h", y=-0.2))
+    return fig
 
 
 CLAIMS = (
@@ -205,13 +243,16 @@ CLAIMS = (
      lambda r: _delta(r, "attention_gradient")),
     ("\\|attention × gradient\\| (supervised) vs signed c", "(not in the paper)",
      lambda r: _delta(r, "attention_gradient_abs")),
-    ("Sink: attention vs contribution", "sinks get much attention, contribute little",
+    ("Sink: attention vs contribution", "the first token gets much attention but contributes little",
      _sink_vs_contribution),
-    ("Anti-alignment by depth: cos(sink value, tail values)", "negative (sink opposes the tail)",
+    ("Anti-alignment by depth: cos(sink value, tail values)",
+     "negative: the sink's value opposes the semantic tokens'",
      _anti_alignment),
-    ("Observed sink rate → head-output norm", "norm falls as the sink rate rises (convex, interior minimum)",
+    ("Observed sink rate → head-output norm",
+     "convex, minimum at an intermediate sink rate (not at 1)",
      _observed),
-    ("Sink-norm intervention vs control", "zeroing the sink value hurts more than a random token's",
+    ("Sink-norm intervention vs control",
+     "removing the sink's value norm raises PPL and collapses low-norm heads into the semantic cone",
      _intervention),
     ("First token ([CLS]/BOS): attention vs norm-weighted", "much attention, small norm-weighted share "
      "(Kobayashi et al. 2020)", lambda r: _token_classes(r, "cls")),
@@ -244,7 +285,8 @@ def aopc_tables(results: list[ModelResults]) -> str:
 
 
 def write_figures(results: list[ModelResults], folder, png: bool = True) -> list[Path]:
-    """``replicate_aopc_<model>.html/.png``: each model's perturbation curves."""
+    """``replicate_aopc_<model>.html/.png``: each model's perturbation curves, and
+    ``replicate_per_layer_<model>`` where a per-layer run exists."""
     from cwlens.plotting.export import save_figure
     from cwlens.plotting.faithfulness import aopc_curves
 
@@ -255,8 +297,11 @@ def write_figures(results: list[ModelResults], folder, png: bool = True) -> list
         task = "sentence-embedding damage" if r.encoder else "FineWeb-Edu language modelling"
         fig = aopc_curves(r.curves, r.aopc, f"{r.name}: {task} under value masking",
                           A.UNITS[r.measure])
-        written += save_figure(fig, Path(folder) / f"replicate_aopc_{plan.model_dir('', r.name).name}",
-                               png=png)
+        stem = plan.model_dir("", r.name).name
+        written += save_figure(fig, Path(folder) / f"replicate_aopc_{stem}", png=png)
+        if r.per_layer is not None:
+            written += save_figure(per_layer_figure(r), Path(folder) / f"replicate_per_layer_{stem}",
+                                   png=png)
     return written
 
 
