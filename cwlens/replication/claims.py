@@ -30,6 +30,7 @@ class ModelResults:
     verdicts: dict | None = None
     sinks: dict | None = None  # summary.json
     alignment_layers: pd.DataFrame | None = None
+    sink_ppl: pd.DataFrame | None = None  # per sample, target, scale: nll_sum, n_tokens
     n_layers: int | None = None
     token_classes: pd.DataFrame | None = None
     per_layer: pd.DataFrame | None = None  # per-layer damage rows
@@ -58,6 +59,8 @@ def load(out, name: str, n_boot: int = 2000) -> ModelResults:
         al = pd.read_csv(sink_dir / "alignment_layers.csv")
         res.alignment_layers = al
         res.n_layers = int(al["layer"].max()) + 1
+        if (sink_dir / "ppl.csv").exists():
+            res.sink_ppl = pd.read_csv(sink_dir / "ppl.csv")
     if (folder / plan.TOKEN_CLASSES).exists():
         res.token_classes = pd.read_csv(folder / plan.TOKEN_CLASSES)
     if (folder / plan.PER_LAYER).exists():
@@ -147,6 +150,15 @@ def _intervention(res: ModelResults) -> str:
         return NA + " (needs a next-token loss)" if res.encoder else NA + " (not run)"
     sink, rnd = s["ppl"].get("sink@0"), s["ppl"].get("random@0")
     text = f"ΔPPL sink value zeroed {sink[1]:+.2f} vs random position {rnd[1]:+.2f}"
+    if res.sink_ppl is not None:
+        from cwlens.bootstrap import paired_bootstrap
+
+        p = res.sink_ppl[res.sink_ppl["scale"] == 0.0].assign(
+            nll=lambda f: f["nll_sum"] / f["n_tokens"]).pivot(index="sample", columns="target",
+                                                               values="nll")
+        d = paired_bootstrap(p["random"].to_numpy(), p["sink"].to_numpy())
+        text += (f" (per-text ΔNLL sink − control {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}], "
+                 f"{'resolved' if d.sign else 'unresolved'})")
     if "cone_low_after_sink" in s:
         text += (f"; cone cosine of low-norm heads {s['cone_low_before_sink']:+.2f} → "
                  f"{s['cone_low_after_sink']:+.2f} (control → "
