@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from cwlens.cli.main import main
 from cwlens.sinks.run import TABLES
 from cwlens.testing import save_tiny
@@ -38,3 +40,14 @@ def test_core_sinks_imports_only_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("name, label", [
+    ("smollm2-135m", "smollm2-135m (Q4_1 GGUF, dequantized)"),
+    ("gemma-3-270m", "gemma-3-270m (Q4_K_M GGUF, dequantized)"),  # crashed: no ".Q4_1." suffix
+    ("gpt2", "gpt2"), ("/some/local/dir", "/some/local/dir"),
+])
+def test_model_label_names_the_quantisation_of_every_offline_model(name, label):
+    from cwlens.cli.sinks import model_label
+
+    assert model_label(name) == label

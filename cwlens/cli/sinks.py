@@ -55,14 +55,16 @@ def register(sub) -> None:
 
 def model_label(name: str) -> str:
     """The model name for titles; offline GGUF models say that they are quantised."""
-    from pathlib import PurePath
+    import re
 
     from cwlens.models.registry import MODELS
 
     entry = MODELS.get(name)
     if entry is None or entry.offline is None:
         return name
-    quant = PurePath(entry.offline.filename).suffixes[-2].lstrip(".")
+    # the quantisation type in the GGUF file name: "...Q4_1.gguf", "...-q4_k_m.gguf"
+    found = re.search(r"[.\-_]((?:i?q)\d\w*?)\.gguf$", entry.offline.filename, re.I)
+    quant = found.group(1).upper() if found else "quantised"
     return f"{name} ({quant} GGUF, dequantized)"
 
 
