@@ -20,7 +20,7 @@ model that cannot be loaded (e.g. its package is not installed) is reported and 
 
 EPILOG = """\
 examples:
-  cwlens replicate                                   # the three offline models (~1 h on 2 CPU cores)
+  cwlens replicate                                   # the three offline models (~1.5 h on 2 CPU cores)
   cwlens replicate --models smollm2-135m --samples 8 # a quick look
   cwlens replicate --table-only --docs docs/replication.md --readme README.md
 offline models: smollm2-135m (default install), gemma-3-270m (scripts/setup.sh --gemma),

@@ -12,8 +12,8 @@ PER_LAYER_METRICS = ("attention", "contribution", "alti", "random")
 
 @dataclass(frozen=True)
 class ReplicationConfig:
-    """Every choice of ``cwlens replicate`` (defaults sized for a 2-core CPU: about an
-    hour for the three default models).
+    """Every choice of ``cwlens replicate`` (defaults sized for a 2-core CPU: about 1.5 h
+    for the three default models).
 
     Attributes:
         samples: FineWeb-Edu documents per decoder faithfulness run (first
