@@ -31,6 +31,7 @@ import torch
 from cwlens import adapter, hook_names
 from cwlens.adapter import Layers
 from cwlens.errors import CwlensError
+from cwlens.faithfulness.lm import token_nll
 
 
 @contextmanager
@@ -48,17 +49,10 @@ def _frozen(model) -> Iterator[None]:
 
 def document_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None) -> torch.Tensor:
     """``sum_b L_b``, ``L_b`` the mean next-token NLL of document ``b`` (so each document's
-    gradient is its own loss's, whatever the batch it is in). As
-    :func:`cwlens.faithfulness.lm.token_nll`, in float32 (float64 for a float64 model)."""
+    gradient is its own loss's, whatever the batch it is in), from
+    :func:`cwlens.faithfulness.lm.token_nll` in float32 (float64 for a float64 model)."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    logp = torch.log_softmax(logits[:, :-1].to(dtype), dim=-1)
-    nll = -logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
-    if attention_mask is None:
-        is_target = torch.ones_like(nll, dtype=torch.bool)
-    else:
-        real = attention_mask.bool().to(nll.device)
-        is_target = real[:, 1:] & real[:, :-1]
-    nll = torch.where(is_target, nll, torch.zeros_like(nll))
+    nll, is_target = token_nll(logits, tokens, attention_mask, dtype)
     return (nll.sum(-1) / is_target.sum(-1).clamp_min(1)).sum()
 
 
