@@ -11,24 +11,16 @@ import json
 import time
 
 import numpy as np
+import pandas as pd
 
 import cwlens
 from cwlens.bootstrap import bootstrap_ci, paired_bootstrap
+from cwlens.faithfulness import aopc as A
 from cwlens.faithfulness.encoder import embedding_damage, sentences
 from cwlens.metrics import REGISTRY
 
 METRICS = ("attention", "value_weighted", "value_weighted_output_normalized", "contribution",
            "contribution_abs", "alti", "random")
-
-
-def aopc(rows, metric, mode, rates):
-    """Per sample: the mean damage over ``rates`` (area over the perturbation curve, rates
-    weighted equally as in DeYoung et al. 2020's AOPC)."""
-    by = {}
-    for r in rows:
-        if r["metric"] == metric and r["mode"] == mode:
-            by.setdefault(r["sample_id"], {})[r["rate"]] = r["damage"]
-    return {s: float(np.mean([d[x] for x in rates])) for s, d in sorted(by.items())}
 
 
 def main():
@@ -45,21 +37,22 @@ def main():
     rows = embedding_damage(model, texts, METRICS, rates)
     print(f"all-MiniLM-L6-v2, {len(texts)} {args.dataset} sentences, {time.perf_counter() - t:.0f} s; "
           "damage = 1 - cos(masked, clean) of the mean-pooled embedding, mean [95% CI]\n")
+    damage = A.damages(pd.DataFrame(rows).assign(measure="embedding_damage",
+                                                 value=lambda f: f["damage"]), "embedding_damage")
+    per_sample = A.aopc(damage, rates).set_index(["metric", "mode", "sample_id"])["aopc"].sort_index()
+    curves = A.curve_summary(damage).set_index(["metric", "mode", "rate"])["mean"]
     for mode in ("comprehensiveness", "sufficiency"):
         print(f"**{mode}** ({'more' if mode == 'comprehensiveness' else 'less'} damage = more faithful)\n")
         print("| metric | " + " | ".join(f"{r:g}" for r in rates) + " | AOPC | AOPC − contrib [95% paired CI] |")
         print("|---" * (len(rates) + 3) + "|")
-        ref = aopc(rows, "contribution", mode, rates)
+        ref = per_sample.loc["contribution", mode]
         for m in METRICS:
-            cells = []
-            for r in rates:
-                vals = [x["damage"] for x in rows if x["metric"] == m and x["mode"] == mode and x["rate"] == r]
-                cells.append(f"{np.mean(vals):.4f}")
-            a = aopc(rows, m, mode, rates)
-            lo, hi = bootstrap_ci(list(a.values()))
-            d = paired_bootstrap(list(ref.values()), list(a.values()))
+            cells = [f"{curves.loc[m, mode, r]:.4f}" for r in rates]
+            a = per_sample.loc[m, mode].loc[ref.index]
+            lo, hi = bootstrap_ci(a.to_numpy())
+            d = paired_bootstrap(ref.to_numpy(), a.to_numpy())
             diff = "—" if m == "contribution" else f"{d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}]"
-            print(f"| {REGISTRY[m].short} | " + " | ".join(cells) + f" | {np.mean(list(a.values())):.4f} [{lo:.4f}, {hi:.4f}] | {diff} |")
+            print(f"| {REGISTRY[m].short} | " + " | ".join(cells) + f" | {np.mean(a):.4f} [{lo:.4f}, {hi:.4f}] | {diff} |")
         print()
     if args.json:
         with open(args.json, "w") as f:
