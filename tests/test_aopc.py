@@ -135,3 +135,10 @@ def test_cli_prints_the_aopc_table_and_draws_the_curves(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "area over the perturbation curve" in out and "| contrib |" in out
     assert (tmp_path / "fig" / "faithfulness_fineweb_edu_aopc.html").exists()
+
+
+def test_per_layer_figure_refuses_rows_masked_in_every_layer_at_once():
+    from cwlens.plotting.faithfulness import per_layer_curves
+
+    with pytest.raises(InvalidArgumentError, match="per-layer run"):
+        per_layer_curves(A.damages(_synthetic(n=3)))  # layers = "all"

@@ -148,15 +148,11 @@ def _report(args, out, skipped: dict[str, str]) -> int:
         written = claims.write_figures(results, args.figures, png=not args.no_png)
         if written:
             print("wrote " + ", ".join(str(p) for p in written))
-    command = "cwlens replicate " + " ".join(f"--{k} {v}" for k, v in _nondefault(args))
-    if args.docs:
-        write_block(args.docs, f"Produced by `{command.strip()}`.\n\n{table}\n{aopc}",
-                    start=claims.START, end=claims.END)
-        print(f"wrote {args.docs}")
-    if args.readme:
-        write_block(args.readme, f"Produced by `{command.strip()}`.\n\n{table}",
-                    start=claims.START, end=claims.END)
-        print(f"wrote {args.readme}")
+    command = ("cwlens replicate " + " ".join(f"--{k} {v}" for k, v in _nondefault(args))).strip()
+    for path, body in ((args.docs, f"{table}\n{aopc}"), (args.readme, table)):
+        if path:
+            write_block(path, f"Produced by `{command}`.\n\n{body}", start=claims.START, end=claims.END)
+            print(f"wrote {path}")
     return 0
 
 

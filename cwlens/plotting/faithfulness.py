@@ -113,3 +113,35 @@ def _rgba(hex_color: str, alpha: float) -> str:
     h = hex_color.lstrip("#")
     r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
     return f"rgba({r},{g},{b},{alpha})"
+
+
+def per_layer_curves(damage, title: str = "", ylabel: str = "damage"):
+    """Mean damage per masked layer, one line per metric (comprehensiveness |
+    sufficiency), from the damage rows of a ``--per-layer`` run
+    (:func:`cwlens.faithfulness.aopc.damages`: one ``layers`` label per layer)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from cwlens.errors import InvalidArgumentError
+
+    if not len(damage) or not damage["layers"].astype(str).str.fullmatch(r"\d+").all():
+        raise InvalidArgumentError("per_layer_curves needs the rows of a per-layer run (one "
+                                   "layer masked at a time: FaithfulnessConfig(per_layer=True)).")
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=(
+        "<b>comprehensiveness</b> (higher = more faithful)", "<b>sufficiency</b> (lower = more faithful)"))
+    for col, mode in enumerate(("comprehensiveness", "sufficiency"), start=1):
+        for metric in [m for m in COLORS if m in set(damage["metric"])]:
+            g = damage[(damage["mode"] == mode) & (damage["metric"] == metric)]
+            mean = g.groupby(g["layers"].astype(int))["damage"].mean()
+            fig.add_trace(go.Scatter(x=list(mean.index), y=list(mean.values), mode="lines+markers",
+                                     name=LABELS[metric], legendgroup=metric, showlegend=col == 1,
+                                     line=dict(color=COLORS[metric],
+                                               dash="dot" if metric == "random" else "solid")),
+                          row=1, col=col)
+        fig.update_xaxes(title_text="masked layer", row=1, col=col)
+        fig.update_yaxes(title_text=ylabel, row=1, col=col)
+    rates = ", ".join(f"{r:g}" for r in sorted(set(damage["rate"])))
+    fig.update_layout(title=f"{title}, rate {rates} (n = {damage['sample_id'].nunique()} documents)",
+                      template="plotly_white", width=1150, height=480,
+                      legend=dict(orientation="h", y=-0.2))
+    return fig

@@ -209,36 +209,6 @@ def _per_layer(res: ModelResults) -> str:
     return text + f"; most damaging layer {means.idxmax()} (ΔNLL {means.max():.2f})"
 
 
-def per_layer_figure(res: ModelResults):
-    """Mean ΔNLL per masked layer, one line per metric (comprehensiveness | sufficiency)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    from cwlens.plotting.faithfulness import COLORS, LABELS
-
-    d = res.per_layer
-    assert d is not None
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=(
-        "<b>comprehensiveness</b> (higher = more faithful)", "<b>sufficiency</b> (lower = more faithful)"))
-    for col, mode in enumerate(("comprehensiveness", "sufficiency"), start=1):
-        for metric in [m for m in COLORS if m in set(d["metric"])]:
-            g = d[(d["mode"] == mode) & (d["metric"] == metric)].copy()
-            g["layer"] = g["layers"].astype(int)
-            mean = g.groupby("layer")["damage"].mean()
-            fig.add_trace(go.Scatter(x=list(mean.index), y=list(mean.values), mode="lines+markers",
-                                     name=LABELS[metric], legendgroup=metric, showlegend=col == 1,
-                                     line=dict(color=COLORS[metric],
-                                               dash="dot" if metric == "random" else "solid")),
-                          row=1, col=col)
-        fig.update_xaxes(title_text="masked layer", row=1, col=col)
-        fig.update_yaxes(title_text=A.UNITS["delta_nll"], row=1, col=col)
-    rate = float(d["rate"].iloc[0])
-    fig.update_layout(title=f"{res.name}: one layer masked at a time, rate {rate:g} "
-                      f"(n = {d['sample_id'].nunique()} documents)", template="plotly_white",
-                      width=1150, height=480, legend=dict(orientation="h", y=-0.2))
-    return fig
-
-
 CLAIMS = (
     ("Hierarchy, comprehensiveness, signed c", "attn < vw < vwon < contrib",
      lambda r: _verdict(r, "comprehensiveness", "signed")),
@@ -300,7 +270,7 @@ def write_figures(results: list[ModelResults], folder, png: bool = True) -> list
     """``replicate_aopc_<model>.html/.png``: each model's perturbation curves, and
     ``replicate_per_layer_<model>`` where a per-layer run exists."""
     from cwlens.plotting.export import save_figure
-    from cwlens.plotting.faithfulness import aopc_curves
+    from cwlens.plotting.faithfulness import aopc_curves, per_layer_curves
 
     written: list[Path] = []
     for r in results:
@@ -312,8 +282,9 @@ def write_figures(results: list[ModelResults], folder, png: bool = True) -> list
         stem = plan.model_dir("", r.name).name
         written += save_figure(fig, Path(folder) / f"replicate_aopc_{stem}", png=png)
         if r.per_layer is not None:
-            written += save_figure(per_layer_figure(r), Path(folder) / f"replicate_per_layer_{stem}",
-                                   png=png)
+            fig = per_layer_curves(r.per_layer, f"{r.name}: one layer masked at a time",
+                                   A.UNITS["delta_nll"])
+            written += save_figure(fig, Path(folder) / f"replicate_per_layer_{stem}", png=png)
     return written
 
 
