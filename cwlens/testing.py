@@ -11,6 +11,19 @@ import torch
 from cwlens._types import Generation
 
 
+def _projected(pattern, v, W_O, position_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(a, v~)`` in float64: the pattern and the projected values ``v~ = v W_O``
+    ``[b, head, key, d_model]`` (grouped kv heads repeated), pad rows and columns zeroed."""
+    a, v = pattern.double(), v.double()
+    if position_mask is not None:
+        m = position_mask.double()
+        a = a * m[:, None, :, None] * m[:, None, None, :]
+        v = v * m[:, :, None, None]
+    n_heads, n_kv = a.shape[1], v.shape[2]
+    v_heads = v.repeat_interleave(n_heads // n_kv, dim=2)  # [b, k, h, d]
+    return a, torch.einsum("bkhd,hdm->bhkm", v_heads, W_O.double())
+
+
 def naive_measures(pattern, v, W_O, position_mask=None) -> dict[str, torch.Tensor]:
     """All measures of one layer, straight from the definitions, in float64.
 
@@ -19,14 +32,7 @@ def naive_measures(pattern, v, W_O, position_mask=None) -> dict[str, torch.Tenso
     ``relative_norm_{intra,inter}``, ``cosine_{intra,inter}``, ``head_outputs`` and
     ``layer_output``.
     """
-    a, v = pattern.double(), v.double()
-    if position_mask is not None:
-        m = position_mask.double()
-        a = a * m[:, None, :, None] * m[:, None, None, :]
-        v = v * m[:, :, None, None]
-    n_heads, n_kv = a.shape[1], v.shape[2]
-    v_heads = v.double().repeat_interleave(n_heads // n_kv, dim=2)  # [b, k, h, d]
-    v_tilde = torch.einsum("bkhd,hdm->bhkm", v_heads, W_O.double())  # projected values
+    a, v_tilde = _projected(pattern, v, W_O, position_mask)
     pairs = a[..., None] * v_tilde[:, :, None, :, :]  # [b, h, q, k, m]  (the big one)
     o_head = pairs.sum(3)  # [b, h, q, m]
     o = o_head.sum(1)  # [b, q, m]
@@ -59,14 +65,7 @@ def naive_alti(pattern, v, W_O, position_mask=None) -> dict[str, torch.Tensor]:
     float64, with the full ``[batch, head, query, key, d_model]`` parts: ``p = max(0,
     ||o||_1 - ||o - a v~||_1)`` normalised over the keys of a head (intra) or over every
     head and key of a query (inter); rows whose ``p`` are all 0 stay 0."""
-    a, v = pattern.double(), v.double()
-    if position_mask is not None:
-        m = position_mask.double()
-        a = a * m[:, None, :, None] * m[:, None, None, :]
-        v = v * m[:, :, None, None]
-    n_heads, n_kv = a.shape[1], v.shape[2]
-    v_tilde = torch.einsum("bkhd,hdm->bhkm", v.repeat_interleave(n_heads // n_kv, dim=2),
-                           W_O.double())
+    a, v_tilde = _projected(pattern, v, W_O, position_mask)
     parts = a[..., None] * v_tilde[:, :, None, :, :]  # [b, h, q, k, m]
     o_head = parts.sum(3, keepdim=True)  # [b, h, q, 1, m]
     o = o_head.sum(1, keepdim=True)  # [b, 1, q, 1, m]

@@ -46,38 +46,34 @@ def _no_duplicates(values: list, what: str, text: str) -> None:
                     "give each once")
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
+def _int_at_least(text: str, minimum: int, expected: str, too_small: str) -> int:
+    """``int(text)`` if it is ``>= minimum``; else the error ``expected ...`` (not an
+    integer) or ``too_small`` (out of range), each naming the value."""
     try:
         value = int(text)
     except ValueError:
-        raise Error(f"expected a positive integer (1, 2, ...); got {text!r}") from None
-    if value < 1:
-        raise Error(f"must be a positive integer (1, 2, ...); got {value}")
+        raise Error(f"expected {expected}; got {text!r}") from None
+    if value < minimum:
+        raise Error(f"{too_small}; got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    return _int_at_least(text, 1, "a positive integer (1, 2, ...)",
+                         "must be a positive integer (1, 2, ...)")
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (an index, a seed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise Error(f"expected a non-negative integer (0, 1, ...); got {text!r}") from None
-    if value < 0:
-        raise Error(f"must be 0 or more; got {value}")
-    return value
+    return _int_at_least(text, 0, "a non-negative integer (0, 1, ...)", "must be 0 or more")
 
 
 def max_tokens(text: str) -> int:
     """A truncation length: a positive integer (0 and negatives would mean "all" / "drop the end")."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise Error(f"expected a positive number of tokens, e.g. 128; got {text!r}") from None
-    if value < 1:
-        raise Error(f"must be a positive number of tokens, e.g. 128 (leave the flag out for "
-                    f"whole texts where the command allows it); got {value}")
-    return value
+    return _int_at_least(text, 1, "a positive number of tokens, e.g. 128",
+                         "must be a positive number of tokens, e.g. 128 (leave the flag out for "
+                         "whole texts where the command allows it)")
 
 
 def _finite_float(item: str, text: str, what: str) -> float:
