@@ -259,7 +259,7 @@ def format_summary(d: dict) -> str:
         lines.append(
             f"{LABELS[name]}: attention {c['attention']:.3f} of each row vs norm-weighted "
             f"{c['norm_weighted']:.3f} ({how}), |contribution| {c['contribution_abs']:.3f}, "
-            f"signed {c['contribution']:+.3f}; uniform {c['key_frac']:.3f} ({c['n_keys']} keys)"
+            f"signed {c['contribution']:+.3f}; uniform {c['key_frac']:.3f} ({c['n_keys']} key positions)"
         )
         if name != "other":
             lines.append(
