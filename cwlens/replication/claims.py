@@ -145,7 +145,8 @@ def _observed(res: ModelResults) -> str:
     return (f"rule: interior = resolved fall, then resolved rise of the binned mean norm "
             f"(Bonferroni z over bin pairs); of {s['observed_heads']} heads: interior "
             f"{pct['interior']:.0f}%, falling {pct['falling']:.0f}%, rising {pct['rising']:.0f}%, "
-            f"flat {pct['flat']:.0f}% (a quadratic's vertex: interior "
+            f"flat {pct['flat']:.0f}%, too few points {100 * s['observed_undetermined_frac_heads']:.0f}% "
+            f"(a quadratic's vertex: interior "
             f"{100 * s['observed_quad_interior_frac_heads']:.0f}%, not a test); median "
             f"corr(rate, norm) {s['observed_corr_median']:+.2f}; relative norm "
             f"{bins[first]:.2f} (rate {first}) → {bins[last]:.2f} (rate {last})")

@@ -33,7 +33,7 @@ import torch
 
 from cwlens import adapter
 from cwlens.core.sinks import SinkGeometry, first_real_index
-from cwlens.sinks.observed_shape import RULE, bin_means, shape_of
+from cwlens.sinks.observed_shape import RULE, SHAPES, bin_means, shape_of
 
 N_BINS = 10
 SUMS = ("n", "s_r", "s_r2", "s_r3", "s_r4", "s_y", "s_ry", "s_r2y", "s_y2")
@@ -179,7 +179,8 @@ def bin_summary(bins: pd.DataFrame, by_layer: bool = True) -> pd.DataFrame:
 
 def summary(bins: pd.DataFrame, sink_heads: set | None = None) -> dict:
     """Headline numbers for ``summary.json`` and the printed summary. The shape fractions
-    are over the heads with at least 3 usable bins (``observed_heads``); the quadratic's
+    are over all heads (``observed_heads``; ``undetermined``: fewer than 3 bins of enough
+    points, ``observed_testable_heads`` are the others); the quadratic's
     interior fraction is kept as ``observed_quad_interior_frac_heads`` for comparison."""
     fits = head_fits(bins)
     fitted = fits[fits["shape"] != "undetermined"]
@@ -187,17 +188,17 @@ def summary(bins: pd.DataFrame, sink_heads: set | None = None) -> dict:
     quad = fits[fits["quad_minimum"] != "undetermined"]
     out: dict[str, Any] = {
         "observed_rule": RULE,
-        "observed_heads": int(len(fitted)),
-        **{f"observed_{k}_frac_heads": float((fitted["shape"] == k).mean())
-           for k in ("interior", "falling", "rising", "flat")},
-        "observed_corr_median": float(fitted["corr"].median()),
+        "observed_heads": int(len(fits)),
+        "observed_testable_heads": int(len(fitted)),
+        **{f"observed_{k}_frac_heads": float((fits["shape"] == k).mean()) for k in SHAPES},
+        "observed_corr_median": float(fits["corr"].median()),
         "observed_min_rate_median_interior": float(interior["min_rate"].median()),
         "observed_rise_median_interior": float(interior["rise"].median()),
         "observed_quad_interior_frac_heads": float((quad["quad_minimum"] == "interior").mean()),
     }
     if sink_heads:
-        keys = list(zip(fitted["layer"], fitted["head"], strict=True))
-        sel = fitted[[k in sink_heads for k in keys]]
+        keys = list(zip(fits["layer"], fits["head"], strict=True))
+        sel = fits[np.array([k in sink_heads for k in keys], dtype=bool)]
         out["observed_interior_frac_sink_heads"] = float((sel["shape"] == "interior").mean())
         out["observed_corr_median_sink_heads"] = float(sel["corr"].median())
     pooled = bin_summary(bins, by_layer=False)
@@ -222,7 +223,8 @@ def format_line(s: dict) -> str:
     return (
         f"  observed ||o^h|| vs own sink rate (across queries, binned means): interior minimum "
         f"(resolved fall, then resolved rise) for {pct['interior']:.0f}% of heads{sink}; falling "
-        f"{pct['falling']:.0f}%, rising {pct['rising']:.0f}%, flat {pct['flat']:.0f}% "
+        f"{pct['falling']:.0f}%, rising {pct['rising']:.0f}%, flat {pct['flat']:.0f}%, "
+        f"undetermined {100 * s['observed_undetermined_frac_heads']:.0f}% "
         f"[a quadratic fit would say interior for "
         f"{100 * s['observed_quad_interior_frac_heads']:.0f}%]; median corr(rate, norm) "
         f"{s['observed_corr_median']:+.2f}; relative norm from {ends}"
