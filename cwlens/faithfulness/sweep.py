@@ -39,6 +39,7 @@ from cwlens.core.bitmask import PackedMask
 from cwlens.core.geometry import check_kind
 from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 from cwlens.faithfulness import choice, lm
+from cwlens.faithfulness.causal_scope import causal_ranking, require_causal
 from cwlens.faithfulness.ranking import (
     ALL_RANKINGS,
     MODES,
@@ -312,7 +313,9 @@ def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None, gradient
                 scores = random_scores(shape, mask, keys, cfg.seed, layer)
             else:
                 scores = metric_scores(geo, metric, cfg.kind, (gradients or {}).get(layer))
-            ranks[metric] = rank_entries(scores, eligible, cfg.scope)
+            ranking = rank_entries(scores, eligible, cfg.scope)
+            # head/layer scope: the mask at query i decided from rows <= i (causal_scope)
+            ranks[metric] = causal_ranking(ranking) if cfg.causal_only else ranking
             del scores
         out[key] = PackedMask.pack(ranks[metric].mask(rate, mode))
     stats.ranking_seconds += time.perf_counter() - t
@@ -485,6 +488,7 @@ def run_faithfulness(
         "cwlens.faithfulness.encoder.embedding_damage (CLI: cwlens replicate --models <encoder>).",
     )
     cfg = config or FaithfulnessConfig()
+    require_causal(cfg.scope, cfg.causal_only, "the next-token faithfulness test (ΔNLL)")
     t0 = time.perf_counter()
     samples = load_dataset(dataset, n, num_fewshot=num_fewshot) if isinstance(dataset, str) else list(dataset)
     if not samples:
