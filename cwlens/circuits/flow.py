@@ -88,7 +88,11 @@ def token_flow(cache, model, batch: int = 0, rule: str = "signed", str_tokens=No
         s_res, s_att = flow_math.residual_shares(r, a, rule)
         resid_share.append(s_res)
         attn_share.append(s_att)
-        layer_flows.append(flow_math.layer_flow(r, a, c, rule))
+        dots = None
+        if rule == "projection":
+            dots = flow_math.key_projections(r + a, geo.pattern[batch].double(),
+                                             geo.v[batch].double(), geo.W_O.double())
+        layer_flows.append(flow_math.layer_flow(r, a, c, rule, dots))
     flows = torch.stack(layer_flows).cpu()
     if str_tokens is None:
         tokens = adapter.read(cache, hook_names.resid_pre(0), model).shape[1]
