@@ -2,10 +2,10 @@
 
 Definition. Let ``r_i`` be position ``i``'s residual stream entering layer ``l``
 (``hook_resid_pre``), ``a_i`` what the attention block adds (``hook_resid_mid - hook_resid_pre``,
-so ``b_O`` included) and ``r'_i = r_i + a_i``. Two rules split ``r'_i`` into what it keeps
-from ``r_i`` and what attention brought:
+so ``b_O`` included) and ``r'_i = r_i + a_i``. Three rules split ``r'_i`` into what it keeps
+from ``r_i`` and what attention brought from each key:
 
-    rule="signed" (default)  s^res_i = <r'_i, r_i> / ||r'_i||^2,  s^att_i = <r'_i, a_i> / ||r'_i||^2
+    rule="signed"            s^res_i = <r'_i, r_i> / ||r'_i||^2,  s^att_i = <r'_i, a_i> / ||r'_i||^2
                              (the projection shares; s^res + s^att = 1 exactly, either may
                              be negative), and the attention share is spread over keys by
                              the token-level inter-head contribution weights
@@ -13,7 +13,8 @@ from ``r_i`` and what attention brought:
     rule="absolute"          s^res, s^att proportional to |<r'_i, r_i>|, |<r'_i, a_i>| and
                              C replaced by |C_ij| / sum_k |C_ik|: every factor is >= 0, so
                              flows are proportions (rows are probability vectors).
-    rule="projection"        every part projected on r'_i itself: key j's term
+    rule="projection"        (token_flow's default) every part projected on r'_i itself:
+                             key j's term
                              z_ij = sum_h a_ij^h v~_j^h gets <r'_i, z_ij> / ||r'_i||^2, the
                              residual s^res as above, and b_O's projection
                              <r'_i, b_O> / ||r'_i||^2 (what is left of s^att) is spread by C.
@@ -25,11 +26,12 @@ One layer's flow matrix is ``F_l = diag(s^res) + diag(s^att) C`` (``[pos, pos]``
 triangular in a causal model): position ``i`` after attention is ``F_l[i, j]`` made of
 position ``j`` before it. The MLP is token-local: ``mlp(r'_i)`` is a function of ``r'_i``
 alone, so it inherits ``r'_i``'s composition (its flow matrix is the identity). ``b_O``
-belongs to no token: its part of ``a_i`` is spread with the same weights ``C_i``.
+belongs to no token: its part of ``a_i`` is spread with the same weights ``C_i`` (under
+"projection" only b_O's own projection is; the keys' terms are projected directly).
 
 Composing, ``flows[0] = I`` and ``flows[l+1] = F_l flows[l]``: ``flows[l][i, j]`` is how
 much of position ``i``'s residual stream entering layer ``l`` (``flows[n_layers]``: the
-final stream) comes from input token ``j``. Rows sum to 1 under both rules.
+final stream) comes from input token ``j``. Rows sum to 1 under every rule.
 
 Graph. For a target position ``t`` at the top, the importance of node ``(l, j)`` is
 ``N_l = e_t F_{L-1} ... F_l`` (``N_L = e_t``; ``N_0 = flows[L][t]``), and the edge from

@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--k", type=int, default=10, help="k of the top-k overlap (default: %(default)s)")
     p.add_argument("--mode", default="corrupt", choices=("corrupt", "mean"),
                    help="patch from the corrupted prompts or mean-ablate (default: %(default)s)")
-    p.add_argument("--rule", default="signed", choices=("signed", "absolute", "projection"),
+    p.add_argument("--rule", default="projection", choices=("projection", "signed", "absolute"),
                    help="token-flow share rule (default: %(default)s; see docs/circuits.md)")
     p.add_argument("--ioi-corruption", default="abc", choices=("abc", "swap"),
                    help="ioi: corrupted prompts with three random names (Wang et al.'s ABC, "
