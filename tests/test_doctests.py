@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import cwlens
-
 API_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
 
