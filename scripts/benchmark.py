@@ -290,9 +290,14 @@ def write_block(path, table: str, args, marker: str = "benchmark") -> None:
     flags = " --stream --json" if args.stream else ""
     flags += f" --marker {args.marker}" if args.marker else ""
     flags += f" --repeats {args.repeats}" if args.repeats != 3 else ""
+    for flag, value, default in (("--model", args.model, "smollm2-135m"), ("--device", args.device, "cpu"),
+                                 ("--dtype", args.dtype, "float32"), ("--random-config", args.random_config, None),
+                                 ("--query-block", args.query_block, None)):
+        flags += f" {flag} {value}" if value != default else ""
     cmd = f"python scripts/benchmark.py{flags} --lengths {' '.join(map(str, args.lengths))} --docs {path}"
     block = (
-        f"{start}\nMeasured with `{cmd}` ({args.model}, {args.device}, {args.dtype}, "
+        f"{start}\nMeasured with `{cmd}` ({args.random_config or args.model}"
+        f"{' (random weights)' if args.random_config else ''}, {args.device}, {args.dtype}, "
         f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; "
         f"median of {args.repeats} interleaved run{'s' if args.repeats > 1 else ''}):\n\n{table}\n{end}"
     )
