@@ -156,7 +156,7 @@ def holm(family: Mapping[K, PairedDifference], level: float = 0.95) -> dict[K, P
     """The family's differences with ``resolved`` set by Holm's correction at ``1 -
     level`` (identical pairs are never resolved and do not count as tests)."""
     keys = [k for k, d in family.items() if not d.identical]
-    rejected = holm_reject([family[k].p for k in keys], 1 - level) if keys else []
+    rejected: list[bool] = list(holm_reject([family[k].p for k in keys], 1 - level)) if keys else []
     out = {k: replace(d, resolved=False) for k, d in family.items()}
     for k, r in zip(keys, rejected, strict=True):
         out[k] = replace(family[k], resolved=bool(r))

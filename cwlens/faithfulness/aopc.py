@@ -175,7 +175,8 @@ def aopc_summary(per_sample: pd.DataFrame, reference: str = "contribution", n_bo
     itself or when it is absent)."""
     from cwlens.bootstrap import bootstrap_ci, holm, paired_frame_difference
 
-    rows, tests = [], {}
+    rows: list[dict] = []
+    tests: dict = {}
     for mode, g in per_sample.groupby("mode", sort=True):
         cell = g.rename(columns={"score": "value"})
         for metric, m in g.groupby("metric", sort=False):

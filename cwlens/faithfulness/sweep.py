@@ -329,11 +329,11 @@ def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None, gradient
             ranks[metric] = (rank_entries(scores, eligible, cfg.scope, tiebreak),
                              scores if counts is not None else None)
             del scores
-        ranking, scores = ranks[metric]
+        ranking, kept_scores = ranks[metric]
         removed = ranking.mask(rate, mode)
         out[key] = PackedMask.pack(removed)
         if counts is not None:
-            _count(counts, key, mask_counts(scores, eligible, removed, cfg.scope, first_key))
+            _count(counts, key, mask_counts(kept_scores, eligible, removed, cfg.scope, first_key))
     stats.ranking_seconds += time.perf_counter() - t
     return out
 
