@@ -31,6 +31,9 @@ def test_log_bins_cover_every_position_once(n, per_octave):
     if n >= 1024:  # a whole octave of wide bins: per_octave edges in it
         assert len([e for e in edges if 512 <= e < 1024]) == per_octave
     assert log_bins(10, 1) == [1, 2, 4, 8, 11]
+    assert log_bins(8, 1) == [1, 2, 4, 9]  # [8, 9) alone would be half as wide as [4, 8)
+    last = log_bins(2048, 4)[-3:]
+    assert last == [1448, 1722, 2049]  # 2048 would start a bin of one position
 
 
 @pytest.mark.parametrize("bad", [0, -3, True])

@@ -33,8 +33,9 @@ def layer_groups(n_layers: int) -> dict[str, list[int]]:
 
 def log_bins(n: int, per_octave: int = 4) -> list[int]:
     """Edges ``e`` of log-spaced bins ``[e[k], e[k+1])`` covering positions ``1..n``:
-    ``floor(2 ** (j / per_octave))`` without repeats, then ``n + 1``. The first bins hold
-    one position each (until the spacing exceeds 1)."""
+    ``floor(2 ** (j / per_octave))`` without repeats, then ``n + 1``; a last bin less than
+    half as wide as the one before joins it. The first bins hold one position each (until
+    the spacing exceeds 1)."""
     for value, what in ((n, "n"), (per_octave, "per_octave")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgumentError(f"{what} must be a positive int; got {value!r}.")
@@ -44,6 +45,8 @@ def log_bins(n: int, per_octave: int = 4) -> list[int]:
         if not edges or e > edges[-1]:
             edges.append(e)
         j += 1
+    if len(edges) >= 3 and 2 * (n + 1 - edges[-1]) < edges[-1] - edges[-2]:
+        edges.pop()
     return edges + [n + 1]
 
 
