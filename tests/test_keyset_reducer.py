@@ -4,6 +4,8 @@ recomputed in float64 from the definitions (:func:`cwlens.testing.naive_measures
 tiny architecture, a left/right-padded batch, blocks of 1-3 queries and whole layers,
 both kinds. Runs under both TransformerLens generations (see scripts/test.sh)."""
 
+import inspect
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -104,3 +106,16 @@ def test_bad_key_sets_are_refused(keys):
 def test_no_metric_is_refused():
     with pytest.raises(CwlensError, match="metric"):
         reducers.KeySetWeight((0,), metrics=())
+
+
+@pytest.mark.skipif("attention" not in inspect.signature(cwlens.stream_reduce).parameters,
+                    reason="this cwlens has no blockwise attention path (issue 16, point 1)")
+def test_blockwise_attention_gives_the_same_key_set_weights(run):
+    model, tokens, mask, _ = run
+    got = {}
+    for attention in ("eager", "blockwise"):
+        res = cwlens.stream_reduce(model, tokens, [reducers.KeySetWeight(range(4))], attention_mask=mask,
+                                   query_block=3, attention=attention)
+        got[attention] = res["keys_0_1_2_3"].weights
+    for metric in ("attention", "contribution"):
+        assert_close(got["blockwise"][metric], got["eager"][metric], **TOL)
