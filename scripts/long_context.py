@@ -12,7 +12,8 @@ receives from every query; :mod:`cwlens.sinks.by_position` bins the queries by p
   curves.csv      key_set, keys, metric, group, layers, bin_lo, bin_hi, position,
                   n_queries, mean, low, high (the --interval quantiles over the bin's queries)
   per_layer.csv   per key set, metric and layer: the mean over queries at positions >= 64
-  summary.json    the run (model, tokens, documents, attention path, time, peak RSS) and both tables
+  summary.json    the run (model, tokens, documents, attention path, time, peak RSS), both
+                  tables and the mean over the queries of positions 16-63, 64-255, ... (printed)
   long_context.html / .png   the figure (cwlens.plotting.long_context)
 
     OMP_NUM_THREADS=2 nice python scripts/long_context.py --tokens 2048 --out results/long_context_2048
@@ -36,7 +37,7 @@ from cwlens.cli.arg_types import positive_int
 from cwlens.cli.sinks import model_label
 from cwlens.datasets import load_dataset
 from cwlens.errors import CwlensError
-from cwlens.sinks.by_position import per_layer_means, position_curves
+from cwlens.sinks.by_position import per_layer_means, position_curves, range_means
 
 SOURCES = ("fineweb_edu", "fineweb_edu_substitute_wikipedia")
 KEY_SETS = {"first_token": (0,), "first_4_tokens": (0, 1, 2, 3)}
@@ -81,6 +82,13 @@ def stream_kwargs(attention: str | None, query_block: int) -> dict:
     return kwargs
 
 
+def markdown(table) -> str:
+    """A pipe table (numbers to 3 decimals)."""
+    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in table.itertuples(index=False)]
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|---" * len(table.columns) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=positive_int, default=16384, help="length of the text (default 16384)")
@@ -120,6 +128,7 @@ def main(argv=None) -> dict:
     results = {name: res[name] for name in KEY_SETS}
     curves = position_curves(results, info.n_layers, METRICS, args.per_octave, tuple(args.interval))
     layers = per_layer_means(results, METRICS, args.from_position)
+    wide = range_means(curves)
     args.out.mkdir(parents=True, exist_ok=True)
     curves.to_csv(args.out / "curves.csv", index=False)
     layers.to_csv(args.out / "per_layer.csv", index=False)
@@ -135,6 +144,7 @@ def main(argv=None) -> dict:
         "interval_quantiles": list(args.interval), "stream_seconds": round(seconds, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "peak_rss_mb_before_stream": round(rss_before, 1), "torch_threads": torch.get_num_threads(),
+        "range_means": wide.to_dict("records"),
         "curves": curves.to_dict("records"), "per_layer": layers.to_dict("records"),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -146,6 +156,7 @@ def main(argv=None) -> dict:
     written = save_figure(fig, args.out / "long_context", png=not args.no_png)
     print(f"{label}: {tokens.shape[1]} tokens, streamed in {seconds:.1f} s "
           f"(attention: {summary['attention']}), peak RSS {summary['peak_rss_mb']:.0f} MB")
+    print(markdown(wide))
     print("wrote " + ", ".join(str(p) for p in [args.out / "curves.csv", args.out / "per_layer.csv",
                                                   args.out / "summary.json", *written]))
     return summary

@@ -14,6 +14,7 @@ from cwlens.sinks.by_position import (
     log_bins,
     per_layer_means,
     position_curves,
+    range_means,
 )
 
 
@@ -103,3 +104,18 @@ def test_per_layer_means_skip_early_positions():
     want = torch.cat([tok[:, 0, 2:], tok[:, 1, 6:]], -1).mean(-1)
     assert list(table.layer) == list(range(5)) and set(table.n_queries) == {10 + 6}
     np.testing.assert_allclose(table["mean"].to_numpy(), want.numpy(), rtol=1e-12)
+
+
+def test_range_means_are_means_over_the_queries_of_the_range():
+    gen = torch.Generator().manual_seed(2)
+    values = torch.rand(200, generator=gen)
+    positions = torch.arange(200) + 1
+    rows = binned(values, positions, log_bins(200, 4))
+    import pandas as pd
+
+    curves = pd.DataFrame([{"key_set": "s", "group": "early", "metric": "attention", **r} for r in rows])
+    wide = range_means(curves, start=16, factor=4)
+    assert list(wide.columns) == ["key_set", "group", "metric", "16-63", "64-200"]
+    for label, (a, b) in (("16-63", (16, 64)), ("64-200", (64, 201))):
+        want = float(values[(positions >= a) & (positions < b)].double().mean())
+        assert wide[label].iloc[0] == pytest.approx(want, abs=1e-12)

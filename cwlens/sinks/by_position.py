@@ -128,3 +128,29 @@ def per_layer_means(results: Mapping[str, KeySetResult], metrics: Sequence[str] 
                              "from_position": from_position, "n_queries": int(keep.sum()),
                              "mean": float(values[keep].mean()) if keep.any() else float("nan")})
     return pd.DataFrame(rows)
+
+
+def range_means(curves, start: int = 16, factor: int = 4):
+    """A wide table of :func:`position_curves`: per key set, group and metric, the mean over
+    the queries of the bins whose first position lies in ``[start, start * factor)``,
+    ``[start * factor, start * factor**2)``, ... (columns named ``"16-63"``, ...): the bin
+    means weighted by their query counts, so each cell is the plain mean over its queries."""
+    import pandas as pd
+
+    if start < 1 or factor < 2:
+        raise InvalidArgumentError(f"range_means needs start >= 1 and factor >= 2; got {start}, {factor}.")
+    top = int(curves.bin_hi.max()) if len(curves) else 0
+    ranges = []
+    lo = start
+    while lo <= top:
+        ranges.append((lo, lo * factor))
+        lo *= factor
+    rows = []
+    for (key_set, group, metric), d in curves.groupby(["key_set", "group", "metric"], sort=False):
+        row = {"key_set": key_set, "group": group, "metric": metric}
+        for a, b in ranges:
+            part = d[(d.bin_lo >= a) & (d.bin_lo < b)]
+            label = f"{a}-{min(b, top + 1) - 1}"
+            row[label] = float(np.average(part["mean"], weights=part.n_queries)) if len(part) else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
