@@ -14,7 +14,7 @@ receives from every query; :mod:`cwlens.sinks.by_position` bins the queries by p
   per_layer.csv   per key set, metric and layer: the mean over queries at positions >= 64
   summary.json    the run (model, tokens, documents, attention path, time, peak RSS), both
                   tables and the mean over the queries of positions 16-63, 64-255, ... (printed)
-  long_context.html / .png   the figure (cwlens.plotting.long_context)
+  long_context.html / .png   the figure (cwlens.plotting.long_context; elsewhere with --figure)
 
     OMP_NUM_THREADS=2 nice python scripts/long_context.py --tokens 2048 --out results/long_context_2048
     python scripts/long_context.py --tokens 16384 --attention blockwise --out results/long_context_16k
@@ -102,6 +102,8 @@ def parse_args(argv=None):
                     help="quantiles of the queries in a bin drawn as the band (default 0.1 0.9)")
     ap.add_argument("--from-position", type=positive_int, default=64,
                     help="per_layer.csv averages the queries at positions >= this (default 64)")
+    ap.add_argument("--figure", type=Path, default=None,
+                    help="path stem of the figure (default: <out>/long_context), e.g. figures/long_context_smollm2-135m")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-png", action="store_true", help="write the figure as HTML only")
     args = ap.parse_args(argv)
@@ -153,7 +155,7 @@ def main(argv=None) -> dict:
 
     fig = sink_share_by_position(curves, label, int(tokens.shape[1]),
                                  f"{args.interval[0]:g}-{args.interval[1]:g} quantiles of queries")
-    written = save_figure(fig, args.out / "long_context", png=not args.no_png)
+    written = save_figure(fig, args.figure or args.out / "long_context", png=not args.no_png)
     print(f"{label}: {tokens.shape[1]} tokens, streamed in {seconds:.1f} s "
           f"(attention: {summary['attention']}), peak RSS {summary['peak_rss_mb']:.0f} MB")
     print(markdown(wide))
