@@ -49,7 +49,7 @@ def _index(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-CHOICE_SCHEMA = Schema((
+CHOICE_SCHEMA: Schema = Schema((
     Field("context", "str", is_str),
     Field("choices", "list of >= 2 distinct non-empty str", _choices),
     Field("answer", "int, index into choices", _index),

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UnknownDatasetError
 from .circuit_tasks import CHOICE_SCHEMA
+from .errors import UnknownDatasetError
 from .jsonl import Schema
 from .tasks import BOOLQ_SCHEMA, GSM8K_SCHEMA, MMLU_SCHEMA, TEXT_SCHEMA, WINOGRANDE_SCHEMA
 
