@@ -161,3 +161,29 @@ def test_masks_applied_and_paired_differences(model):
     assert d.n == len(ITEMS)
     assert d.mean == pytest.approx(float((per["attention"] - per["contribution"]).mean()))
     assert d.low <= d.mean <= d.high
+
+
+def test_accuracy_command_and_the_faithfulness_gate(tmp_path, capsys):
+    from cwlens.cli.main import main
+    from cwlens.datasets import load_dataset
+    from cwlens.testing import save_tiny
+
+    model_dir = save_tiny("llama", tmp_path)
+    md = tmp_path / "acc.md"
+    argv = ["accuracy", "--model", str(model_dir), "--device", "cpu", "--dataset", "ioi,capitals",
+            "--samples", "ioi=30,capitals=20", "--summary-md", str(md)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    tiny = tiny_model("llama")  # the same weights (seed 0)
+    for name, n in (("ioi", 30), ("capitals", 20)):
+        assert clean_accuracy(tiny, load_dataset(name, n)).line() in out
+    text = md.read_text()
+    assert text.startswith("<!-- clean-accuracy:start -->") and "| ioi | 30 |" in text
+    # faithfulness --require-above-chance: a random tiny model is at chance on 20 items
+    argv = ["faithfulness", "--model", str(model_dir), "--device", "cpu", "--dataset", "capitals",
+            "--samples", "20", "--rates", "0.5", "--metrics", "attention", "--out",
+            str(tmp_path / "runs"), "--figures", "", "--no-progress", "--require-above-chance"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "clean accuracy: capitals:" in captured.out and "at chance" in captured.err
+    assert not (tmp_path / "runs" / "capitals.jsonl").exists()

@@ -120,7 +120,8 @@ def require_above_chance(check: CleanAccuracy) -> None:
             f"{check.line()}: the lower end of the {100 * check.level:g}% interval does not "
             "clear chance, so accuracy under masking cannot tell the metrics apart. Use a "
             "task this model solves (cwlens.faithfulness.accuracy.clean_accuracy), or pass "
-            "allow_chance=True (CLI: --allow-chance) to run it anyway.")
+            "allow_chance=True to run_accuracy_test to run it anyway (CLI: leave out "
+            "--require-above-chance).")
 
 
 @dataclass(frozen=True)
