@@ -80,6 +80,14 @@ def attention_window(model: TLModel, layer: int) -> int | None:
     return None
 
 
+def context_length(model: TLModel) -> int | None:
+    """The context length the model was configured with (``cfg.n_ctx``; the Hugging Face
+    ``max_position_embeddings``), or None where the config has none. Texts longer than
+    this run past what the model was trained on."""
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    return None if n_ctx is None else int(n_ctx)
+
+
 def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
     """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
 
