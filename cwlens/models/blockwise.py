@@ -43,6 +43,7 @@ from cwlens.errors import BlockwiseHookError, UnsupportedModelError
 
 ATTN_IMPLEMENTATION = "cwlens_blockwise"
 DEFAULT_BLOCK = 256
+AUTO_THRESHOLD = 2048  # attention="auto" runs blockwise above this many tokens
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def _check_hooks(attn, name: str) -> bool:
     return hp is not None and bool(getattr(hp, "_forward_hooks", None))
 
 
-AUTO_THRESHOLD = 2048  # attention="auto" runs blockwise above this many tokens
+
 
 
 def attend(q, k, v, scaling: float, mask, *, causal: bool, pattern_hook=None,
