@@ -256,6 +256,7 @@ def heads_output_from(model: TLModel, layer: int, out: torch.Tensor) -> torch.Te
 
 # -- blockwise attention (cwlens.models.blockwise): the one door to it ------------------
 from cwlens.models.blockwise import AUTO_THRESHOLD as BLOCKWISE_AUTO_THRESHOLD  # noqa: E402,F401
+from cwlens.models.blockwise import block_rows as block_rows  # noqa: E402,F401
 from cwlens.models.blockwise import current_block as current_block  # noqa: E402,F401
 
 

@@ -365,7 +365,7 @@ class BlockMeasures(dict):
 class StreamResult:
     """What :func:`stream_reduce` returns: the logits and each reducer's result by name."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None  # None when run with logits=False
     results: dict[str, Any] = field(default_factory=dict)
     closure: Any = None  # a cwlens.measures.Closure when asked for (closure=True)
 
