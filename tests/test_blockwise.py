@@ -175,3 +175,16 @@ def test_tl3_refuses():
     with pytest.raises(UnsupportedModelError, match="TransformerLens 4.x"):
         cwlens.stream(model, tokens, lambda ly, w: None, attention="blockwise")
     assert not streaming.use_blockwise(model, tokens[:, :1].repeat(1, 5000), "auto")
+
+
+def test_text_report_equals_eager(run):
+    from cwlens.report.analysis import analyze_text
+
+    model, _, _ = run
+    got = [analyze_text(model, TEXTS[1], window=(2, 9), query_block=3, attention=a) for a in ("eager", "blockwise")]
+    for field in ("attention", "contribution", "relative_norm", "cosine", "sink_rate",
+                  "sink_attention", "sink_contribution", "top_values"):
+        assert_close(getattr(got[1], field), getattr(got[0], field), **TOL)
+    for f, t in got[0].last_query.items():
+        assert_close(got[1].last_query[f], t, **TOL)
+    assert max(got[1].closure_error) < 1e-5
