@@ -110,6 +110,8 @@ class LazyMask:
             allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
             use_vmap=self.use_vmap, device=self.device,
         )
+        if mask is None:  # no skipping was allowed, so sdpa_mask always builds one
+            return torch.ones(1, 1, stop - start, self.kv_length, dtype=torch.bool, device=self.device)
         return mask
 
 
