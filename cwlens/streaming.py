@@ -130,13 +130,15 @@ def use_blockwise(model: TLModel, input, attention: str) -> bool:
         )
     if attention != "auto":
         return attention == "blockwise"
+    if not adapter.supports_blockwise(model):
+        return False
     if isinstance(input, torch.Tensor):
         n = input.shape[-1]
     elif isinstance(input, str):
         n = adapter.n_tokens(model, input)
     else:
         n = max((adapter.n_tokens(model, t) for t in input), default=0)
-    return n > AUTO_THRESHOLD and adapter.supports_blockwise(model)
+    return n > AUTO_THRESHOLD
 
 
 def attention_context(model: TLModel, input, attention: str, query_block: int | None = None):
