@@ -206,6 +206,8 @@ def test_real_models_equal_eager(name, n, request):
     # 600 and 700 tokens) differs by 2.3e-4 there, SDPA blocks by 1.8e-3 (measured)
     scale = float(eager.logits.abs().max())
     assert_close(block.logits, eager.logits, rtol=0, atol=max(1e-4, 2e-5 * scale))
+    # the last layer's inputs carry every earlier layer's float32 drift (Gemma-3: one column
+    # sum of 5600 off by 2.6e-4, measured)
     assert_close(block["column_sums_contribution"].tensor, eager["column_sums_contribution"].tensor,
-                 rtol=1e-4, atol=1e-4)
-    assert_close(block["top4_contribution"].values, eager["top4_contribution"].values, rtol=1e-4, atol=1e-5)
+                 rtol=1e-3, atol=1e-3)
+    assert_close(block["top4_contribution"].values, eager["top4_contribution"].values, rtol=1e-3, atol=1e-4)
