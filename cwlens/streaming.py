@@ -55,13 +55,22 @@ class _Taps:
     per query block: each block goes to ``on_block(layer, block, rows, v)`` (``block``
     says where the rows sit), after ``hook_v`` (which fires first, with all keys)."""
 
-    def __init__(self, layers: Sequence[int], on_layer: Callable[[int, torch.Tensor, torch.Tensor], None],
-                 on_block: Callable[[int, Any, torch.Tensor, torch.Tensor], None] | None = None):
+    def __init__(self, layers: Sequence[int], on_layer: Callable[..., None],
+                 on_block: Callable[..., None] | None = None):
         self.layers = list(layers)
         self.on_layer = on_layer
         self.on_block = on_block
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
+        self.residuals: dict[int, torch.Tensor] = {}  # hook_resid_pre: fires before v
         self.done: list[int] = []
+
+    def _catch_residual(self, layer: int):
+        def catch(tensor: torch.Tensor, hook) -> None:
+            self.residuals[layer] = tensor.detach()
+            return None
+
+        catch.__name__ = f"cwlens_stream_resid_pre_{layer}"
+        return catch
 
     def _catch(self, layer: int, what: str):
         def catch(tensor: torch.Tensor, hook) -> None:
@@ -72,16 +81,17 @@ class _Taps:
                     raise CwlensError(
                         f"Layer {layer}: a blockwise attention block arrived before "
                         f"{hook_names.values(layer)!r}; run with attention='eager'.")
-                self.on_block(layer, block, tensor.detach(), v)
+                self.on_block(layer, block, tensor.detach(), v, self.residuals.get(layer))
                 if block.query_start + block.n_rows >= block.n_queries:
                     del self.pending[layer]
+                    self.residuals.pop(layer, None)
                     self.done.append(layer)
                 return None
             slot = self.pending.setdefault(layer, {})
             slot[what] = tensor.detach()
             if len(slot) == 2:
                 del self.pending[layer]
-                self.on_layer(layer, slot["pattern"], slot["v"])
+                self.on_layer(layer, slot["pattern"], slot["v"], self.residuals.pop(layer, None))
                 self.done.append(layer)
             return None  # read only: the forward pass goes on unchanged
 
@@ -94,6 +104,7 @@ class _Taps:
         for layer in self.layers:
             out.append((hook_names.values(layer), self._catch(layer, "v")))
             out.append((hook_names.pattern(layer), self._catch(layer, "pattern")))
+            out.append((hook_names.resid_pre(layer), self._catch_residual(layer)))
         return out
 
 
@@ -101,17 +112,17 @@ class _Assembler:
     """Blockwise runs for whole-layer consumers: the blocks of a layer are written into one
     ``[batch, head, query, key]`` tensor, handed to ``on_layer`` once complete, then freed."""
 
-    def __init__(self, on_layer: Callable[[int, torch.Tensor, torch.Tensor], None]):
+    def __init__(self, on_layer: Callable[..., None]):
         self.on_layer = on_layer
         self.full: dict[int, torch.Tensor] = {}
 
-    def __call__(self, layer: int, block, rows: torch.Tensor, v: torch.Tensor) -> None:
+    def __call__(self, layer: int, block, rows: torch.Tensor, v: torch.Tensor, residual=None) -> None:
         if layer not in self.full:
             b, h = rows.shape[:2]
             self.full[layer] = rows.new_zeros(b, h, block.n_queries, block.n_keys)
         self.full[layer][:, :, block.query_start : block.query_start + block.n_rows, : block.key_stop] = rows
         if block.query_start + block.n_rows >= block.n_queries:
-            self.on_layer(layer, self.full.pop(layer), v)
+            self.on_layer(layer, self.full.pop(layer), v, residual)
 
 
 ATTENTION_MODES = ("auto", "eager", "blockwise")
@@ -240,8 +251,9 @@ class _Engine:
         self.targets: dict[int, torch.Tensor] = {}
         self.errors: dict[int, tuple[float, float]] = {}
 
-    def geometry(self, layer: int, pattern: torch.Tensor, v: torch.Tensor) -> AttentionGeometry:
-        return adapter.layer_geometry(self.model, layer, pattern, v, self.mask)
+    def geometry(self, layer: int, pattern: torch.Tensor, v: torch.Tensor,
+                 residual: torch.Tensor | None = None) -> AttentionGeometry:
+        return adapter.layer_geometry(self.model, layer, pattern, v, self.mask, residual)
 
     def rebuilt_output(self, layer: int, output: torch.Tensor) -> None:
         """What the heads x keys rebuild for ``layer`` ([batch, pos, d_model]): checked
@@ -279,22 +291,24 @@ class _Engine:
         blockwise = use_blockwise(model, input, attention)
         results: dict[int, Any] = {}
 
-        def on_layer(layer: int, pattern: torch.Tensor, v: torch.Tensor) -> None:
-            geo = self.geometry(layer, pattern, v)
+        def on_layer(layer: int, pattern: torch.Tensor, v: torch.Tensor, residual=None) -> None:
+            geo = self.geometry(layer, pattern, v, residual)
             if self.closure:  # [batch, pos, d_model] tensors: small
                 self.rebuilt_output(layer, geo.layer_output)
             results[layer] = fn(layer, geo)
 
         if on_block is not None:
-            def block_then_mark(layer, block, rows, v):
-                on_block(layer, block, rows, v)
+            def block_then_mark(layer, block, rows, v, residual=None):
+                on_block(layer, block, rows, v, residual)
                 if block.query_start + block.n_rows >= block.n_queries:
                     results[layer] = None
 
             taps = _Taps(resolved, on_layer, block_then_mark)
         else:
             taps = _Taps(resolved, on_layer, _Assembler(on_layer))
-        hooks = taps.hooks()
+        # the residual stream is caught for ALTI where the model names it (cheap: a reference)
+        hooks = [(name, fn) for name, fn in taps.hooks()
+                 if name.endswith(("hook_v", "hook_pattern")) or adapter.has_hook(model, name)]
         if self.closure:
             hooks += [(adapter.closure_hook(model, ly), self._check(ly)) for ly in resolved]
         stop = hook_names.resid_post(max(resolved))
@@ -538,11 +552,11 @@ def stream_reduce(
     bases: dict[int, AttentionGeometry] = {}
     rebuilt: dict[int, torch.Tensor] = {}
 
-    def per_block(layer: int, info, rows: torch.Tensor, v: torch.Tensor) -> None:
+    def per_block(layer: int, info, rows: torch.Tensor, v: torch.Tensor, residual=None) -> None:
         """Blockwise attention: one block of a layer's rows, straight to the reducers."""
         if layer not in bases:  # the layer's key side (values, norms), before its first rows
             b, h = rows.shape[:2]
-            bases[layer] = base = engine.geometry(layer, rows.new_zeros(b, h, 1, info.n_keys), v)
+            bases[layer] = base = engine.geometry(layer, rows.new_zeros(b, h, 1, info.n_keys), v, residual)
             for r in named.values():
                 r.start_layer(layer, base)
         base = bases[layer]
