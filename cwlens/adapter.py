@@ -315,3 +315,30 @@ def heads_output_from(model: TLModel, layer: int, out: torch.Tensor) -> torch.Te
     if closure_hook(model, layer) == hook_names.z(layer):
         return torch.einsum("bqhd,hdm->bqm", out.float(), W_O(model, layer).float())
     return out.float() - b_O(model, layer).float().to(out.device)
+
+
+# -- blockwise attention (cwlens.models.blockwise): the one door to it ------------------
+from cwlens.models.blockwise import AUTO_THRESHOLD as BLOCKWISE_AUTO_THRESHOLD  # noqa: E402,F401
+from cwlens.models.blockwise import block_rows as block_rows  # noqa: E402,F401
+from cwlens.models.blockwise import current_block as current_block  # noqa: E402,F401
+
+
+def supports_blockwise(model: TLModel) -> bool:
+    """Whether :func:`blockwise_attention` applies to ``model`` (TransformerLens 4.x bridges)."""
+    from cwlens.models.blockwise import supports_blockwise as supports
+
+    return supports(model)
+
+
+def blockwise_attention(model: TLModel, block: int):
+    """Context manager: forward passes inside compute attention in query blocks of
+    ``block`` rows (:mod:`cwlens.models.blockwise`)."""
+    from cwlens.models.blockwise import blockwise_attention as context
+
+    return context(model, block)
+
+
+def n_tokens(model: TLModel, text: str) -> int:
+    """How many tokens ``model(text)`` runs on."""
+    return int(model.to_tokens(text).shape[-1])
+

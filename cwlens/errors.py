@@ -62,3 +62,8 @@ class DeviceNotAvailableError(InvalidArgumentError):
 class OutputPathError(CwlensError, OSError):
     """An output path that cannot be written: a folder where a file is expected, a file
     where a folder is expected, or a location without write permission."""
+
+
+class BlockwiseHookError(CwlensError, RuntimeError):
+    """A hook that needs a whole ``[batch, head, n, n]`` attention tensor (``hook_pattern``,
+    ``hook_attn_scores``) on a forward pass that computes attention in query blocks."""

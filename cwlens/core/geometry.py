@@ -183,11 +183,36 @@ class AttentionGeometry:
         """
         q, k = self.pattern.shape[2], self.pattern.shape[3]
         start, stop = max(0, start), min(q, stop)
-        keys = slice(0, k if key_stop is None else min(k, key_stop))
+        width = k if key_stop is None else min(k, key_stop)
+        return self._block(self.pattern[:, :, start:stop, :width], self.query_start + start)
+
+    def with_rows(self, pattern: torch.Tensor, query_start: int) -> "AttentionGeometry":
+        """The geometry of queries ``[query_start, query_start + rows)`` of this layer from
+        their own pattern rows ``[batch, head, rows, key_stop]`` over keys ``[0, key_stop)``
+        (the keys after are 0), computed elsewhere: blockwise attention hands a layer over
+        in such blocks. Pad queries and keys are masked as in the constructor; ``v``,
+        ``W_O`` and the key norms are shared with this one (see :meth:`rows`)."""
+        b, h, q, k = pattern.shape
+        n_keys = self.v.shape[1]
+        if b != self.v.shape[0] or h != self.n_heads or k > n_keys or not 0 <= query_start <= n_keys - q:
+            raise ShapeMismatchError(
+                f"Rows {tuple(pattern.shape)} at query {query_start} do not fit this layer "
+                f"(batch {self.v.shape[0]}, {self.n_heads} heads, {n_keys} keys)."
+            )
+        alpha = pattern.to(self.v.dtype)
+        if self.position_mask is not None:
+            m = self.position_mask.to(alpha.dtype)
+            alpha = alpha * m[:, None, None, :k]
+            alpha.mul_(m[:, None, query_start : query_start + q, None])
+        _check_finite(alpha, self.v[:, :1], self.layer)
+        return self._block(alpha, query_start)
+
+    def _block(self, pattern: torch.Tensor, query_start: int) -> "AttentionGeometry":
+        keys = slice(0, pattern.shape[3])
         block = object.__new__(AttentionGeometry)
         block.layer = self.layer
-        block.query_start = self.query_start + start
-        block.pattern = self.pattern[:, :, start:stop, keys]
+        block.query_start = query_start
+        block.pattern = pattern
         block.position_mask = self.position_mask
         block.v, block.W_O = self.v[:, keys], self.W_O
         block.n_heads, block.n_kv, block.group = self.n_heads, self.n_kv, self.group

@@ -67,6 +67,9 @@ def _zero_head0(pattern, hook=None):
     return out
 
 
+_zero_head0.cwlens_blockwise = True  # type: ignore[attr-defined]  # row-wise: fine on blocks
+
+
 def _zero(v, hook=None):
     return torch.zeros_like(v)
 

@@ -24,6 +24,7 @@ import torch
 
 from cwlens import hook_names
 from cwlens._types import Pattern
+from cwlens.adapter import block_rows, current_block
 from cwlens.core.bitmask import PackedMask
 from cwlens.errors import MissingHookError, ShapeMismatchError
 from cwlens.interventions.selfcheck import ensure_edits_act, kinds_of
@@ -44,7 +45,11 @@ def pattern_mask_hook(mask: "torch.Tensor | PackedMask", renormalize: bool = Fal
     """
 
     def mask_pattern(pattern: Pattern, hook) -> Pattern:
-        keep_mask = ~(mask.unpack() if isinstance(mask, PackedMask) else mask.bool())
+        block = current_block()  # blockwise attention: this block's rows of the mask
+        if isinstance(mask, PackedMask) and block is not None:  # unpack the block's rows only
+            keep_mask = ~mask.unpack_rows(block.query_start, block.n_rows)[..., : block.key_stop]
+        else:
+            keep_mask = ~block_rows(mask.unpack() if isinstance(mask, PackedMask) else mask.bool())
         try:
             keep = torch.broadcast_shapes(keep_mask.shape, pattern.shape) == pattern.shape
         except RuntimeError:
@@ -63,6 +68,7 @@ def pattern_mask_hook(mask: "torch.Tensor | PackedMask", renormalize: bool = Fal
         scale = torch.where(after > 0, before / torch.where(after > 0, after, 1.0), 0.0)
         return kept * scale
 
+    mask_pattern.cwlens_blockwise = True  # type: ignore[attr-defined]  # takes query blocks
     return mask_pattern
 
 
@@ -112,10 +118,18 @@ def run_masked(
     masks: Masks,
     renormalize: bool = False,
     attention_mask: torch.Tensor | None = None,
+    attention: str = "auto",
     **kwargs,
 ) -> torch.Tensor:
-    """Logits of ``model(tokens)`` with the masked terms removed (no gradients)."""
+    """Logits of ``model(tokens)`` with the masked terms removed (no gradients).
+
+    ``attention``: ``"eager"``, ``"blockwise"`` (the masks act on each query block's
+    probabilities before the value product) or ``"auto"`` (blockwise on long inputs),
+    as in :func:`cwlens.stream_geometry`."""
+    from cwlens.streaming import attention_context
+
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
-    with torch.no_grad(), value_masking(model, masks, renormalize):
+    with torch.no_grad(), value_masking(model, masks, renormalize), \
+            attention_context(model, tokens, attention):
         return model(tokens, **kwargs)
