@@ -78,7 +78,6 @@ class TLModel(Protocol):
 
     cfg: Any
     blocks: Any
-    hook_dict: Any
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
 

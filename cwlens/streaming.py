@@ -36,6 +36,7 @@ from cwlens._types import Kind
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.errors import CwlensError
+from cwlens.handle import wrap
 
 DEFAULT_QUERY_BLOCK = 256
 
@@ -144,7 +145,7 @@ def stream_geometry(
     if closure:
         hooks += [(adapter.closure_hook(model, ly), check(ly)) for ly in resolved]
     forward_kwargs.update(adapter.forward_kwargs(model, attention_mask))
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+    with torch.no_grad(), wrap(model).hooks(hooks):
         logits = model(input, **forward_kwargs)  # type: ignore[operator]
     missing = [ly for ly in resolved if ly not in results]
     if missing:

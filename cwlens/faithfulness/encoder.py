@@ -27,6 +27,7 @@ from cwlens.batching import pad_batch
 from cwlens.core.bitmask import PackedMask
 from cwlens.errors import UnsupportedModelError
 from cwlens.faithfulness.ranking import eligible_entries, metric_scores, random_scores, rank_entries
+from cwlens.handle import wrap
 from cwlens.interventions.value_masking import hooks_applied, masking_hooks
 from cwlens.streaming import stream_geometry
 
@@ -67,7 +68,8 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
         if metrics.get(name).source == "gradient":
             raise UnsupportedModelError(
                 f"{name} is the gradient of a next-token loss: not defined on an encoder.")
-    last = hook_names.resid_post(model.cfg.n_layers - 1)
+    handle = wrap(model)
+    last = hook_names.resid_post(handle.n_layers - 1)
     rows = []
     for start in range(0, len(texts), batch_size):
         chunk = texts[start : start + batch_size]
@@ -90,13 +92,13 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
                         out[(name, mode, rate)] = PackedMask.pack(ranking.mask(rate, mode))
             return out
 
-        with model.hooks(fwd_hooks=[(last, keep)]):
+        with handle.hooks([(last, keep)]):
             _, per_layer = stream_geometry(model, tokens, layer_masks, attention_mask=mask)
         clean = mean_pooled(kept["h"], mask)
         for key in per_layer[0]:
-            masks = {ly: per_layer[ly][key] for ly in range(model.cfg.n_layers)}
+            masks = {ly: per_layer[ly][key] for ly in range(handle.n_layers)}
             with torch.no_grad(), hooks_applied(model, masking_hooks(masks) + [(last, keep)]):
-                model(tokens, **adapter.forward_kwargs(model, mask))
+                handle(tokens, **handle.forward_kwargs(mask))
             cos = torch.nn.functional.cosine_similarity(mean_pooled(kept["h"], mask), clean, dim=-1)
             name, mode, rate = key
             rows += [{"sample_id": i, "metric": name, "mode": mode, "rate": rate,

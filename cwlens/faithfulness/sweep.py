@@ -52,6 +52,7 @@ from cwlens.faithfulness.ranking import (
 )
 from cwlens.faithfulness.results import ResultsWriter
 from cwlens.gradients import attention_gradient
+from cwlens.handle import wrap
 from cwlens.interventions.value_masking import run_masked
 from cwlens.metrics import GRADIENT
 from cwlens.results_io import results_lock
@@ -492,9 +493,9 @@ def run_faithfulness(
     samples = list({s.id: s for s in reversed(samples)}.values())[::-1]  # one per id, first kept
     is_choice = isinstance(samples[0], ChoiceItem)
     ds_name = samples[0].dataset + (f"_{num_fewshot}shot" if is_choice and num_fewshot else "")
-    name = model_name or getattr(model.cfg, "model_name", None) or "model"
+    name = model_name or wrap(model).name or "model"
     adapter.resolve_layers(model, list(cfg.layers) if cfg.layers is not None else None)
-    conditions = cfg.conditions(model.cfg.n_layers)
+    conditions = cfg.conditions(wrap(model).n_layers)
     per_condition = 3
     per_clean = 3 if is_choice else 2
     n_rows = per_clean + per_condition * len(conditions)

@@ -22,6 +22,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from cwlens.batching import token_ids
 from cwlens.errors import CwlensError
 from cwlens.faithfulness.sweep import SweepStats
+from cwlens.handle import wrap
 from cwlens.lmeval.requests import encode_request, prefix_token_id, token_request
 from cwlens.lmeval.scoring import score_requests
 from cwlens.lmeval.settings import describe, masking_config
@@ -90,8 +91,9 @@ class CwlensMaskedLM(LM):
         adapter.require_next_token_model(model, "lm-eval scoring", "Use a decoder model.")
         adapter.resolve_layers(model, list(self.config.layers) if self.config.layers else None)
         self.model = model
-        self.pretrained = str(pretrained) if pretrained else getattr(model.cfg, "model_name", "model")
-        self.max_length = int(max_length or model.cfg.n_ctx)
+        handle = wrap(model)
+        self.pretrained = str(pretrained) if pretrained else (handle.name or "model")
+        self.max_length = int(max_length or handle.n_ctx)
         self.progress = bool(progress)
         self.stats = SweepStats()
 
@@ -156,4 +158,4 @@ class CwlensMaskedLM(LM):
 
     @property
     def tokenizer_name(self) -> str:
-        return str(getattr(self.model.tokenizer, "name_or_path", self.pretrained)).replace("/", "__")
+        return str(getattr(wrap(self.model).tokenizer, "name_or_path", self.pretrained)).replace("/", "__")

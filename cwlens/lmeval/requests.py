@@ -30,11 +30,12 @@ import torch
 from cwlens.batching import token_ids
 from cwlens.errors import CwlensError
 from cwlens.faithfulness import choice
+from cwlens.handle import wrap
 
 
 def prefix_token_id(model) -> int:
     """The token an empty context conditions on: BOS, or EOS without a BOS."""
-    tok = model.tokenizer
+    tok = wrap(model).tokenizer
     bos = getattr(tok, "bos_token_id", None)
     return int(bos if bos is not None else tok.eos_token_id)
 

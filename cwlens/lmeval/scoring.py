@@ -12,6 +12,7 @@ input sequence as a whole -- the context and the continuation tokens it reads. A
 from collections.abc import Sequence
 
 from cwlens.faithfulness.sweep import FaithfulnessConfig, SweepStats, _batch_outputs, plan_batches
+from cwlens.handle import wrap
 from cwlens.lmeval.requests import group_units
 
 
@@ -32,7 +33,7 @@ def score_requests(
     if not requests:
         return []
     units, where = group_units(requests, groups)
-    conditions = cfg.conditions(model.cfg.n_layers)
+    conditions = cfg.conditions(wrap(model).n_layers)
     if len(conditions) != 1:
         raise ValueError(f"score_requests takes one masking condition; got {len(conditions)}.")
     key = conditions[0]

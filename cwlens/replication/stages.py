@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cwlens import adapter
+from cwlens.handle import wrap
 from cwlens.replication import plan
 from cwlens.replication.plan import ReplicationConfig
 
@@ -38,7 +39,7 @@ def batch_tokens(model, cfg: ReplicationConfig) -> int:
     """``cfg.batch_tokens``, lowered for a large vocabulary so that one batch's logits stay
     within :data:`LOGIT_BUDGET` entries (the gradient metrics keep them, and their float64
     loss, for the backward pass): SmolLM2 (49k) keeps 2048 tokens, Gemma-3 (262k) gets 512."""
-    cap = max(cfg.max_tokens, LOGIT_BUDGET // int(model.cfg.d_vocab))
+    cap = max(cfg.max_tokens, LOGIT_BUDGET // wrap(model).d_vocab)
     return min(cfg.batch_tokens, cap)
 
 
@@ -69,7 +70,7 @@ def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progres
 
     fc = faithfulness_config(cfg, model, metrics=plan.PER_LAYER_METRICS, rates=(cfg.per_layer_rate,),
                              per_layer=True)
-    log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {model.cfg.n_layers} "
+    log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {wrap(model).n_layers} "
         f"layers x {len(plan.PER_LAYER_METRICS)} metrics, rate {cfg.per_layer_rate:g} -> {path}")
     run_faithfulness(model, "fineweb_edu", fc, n=cfg.per_layer_samples, out=path, model_name=name,
                      progress=progress)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from cwlens.errors import CwlensError
+from cwlens.handle import wrap
 from cwlens.results_io import atomic_write, atomic_write_text, results_lock
 from cwlens.sinks import alignment, norm_intervention, observed, statistics, sweep
 
@@ -237,7 +238,7 @@ def run_to_folder(
     distributed.require_session()
     samples = list({s.id: s for s in reversed(samples)}.values())[::-1]  # one per id
     todo = batches(model, samples, max_tokens, batch_size)
-    config = {"model": model_name or getattr(model.cfg, "model_name", "model"),
+    config = {"model": model_name or wrap(model).name or "model",
               "samples": [s.id for s in samples], "max_tokens": max_tokens, "batch_size": batch_size,
               "scales": [float(x) for x in scales], "eps": eps, "intervention": intervention,
               "seed": seed, "swept_batches": swept_batches}
