@@ -120,11 +120,13 @@ def default_reducers(metrics: Sequence[str] = ("contribution", "attention"), k: 
 
 
 def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model",
-                 text_ids: Sequence[str] | None = None, metrics=("contribution", "attention"),
-                 k: int = 8, token_layers: Sequence[int] = (), max_tokens: int | None = None,
-                 fmt: str = "parquet") -> dict[str, Path]:
+                 text_ids: Sequence[str] | None = None, max_tokens: int | None = None,
+                 fmt: str = "parquet", **reduce) -> dict[str, Path]:
     """Stream each text, reduce it, and write the tables to ``out_dir/<table>.<fmt>``
-    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``."""
+    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``.
+
+    ``reduce``: the options of :func:`default_reducers` (``metrics``, ``k``,
+    ``token_layers``)."""
     from cwlens.streaming import stream_reduce
 
     if fmt not in ("parquet", "csv"):
@@ -137,7 +139,7 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
         tokens = wrap(model).to_tokens(text)
         if max_tokens is not None:
             tokens = tokens[:, :max_tokens]
-        res = stream_reduce(model, tokens, default_reducers(metrics, k, token_layers))
+        res = stream_reduce(model, tokens, default_reducers(**reduce))
         str_tokens = wrap(model).to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid).items():
             tables.setdefault(name, []).append(df)

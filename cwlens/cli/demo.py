@@ -47,7 +47,7 @@ def run(args) -> int:
         )
     run_demo(
         model_name=args.model, sample=args.sample, max_tokens=args.max_tokens,
-        n_heads=heads, out_dir=args.out, device=args.device, png=not args.no_png,
+        n_heads=heads, out_dir=args.out, png=not args.no_png,
         model=model,
     )
     return 0

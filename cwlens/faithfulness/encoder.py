@@ -55,12 +55,14 @@ def mean_pooled(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
 
 
+BATCH_SIZE = 16  # sentences per forward pass
+
+
 def embedding_damage(model, texts, metric_names=("attention", "contribution", "random"),
                      rates=(0.1, 0.3), modes=("comprehensiveness", "sufficiency"),
-                     scope: Scope = "row", kind: Kind = "inter", batch_size: int = 16,
-                     seed: int = 0) -> list[dict]:
+                     scope: Scope = "row", kind: Kind = "inter", seed: int = 0) -> list[dict]:
     """Rows ``{sample_id, metric, mode, rate, damage}`` (``1 - cos``) for ``texts``
-    (``[(id, text)]``) on an encoder ``model``."""
+    (``[(id, text)]``) on an encoder ``model``, :data:`BATCH_SIZE` sentences per pass."""
     if not adapter.is_encoder(model):
         raise adapter.UnsupportedModelError(
             "The sentence-embedding task is for encoders; decoders use run_faithfulness.")
@@ -71,8 +73,8 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
     handle = wrap(model)
     last = hook_names.resid_post(handle.n_layers - 1)
     rows = []
-    for start in range(0, len(texts), batch_size):
-        chunk = texts[start : start + batch_size]
+    for start in range(0, len(texts), BATCH_SIZE):
+        chunk = texts[start : start + BATCH_SIZE]
         ids = [i for i, _ in chunk]
         tokens, mask = pad_batch(model, [t for _, t in chunk])
         kept: dict[str, torch.Tensor] = {}

@@ -1,9 +1,9 @@
 """Score token requests clean or masked, with the faithfulness sweep's own batch step.
 
-Per batch (:func:`cwlens.faithfulness.sweep.plan_batches`, ``cfg.batch_tokens`` padded
+Per batch (:func:`cwlens.faithfulness.units.plan_batches`, ``cfg.batch_tokens`` padded
 tokens): one clean forward pass on the streaming engine ranks every layer's entries by
 ``cfg``'s metric and keeps the mask bit-packed, then one ``run_masked`` pass scores the
-requests with those entries removed (:func:`cwlens.faithfulness.sweep._batch_outputs`,
+requests with those entries removed (:func:`cwlens.faithfulness.passes.batch_outputs`,
 the function ``run_faithfulness`` runs). Masks are built on, and applied to, each
 input sequence as a whole -- the context and the continuation tokens it reads. At rate 0
 (metric ``none``) the clean pass's logits are the scores.
@@ -11,7 +11,9 @@ input sequence as a whole -- the context and the continuation tokens it reads. A
 
 from collections.abc import Sequence
 
-from cwlens.faithfulness.sweep import FaithfulnessConfig, SweepStats, _batch_outputs, plan_batches
+from cwlens.faithfulness.config import FaithfulnessConfig
+from cwlens.faithfulness.passes import SweepStats, batch_outputs
+from cwlens.faithfulness.units import plan_batches
 from cwlens.handle import wrap
 from cwlens.lmeval.requests import group_units
 
@@ -46,7 +48,7 @@ def score_requests(
 
         bar = tqdm(total=len(units), desc="cwlens-masked", unit="doc")
     for batch in batches:
-        results = _batch_outputs(model, units, batch, cfg, conditions, stats)
+        results = batch_outputs(model, units, batch, cfg, conditions, stats)
         stats.n_batches += 1
         for pos, u in enumerate(batch):
             scores[u] = results[key][pos]

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cwlens import adapter
+from cwlens.faithfulness.rows_job import RowsJob
 from cwlens.handle import wrap
 from cwlens.replication import plan
 from cwlens.replication.plan import ReplicationConfig
@@ -76,41 +77,63 @@ def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progres
                      progress=progress)
 
 
-def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
-                         batch_size: int = 16):
+def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool):
     """The sentence-embedding damage (:func:`cwlens.faithfulness.encoder.embedding_damage`)
     on ``cfg.sentences`` FineWeb-Edu sentences, written in the faithfulness results format
     (``measure = "embedding_damage"``) one sample at a time; batches are fixed by the
-    sentence order, so a resumed run computes the numbers of an uninterrupted one."""
-    from tqdm.auto import tqdm
-
-    from cwlens.faithfulness.encoder import embedding_damage, sentences
+    sentence order, so a resumed run computes the numbers of an uninterrupted one (a
+    :class:`~cwlens.jobs.Job`: :class:`EncoderDamageJob`)."""
+    from cwlens.faithfulness.encoder import BATCH_SIZE, sentences
     from cwlens.faithfulness.ranking import MODES
-    from cwlens.faithfulness.results import ResultsWriter
-    from cwlens.results_io import results_lock
+    from cwlens.jobs import JobSpec, run_job
 
     texts = sentences("fineweb_edu", cfg.sentences)
     metrics, rates = cfg.encoder_metrics, cfg.rates
     config = {"model": name, "dataset": "fineweb_edu_sentences", "metrics": list(metrics),
               "rates": list(rates), "modes": list(MODES), "scope": "row", "kind": "inter",
-              "batch_size": batch_size, "seed": cfg.seed, "samples": [i for i, _ in texts]}
-    base = {"model": name, "dataset": "fineweb_edu_sentences", "scope": "row", "kind": "inter",
-            "renormalize": False, "causal_only": False, "mask_first_token": True,
-            "max_tokens": None, "seed": cfg.seed}
+              "batch_size": BATCH_SIZE, "seed": cfg.seed, "samples": [i for i, _ in texts]}
     log(f"[{name}] encoder faithfulness: {len(texts)} sentences x {len(metrics)} metrics x "
         f"{len(rates)} rates x 2 modes -> {path}")
-    with results_lock(path.parent):
-        writer = ResultsWriter(path, config, len(metrics) * len(rates) * len(MODES))
-        chunks = [texts[s : s + batch_size] for s in range(0, len(texts), batch_size)]
-        todo = [c for c in chunks if any(i not in writer.done for i, _ in c)]
-        for chunk in tqdm(todo, desc=f"{name} sentences", unit="batch", disable=not progress):
-            rows = embedding_damage(model, chunk, metrics, rates, MODES, batch_size=batch_size,
-                                    seed=cfg.seed)
-            for sid, _ in chunk:
-                if sid in writer.done:
-                    continue
-                writer.write_sample([{**base, **r, "layers": "all", "measure": "embedding_damage",
-                                      "value": r["damage"]} for r in rows if r["sample_id"] == sid])
+    spec = JobSpec("encoder faithfulness configuration", config, path.parent, True, len(texts),
+                   f"{name} sentences", "sentence", progress)
+    run_job(EncoderDamageJob(model, name, texts, cfg, spec, path))
+
+
+class EncoderDamageJob(RowsJob):
+    """Items: chunks of :data:`~cwlens.faithfulness.encoder.BATCH_SIZE` sentences (one
+    forward pass each) holding an unfinished one."""
+
+    def __init__(self, model, name, texts, cfg: ReplicationConfig, spec, path):
+        from cwlens.faithfulness.encoder import BATCH_SIZE
+        from cwlens.faithfulness.ranking import MODES
+
+        self.model, self.cfg = model, cfg
+        self.chunks = [texts[s : s + BATCH_SIZE] for s in range(0, len(texts), BATCH_SIZE)]
+        self.columns = {"model": name, "dataset": "fineweb_edu_sentences", "scope": "row",
+                        "kind": "inter", "renormalize": False, "causal_only": False,
+                        "mask_first_token": True, "max_tokens": None, "seed": cfg.seed}
+        per_sample = len(cfg.encoder_metrics) * len(cfg.rates) * len(MODES)
+        super().__init__(spec, path, per_sample, [i for i, _ in texts])
+
+    def todo(self):
+        return [c for c in self.chunks if any(i not in self.writer.done for i, _ in c)]
+
+    def do(self, chunk):
+        from cwlens.faithfulness.encoder import embedding_damage
+        from cwlens.faithfulness.ranking import MODES
+
+        rows = embedding_damage(model=self.model, texts=chunk, metric_names=self.cfg.encoder_metrics,
+                                rates=self.cfg.rates, modes=MODES,
+                                seed=self.cfg.seed)
+        written = 0
+        for sid, _ in chunk:
+            if sid in self.writer.done:
+                continue
+            self.writer.write_sample([{**self.columns, **r, "layers": "all",
+                                       "measure": "embedding_damage", "value": r["damage"]}
+                                      for r in rows if r["sample_id"] == sid])
+            written += 1
+        return written
 
 
 def sinks(model, name, folder: Path, cfg: ReplicationConfig, log: Log, progress: bool):
