@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens import adapter, hook_names
-from cwlens._types import STREAM_METRICS, Cache, Kind, LayerPairWeights, LayerTokenWeights
+from cwlens import adapter, hook_names, metrics
+from cwlens._types import Cache, Kind, LayerPairWeights, LayerTokenWeights
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import check_kind
 from cwlens.errors import EmptyInputError, ShapeMismatchError
@@ -149,9 +149,10 @@ def importance(
         >>> bool((vw >= 0).all())  # a ||v~||: never negative, unlike the contribution
         True
     """
-    get_metric(metric, STREAM_METRICS)
+    get_metric(metric, metrics.GEOMETRY)
     check_kind(kind)
-    return _per_layer(cache, model, layer, attention_mask, lambda g: g.measure(metric, kind))
+    return _per_layer(cache, model, layer, attention_mask,
+                      lambda g: metrics.from_geometry(g, metric, kind))
 
 
 @dataclass(frozen=True)

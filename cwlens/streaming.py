@@ -234,7 +234,7 @@ def stream(
     check_metric(metric)
     check_kind(kind)
     _, out = stream_geometry(
-        model, input, lambda layer, geo: fn(layer, geo.measure(metric, kind)), layers, attention_mask
+        model, input, lambda layer, geo: fn(layer, _metrics.from_geometry(geo, metric, kind)), layers, attention_mask
     )
     return out
 
@@ -254,7 +254,7 @@ class BlockMeasures(dict):
         self.geometry, self.kind, self.n_keys = geometry, kind, n_keys
 
     def __missing__(self, metric: str) -> torch.Tensor:
-        self[metric] = value = self.geometry.measure(check_metric(metric), self.kind)
+        self[metric] = value = _metrics.from_geometry(self.geometry, check_metric(metric), self.kind)
         return value
 
 

@@ -7,11 +7,11 @@ derived from it. :class:`Condition` is one (metric, mode, rate, layer set) of a 
 
 from dataclasses import dataclass, field, fields
 
-from cwlens import validation
+from cwlens import metrics, validation
 from cwlens._types import Kind, Mode, Scope
 from cwlens.core.geometry import check_kind
 from cwlens.errors import InvalidArgumentError, LayerOutOfRangeError
-from cwlens.faithfulness.ranking import ALL_RANKINGS, MODES, RANKINGS, SCOPES, check_option
+from cwlens.faithfulness.ranking import MODES, RANKINGS, SCOPES, check_option
 
 
 def _field(default, *, provenance: bool = False, lmeval: str | None = None):
@@ -69,7 +69,7 @@ class FaithfulnessConfig:
             if value is not None:
                 object.__setattr__(self, name, tuple(dict.fromkeys(value)))
         for m in self.metrics:
-            check_option(m, ALL_RANKINGS, "metric")
+            check_option(m, metrics.NAMES, "metric")
         for mode in self.modes:
             check_option(mode, MODES, "mode")
         check_option(self.scope, SCOPES, "scope")

@@ -26,7 +26,13 @@ from cwlens._types import Kind, Scope
 from cwlens.batching import pad_batch
 from cwlens.core.bitmask import PackedMask
 from cwlens.errors import UnsupportedModelError
-from cwlens.faithfulness.ranking import eligible_entries, metric_scores, random_scores, rank_entries
+from cwlens.faithfulness.ranking import (
+    MODES,
+    eligible_entries,
+    metric_scores,
+    random_scores,
+    rank_entries,
+)
 from cwlens.handle import wrap
 from cwlens.interventions.value_masking import hooks_applied, masking_hooks
 from cwlens.streaming import stream_geometry
@@ -59,7 +65,7 @@ BATCH_SIZE = 16  # sentences per forward pass
 
 
 def embedding_damage(model, texts, metric_names=("attention", "contribution", "random"),
-                     rates=(0.1, 0.3), modes=("comprehensiveness", "sufficiency"),
+                     rates=(0.1, 0.3), modes=MODES,
                      scope: Scope = "row", kind: Kind = "inter", seed: int = 0) -> list[dict]:
     """Rows ``{sample_id, metric, mode, rate, damage}`` (``1 - cos``) for ``texts``
     (``[(id, text)]``) on an encoder ``model``, :data:`BATCH_SIZE` sentences per pass."""

@@ -8,12 +8,12 @@ value_weighted_output_normalized with ``scope="row"`` (:func:`scored_as`).
 
 import time
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import torch
 
-from cwlens import adapter
-from cwlens._types import Mode, RankingMetric
+from cwlens import adapter, metrics
+from cwlens._types import Mode
 from cwlens.batching import pad_batch
 from cwlens.core.bitmask import PackedMask
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
@@ -21,7 +21,6 @@ from cwlens.faithfulness.ranking import eligible_entries, metric_scores, random_
 from cwlens.faithfulness.units import Unit
 from cwlens.gradients import attention_gradient
 from cwlens.interventions.value_masking import run_masked
-from cwlens.metrics import GRADIENT
 from cwlens.streaming import stream_geometry
 
 
@@ -38,7 +37,7 @@ class MaskJob(NamedTuple):
     """One distinct mask of a batch: ranked by ``metric`` (None: every eligible entry,
     rate 1), removing ``rate`` of the entries in ``mode`` in each of ``layers``."""
 
-    metric: RankingMetric | None
+    metric: str | None  # a name of cwlens.metrics.REGISTRY; None: every eligible entry
     mode: Mode
     rate: float
     layers: tuple[int, ...]
@@ -55,14 +54,14 @@ class BatchPlan(NamedTuple):
     gradients: dict | None = None  # layer -> attention-gradient scores, when a job ranks by them
 
 
-def scored_as(metric: str, cfg: FaithfulnessConfig) -> RankingMetric:
+def scored_as(metric: str, cfg: FaithfulnessConfig) -> str:
     """At row scope ``||o||`` (inter: ``||o_i||``, intra: ``||o_i^h||``) is one positive
     constant per row, so value_weighted_output_normalized orders every row exactly as
     value_weighted: rank it by value_weighted, so float rounding cannot make the two
     differ (and they share their forward passes)."""
     if cfg.scope == "row" and metric == "value_weighted_output_normalized":
         return "value_weighted"
-    return cast(RankingMetric, metric)
+    return metric
 
 
 def mask_jobs(conditions: list[Condition], cfg: FaithfulnessConfig) -> tuple[dict, dict]:
@@ -154,7 +153,7 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
                 for u, rows in zip(batch, rows_of, strict=True)]
 
     gradients = None
-    if any(job.metric in GRADIENT for job in jobs.values()):
+    if any(job.metric in metrics.GRADIENT for job in jobs.values()):
         # supervised references: a separate forward + backward pass (cwlens.gradients)
         t = time.perf_counter()
         gradients = attention_gradient(model, tokens, mask, layers)
