@@ -18,7 +18,6 @@ _PUBLIC = {
     "run_with_cache": "cwlens.measures",
     "load_model": "cwlens.models",
     "wrap": "cwlens.handle",
-    "ModelHandle": "cwlens.handle",
     "stream": "cwlens.streaming",
     "stream_geometry": "cwlens.streaming",
     "stream_reduce": "cwlens.streaming",

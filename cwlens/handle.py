@@ -245,8 +245,26 @@ class ModelHandle:
 def wrap(model: Any) -> ModelHandle:
     """The :class:`ModelHandle` of ``model`` (made once, then cached on the model).
 
-    Pass a TransformerLens model you built yourself; :func:`cwlens.load_model` wraps the
-    models it loads. A handle passed in is returned as it is.
+    Every cwlens function takes the TransformerLens model itself and asks its handle what
+    it needs; :func:`cwlens.load_model` wraps the models it loads, and a model you built
+    yourself is wrapped on first use (or here).
+
+    Args:
+        model: a TransformerLens model (``HookedTransformer``, ``HookedEncoder``,
+            ``TransformerBridge``), or a handle (returned as it is).
+
+    Returns:
+        The model's :class:`ModelHandle`: the same object on every call.
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> handle = cwlens.wrap(model)
+        >>> handle.n_layers, handle.n_heads, handle.is_encoder
+        (2, 4, False)
+        >>> cwlens.wrap(model) is handle
+        True
     """
     if isinstance(model, ModelHandle):
         return model
