@@ -38,6 +38,13 @@ def attention_window(model: TLModel, layer: int) -> int | None:
     return wrap(model).attention_window(layer)
 
 
+def context_length(model: TLModel) -> int | None:
+    """The context length the model was configured with (``cfg.n_ctx``; the Hugging Face
+    ``max_position_embeddings``), or None where the config has none. Texts longer than
+    this run past what the model was trained on."""
+    return wrap(model).context_length()
+
+
 def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
     """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
 
@@ -112,6 +119,11 @@ def forward_kwargs(model: TLModel, attention_mask: torch.Tensor | None) -> dict[
     return wrap(model).forward_kwargs(attention_mask)
 
 
+def has_hook(model: TLModel, name: str) -> bool:
+    """Whether ``model`` has a hook point called ``name`` (aliases included)."""
+    return wrap(model).has_hook(name)
+
+
 def W_O(model: TLModel, layer: int) -> torch.Tensor:
     """``[head_index, d_head, d_model]`` output projection of one layer (detached)."""
     return wrap(model).W_O(layer)
@@ -120,6 +132,37 @@ def W_O(model: TLModel, layer: int) -> torch.Tensor:
 def b_O(model: TLModel, layer: int) -> torch.Tensor:
     """``[d_model]`` output bias of one layer (zeros where the model has none)."""
     return wrap(model).b_O(layer)
+
+
+def post_attention_layernorm(model: TLModel, layer: int):
+    """The LayerNorm applied to the residual stream right after ``layer``'s attention, as
+    a :class:`~cwlens.core.alti.PostNorm`, or None for pre-LN models (the norm sits
+    before the values and the residual sum is the whole).
+
+    Encoders are BERT-like post-LN (``LN(resid_pre + attn_out)``: the block's ``ln1``).
+    Models with a norm between the heads and the residual (Gemma-2/3) raise
+    :class:`~cwlens.errors.UnsupportedModelError`: ALTI's parts are not defined there yet.
+    """
+    from cwlens.core.alti import PostNorm
+
+    info = ModelInfo.of(model)
+    if info.post_attn_norm:
+        raise UnsupportedModelError(
+            f"alti: this model normalises the attention output before the residual sum "
+            f"(layer {layer}), and the ALTI parts through that norm are not implemented. "
+            "Use metric 'alti_attention' (the attention output as the whole) instead."
+        )
+    if not is_encoder(model):
+        return None
+    ln, weight, bias, eps = wrap(model).post_attention_norm(layer)
+    if weight is None or eps is None:
+        raise UnsupportedModelError(
+            f"alti: cannot read the post-attention LayerNorm of encoder layer {layer} "
+            f"({ln} has no weight/eps). Use metric 'alti_attention' instead."
+        )
+    if bias is None:
+        bias = torch.zeros_like(weight)
+    return PostNorm(weight.detach(), bias.detach(), float(eps))
 
 
 def read(cache: Cache, name: str, model: TLModel, closure=False):
@@ -142,7 +185,9 @@ def geometry(
     """The :class:`~cwlens.core.AttentionGeometry` of one layer of a cached run."""
     pattern = read(cache, hook_names.pattern(layer), model)
     v = read(cache, hook_names.values(layer), model)
-    return layer_geometry(model, layer, pattern, v, attention_mask)
+    resid = hook_names.resid_pre(layer)
+    residual = cache[resid] if resid in cache.keys() else None  # for ALTI, where cached
+    return layer_geometry(model, layer, pattern, v, attention_mask, residual)
 
 
 def layer_geometry(
@@ -151,9 +196,12 @@ def layer_geometry(
     pattern: torch.Tensor,
     v: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> AttentionGeometry:
     """The geometry of one layer from its ``hook_pattern`` and ``hook_v`` tensors
-    (from a cache or caught by hooks during a forward pass), checked against the model."""
+    (from a cache or caught by hooks during a forward pass), checked against the model.
+    ``residual`` (``hook_resid_pre``), where given, is attached for ALTI
+    (:meth:`~cwlens.core.AttentionGeometry.attach_residual`; the norm is read lazily)."""
     handle = wrap(model)
     info = handle.info
     # hook_v holds the model's kv heads. TransformerLens 3.x with
@@ -173,7 +221,11 @@ def layer_geometry(
             "Was the cache made by another model?"
         )
     mask = None if attention_mask is None else attention_mask.bool()
-    return AttentionGeometry(pattern, v, W_O(model, layer), position_mask=mask, layer=layer)
+    geo = AttentionGeometry(pattern, v, W_O(model, layer), position_mask=mask, layer=layer)
+    if residual is not None:
+        geo.attach_residual(residual.detach(), b_O(model, layer),
+                            lambda: post_attention_layernorm(model, layer))
+    return geo
 
 
 def heads_output(cache: Cache, model: TLModel, layer: int) -> torch.Tensor:

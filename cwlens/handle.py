@@ -173,7 +173,29 @@ class ModelHandle:
         return self.model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, **kwargs)
 
     def has_hook(self, name: str) -> bool:
-        return name in self.model.hook_dict
+        """Whether the model has a hook point called ``name`` (aliases included)."""
+        try:
+            return name in self.model.hook_dict
+        except AttributeError:
+            return False
+
+    def context_length(self) -> int | None:
+        """The context length the model was configured with (``cfg.n_ctx``), or None."""
+        n_ctx = getattr(self._cfg, "n_ctx", None)
+        return None if n_ctx is None else int(n_ctx)
+
+    def post_attention_norm(self, layer: int) -> tuple[str, Any, Any, Any]:
+        """``(class name, weight, bias, eps)`` of block ``layer``'s ``ln1`` (the
+        post-attention LayerNorm of a BERT-like encoder); None where one is absent."""
+        ln = self.model.blocks[layer].ln1
+        weight = getattr(ln, "w", None)
+        if weight is None:
+            weight = getattr(ln, "weight", None)
+        bias = getattr(ln, "b", None)
+        if bias is None:
+            bias = getattr(ln, "bias", None)
+        eps = getattr(ln, "eps", None) or getattr(ln, "variance_epsilon", None) or getattr(self._cfg, "eps", None)
+        return type(ln).__name__, weight, bias, eps
 
     @contextmanager
     def hooks(self, fwd_hooks: Sequence[tuple[str, Any]]) -> Iterator[Any]:

@@ -17,7 +17,16 @@ from cwlens._types import Mode
 from cwlens.batching import pad_batch
 from cwlens.core.bitmask import PackedMask
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
-from cwlens.faithfulness.ranking import eligible_entries, metric_scores, random_scores, rank_entries
+from cwlens.faithfulness.ranking import (
+    eligible_entries,
+    first_token,
+    mask_counts,
+    mask_shares,
+    metric_scores,
+    random_scores,
+    rank_entries,
+    tiebreak_scores,
+)
 from cwlens.faithfulness.units import Unit
 from cwlens.gradients import attention_gradient
 from cwlens.interventions.value_masking import run_masked
@@ -52,6 +61,7 @@ class BatchPlan(NamedTuple):
     keys: list  # one per sequence: seeds the random control
     stats: SweepStats
     gradients: dict | None = None  # layer -> attention-gradient scores, when a job ranks by them
+    counts: dict | None = None  # job key -> [batch, 3] removed / by the tie-break / on token 0
 
 
 def scored_as(metric: str, cfg: FaithfulnessConfig) -> str:
@@ -96,7 +106,10 @@ def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> 
 
     Runs inside the clean forward pass (:func:`cwlens.stream_geometry`), so only one
     layer's scores and ranks exist at a time; the masks are kept bit-packed. ``window``:
-    a sliding-window layer's span (Gemma-3); keys outside it are never eligible.
+    a sliding-window layer's span (Gemma-3); keys outside it are never eligible. Ties are
+    broken by the seeded random order of :func:`~cwlens.faithfulness.ranking.tiebreak_scores`;
+    ``plan.counts[job key]`` (``[batch, 3]``: removed, chosen by the tie-break, on the first
+    token) is summed over the layers where given.
     """
     t = time.perf_counter()
     cfg = plan.cfg
@@ -104,24 +117,41 @@ def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> 
     eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token, window)
     shape = geo.pattern.shape
     out = {}
-    ranks = {}
+    ranks: dict = {}
+    tiebreak = None
+    first_key = first_token(mask)
+    counts = plan.counts
     for key, entry in plan.jobs.items():
         job = MaskJob(*entry)
         if layer not in job.layers:
             continue
         if job.metric is None:  # rate 1: every eligible entry
-            out[key] = PackedMask.pack(eligible.expand(shape))
+            removed = eligible.expand(shape)
+            out[key] = PackedMask.pack(removed)
+            _count(counts, key, mask_counts(None, eligible, removed, cfg.scope, first_key))
             continue
         if job.metric not in ranks:
             if job.metric == "random":
                 scores = random_scores(shape, mask, plan.keys, cfg.seed, layer)
             else:
                 scores = metric_scores(geo, job.metric, cfg.kind, (plan.gradients or {}).get(layer))
-            ranks[job.metric] = rank_entries(scores, eligible, cfg.scope)
+            if tiebreak is None:
+                tiebreak = tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer)
+            ranks[job.metric] = (rank_entries(scores, eligible, cfg.scope, tiebreak),
+                                 scores if counts is not None else None)
             del scores
-        out[key] = PackedMask.pack(ranks[job.metric].mask(job.rate, job.mode))
+        ranking, kept_scores = ranks[job.metric]
+        removed = ranking.mask(job.rate, job.mode)
+        out[key] = PackedMask.pack(removed)
+        if counts is not None:
+            _count(counts, key, mask_counts(kept_scores, eligible, removed, cfg.scope, first_key))
     plan.stats.ranking_seconds += time.perf_counter() - t
     return out
+
+
+def _count(counts, key, c) -> None:
+    if counts is not None:
+        counts[key] = counts[key] + c.cpu() if key in counts else c.cpu()
 
 
 def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
@@ -158,7 +188,8 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
         t = time.perf_counter()
         gradients = attention_gradient(model, tokens, mask, layers)
         stats.ranking_seconds += time.perf_counter() - t
-    plan = BatchPlan(mask, jobs, cfg, keys, stats, gradients)
+    counts: dict = {}
+    plan = BatchPlan(mask, jobs, cfg, keys, stats, gradients, counts)
     t, ranked_before = time.perf_counter(), stats.ranking_seconds
     logits, per_layer = stream_geometry(
         model, tokens, lambda ly, geo: layer_masks(geo, ly, plan, adapter.attention_window(model, ly)),
@@ -178,6 +209,11 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
         done[key] = evaluate(masked)
         for ly in job.layers:  # free this job's masks
             del packed[ly][key]
+    zero = torch.zeros(3, dtype=torch.int64)
     for c in conditions:
-        results[c] = results[None] if key_of[c] is None else done[key_of[c]]
+        key = key_of[c]
+        scored = results[None] if key is None else done[key]
+        per_unit = [sum((counts[key][r] for r in rows), zero) if key is not None else zero
+                    for rows in rows_of]
+        results[c] = [{**out, **mask_shares(n)} for out, n in zip(scored, per_unit, strict=True)]
     return results

@@ -101,7 +101,9 @@ class SweepJob(RowsJob):
         self.conditions = cfg.conditions(wrap(model).n_layers)
         self.batches = plan_batches(units, cfg.batch_tokens)
         order = [units[u].sample_id for b in self.batches for u in b]
-        super().__init__(spec, run.out, (3 if run.is_choice else 2) + 3 * len(self.conditions), order)
+        per_condition = 5  # 3 measures, tied_share, first_token_share
+        super().__init__(spec, run.out, (3 if run.is_choice else 2) + per_condition * len(self.conditions),
+                         order)
         self.stats = SweepStats()
 
     def todo(self):

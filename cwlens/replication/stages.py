@@ -24,8 +24,14 @@ def run_model(model, name: str, out, cfg: ReplicationConfig, log: Log = print,
     folder.mkdir(parents=True, exist_ok=True)
     if adapter.is_encoder(model):
         encoder_faithfulness(model, name, folder / plan.ENCODER_FAITHFULNESS, cfg, log, progress)
+        if cfg.first_token_view:
+            encoder_faithfulness(model, name, folder / plan.first_token_kept(plan.ENCODER_FAITHFULNESS),
+                                 cfg, log, progress, mask_first_token=False)
     else:
         decoder_faithfulness(model, name, folder / plan.FAITHFULNESS, cfg, log, progress)
+        if cfg.first_token_view:
+            decoder_faithfulness(model, name, folder / plan.first_token_kept(plan.FAITHFULNESS),
+                                 cfg, log, progress, mask_first_token=False)
         if name == cfg.per_layer_model:
             per_layer(model, name, folder / plan.PER_LAYER, cfg, log, progress)
     sinks(model, name, folder / plan.SINKS, cfg, log, progress)
@@ -44,22 +50,36 @@ def batch_tokens(model, cfg: ReplicationConfig) -> int:
     return min(cfg.batch_tokens, cap)
 
 
+def supported_metrics(model, names) -> tuple[str, ...]:
+    """``names`` without ``alti`` where the model normalises the attention output before
+    the residual sum (Gemma-2/3: ALTI's parts through that norm are not implemented,
+    :func:`cwlens.adapter.post_attention_layernorm`)."""
+    if model is not None and adapter.ModelInfo.of(model).post_attn_norm:
+        return tuple(m for m in names if m != "alti")
+    return tuple(names)
+
+
 def faithfulness_config(cfg: ReplicationConfig, model=None, **changes):
     from cwlens.faithfulness import FaithfulnessConfig
 
-    base = dict(metrics=cfg.decoder_metrics, rates=cfg.rates, max_tokens=cfg.max_tokens,
+    base = dict(metrics=supported_metrics(model, cfg.decoder_metrics), rates=cfg.rates,
+                max_tokens=cfg.max_tokens,
                 batch_tokens=cfg.batch_tokens if model is None else batch_tokens(model, cfg),
                 seed=cfg.seed)
     return FaithfulnessConfig(**{**base, **changes})
 
 
-def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool):
-    """Value masking on FineWeb-Edu at every rate, every metric, both modes (ΔPPL, NLL)."""
+def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
+                         mask_first_token: bool = True):
+    """Value masking on FineWeb-Edu at every rate, every metric, both modes (ΔPPL, NLL);
+    ``mask_first_token=False``: the second view, the first token never masked."""
     from cwlens.faithfulness import run_faithfulness
 
-    log(f"[{name}] faithfulness: {cfg.samples} FineWeb-Edu documents x {len(cfg.decoder_metrics)} "
-        f"metrics x {len(cfg.rates)} rates x 2 modes -> {path}")
-    result = run_faithfulness(model, "fineweb_edu", faithfulness_config(cfg, model), n=cfg.samples,
+    fc = faithfulness_config(cfg, model, mask_first_token=mask_first_token)
+    log(f"[{name}] faithfulness{'' if mask_first_token else ' (first token never masked)'}: "
+        f"{cfg.samples} FineWeb-Edu documents x {len(fc.metrics)} metrics x {len(cfg.rates)} "
+        f"rates x 2 modes -> {path}")
+    result = run_faithfulness(model, "fineweb_edu", fc, n=cfg.samples,
                               out=path, model_name=name, progress=progress)
     log(f"[{name}] faithfulness: {result.stats.n_batches} batches computed now "
         f"({result.stats.wall_seconds:.0f} s)")
@@ -77,12 +97,13 @@ def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progres
                      progress=progress)
 
 
-def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool):
+def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
+                         mask_first_token: bool = True):
     """The sentence-embedding damage (:func:`cwlens.faithfulness.encoder.embedding_damage`)
     on ``cfg.sentences`` FineWeb-Edu sentences, written in the faithfulness results format
-    (``measure = "embedding_damage"``) one sample at a time; batches are fixed by the
-    sentence order, so a resumed run computes the numbers of an uninterrupted one (a
-    :class:`~cwlens.jobs.Job`: :class:`EncoderDamageJob`)."""
+    (``measure = "embedding_damage"``, ``tied_share``, ``first_token_share``) one sample at
+    a time; batches are fixed by the sentence order, so a resumed run computes the numbers
+    of an uninterrupted one (a :class:`~cwlens.jobs.Job`: :class:`EncoderDamageJob`)."""
     from cwlens.faithfulness.encoder import BATCH_SIZE, sentences
     from cwlens.faithfulness.ranking import MODES
     from cwlens.jobs import JobSpec, run_job
@@ -91,28 +112,31 @@ def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: L
     metrics, rates = cfg.encoder_metrics, cfg.rates
     config = {"model": name, "dataset": "fineweb_edu_sentences", "metrics": list(metrics),
               "rates": list(rates), "modes": list(MODES), "scope": "row", "kind": "inter",
-              "batch_size": BATCH_SIZE, "seed": cfg.seed, "samples": [i for i, _ in texts]}
+              "batch_size": BATCH_SIZE, "seed": cfg.seed, "samples": [i for i, _ in texts],
+              "mask_first_token": mask_first_token}
     log(f"[{name}] encoder faithfulness: {len(texts)} sentences x {len(metrics)} metrics x "
         f"{len(rates)} rates x 2 modes -> {path}")
     spec = JobSpec("encoder faithfulness configuration", config, path.parent, True, len(texts),
                    f"{name} sentences", "sentence", progress)
-    run_job(EncoderDamageJob(model, name, texts, cfg, spec, path))
+    run_job(EncoderDamageJob(model, name, texts, cfg, spec, path, mask_first_token))
 
 
 class EncoderDamageJob(RowsJob):
     """Items: chunks of :data:`~cwlens.faithfulness.encoder.BATCH_SIZE` sentences (one
     forward pass each) holding an unfinished one."""
 
-    def __init__(self, model, name, texts, cfg: ReplicationConfig, spec, path):
+    MEASURES = ("embedding_damage", "tied_share", "first_token_share")
+
+    def __init__(self, model, name, texts, cfg: ReplicationConfig, spec, path, mask_first_token):
         from cwlens.faithfulness.encoder import BATCH_SIZE
         from cwlens.faithfulness.ranking import MODES
 
-        self.model, self.cfg = model, cfg
+        self.model, self.cfg, self.mask_first_token = model, cfg, mask_first_token
         self.chunks = [texts[s : s + BATCH_SIZE] for s in range(0, len(texts), BATCH_SIZE)]
         self.columns = {"model": name, "dataset": "fineweb_edu_sentences", "scope": "row",
                         "kind": "inter", "renormalize": False, "causal_only": False,
-                        "mask_first_token": True, "max_tokens": None, "seed": cfg.seed}
-        per_sample = len(cfg.encoder_metrics) * len(cfg.rates) * len(MODES)
+                        "mask_first_token": mask_first_token, "max_tokens": None, "seed": cfg.seed}
+        per_sample = len(cfg.encoder_metrics) * len(cfg.rates) * len(MODES) * len(self.MEASURES)
         super().__init__(spec, path, per_sample, [i for i, _ in texts])
 
     def todo(self):
@@ -120,18 +144,18 @@ class EncoderDamageJob(RowsJob):
 
     def do(self, chunk):
         from cwlens.faithfulness.encoder import embedding_damage
-        from cwlens.faithfulness.ranking import MODES
 
-        rows = embedding_damage(model=self.model, texts=chunk, metric_names=self.cfg.encoder_metrics,
-                                rates=self.cfg.rates, modes=MODES,
-                                seed=self.cfg.seed)
+        rows = embedding_damage(self.model, chunk, self.cfg.encoder_metrics, self.cfg.rates,
+                                seed=self.cfg.seed, mask_first_token=self.mask_first_token)
         written = 0
         for sid, _ in chunk:
             if sid in self.writer.done:
                 continue
-            self.writer.write_sample([{**self.columns, **r, "layers": "all",
-                                       "measure": "embedding_damage", "value": r["damage"]}
-                                      for r in rows if r["sample_id"] == sid])
+            self.writer.write_sample([
+                {**self.columns, "metric": r["metric"], "mode": r["mode"], "rate": r["rate"],
+                 "sample_id": sid, "layers": "all", "measure": m,
+                 "value": r["damage" if m == "embedding_damage" else m]}
+                for r in rows if r["sample_id"] == sid for m in self.MEASURES])
             written += 1
         return written
 
