@@ -16,6 +16,7 @@ from cwlens import adapter, metrics
 from cwlens._types import Mode
 from cwlens.batching import pad_batch
 from cwlens.core.bitmask import PackedMask
+from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.ranking import (
     eligible_entries,
@@ -137,8 +138,10 @@ def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> 
                 scores = metric_scores(geo, job.metric, cfg.kind, (plan.gradients or {}).get(layer))
             if tiebreak is None:
                 tiebreak = tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer)
-            ranks[job.metric] = (rank_entries(scores, eligible, cfg.scope, tiebreak),
-                                 scores if counts is not None else None)
+            ranking = rank_entries(scores, eligible, cfg.scope, tiebreak)
+            if cfg.causal_only:  # head/layer scope: the mask at query i from rows <= i (causal_scope)
+                ranking = causal_ranking(ranking)
+            ranks[job.metric] = (ranking, scores if counts is not None else None)
             del scores
         ranking, kept_scores = ranks[job.metric]
         removed = ranking.mask(job.rate, job.mode)

@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 from cwlens import adapter
 from cwlens.errors import EmptyInputError
+from cwlens.faithfulness.causal_scope import require_causal
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.passes import SweepStats, batch_outputs
 from cwlens.faithfulness.rows_job import RowsJob
@@ -162,6 +163,7 @@ def run_faithfulness(
         "cwlens.faithfulness.encoder.embedding_damage (CLI: cwlens replicate --models <encoder>).",
     )
     cfg = config or FaithfulnessConfig()
+    require_causal(cfg.scope, cfg.causal_only, "the next-token faithfulness test (ΔNLL)")
     t0 = time.perf_counter()
     num_fewshot = load.get("num_fewshot", 0)
     samples = load_dataset(dataset, **load) if isinstance(dataset, str) else list(dataset)

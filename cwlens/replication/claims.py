@@ -196,13 +196,23 @@ def _anti_alignment(res: ModelResults) -> str:
 
 
 def _observed(res: ModelResults) -> str:
+    """Shares of heads by the shape of their binned means (interior: a resolved fall, then
+    a resolved rise; :mod:`cwlens.sinks.observed_shape`), with the quadratic's share."""
     s = res.sinks
     if s is None or "observed_heads" not in s:
         return NA + " (not run)"
+    if "observed_falling_frac_heads" not in s:
+        return NA + " (sinks summary from before the binned rule: re-run cwlens sinks)"
     bins = s["observed_norm_rel_by_bin"]
     first, last = next(iter(bins)), list(bins)[-1]
-    return (f"median corr(rate, norm) {s['observed_corr_median']:+.2f}; interior minimum "
-            f"{100 * s['observed_interior_frac_heads']:.0f}% of heads; relative norm "
+    pct = {k: 100 * s[f"observed_{k}_frac_heads"] for k in ("interior", "falling", "rising", "flat")}
+    return (f"rule: interior = resolved fall, then resolved rise of the binned mean norm "
+            f"(Bonferroni z over bin pairs); of {s['observed_heads']} heads: interior "
+            f"{pct['interior']:.0f}%, falling {pct['falling']:.0f}%, rising {pct['rising']:.0f}%, "
+            f"flat {pct['flat']:.0f}%, too few points {100 * s['observed_undetermined_frac_heads']:.0f}% "
+            f"(a quadratic's vertex: interior "
+            f"{100 * s['observed_quad_interior_frac_heads']:.0f}%, not a test); median "
+            f"corr(rate, norm) {s['observed_corr_median']:+.2f}; relative norm "
             f"{bins[first]:.2f} (rate {first}) → {bins[last]:.2f} (rate {last})")
 
 
