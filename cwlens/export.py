@@ -26,6 +26,7 @@ import torch
 
 from cwlens import reducers
 from cwlens.errors import CwlensError
+from cwlens.handle import wrap
 
 TABLES = ("topk", "column_sums", "token_level", "heads")
 
@@ -119,11 +120,13 @@ def default_reducers(metrics: Sequence[str] = ("contribution", "attention"), k: 
 
 
 def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model",
-                 text_ids: Sequence[str] | None = None, metrics=("contribution", "attention"),
-                 k: int = 8, token_layers: Sequence[int] = (), max_tokens: int | None = None,
-                 fmt: str = "parquet") -> dict[str, Path]:
+                 text_ids: Sequence[str] | None = None, max_tokens: int | None = None,
+                 fmt: str = "parquet", **reduce) -> dict[str, Path]:
     """Stream each text, reduce it, and write the tables to ``out_dir/<table>.<fmt>``
-    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``."""
+    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``.
+
+    ``reduce``: the options of :func:`default_reducers` (``metrics``, ``k``,
+    ``token_layers``)."""
     from cwlens.streaming import stream_reduce
 
     if fmt not in ("parquet", "csv"):
@@ -133,11 +136,11 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
     ids = [str(i) for i in range(len(texts))] if text_ids is None else [str(i) for i in text_ids]
     tables: dict[str, list[pd.DataFrame]] = {}
     for text, tid in zip(texts, ids, strict=True):
-        tokens = model.to_tokens(text)
+        tokens = wrap(model).to_tokens(text)
         if max_tokens is not None:
             tokens = tokens[:, :max_tokens]
-        res = stream_reduce(model, tokens, default_reducers(metrics, k, token_layers))
-        str_tokens = model.to_str_tokens(tokens[0])
+        res = stream_reduce(model, tokens, default_reducers(**reduce))
+        str_tokens = wrap(model).to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid).items():
             tables.setdefault(name, []).append(df)
     out = Path(out_dir)

@@ -37,6 +37,7 @@ from cwlens._types import Kind
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.errors import CwlensError, UnknownOptionError
+from cwlens.handle import wrap
 
 DEFAULT_QUERY_BLOCK = 256
 AUTO_THRESHOLD = adapter.BLOCKWISE_AUTO_THRESHOLD  # attention="auto": blockwise above this
@@ -319,7 +320,7 @@ class _Engine:
         context = adapter.blockwise_attention(model, query_block or DEFAULT_QUERY_BLOCK) \
             if blockwise else contextlib.nullcontext()
         out_logits = None
-        with torch.no_grad(), context, model.hooks(fwd_hooks=hooks):
+        with torch.no_grad(), context, wrap(model).hooks(hooks):
             try:
                 out_logits = model(input, **forward_kwargs)  # type: ignore[operator]
             except _Stop:
@@ -401,7 +402,7 @@ def stream(
     check_metric(metric)
     check_kind(kind)
     _, out = stream_geometry(
-        model, input, lambda layer, geo: fn(layer, geo.measure(metric, kind)), layers, attention_mask,
+        model, input, lambda layer, geo: fn(layer, _metrics.from_geometry(geo, metric, kind)), layers, attention_mask,
         attention=attention, logits=False, query_block=query_block,
     )
     return out
@@ -422,7 +423,7 @@ class BlockMeasures(dict):
         self.geometry, self.kind, self.n_keys = geometry, kind, n_keys
 
     def __missing__(self, metric: str) -> torch.Tensor:
-        self[metric] = value = self.geometry.measure(check_metric(metric), self.kind)
+        self[metric] = value = _metrics.from_geometry(self.geometry, check_metric(metric), self.kind)
         return value
 
 

@@ -7,6 +7,7 @@ from cwlens._types import STREAM_METRICS
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
 from cwlens.errors import CwlensError
+from cwlens.handle import wrap
 
 
 def register(sub) -> None:
@@ -69,10 +70,11 @@ def run(args) -> int:
         raise CwlensError("no text to export: pass --text, a non-empty --file or --dataset")
     out = arg_types.output_dir(args.out)
     model = load_model(args.model, device=args.device)
-    bad_layers = [ly for ly in args.token_layers if not 0 <= ly < model.cfg.n_layers]
+    n_layers = wrap(model).n_layers
+    bad_layers = [ly for ly in args.token_layers if not 0 <= ly < n_layers]
     if bad_layers:
         raise CwlensError(f"--token-layers {bad_layers} out of range: the model has layers "
-                          f"0..{model.cfg.n_layers - 1}")
+                          f"0..{n_layers - 1}")
     paths = export_texts(model, texts, out, model_name=args.model, text_ids=ids,
                          metrics=args.metrics, k=args.k, token_layers=args.token_layers,
                          max_tokens=args.max_tokens, fmt=args.format)

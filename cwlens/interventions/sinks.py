@@ -27,6 +27,7 @@ import torch
 from cwlens import hook_names
 from cwlens.adapter import Layers, TLModel, block_rows, current_block, resolve_layers
 from cwlens.core.sinks import scale_position, set_sink_rate
+from cwlens.handle import wrap
 from cwlens.interventions.selfcheck import ensure_edits_act, kinds_of
 
 Hook = tuple[str, Callable[[torch.Tensor, Any], torch.Tensor]]
@@ -102,10 +103,10 @@ def applied(model: TLModel, fwd_hooks: list[Hook]) -> Iterator[TLModel]:
     model (:func:`~cwlens.interventions.selfcheck.ensure_edits_act`, once per model).
     """
     ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
-    with model.hooks(fwd_hooks=fwd_hooks):
+    with wrap(model).hooks(fwd_hooks):
         yield model
 
 
 def n_hooks(model: TLModel) -> int:
     """How many forward hooks are attached to the model's hook points (0 when clean)."""
-    return sum(len(getattr(hp, "fwd_hooks", [])) for hp in model.hook_dict.values())
+    return wrap(model).n_hooks()

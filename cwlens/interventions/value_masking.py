@@ -27,6 +27,7 @@ from cwlens._types import Pattern
 from cwlens.adapter import block_rows, current_block
 from cwlens.core.bitmask import PackedMask
 from cwlens.errors import MissingHookError, ShapeMismatchError
+from cwlens.handle import wrap
 from cwlens.interventions.selfcheck import ensure_edits_act, kinds_of
 
 HookFn = Callable[..., torch.Tensor]
@@ -89,15 +90,15 @@ def hooks_applied(model, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[ob
     first checked to act on this model (:func:`~cwlens.interventions.selfcheck.ensure_edits_act`,
     once per model).
     """
-    hook_dict = model.hook_dict
+    handle = wrap(model)
     for name, _ in fwd_hooks:
-        if name not in hook_dict:
+        if not handle.has_hook(name):
             raise MissingHookError(
                 f"The model has no hook point {name!r}; value masking needs "
-                f"hook_pattern in every masked layer (layers 0..{model.cfg.n_layers - 1})."
+                f"hook_pattern in every masked layer (layers 0..{handle.n_layers - 1})."
             )
     ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
-    with model.hooks(fwd_hooks=list(fwd_hooks)):  # TransformerLens removes exactly these on exit
+    with handle.hooks(fwd_hooks):  # TransformerLens removes exactly these on exit
         yield model
 
 

@@ -17,6 +17,7 @@ import torch
 
 from cwlens import reducers, validation
 from cwlens.core.geometry import AttentionGeometry
+from cwlens.handle import wrap
 from cwlens.streaming import stream_reduce
 
 FACTORS = ("attention", "relative_norm", "cosine", "contribution")
@@ -184,11 +185,11 @@ def analyze_text(
     validation.text(text)
     if max_tokens is not None:
         validation.max_tokens(max_tokens)
-    tokens = model.to_tokens(text)
+    tokens = wrap(model).to_tokens(text)
     if max_tokens is not None:
         tokens = tokens[:, :max_tokens]
     n = tokens.shape[1]
-    str_tokens = [str(t) for t in model.to_str_tokens(tokens[0])]
+    str_tokens = [str(t) for t in wrap(model).to_str_tokens(tokens[0])]
     if window is None:
         win = (0, n)
     elif isinstance(window, int):

@@ -1,0 +1,71 @@
+"""What the sweep scores: one unit per sample (its input sequences and how to score
+them), and the fixed plan of batches over the units."""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cwlens.faithfulness import choice, lm
+
+
+@dataclass
+class Unit:
+    """One sample: its id, the input sequences it needs, and how to score them."""
+
+    sample_id: str
+    sequences: list[list[int]]
+    score: Callable  # (logits, rows, offsets) -> {measure: value}
+
+
+def text_units(model, samples, max_tokens) -> list[Unit]:
+    from cwlens.batching import token_ids
+
+    def score(logits, rows, offsets, tokens, mask):
+        row = rows[0]
+        out = lm.document_scores(logits[row : row + 1], tokens[row : row + 1], mask[row : row + 1])
+        return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
+
+    units = []
+    for s in samples:
+        ids = token_ids(model, s.text).tolist()
+        units.append(Unit(s.id, [ids[:max_tokens] if max_tokens else ids], score))
+    return units
+
+
+def choice_units(model, items) -> list[Unit]:
+    requests = choice.encode_items(model, items)
+    by_item: dict[int, list] = {}
+    for r in requests:
+        by_item.setdefault(r.item, []).append(r)
+    units = []
+    for index, item in enumerate(items):
+        reqs = by_item[index]
+        inputs, which = choice.unique_inputs(reqs)
+
+        def score(logits, rows, offsets, tokens, mask, reqs=reqs, which=which, item=item):
+            lls = [choice.continuation_logprob(logits, rows[w], offsets[w], r)
+                   for r, w in zip(reqs, which, strict=True)]
+            return choice.item_scores(lls, [r.continuation_chars for r in reqs], item.gold)
+
+        units.append(Unit(item.id, [list(x) for x in inputs], score))
+    return units
+
+
+def plan_batches(units: Sequence[Unit], batch_tokens: int) -> list[list[int]]:
+    """Unit indices per batch: sorted by length (stable), at most ``batch_tokens`` padded
+    tokens per batch (a longer unit gets a batch of its own)."""
+    order = sorted(range(len(units)), key=lambda i: max(map(len, units[i].sequences)))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    n_seq, longest = 0, 0
+    for i in order:
+        seqs = units[i].sequences
+        new_longest = max(longest, *map(len, seqs))
+        if current and (n_seq + len(seqs)) * new_longest > batch_tokens:
+            batches.append(current)
+            current, n_seq, new_longest = [], 0, max(map(len, seqs))
+        current.append(i)
+        n_seq += len(seqs)
+        longest = new_longest
+    if current:
+        batches.append(current)
+    return batches
