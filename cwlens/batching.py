@@ -22,7 +22,10 @@ def token_ids(model, text: str, truncate: bool = True) -> torch.Tensor:
     handle = wrap(model)
     if handle.is_encoder:  # [CLS] ... [SEP] from the tokenizer (to_tokens differs by version)
         return torch.tensor(handle.tokenizer(text)["input_ids"])
-    return handle.to_tokens(text, move_to_device=False, truncate=truncate)[0].cpu()
+    # truncate=True is to_tokens' own default: only the non-default is passed (models and
+    # stubs whose to_tokens has no such keyword still work)
+    extra = {} if truncate else {"truncate": False}
+    return handle.to_tokens(text, move_to_device=False, **extra)[0].cpu()
 
 
 def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | None = None):

@@ -56,7 +56,7 @@ def test_equals_float64_naive(gemma3, gsm8k_run):
         for kind in ("intra", "inter"):
             got = cwlens.contribution_weights(cache, gemma3, layer, kind, mask)
             assert_close(got.double(), ref[f"contribution_{kind}"], rtol=1e-3, atol=1e-5)
-            assert_close(geo.alti(kind).double(), ref_alti[f"alti_{kind}"], rtol=1e-3, atol=1e-5)
+            assert_close(geo.alti_attention(kind).double(), ref_alti[f"alti_{kind}"], rtol=1e-3, atol=1e-5)
 
 
 def test_padded_batch_equals_single_runs(gemma3, gsm8k_run):

@@ -70,7 +70,7 @@ def test_equals_float64_naive(minilm, run):
         for kind in ("intra", "inter"):
             got = cwlens.contribution_weights(cache, minilm, layer, kind, mask)
             assert_close(got.double(), ref[f"contribution_{kind}"], rtol=1e-3, atol=1e-5)
-            assert_close(geo.alti(kind).double(), ref_alti[f"alti_{kind}"], rtol=1e-3, atol=1e-5)
+            assert_close(geo.alti_attention(kind).double(), ref_alti[f"alti_{kind}"], rtol=1e-3, atol=1e-5)
 
 
 def test_padded_batch_equals_single_runs(minilm, run):
