@@ -80,6 +80,25 @@ def attention_window(model: TLModel, layer: int) -> int | None:
     return None
 
 
+def context_length(model: TLModel) -> int | None:
+    """The longest input the model was trained on (``cfg.n_ctx``), or None if unknown."""
+    n = getattr(model.cfg, "n_ctx", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def vocab_size(model: TLModel) -> int | None:
+    """The number of token ids the embedding holds (``cfg.d_vocab``), or None if unknown."""
+    n = getattr(model.cfg, "d_vocab", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def text_length(model: TLModel, text: str) -> int:
+    """How many tokens ``model`` makes of ``text`` (with its BOS / [CLS] ... [SEP])."""
+    if is_encoder(model):
+        return len(model.tokenizer(text)["input_ids"])
+    return int(model.to_tokens(text, move_to_device=False).shape[-1])
+
+
 def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
     """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
 

@@ -8,10 +8,11 @@ mask to ``run_with_cache`` *and* to cwlens' measures: pad positions then get wei
 
 import torch
 
+from cwlens import validation
 from cwlens.adapter import is_encoder
 from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
 
-__all__ = ["is_encoder", "pad_batch", "token_ids"]
+__all__ = ["fit_context", "is_encoder", "pad_batch", "token_ids"]
 
 
 def token_ids(model, text: str) -> torch.Tensor:
@@ -62,3 +63,23 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         mask[i, sl] = 1
     device = getattr(model.cfg, "device", None) or "cpu"
     return tokens.to(device), mask.to(device)
+
+
+def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str) -> torch.Tensor:
+    """``tokens[:, :max_tokens]``, cut further to the model's context (``n_ctx``) with a
+    :class:`~cwlens.errors.CwlensWarning` when the text is longer (docs/inputs.md)."""
+    import warnings
+
+    from cwlens.adapter import context_length
+    from cwlens.errors import CwlensWarning
+
+    validation.max_tokens(max_tokens)
+    n = tokens.shape[-1]
+    if max_tokens is not None:
+        tokens = tokens[:, :max_tokens]
+    limit = context_length(model)
+    if limit is not None and tokens.shape[-1] > limit:
+        warnings.warn(f"{what} has {n} tokens and the model's context (n_ctx) is {limit}: using "
+                      f"its first {limit} tokens", CwlensWarning, stacklevel=3)
+        tokens = tokens[:, :limit]
+    return tokens

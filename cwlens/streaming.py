@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from cwlens import adapter, hook_names
+from cwlens import adapter, hook_names, validation
 from cwlens import metrics as _metrics
 from cwlens._types import Kind
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import AttentionGeometry, check_kind
-from cwlens.errors import CwlensError
+from cwlens.errors import CwlensError, EmptyInputError, InvalidArgumentError
 
 DEFAULT_QUERY_BLOCK = 256
 
@@ -76,17 +76,20 @@ class _Taps:
         return out
 
 
-def _tokens(model: TLModel, input) -> torch.Tensor | Any:
-    """Strings are tokenized as ``model(...)`` would; token tensors pass through."""
-    if isinstance(input, torch.Tensor):
-        if input.ndim == 1:
-            input = input[None]
-        if input.shape[-1] == 0:
-            raise CwlensError("The input has no tokens: pass a non-empty text or token tensor.")
-        return input
-    if isinstance(input, str) and not input:
-        raise CwlensError("The input text is empty: pass a non-empty text.")
+def _tokens(model: TLModel, input, attention_mask=None) -> torch.Tensor | Any:
+    """``input`` checked (:func:`cwlens.validation.model_input`: empty, malformed, out of the
+    vocabulary, longer than the context); 1-d token ids get a batch axis."""
+    validation.model_input(model, input, attention_mask)
+    if isinstance(input, torch.Tensor) and input.ndim == 1:
+        return input[None]
     return input
+
+
+def _check_fn(fn: object) -> None:
+    if not callable(fn):
+        raise InvalidArgumentError(
+            f"fn must be a function fn(layer, ...) called once per layer; got {type(fn).__name__} "
+            f"{fn!r}.")
 
 
 def stream_geometry(
@@ -109,8 +112,10 @@ def stream_geometry(
     """
     from cwlens.measures import Closure, closure_errors
 
+    _check_fn(fn)
+    validation.flag(closure, "closure")
     resolved, _ = adapter.resolve_layers(model, layer=layers)
-    input = _tokens(model, input)
+    input = _tokens(model, input, attention_mask)
     mask = None if attention_mask is None else attention_mask.bool()
     results: dict[int, Any] = {}
     rebuilt: dict[int, torch.Tensor] = {}
@@ -186,12 +191,45 @@ def stream(
 
         sums = cwlens.stream(model, tokens, lambda layer, w: w.sum(2))   # per-key totals
     """
+    _check_fn(fn)
     check_metric(metric)
     check_kind(kind)
     _, out = stream_geometry(
         model, input, lambda layer, geo: fn(layer, geo.measure(metric, kind)), layers, attention_mask
     )
     return out
+
+
+def _named_reducers(reducers: object) -> dict[str, Any]:
+    """``{name: reducer}`` from a dict or a list (named by ``reducer.name``), each a
+    :class:`cwlens.reducers.Reducer` and each name once."""
+    from cwlens.reducers import Reducer
+
+    if isinstance(reducers, Reducer):
+        reducers = [reducers]
+    if isinstance(reducers, dict):
+        pairs = list(reducers.items())
+    elif isinstance(reducers, str | bytes) or not hasattr(reducers, "__iter__"):
+        raise InvalidArgumentError(
+            f"reducers must be a list or a {{name: reducer}} dict of cwlens.reducers objects; "
+            f"got {type(reducers).__name__} {reducers!r}.")
+    else:
+        pairs = [(getattr(r, "name", None), r) for r in reducers]  # type: ignore[union-attr]
+    if not pairs:
+        raise EmptyInputError("stream_reduce needs at least one reducer (see cwlens.reducers).")
+    named: dict[str, Any] = {}
+    for name, r in pairs:
+        if not isinstance(r, Reducer):
+            raise InvalidArgumentError(
+                f"{r!r} is not a reducer: pass cwlens.reducers objects (TopK, ColumnSums, "
+                "TokenLevel, HeadSummary, FullMatrices) or a subclass of cwlens.reducers.Reducer.")
+        validation.label(name, "a reducer's name")
+        if name in named:
+            raise InvalidArgumentError(
+                f"two reducers are named {name!r}: the second would overwrite the first's "
+                "result; give one another name (name=...) or pass a dict {name: reducer}.")
+        named[name] = r
+    return named
 
 
 class BlockMeasures(dict):
@@ -250,19 +288,19 @@ def stream_reduce(
         out["top"].indices      # [layer, batch, head, query, 8]
     """
     check_kind(kind)
-    named: dict[str, Any] = {}
-    if isinstance(reducers, dict):
-        named.update(reducers)
-    else:
-        for r in reducers:
-            named[getattr(r, "name", str(r))] = r
-    if not named:
-        raise CwlensError("stream_reduce needs at least one reducer (see cwlens.reducers).")
-    if query_block is not None and (not isinstance(query_block, int) or query_block < 1):
-        raise CwlensError(f"query_block must be a positive int or None; got {query_block!r}.")
+    named = _named_reducers(reducers)
+    if query_block is not None and (isinstance(query_block, bool) or not isinstance(query_block, int)
+                                    or query_block < 1):
+        raise InvalidArgumentError(f"query_block must be a positive int or None; got {query_block!r}.")
+    validation.flag(closure, "closure")
     metrics = list(dict.fromkeys(m for r in named.values() for m in r.metrics))
     for m in metrics:
         check_metric(m)
+    resolved, _ = adapter.resolve_layers(model, layer=layers)
+    info = adapter.ModelInfo.of(model)
+    for name, r in named.items():
+        r.check(info.n_layers, info.n_heads, resolved, name)
+    input = _tokens(model, input, attention_mask)
 
     for r in named.values():
         r.reset()
@@ -288,6 +326,6 @@ def stream_reduce(
         for r in named.values():
             r.end_layer(layer, geo)
 
-    out = stream_geometry(model, input, per_layer, layers, attention_mask, closure=closure)
+    out = stream_geometry(model, input, per_layer, resolved, attention_mask, closure=closure)
     return StreamResult(out[0], {name: r.result() for name, r in named.items()},
                         out[2] if closure else None)

@@ -176,9 +176,9 @@ def analyze_text(
     validation.text(text)
     if max_tokens is not None:
         validation.max_tokens(max_tokens)
-    tokens = model.to_tokens(text)
-    if max_tokens is not None:
-        tokens = tokens[:, :max_tokens]
+    from cwlens.batching import fit_context
+
+    tokens = fit_context(model, model.to_tokens(text), max_tokens, "the text")
     n = tokens.shape[1]
     str_tokens = [str(t) for t in model.to_str_tokens(tokens[0])]
     if window is None:
