@@ -83,3 +83,22 @@ def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str) 
                       f"its first {limit} tokens", CwlensWarning, stacklevel=3)
         tokens = tokens[:, :limit]
     return tokens
+
+
+def context_cap(model, max_tokens: int | None, lengths, what: str = "texts") -> int | None:
+    """The truncation length to use: ``max_tokens``, lowered to the model's context
+    (``n_ctx``) with one :class:`~cwlens.errors.CwlensWarning` when some of ``lengths``
+    (the texts' token counts) would exceed it (docs/inputs.md)."""
+    import warnings
+
+    from cwlens.adapter import context_length
+    from cwlens.errors import CwlensWarning
+
+    limit = context_length(model)
+    if limit is None or (max_tokens is not None and max_tokens <= limit):
+        return max_tokens
+    long = sum(1 for n in lengths if n > limit)
+    if long:
+        warnings.warn(f"{long} of the {what} are longer than the model's context (n_ctx) of "
+                      f"{limit} tokens: using their first {limit}", CwlensWarning, stacklevel=3)
+    return limit
