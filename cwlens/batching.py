@@ -16,10 +16,11 @@ __all__ = ["fit_context", "is_encoder", "pad_batch", "token_ids"]
 
 
 def token_ids(model, text: str) -> torch.Tensor:
-    """1-D token ids of one text, as the model itself would tokenize it."""
+    """1-D token ids of one text, as the model itself would tokenize it (not cut at the
+    model's context: callers cut, with a note, see docs/inputs.md)."""
     if is_encoder(model):  # [CLS] ... [SEP] from the tokenizer (to_tokens differs by version)
         return torch.tensor(model.tokenizer(text)["input_ids"])
-    return model.to_tokens(text, move_to_device=False)[0].cpu()
+    return model.to_tokens(text, move_to_device=False, truncate=False)[0].cpu()
 
 
 def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | None = None):

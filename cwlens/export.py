@@ -156,7 +156,8 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
                                              token_layers, max_tokens, fmt)
     tables: dict[str, list[pd.DataFrame]] = {}
     for text, tid in zip(texts, ids, strict=True):
-        tokens = batching.fit_context(model, model.to_tokens(text), max_tokens, f"text {tid}")
+        tokens = batching.fit_context(model, model.to_tokens(text, truncate=False), max_tokens,
+                                      f"text {tid}")
         res = stream_reduce(model, tokens, default_reducers(metrics, k, token_layers))
         str_tokens = model.to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid).items():

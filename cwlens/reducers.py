@@ -62,7 +62,7 @@ class Reducer:
                 value.clear()
 
 
-def _check_positive(value: int, what: str) -> int:
+def _check_positive(value: object, what: str) -> int:
     return validation.positive_int(value, what)
 
 

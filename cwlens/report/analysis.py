@@ -178,7 +178,7 @@ def analyze_text(
         validation.max_tokens(max_tokens)
     from cwlens.batching import fit_context
 
-    tokens = fit_context(model, model.to_tokens(text), max_tokens, "the text")
+    tokens = fit_context(model, model.to_tokens(text, truncate=False), max_tokens, "the text")
     n = tokens.shape[1]
     str_tokens = [str(t) for t in model.to_str_tokens(tokens[0])]
     if window is None:
