@@ -95,9 +95,9 @@ def vocab_size(model: TLModel) -> int | None:
 def text_length(model: TLModel, text: str) -> int:
     """How many tokens ``model`` makes of ``text`` (with its BOS / [CLS] ... [SEP]), not cut
     at the context as ``model.to_tokens`` and ``model(text)`` silently do."""
-    if is_encoder(model):
-        return len(model.tokenizer(text)["input_ids"])
-    return int(model.to_tokens(text, move_to_device=False, truncate=False).shape[-1])
+    from cwlens.batching import token_ids
+
+    return len(token_ids(model, text))
 
 
 def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:

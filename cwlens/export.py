@@ -181,8 +181,13 @@ def _check_export(model, texts, out_dir, text_ids, metrics, k, token_layers, max
     from cwlens import validation
     from cwlens.adapter import ModelInfo
     from cwlens.cli.arg_types import output_dir
-    from cwlens.errors import (EmptyInputError, InvalidArgumentError, LayerOutOfRangeError,
-                               ShapeMismatchError, UnknownOptionError)
+    from cwlens.errors import (
+        EmptyInputError,
+        InvalidArgumentError,
+        LayerOutOfRangeError,
+        ShapeMismatchError,
+        UnknownOptionError,
+    )
     from cwlens.streaming import check_metric
 
     if fmt not in ("parquet", "csv"):

@@ -374,7 +374,7 @@ def _pairs(pairs: object) -> list[tuple[int, int]]:
     if isinstance(pairs, str | bytes) or not hasattr(pairs, "__iter__"):
         raise InvalidArgumentError(f"pairs must be a list of (layer, head) pairs, {example}; got {pairs!r}.")
     out = []
-    for pair in pairs:  # type: ignore[union-attr]
+    for pair in pairs:
         items = list(pair) if isinstance(pair, tuple | list) else None
         ints = None if items is None or len(items) != 2 else [_layer_index(x) for x in items]
         if ints is None or None in ints:

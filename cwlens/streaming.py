@@ -214,7 +214,7 @@ def _named_reducers(reducers: object) -> dict[str, Any]:
             f"reducers must be a list or a {{name: reducer}} dict of cwlens.reducers objects; "
             f"got {type(reducers).__name__} {reducers!r}.")
     else:
-        pairs = [(getattr(r, "name", None), r) for r in reducers]  # type: ignore[union-attr]
+        pairs = [(getattr(r, "name", None), r) for r in reducers]
     if not pairs:
         raise EmptyInputError("stream_reduce needs at least one reducer (see cwlens.reducers).")
     named: dict[str, Any] = {}

@@ -69,7 +69,7 @@ def int_list(value: object, name: str, allow_empty: bool = False) -> list[int]:
 
     if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
         raise InvalidArgumentError(f"{name} must be a list of integers, e.g. [0, 1]; got {value!r}.")
-    items = list(value)  # type: ignore[call-overload]
+    items = list(value)
     out = []
     for item in items:
         index = _layer_index(item)
