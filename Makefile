@@ -14,7 +14,7 @@ bench:
 	.venv/bin/python scripts/benchmark.py
 
 # the paper's claims on SmolLM2-135M, Gemma-3-270M and all-MiniLM-L6-v2 (resumable, ~1-2 h on
-# 2 CPU cores); writes runs/replicate, figures/replicate_aopc_*, docs/replication.md, README.md
+# 2 CPU cores); writes runs/replicate, figures/replicate_aopc_*, docs/replication.md
 replicate:
 	@bash scripts/setup.sh --gemma --minilm
-	.venv/bin/cwlens replicate --docs docs/replication.md --readme README.md
+	.venv/bin/cwlens replicate --docs docs/replication.md

@@ -28,6 +28,35 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
 
     ``padding_side`` defaults to ``"left"`` for decoders and ``"right"`` for encoders;
     ``max_tokens`` truncates each sequence (keeping its start).
+
+    Args:
+        model: the TransformerLens model (its tokenizer and pad token are used).
+        texts: a list of texts, or of token id lists.
+        padding_side: ``"left"``, ``"right"`` or ``None`` (by the model, as above).
+        max_tokens: keep at most this many tokens of each text (``None``: all).
+
+    Returns:
+        ``(tokens, attention_mask)``, both ``[batch, pos]`` on the model's device; the
+        mask is 1 on real tokens.
+
+    Raises:
+        EmptyInputError: no texts, or a text without tokens.
+        UnknownOptionError: a ``padding_side`` other than ``"left"`` or ``"right"``.
+        InvalidArgumentError: a ``max_tokens`` below 1.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.batching import pad_batch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> tokens, mask = pad_batch(model, ["the cat sat on the mat", "a dog ran"])
+        >>> mask.tolist()  # left-padded: the last token of every row is real
+        [[1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]]
+        >>> logits, cache = cwlens.run_with_cache(model, tokens, attention_mask=mask)
+        >>> c = cwlens.contribution_weights(cache, model, 0, attention_mask=mask)
+        >>> alone = cwlens.contribution_weights(cwlens.run_with_cache(model, "a dog ran")[1], model, 0)
+        >>> torch.allclose(c[1, :, 3:, 3:], alone[0], atol=1e-5)  # as if run alone
+        True
     """
     side = padding_side or ("right" if is_encoder(model) else "left")
     if side not in ("left", "right"):

@@ -38,6 +38,36 @@ def contribution_weights(
     ``kind="inter"``: ``o_i`` is the layer's multi-head output (b_O excluded); the weights
     sum to 1 over heads and keys. ``kind="intra"``: ``o_i`` is head ``h``'s own output;
     each head's row sums to 1 over keys.
+
+    Args:
+        cache: the cache of :func:`run_with_cache` (or any cache holding ``hook_pattern``
+            and ``hook_v`` of the layers asked for).
+        model: the TransformerLens model the cache comes from.
+        layer: an int, a list of ints, or ``None`` for every layer.
+        kind: ``"inter"`` (the layer's output) or ``"intra"`` (the head's own output).
+        attention_mask: ``[batch, pos]``, 1 on real tokens: the mask the batch was run
+            with (pad queries and keys get 0).
+
+    Returns:
+        ``[batch, head_index, query_pos, key_pos]`` float32 weights for one layer;
+        ``[layer, batch, head_index, query_pos, key_pos]`` for a list or ``None``.
+
+    Raises:
+        LayerOutOfRangeError: a layer the model does not have.
+        UnknownOptionError: a ``kind`` other than ``"inter"`` or ``"intra"``.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> c = cwlens.contribution_weights(cache, model, layer=0)
+        >>> c.shape  # [batch, head, query, key]
+        torch.Size([1, 4, 7, 7])
+        >>> torch.allclose(c.sum((1, 3)), torch.ones(1, 7), atol=1e-5)  # rows sum to 1
+        True
+        >>> cwlens.contribution_weights(cache, model).shape  # every layer
+        torch.Size([2, 1, 4, 7, 7])
     """
     check_kind(kind)
     return _per_layer(cache, model, layer, attention_mask, lambda g: g.contribution(kind))
@@ -49,7 +79,29 @@ def token_contributions(
     layer: Layers = None,
     attention_mask: torch.Tensor | None = None,
 ) -> LayerTokenWeights:
-    """Token-level weights ``c_ij = sum_h c_ij^h`` (inter): ``[batch, query_pos, key_pos]``, rows sum to 1."""
+    """Token-level weights ``c_ij = sum_h c_ij^h`` (inter-head weights summed over heads).
+
+    Args:
+        cache: the cache of :func:`run_with_cache`.
+        model: the TransformerLens model the cache comes from.
+        layer: an int, a list of ints, or ``None`` for every layer.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
+
+    Returns:
+        ``[batch, query_pos, key_pos]`` float32 (``[layer, ...]`` for several layers);
+        each row sums to 1.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> tok = cwlens.token_contributions(cache, model, layer=1)
+        >>> tok.shape  # [batch, query, key]
+        torch.Size([1, 7, 7])
+        >>> torch.allclose(tok.sum(-1), torch.ones(1, 7), atol=1e-5)
+        True
+    """
     return contribution_weights(cache, model, layer, "inter", attention_mask).sum(-3)
 
 
@@ -67,6 +119,33 @@ def importance(
     ``"value_weighted_output_normalized"`` (a ||v~|| / ||o||) or ``"contribution"``
     (a ||v~|| / ||o|| cos(o, v~)), or any other geometry metric of :mod:`cwlens.metrics`
     (``"contribution_abs"``, ``"alti"``). ``kind`` picks ``o`` where the metric uses one.
+
+    Args:
+        cache: the cache of :func:`run_with_cache`.
+        model: the TransformerLens model the cache comes from.
+        layer: an int, a list of ints, or ``None`` for every layer.
+        metric: the metric's name (see above).
+        kind: ``"inter"`` or ``"intra"``: which output ``o`` the metric normalises by.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
+
+    Returns:
+        ``[batch, head_index, query_pos, key_pos]`` float32 (``[layer, ...]`` for several
+        layers).
+
+    Raises:
+        UnknownOptionError: a metric name cwlens does not know (the message lists them).
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> att = cwlens.importance(cache, model, 0, metric="attention")
+        >>> torch.allclose(att.sum(-1), torch.ones(1, 4, 7))  # each head's row sums to 1
+        True
+        >>> vw = cwlens.importance(cache, model, 0, metric="value_weighted")
+        >>> bool((vw >= 0).all())  # a ||v~||: never negative, unlike the contribution
+        True
     """
     get_metric(metric, STREAM_METRICS)
     check_kind(kind)
@@ -80,6 +159,25 @@ class Decomposition:
     ``relative_norm`` is ``||v~_j|| / ||o_i||`` and ``cosine`` is ``cos(o_i, v~_j)``, with
     ``o`` chosen by ``kind``. ``max_product_error`` is how far the product of the factors
     is from the weight (float rounding only).
+
+    Attributes:
+        attention: the attention weights ``a_ij``.
+        relative_norm: ``||v~_j|| / ||o_i||``.
+        cosine: ``cos(o_i, v~_j)``.
+        contribution: the contribution weights ``c_ij``.
+        kind: ``"inter"`` or ``"intra"``: the output ``o`` of the split.
+        layers: the layers, in the order of the leading axis (one layer: no axis).
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> parts = cwlens.decompose(cache, model, 1)
+        >>> parts.max_product_error < 1e-5
+        True
+        >>> parts.to_dataframe(query=-1).columns.tolist()
+        ['layer', 'head', 'query', 'key', 'attention', 'relative_norm', 'cosine', 'contribution']
     """
 
     attention: torch.Tensor
@@ -95,7 +193,16 @@ class Decomposition:
         return float((product - self.contribution).abs().max())
 
     def to_dataframe(self, batch: int = 0, query: int = -1, str_tokens=None):
-        """Long table (layer, head, key, token, attention, relative_norm, cosine, contribution) for one query."""
+        """Long table (layer, head, key, token, attention, relative_norm, cosine, contribution) for one query.
+
+        Args:
+            batch: the batch row.
+            query: the query position (negative counts from the end).
+            str_tokens: the tokens' strings, for a ``token`` column (optional).
+
+        Returns:
+            A ``pandas.DataFrame`` with one row per (layer, head, key).
+        """
         import pandas as pd
 
         fields = ("attention", "relative_norm", "cosine", "contribution")
@@ -124,7 +231,29 @@ def decompose(
     kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
 ) -> Decomposition:
-    """The factor split of the contribution weights (see :class:`Decomposition`)."""
+    """The factor split of the contribution weights (see :class:`Decomposition`).
+
+    Args:
+        cache: the cache of :func:`run_with_cache`.
+        model: the TransformerLens model the cache comes from.
+        layer: an int, a list of ints, or ``None`` for every layer.
+        kind: ``"inter"`` or ``"intra"``: the output ``o`` the factors are taken against.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
+
+    Returns:
+        A :class:`Decomposition` whose ``attention * relative_norm * cosine`` equals its
+        ``contribution``.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> parts = cwlens.decompose(cache, model, 0)
+        >>> product = parts.attention * parts.relative_norm * parts.cosine
+        >>> torch.allclose(product, parts.contribution, atol=1e-6)
+        True
+    """
     check_kind(kind)
     layers, single = adapter.resolve_layers(model, layer)
     parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
@@ -147,6 +276,20 @@ class Closure:
     cached pattern and values are exactly what the model mixed, so the weights are
     complete: they sum to 1 *and* explain the real output. A large value means a hook
     reads something else than the model computes (e.g. a norm after attention).
+
+    Attributes:
+        layers: the layers checked.
+        max_abs_error: per layer, the largest absolute difference.
+        relative_error: per layer, ``||rebuilt - target|| / ||target||``.
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat", closure=True)
+        >>> check = cwlens.closure(cache, model)
+        >>> check.layers, check.worst_relative_error < 1e-5
+        ((0, 1), True)
     """
 
     layers: tuple[int, ...]
@@ -167,6 +310,23 @@ def closure(
     """Check the weights against what the heads wrote (see :class:`Closure`).
 
     Needs the cache from ``run_with_cache(..., closure=True)``.
+
+    Args:
+        cache: the cache of ``run_with_cache(model, input, closure=True)``.
+        model: the TransformerLens model the cache comes from.
+        layer: an int, a list of ints, or ``None`` for every layer.
+        attention_mask: ``[batch, pos]``, 1 on real tokens: only real positions count.
+
+    Returns:
+        A :class:`Closure` with the per-layer errors.
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat", closure=True)
+        >>> cwlens.closure(cache, model, layer=1).relative_error[0] < 1e-5
+        True
     """
     layers, _ = adapter.resolve_layers(model, layer)
     errors = [
@@ -189,7 +349,25 @@ def closure_errors(rebuilt: torch.Tensor, target: torch.Tensor,
 
 
 def names_filter(model: TLModel, layers: Layers = None, closure: bool = False):
-    """A ``names_filter`` for ``model.run_with_cache`` that keeps only what cwlens reads."""
+    """A ``names_filter`` for ``model.run_with_cache`` that keeps only what cwlens reads.
+
+    Args:
+        model: the TransformerLens model.
+        layers: an int, a list of ints, or ``None`` for every layer.
+        closure: also keep the hook :func:`closure` compares against.
+
+    Returns:
+        A function of a hook name, True for the hooks cwlens reads (each layer's pattern
+        and values).
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> logits, cache = model.run_with_cache("the cat sat", names_filter=cwlens.names_filter(model))
+        >>> cwlens.contribution_weights(cache, model, layer=0).shape
+        torch.Size([1, 4, 4, 4])
+    """
     resolved, _ = adapter.resolve_layers(model, layers)
     info = adapter.ModelInfo.of(model)
     return hook_names.names_filter_for(
@@ -210,11 +388,34 @@ def run_with_cache(
     ``input``: a text, a list of texts or tokens ``[batch, pos]``. ``attention_mask``
     (``[batch, pos]``, 1 on real tokens) must have the tokens' shape.
 
+    Args:
+        model: the TransformerLens model.
+        input: a text, a list of texts or tokens ``[batch, pos]``.
+        layers: an int, a list of ints, or ``None`` for every layer: the layers to keep.
+        closure: also keep what :func:`closure` needs.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (see
+            :func:`cwlens.batching.pad_batch`).
+        **kwargs: passed on to ``model.run_with_cache``.
+
+    Returns:
+        ``(logits, cache)``: the model's logits and an ``ActivationCache`` holding only
+        the hooks cwlens reads.
+
     Raises:
         EmptyInputError: an empty text, an empty list or zero tokens.
         ShapeMismatchError: a mask whose shape differs from the tokens'.
         InvalidArgumentError: token ids that are not integers or outside the vocabulary.
         InputTooLongError: more tokens than the model's context (docs/inputs.md).
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> logits.shape[:2]  # [batch, pos]
+        torch.Size([1, 7])
+        >>> len(cache) < 10  # pattern and values of 2 layers, nothing else
+        True
     """
     _check_input(model, input, attention_mask)
     kwargs.update(adapter.forward_kwargs(model, attention_mask))

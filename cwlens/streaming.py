@@ -109,6 +109,29 @@ def stream_geometry(
     ``(logits, [fn(...) for each layer, in layer order])``, and with ``closure=True`` a
     third item, the :class:`~cwlens.measures.Closure` check of each layer (the heads x keys
     rebuild against what the heads wrote, caught by one more hook per layer).
+
+    Args:
+        model: the TransformerLens model.
+        input: a text, a list of texts or tokens ``[batch, pos]``.
+        fn: called as ``fn(layer, geometry)`` once per layer, during the forward pass.
+        layers: an int, a list of ints, or ``None`` for every layer.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
+        closure: also check each layer's heads x keys rebuild.
+        **forward_kwargs: passed on to the model's forward pass.
+
+    Returns:
+        ``(logits, outputs)``, or ``(logits, outputs, closure)`` with ``closure=True``.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> def sink_share(layer, geo):  # first token's share of each query's output
+        ...     return geo.contribution("inter")[..., 0].sum(1)
+        >>> logits, shares, check = cwlens.stream_geometry(model, "the cat sat", sink_share,
+        ...                                                closure=True)
+        >>> [tuple(s.shape) for s in shares], check.worst_relative_error < 1e-5
+        ([(1, 4), (1, 4)], True)
     """
     from cwlens.measures import Closure, closure_errors
 
@@ -189,7 +212,28 @@ def stream(
     the layer's output, ``"intra"``: the head's). Only one layer's weights exist at a time;
     keep from ``weights`` what you need (the tensor itself may be reused).
 
-        sums = cwlens.stream(model, tokens, lambda layer, w: w.sum(2))   # per-key totals
+    Args:
+        model: the TransformerLens model.
+        input: a text, a list of texts or tokens ``[batch, pos]``.
+        fn: called as ``fn(layer, weights)`` once per layer, during the forward pass.
+        metric: the metric's name (see above).
+        kind: ``"inter"`` or ``"intra"``: which output ``o`` the metric uses.
+        layers: an int, a list of ints, or ``None`` for every layer.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
+
+    Returns:
+        ``[fn(layer, weights) for each layer]``, in layer order.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> received = cwlens.stream(model, "the cat sat", lambda layer, w: w.sum((1, 2)))
+        >>> len(received), received[0].shape  # per layer: what each key receives
+        (2, torch.Size([1, 4]))
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat")  # the same numbers
+        >>> torch.allclose(received[1], cwlens.contribution_weights(cache, model, 1).sum((1, 2)))
+        True
     """
     _check_fn(fn)
     check_metric(metric)
@@ -253,7 +297,21 @@ class BlockMeasures(dict):
 
 @dataclass
 class StreamResult:
-    """What :func:`stream_reduce` returns: the logits and each reducer's result by name."""
+    """What :func:`stream_reduce` returns: the logits and each reducer's result by name.
+
+    Attributes:
+        logits: the model's logits.
+        results: ``{reducer name: its result}``; ``result[name]`` reads one.
+        closure: a :class:`~cwlens.measures.Closure` with ``closure=True``, else None.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> out = cwlens.stream_reduce(model, "the cat sat", [cwlens.reducers.HeadSummary()])
+        >>> sorted(out.results)
+        ['heads']
+    """
 
     logits: torch.Tensor
     results: dict[str, Any] = field(default_factory=dict)
@@ -281,11 +339,32 @@ def stream_reduce(
     ``query_block=None`` computes each layer in one block. ``closure=True`` also checks
     each layer's heads x keys rebuild (``result.closure``, see :func:`stream_geometry`).
 
-        out = cwlens.stream_reduce(model, tokens, {
-            "top": cwlens.reducers.TopK(k=8, metric="contribution"),
-            "received": cwlens.reducers.ColumnSums("contribution"),
-        })
-        out["top"].indices      # [layer, batch, head, query, 8]
+    Args:
+        model: the TransformerLens model.
+        input: a text, a list of texts or tokens ``[batch, pos]``.
+        reducers: ``{name: reducer}`` or a list of reducers (named by their ``name``).
+        kind: ``"inter"`` or ``"intra"``: which output ``o`` the metrics use.
+        layers: an int, a list of ints, or ``None`` for every layer.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
+        query_block: queries per block (``None``: each layer in one block).
+        closure: also check each layer's heads x keys rebuild.
+
+    Returns:
+        A :class:`StreamResult`: ``.logits``, ``[name]`` per reducer, ``.closure``.
+
+    Raises:
+        CwlensError: no reducer, or a ``query_block`` that is not a positive int.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> out = cwlens.stream_reduce(model, "the cat sat on the mat", {
+        ...     "top": cwlens.reducers.TopK(k=3, metric="contribution"),
+        ...     "received": cwlens.reducers.ColumnSums("contribution"),
+        ... }, query_block=2)
+        >>> out["top"].indices.shape  # [layer, batch, head, query, k]
+        torch.Size([2, 1, 4, 7, 3])
     """
     check_kind(kind)
     named = _named_reducers(reducers)

@@ -22,6 +22,7 @@ max allocated). ``--json`` prints one JSON line per n with the keys
 (no warm-up, no repeats): each takes minutes.
 
     python scripts/benchmark.py                      # SmolLM2-135M, n = 128 512 2048, CPU
+    python scripts/benchmark.py --docs docs/benchmarks.md   # and write its table into that page
     python scripts/benchmark.py --stream --json --lengths 2048 8192 --repeats 1
     python scripts/benchmark.py --device cuda --model llama-3.1-8b --lengths 512 2048
     python scripts/benchmark.py --stream --json --device cuda --dtype bfloat16 \
@@ -205,10 +206,10 @@ def main():
     ap.add_argument("--query-block", type=int, default=None, help="stream_reduce's query_block")
     ap.add_argument("--random-config", default=None,
                     help="a model shape with random weights instead of --model (e.g. llama-3.1-8b)")
-    ap.add_argument("--readme", help="also write the table into this markdown file, between "
-                    "<!-- benchmark:start --> and <!-- benchmark:end --> (--stream: "
+    ap.add_argument("--docs", help="also write the table into this docs page (docs/benchmarks.md), "
+                    "between <!-- benchmark:start --> and <!-- benchmark:end --> (--stream: "
                     "<!-- stream-benchmark:start --> ... end)")
-    ap.add_argument("--marker", default=None, help="the README block's marker name (default: "
+    ap.add_argument("--marker", default=None, help="the page block's marker name (default: "
                     "benchmark, or stream-benchmark with --stream)")
     ap.add_argument("--row", type=int, help=argparse.SUPPRESS)  # internal: one row, JSON out
     ap.add_argument("--stream-row", type=int, help=argparse.SUPPRESS)
@@ -245,8 +246,8 @@ def main():
             f"| {r['n']} | {r['forward_s']:.3f} | {r['cwlens_s']:.3f} | {r['ratio']:.2f} | "
             f"{r['ratio_with_intra']:.2f} | {r['peak_extra_mb']:.0f} |"
         )
-    if args.readme:
-        write_block(args.readme, "\n".join(md), args, marker=args.marker or "benchmark")
+    if args.docs:
+        write_block(args.docs, "\n".join(md), args, marker=args.marker or "benchmark")
 
 
 def stream_main(args) -> None:
@@ -274,8 +275,8 @@ def stream_main(args) -> None:
                   f"{fwd:>12.0f} {st - fwd:>14.0f}", flush=True)
         md.append(f"| {n} | {r['forward_s']:.2f} | {r['stream_s']:.2f} | {r['ratio']:.2f} | "
                   f"{fwd:.0f} | {st - fwd:.0f} |")
-    if args.readme:
-        write_block(args.readme, "\n".join(md), args, marker=args.marker or "stream-benchmark")
+    if args.docs:
+        write_block(args.docs, "\n".join(md), args, marker=args.marker or "stream-benchmark")
 
 
 def write_block(path, table: str, args, marker: str = "benchmark") -> None:
@@ -289,9 +290,14 @@ def write_block(path, table: str, args, marker: str = "benchmark") -> None:
     flags = " --stream --json" if args.stream else ""
     flags += f" --marker {args.marker}" if args.marker else ""
     flags += f" --repeats {args.repeats}" if args.repeats != 3 else ""
-    cmd = f"python scripts/benchmark.py{flags} --lengths {' '.join(map(str, args.lengths))} --readme {path}"
+    for flag, value, default in (("--model", args.model, "smollm2-135m"), ("--device", args.device, "cpu"),
+                                 ("--dtype", args.dtype, "float32"), ("--random-config", args.random_config, None),
+                                 ("--query-block", args.query_block, None)):
+        flags += f" {flag} {value}" if value != default else ""
+    cmd = f"python scripts/benchmark.py{flags} --lengths {' '.join(map(str, args.lengths))} --docs {path}"
     block = (
-        f"{start}\nMeasured with `{cmd}` ({args.model}, {args.device}, {args.dtype}, "
+        f"{start}\nMeasured with `{cmd}` ({args.random_config or args.model}"
+        f"{' (random weights)' if args.random_config else ''}, {args.device}, {args.dtype}, "
         f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; "
         f"median of {args.repeats} interleaved run{'s' if args.repeats > 1 else ''}):\n\n{table}\n{end}"
     )

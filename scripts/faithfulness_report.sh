@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the faithfulness results: runs/faithfulness/*.jsonl, figures/faithfulness_*,
-# and the tables in README.md and docs/faithfulness.md. Resumable: rerun after an
+# and the tables in docs/faithfulness.md. Resumable: rerun after an
 # interruption and only unfinished samples are computed. The settings live in
 # cwlens/cli/figures.py (FAITHFULNESS); about an hour on 2 CPU cores.
 set -euo pipefail

@@ -51,3 +51,21 @@ def test_faithfulness_benchmark_nproc_prints_the_speed_up(tmp_path):
     assert runs[0]["n_batches"] == runs[1]["n_batches"] == 4
     assert "speed-up over one process: sweep " in out and "cores busy on average" in out
     assert "identical result files (every run): True" in out
+
+
+def test_docs_flag_writes_the_table_into_a_docs_page_not_the_readme(tmp_path):
+    """``--docs PAGE`` rewrites only the block between the page's markers and names the
+    command in it; ``--readme`` is gone (no tool writes into the README)."""
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\n<!-- stream-benchmark:start -->\nold\n<!-- stream-benchmark:end -->\n"
+                    "after\n", encoding="utf-8")
+    args = [sys.executable, str(SCRIPT), "--stream", "--lengths", "16", "--repeats", "1",
+            "--random-config", "tiny-llama"]
+    subprocess.run(args + ["--docs", str(page)], capture_output=True, text=True, check=True)
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("# Benchmarks\n\n<!-- stream-benchmark:start -->\nMeasured with `python "
+                           "scripts/benchmark.py --stream --json --repeats 1 --random-config tiny-llama "
+                           f"--lengths 16 --docs {page}` (tiny-llama (random weights), cpu, float32, ")
+    assert "| 16 |" in text and "old" not in text and text.endswith("<!-- stream-benchmark:end -->\nafter\n")
+    old = subprocess.run(args + ["--readme", str(page)], capture_output=True, text=True)
+    assert old.returncode == 2 and "unrecognized arguments: --readme" in old.stderr

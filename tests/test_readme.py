@@ -27,3 +27,28 @@ def test_streaming_block_runs(capsys):
     exec(compile(code, "README streaming example", "exec"), {})
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("torch.Size([30, 1, 9,") and float(last.split(")")[-1]) < 1e-5
+
+
+ROOT = README.parent
+
+
+def test_readme_is_a_guide_of_at_most_250_lines():
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 250
+
+
+def test_readme_links_resolve():
+    """Every relative link of the README names a file of the repository (the docs pages
+    the record moved to, the notebooks, the figures)."""
+    text = README.read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if "://" not in t]
+    assert local and all((ROOT / t).is_file() for t in local), [t for t in local if not (ROOT / t).is_file()]
+
+
+def test_no_tool_writes_into_the_readme():
+    """Generated tables live in docs/: no script, command or make target takes --readme or
+    names README.md as a place to write."""
+    sources = [*ROOT.joinpath("cwlens").rglob("*.py"), *ROOT.joinpath("scripts").glob("*"), ROOT / "Makefile"]
+    hits = [str(p.relative_to(ROOT)) for p in sources if p.is_file()
+            and re.search(r"--readme|summary-md[^\n]*README|README\.md\"\]", p.read_text(encoding="utf-8"))]
+    assert not hits, hits

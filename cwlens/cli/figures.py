@@ -1,6 +1,6 @@
 """``cwlens figures``: regenerate every figure in ``figures/`` from the offline model.
 
-It runs the other subcommands with the settings the README's figures were made with.
+It runs the other subcommands with the settings the figures in ``figures/`` were made with.
 The faithfulness and sink runs keep their results in ``runs/`` and resume, so a second
 call only redraws (or finishes an interrupted run).
 """
@@ -13,7 +13,7 @@ FAITHFULNESS = [
     "--samples", "gsm8k=50,fineweb_edu=50,mmlu=100,winogrande=100,boolq=100",
     "--max-tokens", "128", "--rates", "0.3",
     "--metrics", "attention,value_weighted,value_weighted_output_normalized,contribution,random",
-    "--out", "runs/faithfulness", "--summary-md", "docs/faithfulness.md,README.md",
+    "--out", "runs/faithfulness", "--summary-md", "docs/faithfulness.md",
 ]
 RATES = [
     "--dataset", "gsm8k", "--samples", "gsm8k=50", "--max-tokens", "128", "--rates", "0.1,0.3,0.5",
@@ -32,7 +32,7 @@ def register(sub) -> None:
         help="regenerate every figure in figures/ (demo, sinks, faithfulness, rates)",
         description="Runs `cwlens demo`, `cwlens sinks` and `cwlens faithfulness` (all five "
         "datasets at 30% removal, and GSM8K at 10/30/50% for the curves in --out/rates) with the "
-        "settings behind the README's figures and writes HTML + PNG to --out. The sink and "
+        "settings behind the figures in figures/ and writes HTML + PNG to --out. The sink and "
         "faithfulness results live in runs/ and resume: the first call takes long on a CPU "
         "(the faithfulness sweep about an hour on 2 cores), later calls only redraw.",
     )

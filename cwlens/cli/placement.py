@@ -1,5 +1,5 @@
 """``--n-devices`` / ``--device-map`` and the torchrun path of ``cwlens faithfulness`` and
-``cwlens sinks`` (see :mod:`cwlens.distributed` and the README, "Running on many GPUs")."""
+``cwlens sinks`` (see :mod:`cwlens.distributed` and docs/distributed.md)."""
 
 import argparse
 
@@ -31,7 +31,7 @@ def _device_map(text: str):
 
 
 def add_placement_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("devices (many GPUs: see 'Running on many GPUs' in the README)")
+    g = p.add_argument_group("devices (many GPUs: see docs/distributed.md)")
     g.add_argument("--n-devices", type=_positive, default=None,
                    help="split each copy of the model over N GPUs (TransformerLens 4.x); under "
                    "torchrun, local rank r uses GPUs r*N..r*N+N-1")

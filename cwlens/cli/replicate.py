@@ -22,7 +22,7 @@ EPILOG = """\
 examples:
   cwlens replicate                                   # the three offline models (~1.5 h on 2 CPU cores)
   cwlens replicate --models smollm2-135m --samples 8 # a quick look
-  cwlens replicate --table-only --docs docs/replication.md --readme README.md
+  cwlens replicate --table-only --docs docs/replication.md
 offline models: smollm2-135m (default install), gemma-3-270m (scripts/setup.sh --gemma),
 all-minilm-l6-v2 (scripts/setup.sh --minilm).
 """
@@ -62,9 +62,8 @@ def register(sub) -> None:
                    help="do not compute: build the table from what --out holds")
     g.add_argument("--figures", default="figures", help="figure folder, '' for none (default: %(default)s)")
     g.add_argument("--no-png", action="store_true", help="figures as HTML only")
-    g.add_argument("--docs", default=None, help="also write the tables into this markdown file")
-    g.add_argument("--readme", default=None,
-                   help="also write the claims table between the replication markers of this file")
+    g.add_argument("--docs", default=None, help="also write the tables into this markdown page, "
+                   "between its replication markers (docs/replication.md)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_debug_flag(p, argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -112,9 +111,8 @@ def run(args) -> int:
     out = arg_types.output_dir(args.out, must_write=not args.table_only)
     if args.figures:
         arg_types.output_dir(args.figures, "--figures")
-    for flag, path in (("--docs", args.docs), ("--readme", args.readme)):
-        if path:
-            arg_types.output_file(path, flag)
+    if args.docs:
+        arg_types.output_file(args.docs, "--docs")
     skipped: dict[str, str] = {}
     if args.table_only:
         from cwlens.replication.plan import has_results
@@ -171,10 +169,10 @@ def _report(args, out, skipped: dict[str, str]) -> int:
         if written:
             print("wrote " + ", ".join(str(p) for p in written))
     command = ("cwlens replicate " + " ".join(f"--{k} {v}" for k, v in _nondefault(args))).strip()
-    for path, body in ((args.docs, f"{table}\n{aopc}"), (args.readme, table)):
-        if path:
-            write_block(path, f"Produced by `{command}`.\n\n{body}", start=claims.START, end=claims.END)
-            print(f"wrote {path}")
+    if args.docs:
+        write_block(args.docs, f"Produced by `{command}`.\n\n{table}\n{aopc}",
+                    start=claims.START, end=claims.END)
+        print(f"wrote {args.docs}")
     return 0
 
 

@@ -73,6 +73,22 @@ class AttentionGeometry:
         position_mask: optional ``[batch, pos]`` bool, True on real tokens. Pad queries
             and pad keys are zeroed in the pattern, so their weights come out as 0.
         layer: only used in error messages.
+        query_start: the position of the first query among the keys (default: the last
+            ``query_pos`` positions).
+
+    Examples:
+        >>> import torch
+        >>> from cwlens.core import AttentionGeometry
+        >>> pattern = torch.tensor([[[[1.0, 0.0], [0.5, 0.5]]]])  # [batch, head, query, key]
+        >>> v = torch.tensor([[[[1.0, 0.0]], [[-2.0, 2.0]]]])      # [batch, key, kv_head, d_head]
+        >>> W_O = torch.eye(2)[None]                               # [head, d_head, d_model]
+        >>> geo = AttentionGeometry(pattern, v, W_O)
+        >>> geo.attention()[0, 0, 1]  # query 1 looks at both keys equally...
+        tensor([0.5000, 0.5000])
+        >>> geo.contribution("inter")[0, 0, 1]  # ...but key 0 opposes its output o = (-0.5, 1)
+        tensor([-0.2000,  1.2000])
+        >>> geo.relative_norm("inter")[0, 0, 1], geo.cosine("inter")[0, 0, 1]
+        (tensor([0.8944, 2.5298]), tensor([-0.4472,  0.9487]))
     """
 
     def __init__(

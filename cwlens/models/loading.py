@@ -88,9 +88,25 @@ def load_model(
             ``"sequential"``, or ``{module: device}``); exclusive with ``device``.
         max_memory: per-device budget for the device map (``{gpu index: bytes}``).
 
+    Returns:
+        A ``TransformerBridge`` (TransformerLens 4.x) or a ``HookedTransformer`` (3.x), in
+        eval mode, on ``device``.
+
     Raises:
         PlacementError: ``device`` with ``device_map``, ``n_devices < 1`` or more than the
             visible GPUs, or multi-device loading on TransformerLens 3.x.
+        ModelNotAvailableError: a broken model directory, a hub id while offline, or a
+            short name whose package is not installed (the message says what to install).
+
+    Examples:
+        >>> import tempfile
+        >>> import cwlens
+        >>> from cwlens.testing import save_tiny
+        >>> with tempfile.TemporaryDirectory() as tmp:  # a local Hugging Face directory
+        ...     model = cwlens.load_model(str(save_tiny("llama", tmp)), device="cpu")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat")
+        >>> logits.shape[:2]
+        torch.Size([1, 4])
     """
     if generation not in ("auto", "bridge", "hooked"):
         raise UnknownOptionError(
