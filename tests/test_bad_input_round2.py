@@ -343,7 +343,7 @@ def test_torchrun_environment_errors_are_one_line(ctx, tmp_path, command, change
 
 # -- the command line ---------------------------------------------------------------------
 
-C = ["circuits", "--no-png"]
+C = ["circuits", "--no-png", "--model", "{m}", "--out", "{p}/cc", "--figures", "{p}/ccf"]
 CLI = {
     "circuits-k-zero": (C + ["--k", "0"], 2, "positive integer"),
     "circuits-k-negative": (C + ["--k", "-1"], 2, "positive integer"),
