@@ -22,7 +22,7 @@ from cwlens.cli.main import main
 from cwlens.errors import CwlensError
 from cwlens.testing import save_tiny
 
-SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
 
