@@ -52,7 +52,7 @@ Metric = Literal[
 ]
 RankingMetric = Literal[  # every name of cwlens.metrics.REGISTRY
     "attention", "value_weighted", "value_weighted_output_normalized", "contribution",
-    "contribution_abs", "alti", "attention_gradient", "attention_gradient_abs", "random",
+    "contribution_abs", "alti", "alti_attention", "attention_gradient", "attention_gradient_abs", "random",
 ]
 Scope = Literal["row", "head", "layer"]
 Mode = Literal["comprehensiveness", "sufficiency"]

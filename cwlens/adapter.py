@@ -81,9 +81,11 @@ def attention_window(model: TLModel, layer: int) -> int | None:
 
 
 def context_length(model: TLModel) -> int | None:
-    """The longest input the model was trained on (``cfg.n_ctx``), or None if unknown."""
-    n = getattr(model.cfg, "n_ctx", None)
-    return int(n) if isinstance(n, int) and n > 0 else None
+    """The context length the model was configured with (``cfg.n_ctx``; the Hugging Face
+    ``max_position_embeddings``), or None where the config has none. Texts longer than
+    this run past what the model was trained on."""
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    return int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None
 
 
 def vocab_size(model: TLModel) -> int | None:
@@ -97,7 +99,7 @@ def text_length(model: TLModel, text: str) -> int:
     at the context as ``model.to_tokens`` and ``model(text)`` silently do."""
     from cwlens.batching import token_ids
 
-    return len(token_ids(model, text))
+    return len(token_ids(model, text, truncate=False))
 
 
 def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
@@ -180,6 +182,14 @@ def forward_kwargs(model: TLModel, attention_mask: torch.Tensor | None) -> dict[
     return {key: attention_mask}
 
 
+def has_hook(model: TLModel, name: str) -> bool:
+    """Whether ``model`` has a hook point called ``name`` (aliases included)."""
+    try:
+        return name in model.hook_dict
+    except AttributeError:
+        return False
+
+
 def W_O(model: TLModel, layer: int) -> torch.Tensor:
     """``[head_index, d_head, d_model]`` output projection of one layer (detached)."""
     return model.blocks[layer].attn.W_O.detach()
@@ -195,6 +205,44 @@ def b_O(model: TLModel, layer: int) -> torch.Tensor:
         w = W_O(model, layer)
         return torch.zeros(w.shape[-1], dtype=w.dtype, device=w.device)
     return bias.detach()
+
+
+def post_attention_layernorm(model: TLModel, layer: int):
+    """The LayerNorm applied to the residual stream right after ``layer``'s attention, as
+    a :class:`~cwlens.core.alti.PostNorm`, or None for pre-LN models (the norm sits
+    before the values and the residual sum is the whole).
+
+    Encoders are BERT-like post-LN (``LN(resid_pre + attn_out)``: the block's ``ln1``).
+    Models with a norm between the heads and the residual (Gemma-2/3) raise
+    :class:`~cwlens.errors.UnsupportedModelError`: ALTI's parts are not defined there yet.
+    """
+    from cwlens.core.alti import PostNorm
+
+    info = ModelInfo.of(model)
+    if info.post_attn_norm:
+        raise UnsupportedModelError(
+            f"alti: this model normalises the attention output before the residual sum "
+            f"(layer {layer}), and the ALTI parts through that norm are not implemented. "
+            "Use metric 'alti_attention' (the attention output as the whole) instead."
+        )
+    if not is_encoder(model):
+        return None
+    ln = model.blocks[layer].ln1
+    weight = getattr(ln, "w", None)
+    if weight is None:
+        weight = getattr(ln, "weight", None)
+    bias = getattr(ln, "b", None)
+    if bias is None:
+        bias = getattr(ln, "bias", None)
+    eps = getattr(ln, "eps", None) or getattr(ln, "variance_epsilon", None) or getattr(model.cfg, "eps", None)
+    if weight is None or eps is None:
+        raise UnsupportedModelError(
+            f"alti: cannot read the post-attention LayerNorm of encoder layer {layer} "
+            f"({type(ln).__name__} has no weight/eps). Use metric 'alti_attention' instead."
+        )
+    if bias is None:
+        bias = torch.zeros_like(weight)
+    return PostNorm(weight.detach(), bias.detach(), float(eps))
 
 
 def read(cache: Cache, name: str, model: TLModel, closure=False):
@@ -217,7 +265,9 @@ def geometry(
     """The :class:`~cwlens.core.AttentionGeometry` of one layer of a cached run."""
     pattern = read(cache, hook_names.pattern(layer), model)
     v = read(cache, hook_names.values(layer), model)
-    return layer_geometry(model, layer, pattern, v, attention_mask)
+    resid = hook_names.resid_pre(layer)
+    residual = cache[resid] if resid in cache.keys() else None  # for ALTI, where cached
+    return layer_geometry(model, layer, pattern, v, attention_mask, residual)
 
 
 def layer_geometry(
@@ -226,9 +276,12 @@ def layer_geometry(
     pattern: torch.Tensor,
     v: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> AttentionGeometry:
     """The geometry of one layer from its ``hook_pattern`` and ``hook_v`` tensors
-    (from a cache or caught by hooks during a forward pass), checked against the model."""
+    (from a cache or caught by hooks during a forward pass), checked against the model.
+    ``residual`` (``hook_resid_pre``), where given, is attached for ALTI
+    (:meth:`~cwlens.core.AttentionGeometry.attach_residual`; the norm is read lazily)."""
     info = ModelInfo.of(model)
     # hook_v holds the model's kv heads. TransformerLens 3.x with
     # cfg.ungroup_grouped_query_attention repeats them to one per query head: only then
@@ -248,7 +301,11 @@ def layer_geometry(
             "Was the cache made by another model?"
         )
     mask = None if attention_mask is None else attention_mask.bool()
-    return AttentionGeometry(pattern, v, W_O(model, layer), position_mask=mask, layer=layer)
+    geo = AttentionGeometry(pattern, v, W_O(model, layer), position_mask=mask, layer=layer)
+    if residual is not None:
+        geo.attach_residual(residual.detach(), b_O(model, layer),
+                            lambda: post_attention_layernorm(model, layer))
+    return geo
 
 
 def heads_output(cache: Cache, model: TLModel, layer: int) -> torch.Tensor:

@@ -15,12 +15,13 @@ from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionEr
 __all__ = ["fit_context", "is_encoder", "pad_batch", "token_ids"]
 
 
-def token_ids(model, text: str) -> torch.Tensor:
-    """1-D token ids of one text, as the model itself would tokenize it (not cut at the
-    model's context: callers cut, with a note, see docs/inputs.md)."""
+def token_ids(model, text: str, truncate: bool = True) -> torch.Tensor:
+    """1-D token ids of one text, as the model itself would tokenize it. Decoders cut the
+    text at the model's context length (``n_ctx``) unless ``truncate=False`` (texts longer
+    than the model was trained on, for long-context runs); encoders never cut it here."""
     if is_encoder(model):  # [CLS] ... [SEP] from the tokenizer (to_tokens differs by version)
         return torch.tensor(model.tokenizer(text)["input_ids"])
-    return model.to_tokens(text, move_to_device=False, truncate=False)[0].cpu()
+    return model.to_tokens(text, move_to_device=False, truncate=truncate)[0].cpu()
 
 
 def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | None = None):

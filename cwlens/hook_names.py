@@ -50,10 +50,12 @@ def needed(
     layers: Iterable[int], closure: bool = False, generation: ModelGeneration = "bridge",
     post_attn_norm: bool = False,
 ) -> list[str]:
-    """The hooks cwlens reads for these layers (``closure`` adds :func:`closure_target`)."""
+    """The hooks cwlens reads for these layers (``closure`` adds :func:`closure_target`):
+    the pattern, the values and the residual stream entering the layer (ALTI's residual
+    part; ``[batch, pos, d_model]``, small next to the pattern)."""
     names = []
     for layer in layers:
-        names += [pattern(layer), values(layer)]
+        names += [pattern(layer), values(layer), resid_pre(layer)]
         if closure:
             names.append(closure_target(layer, generation, post_attn_norm))
     return names

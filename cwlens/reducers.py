@@ -13,6 +13,7 @@ reducer                result                                                  s
 ``TokenLevel``         heads summed, full ``[query, key]`` for chosen layers  ``[layer, batch, query, key]``
 ``HeadSummary``        per head: sink rate, sink contribution, entropy, share  ``[layer, batch, head]``
 ``FullMatrices``       full ``[query, key]`` of a few ``(layer, head)``        ``{(layer, head, metric): ...}``
+``KeySetWeight``       per query: the weight a key set receives (e.g. sinks)   ``{metric: [layer, batch, head, query]}``
 =====================  ======================================================  ==========================
 
 Every reducer's result equals the same reduction of the full tensors from
@@ -22,6 +23,7 @@ its leading axis.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -386,3 +388,76 @@ def _pairs(pairs: object) -> list[tuple[int, int]]:
     if len(set(out)) != len(out):
         raise InvalidArgumentError(f"pairs lists a pair twice: {pairs!r}; give each once.")
     return out
+
+@dataclass(frozen=True)
+class KeySetResult:
+    """What a key set receives, per query. ``weights[metric]``: ``[layer, batch, head,
+    query]``, the sum of that metric over the keys of the set (0 on pad queries);
+    ``query_mask`` ``[batch, query]``: True on real queries; ``keys``: the set, as offsets
+    from each row's first real token; ``kind``: the ``o`` the weights were projected on."""
+
+    weights: dict[str, torch.Tensor]
+    query_mask: torch.Tensor
+    layers: tuple[int, ...]
+    keys: tuple[int, ...]
+    kind: str
+
+    def token_level(self, metric: str) -> torch.Tensor:
+        """``[layer, batch, query]``, heads combined so that a row is a share of one
+        token-level distribution: the mean over heads for ``attention`` and for
+        ``kind="intra"`` (each head's row sums to 1), else the sum (the inter-head
+        contribution sums to 1 over heads and keys)."""
+        if metric not in self.weights:
+            raise CwlensError(f"This result has no {metric!r}; it holds {sorted(self.weights)}.")
+        w = self.weights[metric]
+        return w.mean(2) if metric == "attention" or self.kind == "intra" else w.sum(2)
+
+
+class KeySetWeight(Reducer):
+    """Per layer, head and query, the weight that a set of keys receives, for several
+    metrics at once (``[batch, head, query]`` per layer and metric: linear in ``n``).
+
+    ``keys``: offsets from each row's first real token (left padding shifts them with the
+    row): ``(0,)`` is the first token, ``range(4)`` StreamingLLM's four sink tokens.
+    Offsets past a row's end (or past a causal block's last key) contribute 0."""
+
+    def __init__(self, keys: Sequence[int] = (0,), metrics: Sequence[str] = ("attention", "contribution"),
+                 name: str | None = None):
+        keys = tuple(keys)
+        if not keys or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in keys):
+            raise CwlensError(f"keys must be offsets >= 0 from the first real token, e.g. (0,) "
+                              f"or range(4); got {keys!r}.")
+        if len(set(keys)) != len(keys):
+            raise CwlensError(f"keys {keys!r} repeats an offset (it would count twice).")
+        self.keys = keys
+        self.metrics = tuple(dict.fromkeys(metrics))
+        if not self.metrics:
+            raise CwlensError("KeySetWeight needs a metric, e.g. ('attention', 'contribution').")
+        self.name = name or "keys_" + "_".join(map(str, keys))
+        self._rows: dict[tuple[int, str], list[tuple[int, torch.Tensor]]] = {}
+        self._seen: dict[str, Any] = {}  # the position mask, the kind, the first query
+
+    def update(self, layer, query_start, weights, block):
+        w = weights[self.metrics[0]]
+        b, h, q, width = w.shape
+        idx = first_real(block.position_mask, b, w.device)[:, None] + torch.tensor(self.keys, device=w.device)
+        inside = idx < width  # [b, m]: keys past the block's last key have weight 0
+        idx = idx.clamp_max(width - 1)[:, None, None, :].expand(b, h, q, -1)
+        for metric in self.metrics:
+            got = weights[metric].gather(-1, idx) * inside[:, None, None, :]
+            self._rows.setdefault((layer, metric), []).append((query_start, got.sum(-1)))
+        self._seen.update(mask=block.position_mask, kind=getattr(weights, "kind", "inter"),
+                          start=min(query_start, self._seen.get("start", query_start)))
+
+    def result(self) -> KeySetResult:
+        layers = tuple(dict.fromkeys(layer for layer, _ in self._rows))
+        if not layers:
+            raise CwlensError("KeySetWeight got no block: no layer was streamed.")
+        out = {m: torch.stack([in_query_order(self._rows[(ly, m)], 2) for ly in layers])
+               for m in self.metrics}
+        _, b, _, q = out[self.metrics[0]].shape
+        mask, start = self._seen["mask"], self._seen["start"]
+        device = out[self.metrics[0]].device
+        real = torch.ones(b, q, dtype=torch.bool, device=device) if mask is None \
+            else mask[:, start : start + q].to(device)
+        return KeySetResult(out, real, layers, self.keys, self._seen["kind"])

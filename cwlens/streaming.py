@@ -49,11 +49,20 @@ class _Taps:
     """Catches ``hook_v`` and ``hook_pattern`` of each layer; calls ``on_layer`` once both
     are in (in whichever order the model fires them), then drops them."""
 
-    def __init__(self, layers: Sequence[int], on_layer: Callable[[int, torch.Tensor, torch.Tensor], None]):
+    def __init__(self, layers: Sequence[int], on_layer: Callable[..., None]):
         self.layers = list(layers)
         self.on_layer = on_layer
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
+        self.residuals: dict[int, torch.Tensor] = {}  # hook_resid_pre: fires before v
         self.done: list[int] = []
+
+    def _catch_residual(self, layer: int):
+        def catch(tensor: torch.Tensor, hook) -> None:
+            self.residuals[layer] = tensor.detach()
+            return None
+
+        catch.__name__ = f"cwlens_stream_resid_pre_{layer}"
+        return catch
 
     def _catch(self, layer: int, what: str):
         def catch(tensor: torch.Tensor, hook) -> None:
@@ -61,7 +70,7 @@ class _Taps:
             slot[what] = tensor.detach()
             if len(slot) == 2:
                 del self.pending[layer]
-                self.on_layer(layer, slot["pattern"], slot["v"])
+                self.on_layer(layer, slot["pattern"], slot["v"], self.residuals.pop(layer, None))
                 self.done.append(layer)
             return None  # read only: the forward pass goes on unchanged
 
@@ -73,6 +82,7 @@ class _Taps:
         for layer in self.layers:
             out.append((hook_names.values(layer), self._catch(layer, "v")))
             out.append((hook_names.pattern(layer), self._catch(layer, "pattern")))
+            out.append((hook_names.resid_pre(layer), self._catch_residual(layer)))
         return out
 
 
@@ -145,8 +155,8 @@ def stream_geometry(
     targets: dict[int, torch.Tensor] = {}
     errors: dict[int, tuple[float, float]] = {}
 
-    def on_layer(layer: int, pattern: torch.Tensor, v: torch.Tensor) -> None:
-        geo = adapter.layer_geometry(model, layer, pattern, v, mask)
+    def on_layer(layer: int, pattern: torch.Tensor, v: torch.Tensor, residual=None) -> None:
+        geo = adapter.layer_geometry(model, layer, pattern, v, mask, residual)
         if closure:  # [batch, pos, d_model] tensors: small
             if layer in targets:
                 errors[layer] = closure_errors(geo.layer_output, targets.pop(layer), attention_mask)
@@ -168,7 +178,9 @@ def stream_geometry(
         return check_closure
 
     taps = _Taps(resolved, on_layer)
-    hooks = taps.hooks()
+    # the residual stream is caught for ALTI where the model names it (cheap: a reference)
+    hooks = [(name, fn) for name, fn in taps.hooks()
+             if name.endswith(("hook_v", "hook_pattern")) or adapter.has_hook(model, name)]
     if closure:
         hooks += [(adapter.closure_hook(model, ly), check(ly)) for ly in resolved]
     forward_kwargs.update(adapter.forward_kwargs(model, attention_mask))

@@ -77,6 +77,46 @@ def naive_alti(pattern, v, W_O, position_mask=None) -> dict[str, torch.Tensor]:
     return out
 
 
+def naive_alti_full(pattern, v, W_O, residual, b_O, position_mask=None, norm=None):
+    """ALTI (Ferrando et al. 2022) straight from its definition, in float64, one query at a
+    time: ``(entries [b, h, q, k], residual share [b, q])``.
+
+    Parts of query ``i``: every ``T(a_ij^h v~_j^h)`` and ``T(x_i)`` (``x = residual``);
+    whole ``y_i = T(x_i + sum_{h,j} a_ij^h v~_j^h + b_O) + beta``. ``T`` is the identity
+    (pre-LN) or, with ``norm = (gamma, beta, eps)``, the LayerNorm with its scale fixed
+    at the whole's: ``T(u) = gamma (u - mean u) / sqrt(var(resid_mid_i) + eps)``.
+    ``p = max(0, ||y||_1 - ||y - part||_1)`` normalised over all parts of the query.
+    """
+    a, v_tilde = _projected(pattern, v, W_O, position_mask)
+    x, bias = residual.double(), b_O.double()
+    b, h, q, k = a.shape
+    start = k - q
+    entries = torch.zeros(b, h, q, k, dtype=torch.float64)
+    resid = torch.zeros(b, q, dtype=torch.float64)
+    for bi in range(b):
+        for i in range(q):
+            parts = [a[bi, hh, i, j] * v_tilde[bi, hh, j] for hh in range(h) for j in range(k)]
+            parts.append(x[bi, start + i])
+            mid = sum(parts) + bias
+            if norm is None:
+                whole = mid
+            else:
+                gamma, beta, eps = (norm[0].double(), norm[1].double(), float(norm[2]))
+                sigma = torch.sqrt(((mid - mid.mean()) ** 2).mean() + eps)
+
+                def lin(u, gamma=gamma, sigma=sigma):
+                    return gamma * (u - u.mean()) / sigma
+
+                whole = lin(mid) + beta
+                parts = [lin(u) for u in parts]
+            p = torch.stack([(whole.abs().sum() - (whole - u).abs().sum()).clamp_min(0) for u in parts])
+            if p.sum() > 0:
+                p = p / p.sum()
+            entries[bi, :, i] = p[:-1].view(h, k)
+            resid[bi, i] = p[-1]
+    return entries, resid
+
+
 def random_layer(
     batch=2, n_heads=4, n_kv=2, pos=7, d_head=5, d_model=12, seed=0, dtype=torch.float32
 ):

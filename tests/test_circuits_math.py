@@ -51,7 +51,10 @@ def _random_stream(n=6, d=5, seed=0):
 @pytest.mark.parametrize("rule", flow_math.RULES)
 def test_layer_flow_rows_sum_to_one(rule):
     r, a, c = _random_stream()
-    f = flow_math.layer_flow(r, a, c, rule)
+    # rule="projection" also takes <r'_i, z_ij> (keys' terms, here b_O = a - sum_j z_ij)
+    z = torch.randn(6, 6, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    dots = ((r + a)[:, None, :] * z).sum(-1)
+    f = flow_math.layer_flow(r, a, c, rule, dots)
     torch.testing.assert_close(f.sum(-1), torch.ones(6, dtype=torch.float64))
     if rule == "absolute":
         assert (f >= 0).all()

@@ -4,7 +4,7 @@ token flows against a float64 composition from the definitions, and real hook_z 
 import pytest
 import torch
 
-from cwlens import circuits, hook_names
+from cwlens import adapter, circuits, hook_names
 from cwlens.circuits.patching import replace_heads_hook
 from cwlens.circuits.tasks import TaskBuildError
 from cwlens.errors import UnknownOptionError, UnsupportedModelError
@@ -89,6 +89,15 @@ def _naive_flows(cache, model, b, rule):
         for i in range(n):
             new = r[i] + a[i]
             dr, da = float(new @ r[i]), float(new @ a[i])
+            if rule == "projection":  # key j's term z_ij = sum_h a_ij^h v~_j^h, b_O spread by C
+                pattern = cache[hook_names.pattern(layer)][b].double()
+                b_O = adapter.b_O(model, layer).detach().double()
+                for j in range(n):
+                    z = sum(pattern[h, i, j] * _vtilde(cache, model, layer, b, h, j)
+                            for h in range(model.cfg.n_heads))
+                    F[i, j] = float(new @ z) / float(new @ new) + float(new @ b_O) / float(new @ new) * c[i, j]
+                F[i, i] += dr / float(new @ new)
+                continue
             if rule == "signed":
                 s_res, s_att, row = dr / float(new @ new), da / float(new @ new), c[i]
             else:
@@ -104,7 +113,7 @@ def _naive_flows(cache, model, b, rule):
     return torch.stack(flows)
 
 
-@pytest.mark.parametrize("rule", ["signed", "absolute"])
+@pytest.mark.parametrize("rule", ["signed", "absolute", "projection"])
 def test_token_flow_equals_naive_composition(model, run, rule):
     _, cache = run
     for b in range(2):
@@ -174,6 +183,32 @@ def test_compare_with_patching_runs_on_tiny_tasks(task):
     df = c.to_dataframe()
     assert len(df) == 8 and "patching" in df.columns
     assert "agreement with patching over 8 heads" in c.format(top=3)
+
+
+def test_ioi_corrupts_with_three_random_names_by_default():
+    """Wang et al.'s p_ABC: the same template with three distinct names, independent of the
+    clean ones; 'swap' keeps the old corruption (the second subject becomes the IO)."""
+    m = tiny_model("llama")
+    kw = dict(TINY_TASKS["ioi"], names=("mary", "john", "cat", "dog", "car"), n_prompts=6)
+    abc = circuits.build_task("ioi", m, **kw)
+    swap = circuits.build_task("ioi", m, **kw, corruption="swap")
+    assert torch.equal(abc.clean, swap.clean)  # the same clean prompts either way
+    name_ids = {m.to_tokens(" " + w, prepend_bos=False)[0, 0].item() for w in kw["names"]}
+    for clean, corr, io in zip(swap.clean, swap.corrupted, swap.answers[:, 0], strict=True):
+        diff = (clean != corr).nonzero().flatten().tolist()
+        assert len(diff) == 1 and corr[diff[0]] == io  # S2 -> IO
+    changed = 0
+    for clean, corr in zip(abc.clean, abc.corrupted, strict=True):
+        where = [i for i, t in enumerate(clean.tolist()) if t in name_ids]
+        assert len(where) == 3  # A, B, B
+        new = [int(corr[i]) for i in where]
+        assert len(set(new)) == 3 and set(new) <= name_ids  # C, D, E distinct
+        keep = [i for i in range(len(clean)) if i not in where]
+        assert torch.equal(clean[keep], corr[keep])  # the template is unchanged
+        changed += new != [int(clean[i]) for i in where]
+    assert changed == len(abc.clean)
+    with pytest.raises(UnknownOptionError, match="'abc'"):
+        circuits.build_task("ioi", m, **kw, corruption="flip")
 
 
 def test_task_errors_name_the_fix():

@@ -114,6 +114,7 @@ def test_streamed_sweep_equals_ranking_from_a_full_cache(model, scope):
     ``run_with_cache`` give bit-identical masked logits, hence the same table."""
     import cwlens
     from cwlens import adapter
+    from cwlens.faithfulness.causal_scope import causal_ranking
     from cwlens.faithfulness.lm import document_scores
     from cwlens.faithfulness.ranking import eligible_entries, metric_scores, rank_entries
     from cwlens.interventions.value_masking import run_masked
@@ -128,8 +129,10 @@ def test_streamed_sweep_equals_ranking_from_a_full_cache(model, scope):
     eligible = eligible_entries(mask)
     for metric in cfg.metrics:
         scored = "value_weighted" if scope == "row" and "output" in metric else metric
-        ranks = {ly: rank_entries(metric_scores(adapter.geometry(cache, model, ly, mask), scored),
-                                  eligible, scope) for ly in range(model.cfg.n_layers)}
+        # head/layer scopes are causal in the sweep (cwlens.faithfulness.causal_scope)
+        ranks = {ly: causal_ranking(rank_entries(
+            metric_scores(adapter.geometry(cache, model, ly, mask), scored), eligible, scope))
+            for ly in range(model.cfg.n_layers)}
         for mode in cfg.modes:
             logits = run_masked(model, tokens, {ly: r.mask(0.3, mode) for ly, r in ranks.items()},
                                 attention_mask=mask)

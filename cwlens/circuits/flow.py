@@ -21,7 +21,8 @@ class TokenFlow:
         flows: ``[layer + 1, pos, pos]``: ``flows[l][i, j]`` = share of position ``i``'s
             residual entering layer ``l`` that comes from input token ``j``.
         resid_share, attn_share: ``[layer, pos]``, ``s^res`` and ``s^att``.
-        str_tokens: the token strings; rule: ``"signed"`` or ``"absolute"``.
+        str_tokens: the token strings; rule: ``"projection"`` (default), ``"signed"`` or
+            ``"absolute"`` (:mod:`cwlens.circuits.flow_math`).
     """
 
     layer_flows: torch.Tensor
@@ -29,7 +30,7 @@ class TokenFlow:
     resid_share: torch.Tensor
     attn_share: torch.Tensor
     str_tokens: tuple = field(repr=False)
-    rule: str = "signed"
+    rule: str = "projection"
 
     @property
     def n_layers(self) -> int:
@@ -67,7 +68,7 @@ class TokenFlow:
         return pd.DataFrame(self.edges(target, threshold, top), columns=cols)
 
 
-def token_flow(cache, model, batch: int = 0, rule: str = "signed", str_tokens=None,
+def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_tokens=None,
                closure_tolerance: float = 1e-3) -> TokenFlow:
     """The token flow of sequence ``batch`` of a cache from :func:`cwlens.circuits.run_with_cache`.
 
@@ -88,7 +89,11 @@ def token_flow(cache, model, batch: int = 0, rule: str = "signed", str_tokens=No
         s_res, s_att = flow_math.residual_shares(r, a, rule)
         resid_share.append(s_res)
         attn_share.append(s_att)
-        layer_flows.append(flow_math.layer_flow(r, a, c, rule))
+        dots = None
+        if rule == "projection":
+            dots = flow_math.key_projections(r + a, geo.pattern[batch].double(),
+                                             geo.v[batch].double(), geo.W_O.double())
+        layer_flows.append(flow_math.layer_flow(r, a, c, rule, dots))
     flows = torch.stack(layer_flows).cpu()
     if str_tokens is None:
         tokens = adapter.read(cache, hook_names.resid_pre(0), model).shape[1]

@@ -115,6 +115,9 @@ PLACES = ("store", "park", "school", "beach", "office", "garden")
 OBJECTS = ("drink", "book", "ball", "gift", "key", "letter")
 
 
+IOI_CORRUPTIONS = ("abc", "swap")
+
+
 def ioi(
     model,
     n_prompts: int = 8,
@@ -122,19 +125,36 @@ def ioi(
     places: Sequence[str] = PLACES,
     objects: Sequence[str] = OBJECTS,
     seed: int = 0,
+    corruption: str = "abc",
 ) -> CircuitTask:
     """Indirect object identification (Wang et al., 2022).
 
     Clean: "When {A} and {B} went to the {place}, {B} gave a {object} to" -> " {A}" (foil
-    " {B}"). Corrupted: the second {B} becomes {A}, so the answer flips to {B}. Query: the
-    last position; key: the first {A} (what name-mover heads copy).
+    " {B}"). Query: the last position; key: the first {A} (what name-mover heads copy).
+    Corrupted (``corruption``):
+
+    ``"abc"`` (default, Wang et al.'s p_ABC): the same sentence with three distinct random
+        names "When {C} and {D} went to the {place}, {E} gave a {object} to", drawn
+        independently of A and B. It keeps the template and removes the information
+        the task needs (which name is repeated), so patching a head from it removes what
+        that head carries about IO and S.
+    ``"swap"``: the second {B} becomes {A}, so the answer flips to {B} (a stronger
+        counterfactual: the corrupted prompt asks for the foil).
     """
     validation.positive_int(n_prompts, "n_prompts")
     if n_prompts < 2:
         raise InvalidArgumentError("n_prompts must be at least 2 for ioi (prompts of one token "
                                    "length are kept, and patching needs a batch); got 1.")
     names, places, objects = _words(names, "names", 2), _words(places, "places"), _words(objects, "objects")
+    if corruption not in IOI_CORRUPTIONS:
+        raise UnknownOptionError(
+            f"Unknown corruption={corruption!r}. Valid: 'abc' (Wang et al.'s three random "
+            "names, the default) or 'swap' (the second subject becomes the indirect object)."
+        )
+    if corruption == "abc" and len(set(names)) < 3:
+        raise TaskBuildError(f"IOI with corruption='abc' needs at least 3 distinct names; got {list(names)}.")
     g = torch.Generator().manual_seed(_seed(seed))
+    g_abc = torch.Generator().manual_seed(seed + 1)  # its own stream: same clean prompts either way
     rows: list[dict[str, Any]] = []
     for _ in range(n_prompts * 4):
         if len(rows) >= n_prompts:
@@ -142,11 +162,13 @@ def ioi(
         a, b = (names[int(i)] for i in torch.randperm(len(names), generator=g)[:2])
         place = places[int(torch.randint(len(places), (1,), generator=g))]
         obj = objects[int(torch.randint(len(objects), (1,), generator=g))]
+        c, d, e = (names[int(i)] for i in torch.randperm(len(names), generator=g_abc)[:3]) \
+            if corruption == "abc" else (a, b, a)
 
-        def text(s2, a=a, b=b, place=place, obj=obj):
-            return f"When {a} and {b} went to the {place}, {s2} gave a {obj} to"
+        def text(n1, n2, s2, place=place, obj=obj):
+            return f"When {n1} and {n2} went to the {place}, {s2} gave a {obj} to"
 
-        clean_t, corr_t = text(b), text(a)
+        clean_t, corr_t = text(a, b, b), text(c, d, e)
         clean, corr = _tokens(model, clean_t), _tokens(model, corr_t)
         ans, foil = _answer_token(model, clean, clean_t, f" {a}"), _answer_token(model, clean, clean_t, f" {b}")
         if ans is None or foil is None or ans == foil:
@@ -156,7 +178,8 @@ def ioi(
     rows = _keep_common_length(rows, "IOI")
     n = len(rows[0]["clean"])
     return CircuitTask(
-        "ioi", "indirect object identification: logit(IO) - logit(S) at the last token",
+        "ioi", f"indirect object identification: logit(IO) - logit(S) at the last token "
+        f"(corruption: {corruption})",
         torch.tensor([r["clean"] for r in rows]), torch.tensor([r["corrupted"] for r in rows]),
         (n - 1,), torch.tensor([[r["answer"]] for r in rows]), torch.tensor([[r["foil"]] for r in rows]),
         torch.tensor([[r["key"]] for r in rows]), "the indirect object's first mention",

@@ -27,8 +27,11 @@ def register(sub) -> None:
     p.add_argument("--k", type=arg_types.positive_int, default=10, help="k of the top-k overlap (default: %(default)s)")
     p.add_argument("--mode", default="corrupt", choices=("corrupt", "mean"),
                    help="patch from the corrupted prompts or mean-ablate (default: %(default)s)")
-    p.add_argument("--rule", default="signed", choices=("signed", "absolute"),
-                   help="token-flow share rule (default: %(default)s)")
+    p.add_argument("--rule", default="projection", choices=("projection", "signed", "absolute"),
+                   help="token-flow share rule (default: %(default)s; see docs/circuits.md)")
+    p.add_argument("--ioi-corruption", default="abc", choices=("abc", "swap"),
+                   help="ioi: corrupted prompts with three random names (Wang et al.'s ABC, "
+                        "default) or the second subject swapped for the indirect object")
     p.add_argument("--threshold", type=arg_types.non_negative_float, default=0.02,
                    help="token-flow edges kept: |weight| >= this (default: %(default)s)")
     p.add_argument("--seed", type=arg_types.non_negative_int, default=0, help="seed of the templates / random tokens")
@@ -45,7 +48,7 @@ def _task_kwargs(args) -> dict:
         raise InvalidArgumentError(f"--length applies to --task induction only (this is "
                                    f"--task {args.task}); drop it")
     if args.task == "ioi":
-        return {"n_prompts": args.prompts or 8, "seed": args.seed}
+        return {"n_prompts": args.prompts or 8, "seed": args.seed, "corruption": args.ioi_corruption}
     if args.task == "induction":
         return {"n_prompts": args.prompts or 4, "length": args.length or 20, "seed": args.seed}
     if args.prompts is not None:

@@ -242,10 +242,24 @@ def _aopc_report(table, args) -> None:
                 continue
             measure = "delta_nll" if (rows.measure == "nll").any() else "acc"
             damage = aopc.damages(rows, measure)
-            per_sample = aopc.aopc(damage)
-            summary = aopc.aopc_summary(per_sample)
-            print(f"**{ds}**{f' ({model})' if model else ''}: area over the perturbation curve")
-            print(aopc.markdown(summary, measure, aopc.verdicts(per_sample)))
+            summary = None
+            for param in aopc.PARAMETERISATIONS:  # each table names its bins
+                try:
+                    per_sample = aopc.aopc_bins(damage, param)
+                except aopc.InvalidArgumentError:  # none of these bins among the run's rates
+                    continue
+                bins = dict(zip(per_sample["mode"], per_sample["bins"], strict=True))
+                table_ = aopc.aopc_summary(per_sample)
+                summary = table_ if summary is None else summary
+                print(f"**{ds}**{f' ({model})' if model else ''}: area over the perturbation curve")
+                print(aopc.markdown(table_, measure, aopc.verdicts(per_sample),
+                                    parameterisation=param, bins_used=bins))
+            if summary is None:  # no ERASER bin: every rate of the run, as removed fractions
+                per_sample = aopc.aopc(damage)
+                summary = aopc.aopc_summary(per_sample)
+                print(f"**{ds}**{f' ({model})' if model else ''}: area over the perturbation "
+                      "curve (bins = the run's rates, fraction removed)")
+                print(aopc.markdown(summary, measure, aopc.verdicts(per_sample)))
             if args.figures:
                 from cwlens.plotting import save_figure
                 from cwlens.plotting.faithfulness import aopc_curves

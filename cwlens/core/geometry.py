@@ -38,7 +38,13 @@ from cwlens._types import (
     Kind,
     PairWeights,
 )
-from cwlens.errors import EmptyInputError, NonFiniteError, ShapeMismatchError, UnknownOptionError
+from cwlens.errors import (
+    EmptyInputError,
+    MissingHookError,
+    NonFiniteError,
+    ShapeMismatchError,
+    UnknownOptionError,
+)
 
 
 def check_kind(kind: str) -> Kind:
@@ -128,6 +134,41 @@ class AttentionGeometry:
         self.n_kv = v.shape[2]
         self.group = self.n_heads // self.n_kv
         self._dots: dict[str, torch.Tensor] = {}
+        self._residual: tuple | None = None
+
+    def attach_residual(self, residual: torch.Tensor, b_O: torch.Tensor, norm=None) -> "AttentionGeometry":
+        """Give this layer the residual stream the full ALTI needs (:mod:`cwlens.core.alti`).
+
+        ``residual``: ``[batch, pos, d_model]`` stream entering the layer (``hook_resid_pre``,
+        every position); ``b_O``: ``[d_model]``; ``norm``: a
+        :class:`~cwlens.core.alti.PostNorm` where a LayerNorm follows the residual sum
+        (post-LN encoders), a function returning one (read when ALTI asks), or None.
+        Returns ``self``.
+        """
+        b, _, _, k = self.pattern.shape
+        if residual.ndim != 3 or residual.shape[:2] != (b, k) or residual.shape[-1] != self.W_O.shape[-1]:
+            raise ShapeMismatchError(
+                f"residual must be [batch, pos, d_model] = [{b}, {k}, {self.W_O.shape[-1]}]; "
+                f"got {tuple(residual.shape)}. Pass hook_resid_pre of the same layer and run."
+            )
+        self._residual = (residual.to(self.pattern.device), b_O.to(self.pattern.device), norm)
+        return self
+
+    def require_residual(self, what: str) -> tuple:
+        """``(residual of this geometry's queries [batch, query_pos, d_model], b_O, norm)``,
+        or a :class:`~cwlens.errors.MissingHookError` saying how to get it."""
+        if self._residual is None:
+            raise MissingHookError(
+                f"{what} needs the residual stream entering the layer (hook_resid_pre): this "
+                "geometry has none. Use cwlens.stream / the faithfulness sweep (which catch "
+                "it), call geometry.attach_residual(resid_pre, b_O), or ask for "
+                "'alti_attention' (the attention output as the whole) instead."
+            )
+        residual, b_O, norm = self._residual
+        if callable(norm):  # read lazily (it may raise for a model ALTI does not cover)
+            norm = norm()
+        q = self.pattern.shape[2]
+        return residual[:, self.query_start : self.query_start + q], b_O, norm
 
     def rows(self, start: int, stop: int, key_stop: int | None = None) -> "AttentionGeometry":
         """The geometry of queries ``[start, stop)`` of this one (a block of rows).
@@ -151,6 +192,7 @@ class AttentionGeometry:
         block.v, block.W_O = self.v[:, keys], self.W_O
         block.n_heads, block.n_kv, block.group = self.n_heads, self.n_kv, self.group
         block._dots = {}
+        block._residual = self._residual
         block.__dict__["gram"] = self.gram  # key-side quantities: computed once per layer
         block.__dict__["value_norm"] = self.value_norm[..., keys]
         return block
@@ -275,12 +317,20 @@ class AttentionGeometry:
         scale = self._inverse(kind, 1)[..., None] * inv_v[:, :, None, :]
         return self.dot(kind) * scale
 
-    def alti(self, kind: Kind = "inter") -> PairWeights:
-        """ALTI-style L1 proximity of ``a_ij v~_j`` to ``o_i``, normalised per row (the
-        peers' metric, :mod:`cwlens.core.alti`; costs ``O(n^2 d_model)``, not ``O(n^2 d_head)``)."""
+    def alti(self) -> PairWeights:
+        """ALTI (Ferrando et al. 2022): L1 proximity of ``a_ij v~_j`` to the residual stream
+        after attention, the residual one more part (:mod:`cwlens.core.alti`; needs
+        :meth:`attach_residual`; costs ``O(n^2 d_model)``, not ``O(n^2 d_head)``)."""
         from cwlens.core.alti import alti_weights
 
-        return alti_weights(self, kind)
+        return alti_weights(self)
+
+    def alti_attention(self, kind: Kind = "inter") -> PairWeights:
+        """L1 proximity of ``a_ij v~_j`` to the attention output ``o`` only, normalised per
+        row (:mod:`cwlens.core.alti`; not the peers' ALTI: no residual, no norm)."""
+        from cwlens.core.alti import alti_attention_weights
+
+        return alti_attention_weights(self, kind)
 
     def measure(self, metric: str, kind: Kind = "inter") -> PairWeights:
         """A geometry metric of the registry (:data:`cwlens.metrics.GEOMETRY`) by name."""

@@ -8,7 +8,21 @@ curve (DeYoung et al. 2020, "ERASER", with the rates as its bins) is::
     AOPC_s(m) = (1 / K) * sum_k D_s(m, r_k)
 
 Comprehensiveness removes the top-ranked entries (a faithful metric: large AOPC);
-sufficiency removes the bottom-ranked ones (a faithful metric: small AOPC). The
+sufficiency removes the bottom-ranked ones (a faithful metric: small AOPC).
+
+Two parameterisations of the bins (:data:`PARAMETERISATIONS`), every table says which:
+
+``removed`` (the paper's wording)
+    both modes at the removed fractions ``r`` in ERASER's bins 0.01, 0.05, 0.1, 0.2, 0.5:
+    sufficiency removes the bottom ``r``, so at least half of every row stays -- the
+    gentle end of its curve.
+``kept`` (ERASER's sufficiency)
+    comprehensiveness as above; sufficiency *keeps* the top ``k`` in 0.01 ... 0.5, i.e.
+    removes the bottom ``r = 1 - k`` (0.99, 0.95, 0.9, 0.8, 0.5): the end where metrics
+    separate.
+
+A run's AOPC uses the bins among its rates (all five where the run has them; the
+bins used are part of the result). The
 *faithfulness score* is ``+AOPC`` for comprehensiveness and ``-AOPC`` for sufficiency, so
 that "higher = more faithful" in both; differences between metrics are paired by sample
 (:func:`cwlens.bootstrap.paired_bootstrap`) and a difference is resolved when its 95%
@@ -42,6 +56,48 @@ KEYS = ("metric", "mode", "sample_id")
 UNITS = {"delta_nll": "ΔNLL (nats/token, masked − clean)", "delta_ppl": "ΔPPL (masked − clean)",
          "acc": "accuracy drop", "acc_norm": "accuracy drop (length-norm.)",
          "gold_ll": "drop of gold log-likelihood", "embedding_damage": "1 − cos(masked, clean embedding)"}
+
+
+# ERASER's bins (DeYoung et al. 2020): the fraction removed (comprehensiveness) or kept (sufficiency)
+ERASER_BINS = (0.01, 0.05, 0.1, 0.2, 0.5)
+PARAMETERISATIONS = ("removed", "kept")
+PARAMETERISATION_LABELS = {
+    "removed": "bins = fraction removed (the paper's wording: sufficiency removes the bottom r "
+               "= 0.01..0.5)",
+    "kept": "bins = ERASER's (sufficiency keeps the top k = 0.01..0.5, i.e. removes the bottom "
+            "r = 1 − k = 0.5..0.99)",
+}
+
+
+def bins(mode: str, parameterisation: str) -> tuple[float, ...]:
+    """The removal rates ``r`` of one mode's AOPC in a parameterisation."""
+    if parameterisation not in PARAMETERISATIONS:
+        raise InvalidArgumentError(f"parameterisation={parameterisation!r}; valid: "
+                                   f"{', '.join(map(repr, PARAMETERISATIONS))}.")
+    if parameterisation == "removed" or mode == "comprehensiveness":
+        return ERASER_BINS
+    return tuple(round(1 - k, 10) for k in reversed(ERASER_BINS))
+
+
+def aopc_bins(damage: pd.DataFrame, parameterisation: str) -> pd.DataFrame:
+    """:func:`aopc` per mode over the bins of ``parameterisation`` that the run has (a
+    mode with none of them is left out), with columns ``parameterisation`` and ``bins``
+    (the removal rates used, e.g. ``"0.1,0.5"``)."""
+    present = {round(float(r), 10) for r in damage["rate"]}
+    parts = []
+    for mode, g in damage.groupby("mode", sort=True):
+        rates = [r for r in bins(mode, parameterisation) if r in present]
+        if not rates:
+            continue
+        sub = g[g["rate"].round(10).isin(rates)]
+        parts.append(aopc(sub, rates).assign(parameterisation=parameterisation,
+                                             bins=",".join(f"{r:g}" for r in rates)))
+    if not parts:
+        raise InvalidArgumentError(
+            f"This run has none of the {parameterisation!r} bins (removal rates "
+            f"{sorted(set(bins('comprehensiveness', parameterisation)) | set(bins('sufficiency', parameterisation)))});"
+            " rerun with those rates.")
+    return pd.concat(parts, ignore_index=True)
 
 
 def damages(table: pd.DataFrame, measure: str = "delta_nll") -> pd.DataFrame:
@@ -117,20 +173,25 @@ def aopc_summary(per_sample: pd.DataFrame, reference: str = "contribution", n_bo
     faithfulness score of the metric minus ``reference``'s (``delta``, ``delta_low``,
     ``delta_high``; positive = more faithful than ``reference``; NaN for the reference
     itself or when it is absent)."""
-    from cwlens.bootstrap import bootstrap_ci, paired_frame_difference
+    from cwlens.bootstrap import bootstrap_ci, holm, paired_frame_difference
 
-    rows = []
+    rows: list[dict] = []
+    tests: dict = {}
     for mode, g in per_sample.groupby("mode", sort=True):
         cell = g.rename(columns={"score": "value"})
         for metric, m in g.groupby("metric", sort=False):
             lo, hi = bootstrap_ci(m["aopc"].to_numpy(), n_boot=n_boot, seed=seed)
-            d = (paired_frame_difference(cell, "metric", reference, metric, n_boot=n_boot, seed=seed)
-                 if reference in set(g["metric"]) and metric != reference else None)
+            if reference in set(g["metric"]) and metric != reference:
+                tests[len(rows)] = paired_frame_difference(cell, "metric", reference, metric,
+                                                           n_boot=n_boot, seed=seed)
             rows.append(dict(metric=metric, mode=mode, n=len(m), aopc=float(m["aopc"].mean()),
-                             ci_low=lo, ci_high=hi,
-                             delta=d.mean if d else float("nan"), delta_low=d.low if d else float("nan"),
-                             delta_high=d.high if d else float("nan"),
-                             resolved=bool(d and d.sign != 0)))
+                             ci_low=lo, ci_high=hi))
+    nan = float("nan")
+    for i, d in holm(tests).items():  # one family: every Δ of this table
+        rows[i].update(delta=d.mean, delta_low=d.low, delta_high=d.high, p=d.p, resolved=d.sign != 0)
+    for r in rows:
+        for k, v in (("delta", nan), ("delta_low", nan), ("delta_high", nan), ("p", nan), ("resolved", False)):
+            r.setdefault(k, v)
     return pd.DataFrame(rows)
 
 
@@ -138,15 +199,14 @@ def verdicts(per_sample: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dic
     """``{(mode, variant): verdict}``: the paper's hierarchy on AOPC scores, with signed
     (``"signed"``) and absolute (``"abs"``) contribution weights as the top metric
     (:func:`~cwlens.faithfulness.report.cell_verdict`)."""
-    from cwlens.faithfulness.report import HIERARCHY, cell_verdict
+    from cwlens.faithfulness.report import HIERARCHY, table_verdicts
 
     abs_order = tuple("contribution_abs" if m == "contribution" else m for m in HIERARCHY)
     out = {}
-    for mode, g in per_sample.groupby("mode", sort=True):
-        cell = g.rename(columns={"score": "value"})
-        for variant, order in (("signed", HIERARCHY), ("abs", abs_order)):
-            if order[-1] in set(g["metric"]):
-                out[(mode, variant)] = cell_verdict(cell, order, n_boot=n_boot, seed=seed)
+    for variant, order in (("signed", HIERARCHY), ("abs", abs_order)):
+        cells = {(mode, variant): g.rename(columns={"score": "value"})
+                 for mode, g in per_sample.groupby("mode", sort=True) if order[-1] in set(g["metric"])}
+        out.update(table_verdicts(cells, order, n_boot=n_boot, seed=seed))  # Holm over both modes
     return out
 
 
@@ -160,20 +220,34 @@ def ranking_line(summary: pd.DataFrame, mode: str, metrics: Sequence[str] | None
         sub = sub[sub["metric"].isin(metrics)]
     sign = 1.0 if mode == "comprehensiveness" else -1.0
     order = sorted(sub.itertuples(), key=lambda r: -sign * r.aopc)
-    return " > ".join(REGISTRY[r.metric].short for r in order)
+    text = REGISTRY[order[0].metric].short if order else ""
+    for prev, r in zip(order, order[1:], strict=False):  # equal means (e.g. vw, vwon) print "="
+        text += (" = " if r.aopc == prev.aopc else " > ") + REGISTRY[r.metric].short
+    return text
 
 
 def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
-             reference: str = "contribution") -> str:
+             reference: str = "contribution", parameterisation: str | None = None,
+             bins_used: dict | None = None) -> str:
     """The AOPC table: metric x mode, AOPC mean [95% CI] and the paired difference of the
     faithfulness score against ``reference`` (+ = more faithful than it); then the
-    hierarchy verdicts."""
+    hierarchy verdicts. ``parameterisation`` (:data:`PARAMETERISATIONS`) and
+    ``bins_used`` (``{mode: "0.1,0.5"}``) are stated in the caption."""
     from cwlens.metrics import REGISTRY
 
     short = REGISTRY[reference].short
-    lines = [f"AOPC of {UNITS.get(measure, measure)}, mean [95% CI], n = {int(summary['n'].max())}; "
-             f"Δ = faithfulness score minus {short}'s, paired bootstrap 95% "
-             f"(+ = more faithful than {short}; **bold**: interval excludes 0)", "",
+    param = ""
+    if parameterisation is not None:
+        param = f"{PARAMETERISATION_LABELS[parameterisation]}"
+        if bins_used:
+            param += "; removal rates used: " + "; ".join(
+                f"{'comp' if m == 'comprehensiveness' else 'suff'} {b}" for m, b in sorted(bins_used.items()))
+        param = f" [{param}]"
+    lines = [f"AOPC of {UNITS.get(measure, measure)}{param}, mean [95% bootstrap-t CI], "
+             f"n = {int(summary['n'].max())}; "
+             f"Δ = faithfulness score minus {short}'s, paired bootstrap-t 95% "
+             f"(+ = more faithful than {short}; **bold**: resolved after Holm's correction over "
+             f"every Δ of this table)", "",
              "| metric | comp AOPC | comp Δ | suff AOPC | suff Δ |", "|---|---|---|---|---|"]
     for metric in [m for m in REGISTRY if m in set(summary["metric"])]:
         cells = [REGISTRY[metric].short]
@@ -191,8 +265,8 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
                 cells.append(f"**{text}**" if r.resolved else text)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     if verdict:
-        lines += ["", "Hierarchy on AOPC (least < most faithful; `<` resolved, `≈` unresolved, "
-                  "`=` identical):", ""]
+        lines += ["", "Hierarchy on AOPC (least < most faithful; Holm-corrected over both modes: "
+                  "`<` resolved, `≈` unresolved, `=` identical):", ""]
         for (mode, variant), text in sorted(verdict.items()):
             lines.append(f"- {mode}, {'signed c' if variant == 'signed' else '|c|'}: {text}")
     return "\n".join(lines) + "\n"
@@ -201,3 +275,40 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
 def _num(x: float, sign: str = "") -> str:
     """Three decimals, or three significant digits below 0.01 (tiny damages stay visible)."""
     return f"{x:{sign}.3g}" if x != 0 and abs(x) < 0.01 else f"{x:{sign}.3f}"
+
+
+SHARES = ("tied_share", "first_token_share")
+
+
+def mask_share_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per ``(metric, mode, rate)``: the mean over samples of ``tied_share`` (removed
+    entries chosen by the random tie-break: a kept entry had the same score) and
+    ``first_token_share`` (removed entries on the first token) of a results table
+    (:func:`~cwlens.faithfulness.ranking.mask_counts`); empty for runs that predate them."""
+    rows = table[table["measure"].isin(SHARES) & (table["mode"] != "clean")]
+    if not len(rows):
+        return pd.DataFrame(columns=["metric", "mode", "rate", *SHARES])
+    wide = rows.pivot_table(index=["metric", "mode", "rate"], columns="measure", values="value",
+                            aggfunc="mean")
+    return wide.reindex(columns=list(SHARES)).reset_index()
+
+
+def shares_markdown(shares: pd.DataFrame) -> str:
+    """The share table: metric x (mode, removal rate), ``tied % / first-token %``."""
+    from cwlens.metrics import REGISTRY
+
+    if not len(shares):
+        return ""
+    cols = sorted({(m, r) for m, r in zip(shares["mode"], shares["rate"], strict=True)})
+    lines = ["Removed entries chosen by the seeded random tie-break / on the first token, "
+             "% (mean over samples; columns: mode and removed fraction r)", "",
+             "| metric | " + " | ".join(f"{m[:4]} {r:g}" for m, r in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for metric in [m for m in REGISTRY if m in set(shares["metric"])]:
+        cells = []
+        for mode, rate in cols:
+            hit = shares[(shares["metric"] == metric) & (shares["mode"] == mode) & (shares["rate"] == rate)]
+            cells.append("" if not len(hit) else
+                         f"{100 * hit.iloc[0]['tied_share']:.0f} / {100 * hit.iloc[0]['first_token_share']:.0f}")
+        lines.append(f"| {REGISTRY[metric].short.replace('|', chr(92) + '|')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

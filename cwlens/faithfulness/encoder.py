@@ -26,7 +26,16 @@ from cwlens._types import Kind, Scope
 from cwlens.batching import pad_batch
 from cwlens.core.bitmask import PackedMask
 from cwlens.errors import UnsupportedModelError
-from cwlens.faithfulness.ranking import eligible_entries, metric_scores, random_scores, rank_entries
+from cwlens.faithfulness.ranking import (
+    eligible_entries,
+    first_token,
+    mask_counts,
+    mask_shares,
+    metric_scores,
+    random_scores,
+    rank_entries,
+    tiebreak_scores,
+)
 from cwlens.interventions.value_masking import hooks_applied, masking_hooks
 from cwlens.streaming import stream_geometry
 
@@ -57,9 +66,14 @@ def mean_pooled(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def embedding_damage(model, texts, metric_names=("attention", "contribution", "random"),
                      rates=(0.1, 0.3), modes=("comprehensiveness", "sufficiency"),
                      scope: Scope = "row", kind: Kind = "inter", batch_size: int = 16,
-                     seed: int = 0) -> list[dict]:
-    """Rows ``{sample_id, metric, mode, rate, damage}`` (``1 - cos``) for ``texts``
-    (``[(id, text)]``) on an encoder ``model``."""
+                     seed: int = 0, mask_first_token: bool = True) -> list[dict]:
+    """Rows ``{sample_id, metric, mode, rate, damage, tied_share, first_token_share}``
+    (``damage = 1 - cos``) for ``texts`` (``[(id, text)]``) on an encoder ``model``.
+
+    Ties are broken by the seeded random order of the decoder task; ``tied_share`` and
+    ``first_token_share`` are the removed entries chosen by it and those on [CLS]
+    (:func:`~cwlens.faithfulness.ranking.mask_counts`). ``mask_first_token=False``: [CLS]
+    is never masked (the view of ferret, which drops the special tokens)."""
     if not adapter.is_encoder(model):
         raise adapter.UnsupportedModelError(
             "The sentence-embedding task is for encoders; decoders use run_faithfulness.")
@@ -78,16 +92,23 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
         def keep(hidden, hook, kept=kept):
             kept["h"] = hidden.detach()
 
-        def layer_masks(layer, geo, mask=mask, ids=ids):
-            elig = eligible_entries(mask, causal_only=False, mask_first_token=True)
+        counts: dict = {}
+
+        def layer_masks(layer, geo, mask=mask, ids=ids, counts=counts):
+            elig = eligible_entries(mask, causal_only=False, mask_first_token=mask_first_token)
+            ties = tiebreak_scores(geo.pattern.shape, mask, ids, seed, layer)
+            first = first_token(mask)
             out = {}
             for name in metric_names:
                 scores = (random_scores(geo.pattern.shape, mask, ids, seed, layer) if name == "random"
                           else metric_scores(geo, name, kind))
-                ranking = rank_entries(scores, elig, scope)
+                ranking = rank_entries(scores, elig, scope, ties)
                 for mode in modes:
                     for rate in rates:
-                        out[(name, mode, rate)] = PackedMask.pack(ranking.mask(rate, mode))
+                        removed = ranking.mask(rate, mode)
+                        out[(name, mode, rate)] = PackedMask.pack(removed)
+                        c = mask_counts(scores, elig, removed, scope, first).cpu()
+                        counts[(name, mode, rate)] = counts.get((name, mode, rate), 0) + c
             return out
 
         with model.hooks(fwd_hooks=[(last, keep)]):
@@ -100,5 +121,6 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
             cos = torch.nn.functional.cosine_similarity(mean_pooled(kept["h"], mask), clean, dim=-1)
             name, mode, rate = key
             rows += [{"sample_id": i, "metric": name, "mode": mode, "rate": rate,
-                      "damage": float(1 - c)} for i, c in zip(ids, cos.tolist(), strict=True)]
+                      "damage": float(1 - c), **mask_shares(n)}
+                     for i, c, n in zip(ids, cos.tolist(), counts[key], strict=True)]
     return rows

@@ -40,7 +40,12 @@ Parameters (with defaults, also used by :mod:`cwlens.faithfulness.sweep`):
 
 Pad positions (attention_mask 0) are never eligible, neither as queries nor as keys, and
 neither are keys outside a sliding-window layer's window (``i - j >= window``).
-Ties keep key order (stable sort: the earlier entry ranks higher).
+Ties are broken by a seeded random order (``tiebreak``, :func:`tiebreak_scores`: one
+uniform draw per entry, seeded by the run's seed, the sample and the layer), not by key
+order: where a metric gives many entries the same score (ALTI's zeros, attention's
+exact 0s), key order would fill a mask with the first keys (the BOS sink).
+:func:`mask_counts` reports, per mask, how many removed entries were chosen by that
+tie-break and how many sit on the first token.
 """
 
 import zlib
@@ -95,9 +100,15 @@ def eligible_entries(
     if window is not None:
         elig = elig & torch.ones(n, n, dtype=torch.bool, device=real.device).triu(1 - window)
     if not mask_first_token:
-        first = real.int().argmax(-1)  # index of the first real token per row
-        elig = elig & (torch.arange(n, device=real.device)[None, :] != first[:, None])[:, None, None, :]
+        elig = elig & ~first_token(real)
     return elig
+
+
+def first_token(position_mask: torch.Tensor) -> torch.Tensor:
+    """bool ``[batch, 1, 1, key_pos]``: True at each row's first real token."""
+    real = position_mask.bool()
+    first = real.int().argmax(-1)
+    return (torch.arange(real.shape[1], device=real.device)[None, :] == first[:, None])[:, None, None, :]
 
 
 @dataclass(frozen=True)
@@ -129,10 +140,21 @@ class Ranking:
         return hashlib.blake2b(self.rank.cpu().numpy().tobytes(), digest_size=16).digest()
 
 
-def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: Scope = "row") -> Ranking:
+def _units(t: torch.Tensor, scope: Scope) -> torch.Tensor:
+    """``[batch, head, query, key]`` viewed as ``[..., unit entries]`` of ``scope``."""
+    b, h, q, k = t.shape
+    if scope == "row":
+        return t
+    return t.reshape(b, h, q * k) if scope == "head" else t.reshape(b, h * q * k)
+
+
+def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: Scope = "row",
+                 tiebreak: torch.Tensor | None = None) -> Ranking:
     """Rank ``scores`` ``[batch, head, query, key]`` (higher = more important) per unit.
 
-    ``eligible`` broadcasts to ``scores`` (see :func:`eligible_entries`).
+    ``eligible`` broadcasts to ``scores`` (see :func:`eligible_entries`). ``tiebreak``:
+    scores of the same shape that order entries with equal ``scores`` (higher first;
+    :func:`tiebreak_scores`); None keeps key order among ties.
     """
     check_option(scope, SCOPES, "scope")
     if scores.ndim != 4:
@@ -148,7 +170,13 @@ def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: Scope = "r
         flat, n = s.reshape(b, h, q * k), elig.sum((-2, -1), keepdim=True)
     else:
         flat, n = s.reshape(b, h * q * k), elig.sum((-3, -2, -1), keepdim=True)
-    order = torch.sort(flat, dim=-1, descending=True, stable=True).indices
+    if tiebreak is None:
+        order = torch.sort(flat, dim=-1, descending=True, stable=True).indices
+    else:  # a random order first, then a stable sort by score keeps it among ties
+        pre = torch.sort(_units(tiebreak.to(s.device).expand(b, h, q, k), scope), dim=-1,
+                         descending=True, stable=True).indices
+        within = torch.sort(flat.gather(-1, pre), dim=-1, descending=True, stable=True).indices
+        order = pre.gather(-1, within)
     rank = torch.empty(order.shape, dtype=torch.int32, device=s.device)
     positions = torch.arange(order.shape[-1], dtype=torch.int32, device=s.device)
     rank.scatter_(-1, order, positions.expand(order.shape))
@@ -179,6 +207,53 @@ def random_scores(
         block = torch.rand(h, n, n, generator=gen)
         out[row, :, idx[:, None], idx[None, :]] = block
     return out.to(position_mask.device)
+
+
+def tiebreak_scores(shape: Sequence[int], position_mask: torch.Tensor,
+                    sample_keys: Sequence[str], seed: int, layer: int) -> torch.Tensor:
+    """The seeded random order that breaks ties in :func:`rank_entries`: uniform draws
+    like :func:`random_scores` but from another stream (so the ``random`` control and
+    the tie-break of the other metrics are independent)."""
+    return random_scores(shape, position_mask, [f"ties:{k}" for k in sample_keys], seed, layer)
+
+
+def mask_counts(scores: torch.Tensor | None, eligible: torch.Tensor, mask: torch.Tensor,
+                scope: Scope, first_key: torch.Tensor) -> torch.Tensor:
+    """int64 ``[batch, 3]``: per sample, the removed entries, those of them chosen by the
+    tie-break, and those on the first token.
+
+    A removed entry was chosen by the tie-break when an eligible entry that stays has the
+    same score (the unit's cut falls inside a block of ties). ``scores`` None (a mask of
+    every eligible entry) has no cut. ``first_key``: bool ``[batch, 1, 1, key]``, True at
+    each row's first real token.
+    """
+    b = mask.shape[0]
+    removed = mask.sum((1, 2, 3))
+    first = (mask & first_key).sum((1, 2, 3))
+    if scores is None:
+        return torch.stack([removed, torch.zeros_like(removed), first], -1).to(torch.int64)
+    s = _units(scores.float(), scope)
+    m, e = _units(mask, scope), _units(eligible.expand(mask.shape), scope)
+    kept = e & ~m
+    inf = float("inf")
+    lo_removed = s.masked_fill(~m, inf).amin(-1, keepdim=True)
+    hi_removed = s.masked_fill(~m, -inf).amax(-1, keepdim=True)
+    hi_kept = s.masked_fill(~kept, -inf).amax(-1, keepdim=True)
+    lo_kept = s.masked_fill(~kept, inf).amin(-1, keepdim=True)
+    # comprehensiveness cuts below the removed block, sufficiency above it; either way a
+    # tie across the cut is a kept entry scored like a removed one at the cut
+    tied = m & (((s == lo_removed) & (lo_removed == hi_kept)) | ((s == hi_removed) & (hi_removed == lo_kept)))
+    return torch.stack([removed, tied.reshape(b, -1).sum(-1), first], -1).to(torch.int64)
+
+
+def mask_shares(counts: torch.Tensor) -> dict:
+    """``tied_share`` (removed entries chosen by the tie-break) and ``first_token_share``
+    (removed entries on the first token) from one sample's :func:`mask_counts` row; NaN
+    where nothing was removed."""
+    n = int(counts[0])
+    nan = float("nan")
+    return {"tied_share": int(counts[1]) / n if n else nan,
+            "first_token_share": int(counts[2]) / n if n else nan}
 
 
 def metric_scores(geometry, metric: RankingMetric, kind: Kind = "inter",

@@ -39,6 +39,7 @@ from cwlens.core.bitmask import PackedMask
 from cwlens.core.geometry import check_kind
 from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 from cwlens.faithfulness import choice, lm
+from cwlens.faithfulness.causal_scope import causal_ranking, require_causal
 from cwlens.faithfulness.ranking import (
     ALL_RANKINGS,
     MODES,
@@ -46,9 +47,13 @@ from cwlens.faithfulness.ranking import (
     SCOPES,
     check_option,
     eligible_entries,
+    first_token,
+    mask_counts,
+    mask_shares,
     metric_scores,
     random_scores,
     rank_entries,
+    tiebreak_scores,
 )
 from cwlens.faithfulness.results import ResultsWriter
 from cwlens.gradients import attention_gradient
@@ -303,11 +308,15 @@ def _mask_jobs(conditions, cfg) -> tuple[dict, dict]:  # noqa: C901
     return jobs, key_of
 
 
-def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None, gradients=None) -> dict:
+def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None, gradients=None,
+                 counts=None) -> dict:
     """Rank one layer's entries by every metric some job needs; ``{job key: PackedMask}``.
 
     Runs inside the clean forward pass (:func:`cwlens.stream_geometry`), so only one
-    layer's scores and ranks exist at a time; the masks are kept bit-packed.
+    layer's scores and ranks exist at a time; the masks are kept bit-packed. Ties are
+    broken by the seeded random order of :func:`~cwlens.faithfulness.ranking.tiebreak_scores`;
+    ``counts[job key]`` (``[batch, 3]``: removed, chosen by the tie-break, on the first
+    token) is summed over the layers where given.
     """
     t = time.perf_counter()
     mask = mask.to(geo.pattern.device)  # a model split over GPUs: this layer's device
@@ -316,22 +325,40 @@ def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None, gradient
     shape = geo.pattern.shape
     out = {}
     ranks = {}
+    tiebreak = None
+    first_key = first_token(mask)
     for key, (metric, mode, rate, layers) in jobs.items():
         if layer not in layers:
             continue
         if metric is None:  # rate 1: every eligible entry
-            out[key] = PackedMask.pack(eligible.expand(shape))
+            removed = eligible.expand(shape)
+            out[key] = PackedMask.pack(removed)
+            _count(counts, key, mask_counts(None, eligible, removed, cfg.scope, first_key))
             continue
         if metric not in ranks:
             if metric == "random":
                 scores = random_scores(shape, mask, keys, cfg.seed, layer)
             else:
                 scores = metric_scores(geo, metric, cfg.kind, (gradients or {}).get(layer))
-            ranks[metric] = rank_entries(scores, eligible, cfg.scope)
+            if tiebreak is None:
+                tiebreak = tiebreak_scores(shape, mask, keys, cfg.seed, layer)
+            ranking = rank_entries(scores, eligible, cfg.scope, tiebreak)
+            if cfg.causal_only:  # head/layer scope: the mask at query i from rows <= i (causal_scope)
+                ranking = causal_ranking(ranking)
+            ranks[metric] = (ranking, scores if counts is not None else None)
             del scores
-        out[key] = PackedMask.pack(ranks[metric].mask(rate, mode))
+        ranking, kept_scores = ranks[metric]
+        removed = ranking.mask(rate, mode)
+        out[key] = PackedMask.pack(removed)
+        if counts is not None:
+            _count(counts, key, mask_counts(kept_scores, eligible, removed, cfg.scope, first_key))
     stats.ranking_seconds += time.perf_counter() - t
     return out
+
+
+def _count(counts, key, c) -> None:
+    if counts is not None:
+        counts[key] = counts[key] + c.cpu() if key in counts else c.cpu()
 
 
 def _batch_outputs(model, units, batch, cfg, conditions, stats):
@@ -363,9 +390,10 @@ def _batch_outputs(model, units, batch, cfg, conditions, stats):
         gradients = attention_gradient(model, tokens, mask, layers)
         stats.ranking_seconds += time.perf_counter() - t
     t, ranked_before = time.perf_counter(), stats.ranking_seconds
+    counts: dict = {}
     logits, per_layer = stream_geometry(
         model, tokens, lambda ly, geo: _layer_masks(geo, ly, mask, jobs, cfg, keys, stats,
-                                     adapter.attention_window(model, ly), gradients),
+                                     adapter.attention_window(model, ly), gradients, counts),
         layers=layers, attention_mask=mask,
     )
     stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)
@@ -382,8 +410,13 @@ def _batch_outputs(model, units, batch, cfg, conditions, stats):
         done[key] = evaluate(masked)
         for ly in job_layers:  # free this job's masks
             del packed[ly][key]
+    zero = torch.zeros(3, dtype=torch.int64)
     for c in conditions:
-        results[c] = results[None] if key_of[c] is None else done[key_of[c]]
+        key = key_of[c]
+        scored = results[None] if key is None else done[key]
+        per_unit = [sum((counts[key][r] for r in rows), zero) if key is not None else zero
+                    for rows in rows_of]
+        results[c] = [{**out, **mask_shares(n)} for out, n in zip(scored, per_unit, strict=True)]
     return results
 
 
@@ -500,6 +533,7 @@ def run_faithfulness(
         "cwlens.faithfulness.encoder.embedding_damage (CLI: cwlens replicate --models <encoder>).",
     )
     cfg = config or FaithfulnessConfig()
+    require_causal(cfg.scope, cfg.causal_only, "the next-token faithfulness test (ΔNLL)")
     t0 = time.perf_counter()
     samples = load_dataset(dataset, n, num_fewshot=num_fewshot) if isinstance(dataset, str) else list(dataset)
     if not samples:
@@ -510,7 +544,7 @@ def run_faithfulness(
     name = model_name or getattr(model.cfg, "model_name", None) or "model"
     adapter.resolve_layers(model, list(cfg.layers) if cfg.layers is not None else None)
     conditions = cfg.conditions(model.cfg.n_layers)
-    per_condition = 3
+    per_condition = 5  # 3 measures, tied_share, first_token_share
     per_clean = 3 if is_choice else 2
     n_rows = per_clean + per_condition * len(conditions)
     units = _choice_units(model, samples) if is_choice else _text_units(model, samples, cfg.max_tokens)

@@ -5,12 +5,16 @@ tokens): one clean forward pass on the streaming engine ranks every layer's entr
 ``cfg``'s metric and keeps the mask bit-packed, then one ``run_masked`` pass scores the
 requests with those entries removed (:func:`cwlens.faithfulness.sweep._batch_outputs`,
 the function ``run_faithfulness`` runs). Masks are built on, and applied to, each
-input sequence as a whole -- the context and the continuation tokens it reads. At rate 0
+input sequence as a whole -- the context and the continuation tokens it reads; head and
+layer scopes are causal (the mask at query ``i`` from rows ``<= i``,
+:mod:`cwlens.faithfulness.causal_scope`), so a continuation scored whole gets the
+log-likelihood it gets token by token. At rate 0
 (metric ``none``) the clean pass's logits are the scores.
 """
 
 from collections.abc import Sequence
 
+from cwlens.faithfulness.causal_scope import require_causal
 from cwlens.faithfulness.sweep import FaithfulnessConfig, SweepStats, _batch_outputs, plan_batches
 from cwlens.lmeval.requests import group_units
 
@@ -29,6 +33,7 @@ def score_requests(
     (:func:`~cwlens.lmeval.requests.token_request`); ``groups``: one hashable per request,
     equal for the requests of one document (they share a unit, as in the sweep).
     """
+    require_causal(cfg.scope, cfg.causal_only, "lm-eval log-likelihoods")
     if not requests:
         return []
     units, where = group_units(requests, groups)

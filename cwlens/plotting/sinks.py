@@ -206,14 +206,15 @@ def intervention_figure(ppl_summary, norm, model_label=""):
 
 def observed_figure(bins_by_layer, head_fits, model_label=""):
     """Left: the observed relative head-output norm ``||o^h|| / mean_h ||o^h||`` per
-    sink-rate bin, one line per layer (heads pooled). Right: per head, where the fitted
-    quadratic has its minimum over the observed rates (interior, low end, high end)."""
+    sink-rate bin, one line per layer (heads pooled). Right: per head, the shape read from
+    its binned means (:mod:`cwlens.sinks.observed_shape`: interior only with a resolved
+    fall and a resolved rise)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12, subplot_titles=(
         "observed: mean relative ||o^h|| by the head's own sink rate",
-        "per head: minimum of the fitted quadratic"))
+        "per head: shape of the binned means"))
     layers = sorted(bins_by_layer.layer.unique())
     for i, ly in enumerate(layers):
         d = bins_by_layer[(bins_by_layer.layer == ly) & (bins_by_layer.n >= 20)]
@@ -225,11 +226,12 @@ def observed_figure(bins_by_layer, head_fits, model_label=""):
             hovertemplate=f"L{ly}<br>rate %{{x:.2f}}<br>norm/mean %{{y:.2f}}<extra></extra>",
             showlegend=False), 1, 1)
     fig.add_hline(y=1, line=dict(color="black", width=1, dash="dot"), row=1, col=1)
-    fitted = head_fits[head_fits["minimum"] != "undetermined"]
-    counts = fitted.groupby(["layer", "minimum"]).size().unstack(fill_value=0)
-    for where, color in (("interior", SINK), ("low", TAIL), ("high", CONTROL)):
+    fitted = head_fits[head_fits["shape"] != "undetermined"]
+    counts = fitted.groupby(["layer", "shape"]).size().unstack(fill_value=0)
+    for where, color in (("interior", SINK), ("falling", TAIL), ("rising", CONTROL),
+                         ("flat", "lightgray")):
         if where in counts:
-            fig.add_trace(go.Bar(x=counts.index, y=counts[where], name=f"minimum {where}",
+            fig.add_trace(go.Bar(x=counts.index, y=counts[where], name=where,
                                  marker_color=color), 1, 2)
     fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.18))
     fig.update_xaxes(title_text="sink rate a_i0 (bin mean)", range=[0, 1], row=1, col=1)

@@ -8,7 +8,7 @@ reason. Nothing here computes on a model: every number comes from the files.
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -18,8 +18,26 @@ from cwlens.replication import plan
 
 
 @dataclass
+class View:
+    """One faithfulness file read in one parameterisation of the AOPC bins
+    (:data:`cwlens.faithfulness.aopc.PARAMETERISATIONS`)."""
+
+    parameterisation: str
+    aopc: pd.DataFrame  # aopc.aopc_summary
+    per_sample: pd.DataFrame  # aopc.aopc per sample
+    verdicts: dict
+    bins: dict  # {mode: "0.01,0.05,..."}: the removal rates averaged
+
+
+@dataclass
 class ModelResults:
-    """What one model's folder holds (None where a stage has not run)."""
+    """What one model's folder holds (None where a stage has not run).
+
+    ``aopc`` / ``per_sample`` / ``verdicts`` are the ``removed`` parameterisation of the
+    main run (the paper's wording); ``views[(param, first_token_masked)]`` holds every
+    parameterisation of both runs (the second with the first token never masked);
+    ``shares``: per metric, mode and rate, the mean share of removed entries chosen by
+    the tie-break and on the first token (main run)."""
 
     name: str
     encoder: bool
@@ -28,6 +46,8 @@ class ModelResults:
     per_sample: pd.DataFrame | None = None  # aopc.aopc per sample
     curves: pd.DataFrame | None = None  # aopc.curve_summary
     verdicts: dict | None = None
+    views: dict = field(default_factory=dict)
+    shares: pd.DataFrame | None = None
     sinks: dict | None = None  # summary.json
     alignment_layers: pd.DataFrame | None = None
     sink_ppl: pd.DataFrame | None = None  # per sample, target, scale: nll_sum, n_tokens
@@ -45,14 +65,25 @@ def load(out, name: str, n_boot: int = 2000) -> ModelResults:
     encoder = enc_path.exists()
     res = ModelResults(name, encoder, "embedding_damage" if encoder else "delta_nll")
     path = enc_path if encoder else folder / plan.FAITHFULNESS
-    if path.exists():
-        table = read_results(path)
-        if len(table):
-            d = A.damages(table, res.measure)
-            res.per_sample = A.aopc(d)
-            res.aopc = A.aopc_summary(res.per_sample, n_boot=n_boot)
+    for first_masked, p in ((True, path), (False, path.with_name(plan.first_token_kept(path.name)))):
+        table = read_results(p) if p.exists() else None
+        if table is None or not len(table):
+            continue
+        d = A.damages(table, res.measure)
+        for param in A.PARAMETERISATIONS:
+            try:
+                per = A.aopc_bins(d, param)
+            except A.InvalidArgumentError:  # the run has none of these bins
+                continue
+            bins = dict(zip(per["mode"], per["bins"], strict=True))
+            res.views[(param, first_masked)] = View(
+                param, A.aopc_summary(per, n_boot=n_boot), per, A.verdicts(per, n_boot=n_boot), bins)
+        if first_masked:
             res.curves = A.curve_summary(d, n_boot=n_boot)
-            res.verdicts = A.verdicts(res.per_sample, n_boot=n_boot)
+            res.shares = A.mask_share_summary(table)
+            main = res.views.get(("removed", True))
+            if main is not None:
+                res.per_sample, res.aopc, res.verdicts = main.per_sample, main.aopc, main.verdicts
     sink_dir = folder / plan.SINKS
     if (sink_dir / "summary.json").exists():
         res.sinks = json.loads((sink_dir / "summary.json").read_text())
@@ -73,15 +104,22 @@ def load(out, name: str, n_boot: int = 2000) -> ModelResults:
 NA = "n/a"
 
 
-def _delta(res: ModelResults, metric: str) -> str:
-    """``comp Δ / suff Δ`` of ``metric`` against signed contribution (AOPC scores)."""
-    if res.aopc is None:
-        return NA + " (not run)"
-    if metric not in set(res.aopc["metric"]):
+def _delta(res: ModelResults, metric: str, param: str = "removed", first_masked: bool = True) -> str:
+    """``comp Δ / suff Δ`` of ``metric`` against signed contribution (AOPC scores) in one
+    parameterisation; resolved = Holm over the AOPC table's Δs."""
+    view = res.views.get((param, first_masked))
+    if view is None:
+        return NA + (" (not run)" if first_masked or res.aopc is None else " (view not run)")
+    if metric not in set(view.aopc["metric"]):
+        if metric == "alti" and not res.encoder:
+            return NA + " (not run: ALTI through a post-attention norm is not implemented)"
         return NA + (" (needs a next-token loss)" if res.encoder else " (not run)")
     parts = []
     for mode, tag in (("comprehensiveness", "comp"), ("sufficiency", "suff")):
-        r = res.aopc[(res.aopc["metric"] == metric) & (res.aopc["mode"] == mode)].iloc[0]
+        hit = view.aopc[(view.aopc["metric"] == metric) & (view.aopc["mode"] == mode)]
+        if not len(hit):
+            continue
+        r = hit.iloc[0]
         word = ("better" if r.delta > 0 else "worse") if r.resolved else "tie"
         parts.append(f"{tag} {r.delta:+.3f} [{r.delta_low:+.3f}, {r.delta_high:+.3f}] ({word})")
     return "; ".join(parts)
@@ -98,10 +136,36 @@ def _ranking(res: ModelResults) -> str:
                      for mode, tag in (("comprehensiveness", "comp"), ("sufficiency", "suff")))
 
 
-def _verdict(res: ModelResults, mode: str, variant: str) -> str:
-    if res.verdicts is None:
+def _verdict(res: ModelResults, mode: str, variant: str, param: str = "removed",
+             first_masked: bool = True) -> str:
+    view = res.views.get((param, first_masked))
+    if view is None:
         return NA + " (not run)"
-    return res.verdicts.get((mode, variant), NA)
+    text = view.verdicts.get((mode, variant), NA)
+    return f"{text} (removal rates {view.bins[mode]})" if mode in view.bins else text
+
+
+def _shares(res: ModelResults) -> str:
+    """Mean share of removed entries chosen by the tie-break, and on the first token, per
+    metric at the smallest and the largest rate (comprehensiveness), and the largest
+    tie share of any metric, mode and rate."""
+    t = res.shares
+    if t is None or not len(t):
+        return NA + " (not run)"
+    comp = t[t["mode"] == "comprehensiveness"]
+    lo, hi = comp["rate"].min(), comp["rate"].max()
+    parts = []
+    for metric in ("attention", "contribution", "alti"):
+        g = comp[comp["metric"] == metric].set_index("rate")
+        if len(g):
+            parts.append(f"{metric}: tied {100 * g.loc[lo, 'tied_share']:.0f}% / "
+                         f"{100 * g.loc[hi, 'tied_share']:.0f}%, first token "
+                         f"{100 * g.loc[lo, 'first_token_share']:.0f}% / "
+                         f"{100 * g.loc[hi, 'first_token_share']:.0f}%")
+    worst = t.loc[t["tied_share"].idxmax()]
+    return (f"comp r = {lo:g} / {hi:g}: " + "; ".join(parts)
+            + f"; most ties: {worst['metric']} {worst['mode'][:4]} {worst['rate']:g} "
+              f"({100 * worst['tied_share']:.0f}%)")
 
 
 def _sink_vs_contribution(res: ModelResults) -> str:
@@ -132,13 +196,23 @@ def _anti_alignment(res: ModelResults) -> str:
 
 
 def _observed(res: ModelResults) -> str:
+    """Shares of heads by the shape of their binned means (interior: a resolved fall, then
+    a resolved rise; :mod:`cwlens.sinks.observed_shape`), with the quadratic's share."""
     s = res.sinks
     if s is None or "observed_heads" not in s:
         return NA + " (not run)"
+    if "observed_falling_frac_heads" not in s:
+        return NA + " (sinks summary from before the binned rule: re-run cwlens sinks)"
     bins = s["observed_norm_rel_by_bin"]
     first, last = next(iter(bins)), list(bins)[-1]
-    return (f"median corr(rate, norm) {s['observed_corr_median']:+.2f}; interior minimum "
-            f"{100 * s['observed_interior_frac_heads']:.0f}% of heads; relative norm "
+    pct = {k: 100 * s[f"observed_{k}_frac_heads"] for k in ("interior", "falling", "rising", "flat")}
+    return (f"rule: interior = resolved fall, then resolved rise of the binned mean norm "
+            f"(Bonferroni z over bin pairs); of {s['observed_heads']} heads: interior "
+            f"{pct['interior']:.0f}%, falling {pct['falling']:.0f}%, rising {pct['rising']:.0f}%, "
+            f"flat {pct['flat']:.0f}%, too few points {100 * s['observed_undetermined_frac_heads']:.0f}% "
+            f"(a quadratic's vertex: interior "
+            f"{100 * s['observed_quad_interior_frac_heads']:.0f}%, not a test); median "
+            f"corr(rate, norm) {s['observed_corr_median']:+.2f}; relative norm "
             f"{bins[first]:.2f} (rate {first}) → {bins[last]:.2f} (rate {last})")
 
 
@@ -180,18 +254,15 @@ def _token_classes(res: ModelResults, cls: str) -> str:
 
 
 def _layer_wins(comp: pd.DataFrame, a: str, b: str) -> tuple[int, int, int]:
-    """``(b more damaging, b less, layers)``: per layer, the paired 95% comparison of ``b``
-    against ``a`` (per-sample damage)."""
-    from cwlens.bootstrap import paired_frame_difference
+    """``(b more damaging, b less, layers)``: per layer, the paired comparison of ``b``
+    against ``a`` (per-sample damage), Holm-corrected across the layers at 5%."""
+    from cwlens.bootstrap import holm, paired_frame_difference
 
     layers = sorted(set(comp["layers"]), key=int)
-    more = less = 0
-    for ly in layers:
-        cell = comp[comp["layers"] == ly].rename(columns={"damage": "value"})
-        diff = paired_frame_difference(cell, "metric", a, b)
-        more += diff.sign > 0
-        less += diff.sign < 0
-    return more, less, len(layers)
+    tests = {ly: paired_frame_difference(comp[comp["layers"] == ly].rename(columns={"damage": "value"}),
+                                         "metric", a, b) for ly in layers}
+    signs = [d.sign for d in holm(tests).values()]
+    return sum(s > 0 for s in signs), sum(s < 0 for s in signs), len(layers)
 
 
 def _per_layer(res: ModelResults) -> str:
@@ -201,7 +272,8 @@ def _per_layer(res: ModelResults) -> str:
     comp = d[d["mode"] == "comprehensiveness"]
     more, less, n = _layer_wins(comp, "attention", "contribution")
     text = (f"rate {float(comp['rate'].iloc[0]):g}, one layer at a time, comprehensiveness: "
-            f"contribution > attention in {more} of {n} layers, < in {less} (paired 95%)")
+            f"contribution > attention in {more} of {n} layers, < in {less} (paired bootstrap-t, "
+            "Holm across layers, 5%)")
     if "alti" in set(comp["metric"]):
         more, less, n = _layer_wins(comp, "contribution", "alti")
         text += f"; ALTI > contribution in {more}, < in {less}"
@@ -212,15 +284,30 @@ def _per_layer(res: ModelResults) -> str:
 CLAIMS = (
     ("Hierarchy, comprehensiveness, signed c", "attn < vw < vwon < contrib",
      lambda r: _verdict(r, "comprehensiveness", "signed")),
-    ("Hierarchy, sufficiency, signed c", "attn < vw < vwon < contrib",
-     lambda r: _verdict(r, "sufficiency", "signed")),
+    ("Hierarchy, sufficiency (bottom r = 0.01..0.5 removed, the paper's wording), signed c",
+     "attn < vw < vwon < contrib", lambda r: _verdict(r, "sufficiency", "signed")),
+    ("Hierarchy, sufficiency (ERASER: top k = 0.01..0.5 kept), signed c",
+     "attn < vw < vwon < contrib", lambda r: _verdict(r, "sufficiency", "signed", "kept")),
     ("Hierarchy, comprehensiveness, \\|c\\|", "attn < vw < vwon < \\|c\\|",
      lambda r: _verdict(r, "comprehensiveness", "abs")),
-    ("Hierarchy, sufficiency, \\|c\\|", "attn < vw < vwon < \\|c\\|",
+    ("Hierarchy, sufficiency (bottom r removed), \\|c\\|", "attn < vw < vwon < \\|c\\|",
      lambda r: _verdict(r, "sufficiency", "abs")),
-    ("Label-free metrics, most to least faithful (AOPC means)", "contrib first",
+    ("Hierarchy, sufficiency (ERASER: top k kept), \\|c\\|", "attn < vw < vwon < \\|c\\|",
+     lambda r: _verdict(r, "sufficiency", "abs", "kept")),
+    ("Hierarchy, first token never masked: comprehensiveness / sufficiency (ERASER), signed c",
+     "attn < vw < vwon < contrib",
+     lambda r: _verdict(r, "comprehensiveness", "signed", "removed", False) + " / "
+     + _verdict(r, "sufficiency", "signed", "kept", False)),
+    ("Label-free metrics, most to least faithful (AOPC means, bottom r removed)", "contrib first",
      _ranking),
-    ("ALTI (peer) vs signed c: AOPC score Δ", "(not in the paper)", lambda r: _delta(r, "alti")),
+    ("ALTI (Ferrando et al. 2022) vs signed c: AOPC score Δ (bottom r removed)",
+     "(not in the paper)", lambda r: _delta(r, "alti")),
+    ("ALTI vs signed c: AOPC score Δ (ERASER: top k kept)", "(not in the paper)",
+     lambda r: _delta(r, "alti", "kept")),
+    ("L1 proximity to the attention output only (alti_attention) vs signed c (bottom r removed)",
+     "(not in the paper)", lambda r: _delta(r, "alti_attention")),
+    ("Masks: removed entries chosen by the random tie-break / on the first token",
+     "(protocol check)", _shares),
     ("attention × gradient (supervised) vs signed c", "(not in the paper)",
      lambda r: _delta(r, "attention_gradient")),
     ("\\|attention × gradient\\| (supervised) vs signed c", "(not in the paper)",
@@ -255,14 +342,19 @@ def claims_table(results: list[ModelResults]) -> str:
 
 
 def aopc_tables(results: list[ModelResults]) -> str:
-    """Each model's AOPC table (:func:`cwlens.faithfulness.aopc.markdown`)."""
+    """Each model's AOPC tables (:func:`cwlens.faithfulness.aopc.markdown`), one per
+    parameterisation and view, each saying which it shows."""
     parts = []
     for r in results:
-        if r.aopc is None:
-            continue
         task = ("sentence-embedding damage, FineWeb-Edu sentences" if r.encoder
                 else "language modelling, FineWeb-Edu documents")
-        parts.append(f"**{r.name}** ({task})\n\n" + A.markdown(r.aopc, r.measure, r.verdicts))
+        for (param, first_masked), view in r.views.items():
+            which = "" if first_masked else ", first token never masked"
+            parts.append(f"**{r.name}** ({task}{which})\n\n"
+                         + A.markdown(view.aopc, r.measure, view.verdicts,
+                                      parameterisation=param, bins_used=view.bins))
+        if r.shares is not None and len(r.shares):
+            parts.append(f"**{r.name}** masks\n\n" + A.shares_markdown(r.shares))
     return "\n".join(parts)
 
 

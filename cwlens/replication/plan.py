@@ -6,7 +6,9 @@ from pathlib import Path
 from cwlens import metrics
 
 DEFAULT_MODELS = ("smollm2-135m", "gemma-3-270m", "all-minilm-l6-v2")
-RATES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+# ERASER's bins read both ways (removed 0.01..0.5; sufficiency also kept 0.01..0.5 =
+# removed 0.5..0.99, cwlens.faithfulness.aopc.bins) and 0.3 for the curve's middle
+RATES = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 0.9, 0.95, 0.99)
 PER_LAYER_METRICS = ("attention", "contribution", "alti", "random")
 
 
@@ -27,6 +29,9 @@ class ReplicationConfig:
         batch_tokens: padded tokens per forward pass (decoder faithfulness; lowered for
             large vocabularies, see :func:`cwlens.replication.stages.batch_tokens`).
         seed: seed of the random control.
+        first_token_view: also run the faithfulness test with the first token never
+            masked (``mask_first_token=False``: the BOS sink / [CLS] keeps its term in
+            every row, as ferret drops [CLS]/[SEP]), into :data:`FIRST_TOKEN_KEPT`.
     """
 
     samples: int = 24
@@ -39,6 +44,7 @@ class ReplicationConfig:
     per_layer_rate: float = 0.1
     batch_tokens: int = 2048
     seed: int = 0
+    first_token_view: bool = True
     decoder_metrics: tuple[str, ...] = metrics.NAMES
     encoder_metrics: tuple[str, ...] = field(
         default=tuple(m for m in metrics.NAMES if metrics.REGISTRY[m].source != "gradient"))
@@ -52,6 +58,14 @@ def model_dir(out, model: str) -> Path:
 
 FAITHFULNESS = "faithfulness/fineweb_edu.jsonl"
 ENCODER_FAITHFULNESS = "faithfulness/fineweb_edu_sentences.jsonl"
+# the second view: the first token never masked (same file name with this suffix)
+FIRST_TOKEN_KEPT = "_first_token_kept"
+
+
+def first_token_kept(path: str) -> str:
+    """The second view's file of a faithfulness file (``x.jsonl`` -> ``x_first_token_kept.jsonl``)."""
+    stem, dot, ext = path.rpartition(".")
+    return f"{stem}{FIRST_TOKEN_KEPT}{dot}{ext}"
 PER_LAYER = "per_layer/fineweb_edu.jsonl"
 SINKS = "sinks"
 TOKEN_CLASSES = "token_classes.csv"

@@ -22,8 +22,14 @@ def run_model(model, name: str, out, cfg: ReplicationConfig, log: Log = print,
     folder.mkdir(parents=True, exist_ok=True)
     if adapter.is_encoder(model):
         encoder_faithfulness(model, name, folder / plan.ENCODER_FAITHFULNESS, cfg, log, progress)
+        if cfg.first_token_view:
+            encoder_faithfulness(model, name, folder / plan.first_token_kept(plan.ENCODER_FAITHFULNESS),
+                                 cfg, log, progress, mask_first_token=False)
     else:
         decoder_faithfulness(model, name, folder / plan.FAITHFULNESS, cfg, log, progress)
+        if cfg.first_token_view:
+            decoder_faithfulness(model, name, folder / plan.first_token_kept(plan.FAITHFULNESS),
+                                 cfg, log, progress, mask_first_token=False)
         if name == cfg.per_layer_model:
             per_layer(model, name, folder / plan.PER_LAYER, cfg, log, progress)
     sinks(model, name, folder / plan.SINKS, cfg, log, progress)
@@ -42,22 +48,36 @@ def batch_tokens(model, cfg: ReplicationConfig) -> int:
     return min(cfg.batch_tokens, cap)
 
 
+def supported_metrics(model, names) -> tuple[str, ...]:
+    """``names`` without ``alti`` where the model normalises the attention output before
+    the residual sum (Gemma-2/3: ALTI's parts through that norm are not implemented,
+    :func:`cwlens.adapter.post_attention_layernorm`)."""
+    if model is not None and adapter.ModelInfo.of(model).post_attn_norm:
+        return tuple(m for m in names if m != "alti")
+    return tuple(names)
+
+
 def faithfulness_config(cfg: ReplicationConfig, model=None, **changes):
     from cwlens.faithfulness import FaithfulnessConfig
 
-    base = dict(metrics=cfg.decoder_metrics, rates=cfg.rates, max_tokens=cfg.max_tokens,
+    base = dict(metrics=supported_metrics(model, cfg.decoder_metrics), rates=cfg.rates,
+                max_tokens=cfg.max_tokens,
                 batch_tokens=cfg.batch_tokens if model is None else batch_tokens(model, cfg),
                 seed=cfg.seed)
     return FaithfulnessConfig(**{**base, **changes})
 
 
-def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool):
-    """Value masking on FineWeb-Edu at every rate, every metric, both modes (ΔPPL, NLL)."""
+def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
+                         mask_first_token: bool = True):
+    """Value masking on FineWeb-Edu at every rate, every metric, both modes (ΔPPL, NLL);
+    ``mask_first_token=False``: the second view, the first token never masked."""
     from cwlens.faithfulness import run_faithfulness
 
-    log(f"[{name}] faithfulness: {cfg.samples} FineWeb-Edu documents x {len(cfg.decoder_metrics)} "
-        f"metrics x {len(cfg.rates)} rates x 2 modes -> {path}")
-    result = run_faithfulness(model, "fineweb_edu", faithfulness_config(cfg, model), n=cfg.samples,
+    fc = faithfulness_config(cfg, model, mask_first_token=mask_first_token)
+    log(f"[{name}] faithfulness{'' if mask_first_token else ' (first token never masked)'}: "
+        f"{cfg.samples} FineWeb-Edu documents x {len(fc.metrics)} metrics x {len(cfg.rates)} "
+        f"rates x 2 modes -> {path}")
+    result = run_faithfulness(model, "fineweb_edu", fc, n=cfg.samples,
                               out=path, model_name=name, progress=progress)
     log(f"[{name}] faithfulness: {result.stats.n_batches} batches computed now "
         f"({result.stats.wall_seconds:.0f} s)")
@@ -76,7 +96,7 @@ def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progres
 
 
 def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
-                         batch_size: int = 16):
+                         batch_size: int = 16, mask_first_token: bool = True):
     """The sentence-embedding damage (:func:`cwlens.faithfulness.encoder.embedding_damage`)
     on ``cfg.sentences`` FineWeb-Edu sentences, written in the faithfulness results format
     (``measure = "embedding_damage"``) one sample at a time; batches are fixed by the
@@ -92,24 +112,29 @@ def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: L
     metrics, rates = cfg.encoder_metrics, cfg.rates
     config = {"model": name, "dataset": "fineweb_edu_sentences", "metrics": list(metrics),
               "rates": list(rates), "modes": list(MODES), "scope": "row", "kind": "inter",
-              "batch_size": batch_size, "seed": cfg.seed, "samples": [i for i, _ in texts]}
+              "batch_size": batch_size, "seed": cfg.seed, "samples": [i for i, _ in texts],
+              "mask_first_token": mask_first_token}
     base = {"model": name, "dataset": "fineweb_edu_sentences", "scope": "row", "kind": "inter",
-            "renormalize": False, "causal_only": False, "mask_first_token": True,
+            "renormalize": False, "causal_only": False, "mask_first_token": mask_first_token,
             "max_tokens": None, "seed": cfg.seed}
     log(f"[{name}] encoder faithfulness: {len(texts)} sentences x {len(metrics)} metrics x "
         f"{len(rates)} rates x 2 modes -> {path}")
     with results_lock(path.parent):
-        writer = ResultsWriter(path, config, len(metrics) * len(rates) * len(MODES))
+        measures = ("embedding_damage", "tied_share", "first_token_share")
+        writer = ResultsWriter(path, config, len(metrics) * len(rates) * len(MODES) * len(measures))
         chunks = [texts[s : s + batch_size] for s in range(0, len(texts), batch_size)]
         todo = [c for c in chunks if any(i not in writer.done for i, _ in c)]
         for chunk in tqdm(todo, desc=f"{name} sentences", unit="batch", disable=not progress):
             rows = embedding_damage(model, chunk, metrics, rates, MODES, batch_size=batch_size,
-                                    seed=cfg.seed)
+                                    seed=cfg.seed, mask_first_token=mask_first_token)
             for sid, _ in chunk:
                 if sid in writer.done:
                     continue
-                writer.write_sample([{**base, **r, "layers": "all", "measure": "embedding_damage",
-                                      "value": r["damage"]} for r in rows if r["sample_id"] == sid])
+                writer.write_sample([
+                    {**base, "metric": r["metric"], "mode": r["mode"], "rate": r["rate"],
+                     "sample_id": sid, "layers": "all", "measure": m,
+                     "value": r["damage" if m == "embedding_damage" else m]}
+                    for r in rows if r["sample_id"] == sid for m in measures])
 
 
 def sinks(model, name, folder: Path, cfg: ReplicationConfig, log: Log, progress: bool):

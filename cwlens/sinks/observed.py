@@ -11,14 +11,18 @@ chose? That relation can take any shape, so it is measured, not derived:
   ``[0, 1]``) the sufficient statistics ``n, sum r, sum r^2, sum r^3, sum r^4, sum y,
   sum r y, sum r^2 y, sum y^2`` of ``r = a_i0``, ``y = ||o_i^h||`` over the real queries
   after the sink, plus the smallest and largest ``r``. They add up over batches.
-- :func:`head_fits`: per head, the least-squares quadratic ``y ~ c0 + c1 r + c2 r^2`` over
-  all its points (from the sums, float64), the Pearson correlation of ``r`` and ``y``, and
-  where the fitted curve has its minimum over the observed rate range: ``interior``
-  (``c2 > 0`` and ``r* = -c1 / (2 c2)`` strictly inside ``(r_min, r_max)``), else
-  ``low`` / ``high`` (at an end of the range).
+- :func:`head_fits`: per head, the **shape** read from the binned means with their
+  intervals (:mod:`cwlens.sinks.observed_shape`: ``interior`` only with a resolved fall
+  before *and* a resolved rise after the bin of smallest mean; else ``falling``,
+  ``rising``, ``flat``), the Pearson correlation of ``r`` and ``y``, and, as a coarse
+  summary only, the least-squares quadratic ``y ~ c0 + c1 r + c2 r^2`` over all points
+  (from the sums, float64) with where its minimum falls (``quad_minimum``: ``interior``
+  when ``c2 > 0`` and ``r* = -c1 / (2 c2)`` lies strictly inside ``(r_min, r_max)``, else
+  ``low`` / ``high``). The quadratic calls a head that falls and then flattens
+  "interior" nearly always, so no verdict is read from it.
 - :func:`layer_fits` / :func:`bin_summary`: the same pooled over a layer's heads, each
   head's norms divided by its own mean norm (``y / mean_h y``), so heads of different
-  scales share one curve.
+  scales share one curve; :func:`bin_summary` gives each bin's mean with its interval.
 """
 
 from typing import Any
@@ -29,6 +33,7 @@ import torch
 
 from cwlens import adapter
 from cwlens.core.sinks import SinkGeometry, first_real_index
+from cwlens.sinks.observed_shape import RULE, SHAPES, bin_means, shape_of
 
 N_BINS = 10
 SUMS = ("n", "s_r", "s_r2", "s_r3", "s_r4", "s_y", "s_ry", "s_r2y", "s_y2")
@@ -69,7 +74,13 @@ def layer_bins(geo, ly: int, attention_mask=None, n_bins: int = N_BINS) -> pd.Da
     """The rows of :func:`observed_bins` for one layer's geometry (streaming-friendly)."""
     mask = None if attention_mask is None else attention_mask.bool()
     sink = first_real_index(mask, geo.pattern.shape[0], geo.pattern.device)
-    sums, r_min, r_max = _bin_sums(*layer_points(SinkGeometry(geo, sink)), n_bins)
+    return points_bins(*layer_points(SinkGeometry(geo, sink)), ly, n_bins)
+
+
+def points_bins(rate, norm, valid, ly: int = 0, n_bins: int = N_BINS) -> pd.DataFrame:
+    """The rows of :func:`observed_bins` from points ``(rate, norm, valid)``, each
+    ``[batch, head, query]`` (as :func:`layer_points` gives them)."""
+    sums, r_min, r_max = _bin_sums(rate, norm, valid, n_bins)
     h = sums.shape[0]
     df = pd.DataFrame(sums.reshape(h * n_bins, -1).cpu().numpy(), columns=list(SUMS))
     df.insert(0, "bin", np.tile(np.arange(n_bins), h))
@@ -119,8 +130,17 @@ def head_fits(bins: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (ly, h), d in g:
         s = d[list(SUMS)].sum()
-        rows.append({"layer": ly, "head": h, **_fit(s, d["r_min"].min(), d["r_max"].max())})
+        rows.append({"layer": ly, "head": h, **_quadratic(s, d["r_min"].min(), d["r_max"].max()),
+                     **shape_of(bin_means(d))})
     return pd.DataFrame(rows)
+
+
+def _quadratic(s, r_lo: float, r_hi: float) -> dict:
+    """:func:`_fit` with its minimum columns named as the quadratic's."""
+    fit = _fit(s, r_lo, r_hi)
+    fit["quad_minimum"] = fit.pop("minimum")
+    fit["quad_norm_at_min_rel"] = fit.pop("norm_at_min_rel")
+    return fit
 
 
 def _relative(bins: pd.DataFrame) -> pd.DataFrame:
@@ -139,36 +159,47 @@ def layer_fits(bins: pd.DataFrame) -> pd.DataFrame:
     """Per layer: the fit of the heads' relative norms pooled (``mean_norm`` is then ~1)."""
     rows = []
     for ly, d in _relative(bins).groupby("layer"):
-        rows.append({"layer": ly, **_fit(d[list(SUMS)].sum(), d["r_min"].min(), d["r_max"].max())})
+        pooled = d.groupby("bin", as_index=False)[list(SUMS)].sum()
+        rows.append({"layer": ly, **_quadratic(d[list(SUMS)].sum(), d["r_min"].min(), d["r_max"].max()),
+                     **shape_of(bin_means(pooled))})
     return pd.DataFrame(rows)
 
 
 def bin_summary(bins: pd.DataFrame, by_layer: bool = True) -> pd.DataFrame:
-    """Per ``(layer, bin)`` (or per bin over all layers): ``n``, mean sink rate and mean
-    relative norm ``||o^h|| / mean_h ||o^h||`` of the pooled heads."""
+    """Per ``(layer, bin)`` (or per bin over all layers): ``n``, mean sink rate, mean
+    relative norm ``||o^h|| / mean_h ||o^h||`` of the pooled heads, its standard error and
+    95% interval (``norm_rel_se``, ``norm_rel_low``, ``norm_rel_high``; points treated as
+    independent, see :mod:`cwlens.sinks.observed_shape`)."""
     keys = ["layer", "bin"] if by_layer else ["bin"]
-    d = _relative(bins).groupby(keys, as_index=False)[["n", "s_r", "s_y"]].sum()
-    d["rate"] = d["s_r"] / d["n"]
-    d["norm_rel"] = d["s_y"] / d["n"]
-    return d[keys + ["n", "rate", "norm_rel"]]
+    d = bin_means(_relative(bins).groupby(keys, as_index=False)[["n", "s_r", "s_y", "s_y2"]].sum())
+    d = d.rename(columns={"mean": "norm_rel", "se": "norm_rel_se", "low": "norm_rel_low",
+                          "high": "norm_rel_high"})
+    return d[keys + ["n", "rate", "norm_rel", "norm_rel_se", "norm_rel_low", "norm_rel_high"]]
 
 
 def summary(bins: pd.DataFrame, sink_heads: set | None = None) -> dict:
-    """Headline numbers for ``summary.json`` and the printed summary."""
+    """Headline numbers for ``summary.json`` and the printed summary. The shape fractions
+    are over all heads (``observed_heads``; ``undetermined``: fewer than 3 bins of enough
+    points, ``observed_testable_heads`` are the others); the quadratic's
+    interior fraction is kept as ``observed_quad_interior_frac_heads`` for comparison."""
     fits = head_fits(bins)
-    fitted = fits[fits["minimum"] != "undetermined"]
+    fitted = fits[fits["shape"] != "undetermined"]
+    interior = fitted[fitted["shape"] == "interior"]
+    quad = fits[fits["quad_minimum"] != "undetermined"]
     out: dict[str, Any] = {
-        "observed_heads": int(len(fitted)),
-        "observed_interior_frac_heads": float((fitted["minimum"] == "interior").mean()),
-        "observed_low_frac_heads": float((fitted["minimum"] == "low").mean()),
-        "observed_high_frac_heads": float((fitted["minimum"] == "high").mean()),
-        "observed_corr_median": float(fitted["corr"].median()),
-        "observed_r_star_median": float(fitted.loc[fitted["minimum"] == "interior", "r_star"].median()),
+        "observed_rule": RULE,
+        "observed_heads": int(len(fits)),
+        "observed_testable_heads": int(len(fitted)),
+        **{f"observed_{k}_frac_heads": float((fits["shape"] == k).mean()) for k in SHAPES},
+        "observed_corr_median": float(fits["corr"].median()),
+        "observed_min_rate_median_interior": float(interior["min_rate"].median()),
+        "observed_rise_median_interior": float(interior["rise"].median()),
+        "observed_quad_interior_frac_heads": float((quad["quad_minimum"] == "interior").mean()),
     }
     if sink_heads:
-        keys = list(zip(fitted["layer"], fitted["head"], strict=True))
-        sel = fitted[[k in sink_heads for k in keys]]
-        out["observed_interior_frac_sink_heads"] = float((sel["minimum"] == "interior").mean())
+        keys = list(zip(fits["layer"], fits["head"], strict=True))
+        sel = fits[np.array([k in sink_heads for k in keys], dtype=bool)]
+        out["observed_interior_frac_sink_heads"] = float((sel["shape"] == "interior").mean())
         out["observed_corr_median_sink_heads"] = float(sel["corr"].median())
     pooled = bin_summary(bins, by_layer=False)
     out["observed_norm_rel_by_bin"] = {
@@ -180,7 +211,7 @@ def summary(bins: pd.DataFrame, sink_heads: set | None = None) -> dict:
 
 def format_line(s: dict) -> str:
     """The summary line of ``cwlens sinks`` (the counterfactual curve's is separate)."""
-    if "observed_heads" not in s:
+    if "observed_falling_frac_heads" not in s:
         return ""
     bins = s["observed_norm_rel_by_bin"]
     ends = f"{next(iter(bins.values())):.2f} (rate {next(iter(bins))}) to " \
@@ -188,9 +219,13 @@ def format_line(s: dict) -> str:
     sink = ""
     if "observed_interior_frac_sink_heads" in s:
         sink = f" ({100 * s['observed_interior_frac_sink_heads']:.0f}% of sink heads)"
+    pct = {k: 100 * s[f"observed_{k}_frac_heads"] for k in ("interior", "falling", "rising", "flat")}
     return (
-        f"  observed ||o^h|| vs own sink rate (across queries): fitted minimum interior for "
-        f"{100 * s['observed_interior_frac_heads']:.0f}% of heads{sink}, at the low end for "
-        f"{100 * s['observed_low_frac_heads']:.0f}%, high end {100 * s['observed_high_frac_heads']:.0f}%; "
-        f"median corr(rate, norm) {s['observed_corr_median']:+.2f}; relative norm from {ends}"
+        f"  observed ||o^h|| vs own sink rate (across queries, binned means): interior minimum "
+        f"(resolved fall, then resolved rise) for {pct['interior']:.0f}% of heads{sink}; falling "
+        f"{pct['falling']:.0f}%, rising {pct['rising']:.0f}%, flat {pct['flat']:.0f}%, "
+        f"undetermined {100 * s['observed_undetermined_frac_heads']:.0f}% "
+        f"[a quadratic fit would say interior for "
+        f"{100 * s['observed_quad_interior_frac_heads']:.0f}%]; median corr(rate, norm) "
+        f"{s['observed_corr_median']:+.2f}; relative norm from {ends}"
     )
