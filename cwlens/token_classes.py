@@ -201,7 +201,7 @@ def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int 
     for name, value in (("max_tokens", max_tokens), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgumentError(f"{name} must be a positive integer; got {value!r}.")
-    full = [token_ids(model, t) for t in _texts(texts)]
+    full = [token_ids(model, t, truncate=False) for t in _texts(texts)]
     cap = context_cap(model, max_tokens, [len(r) for r in full])
     rows = sorted((r[:cap] for r in full), key=len)
     causal = not adapter.is_encoder(model)

@@ -174,7 +174,7 @@ def _text_units(model, samples, max_tokens) -> list[_Unit]:
         out = lm.document_scores(logits[row : row + 1], tokens[row : row + 1], mask[row : row + 1])
         return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
 
-    all_ids = [token_ids(model, s.text).tolist() for s in samples]
+    all_ids = [token_ids(model, s.text, truncate=False).tolist() for s in samples]
     cap = context_cap(model, max_tokens, [len(ids) for ids in all_ids], "documents")
     return [_Unit(s.id, [ids[:cap] if cap else ids], score)
             for s, ids in zip(samples, all_ids, strict=True)]

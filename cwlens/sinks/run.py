@@ -36,7 +36,7 @@ def batches(model, samples, max_tokens: int, batch_size: int):
     """``[(ids, tokens, mask)]`` with texts sorted by token length."""
     from cwlens.batching import context_cap, pad_batch, token_ids
 
-    rows = [(s.id, token_ids(model, s.text)) for s in samples]
+    rows = [(s.id, token_ids(model, s.text, truncate=False)) for s in samples]
     cap = context_cap(model, max_tokens, [len(r[1]) for r in rows])
     rows = [(i, ids[:cap]) for i, ids in rows]
     rows.sort(key=lambda r: len(r[1]))
