@@ -42,7 +42,7 @@ def test_ties_follow_the_seeded_order_not_key_order():
     assert (ranking.rank[..., :, None] < ranking.rank[..., None, :])[better & elig[..., None] & elig[..., None, :]].all()
 
 
-def test_tiebreak_depends_on_the_sample_not_its_batch():
+def test_tiebreak_does_not_depend_on_the_batch():
     mask = torch.ones(3, 6, dtype=torch.bool)
     both = tiebreak_scores((3, 2, 6, 6), mask, ["x", "y", "z"], seed=4, layer=2)
     alone = tiebreak_scores((1, 2, 6, 6), mask[:1], ["y"], seed=4, layer=2)
@@ -103,3 +103,16 @@ def test_sweep_reports_tied_and_first_token_shares():
             assert len(values) == 2 * 2 * 2 and values.between(0, 1).all()
             shares[first, measure] = values.mean()
     assert shares[True, "first_token_share"] > 0 and shares[False, "first_token_share"] == 0
+
+
+def test_seeded_draws_of_a_prefix_are_the_prefix_of_the_draws():
+    """Row i's random order depends on (seed, sample, layer, head, i, j) only, never on how
+    many tokens follow: the causal head/layer masks and token-by-token scoring rely on it."""
+    from cwlens.faithfulness.ranking import random_scores
+    long_mask, short_mask = torch.ones(1, 9, dtype=torch.bool), torch.ones(1, 5, dtype=torch.bool)
+    for draw in (tiebreak_scores, random_scores):
+        full = draw((1, 2, 9, 9), long_mask, ["s"], seed=3, layer=1)
+        prefix = draw((1, 2, 5, 5), short_mask, ["s"], seed=3, layer=1)
+        torch.testing.assert_close(full[:, :, :5, :5], prefix, rtol=0, atol=0)
+        assert full.unique().numel() == full.numel()  # no ties among the draws
+        assert 0.0 <= float(full.min()) and float(full.max()) < 1.0

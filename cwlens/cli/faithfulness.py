@@ -59,11 +59,15 @@ def register(sub) -> None:
     add_placement_args(p)
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default="gsm8k", type=arg_types.dataset_list(),
-                   help="comma-separated: gsm8k, fineweb_edu, mmlu, winogrande, boolq (default: %(default)s)")
+                   help="comma-separated: gsm8k, fineweb_edu, mmlu, winogrande, boolq, and the "
+                   "circuit tasks ioi, induction, capitals (default: %(default)s)")
     g.add_argument("--samples", default="50", type=arg_types.samples_spec,
                    help="samples per dataset: one number, or name=N,... (default: %(default)s)")
     g.add_argument("--num-fewshot", type=int, default=0, choices=range(6), metavar="{0..5}",
                    help="MMLU exemplars from the dev split, 0-5 (default: 0)")
+    g.add_argument("--require-above-chance", action="store_true",
+                   help="multiple-choice datasets: measure the clean accuracy first and refuse a "
+                   "dataset whose exact 95%% interval does not clear chance (see cwlens accuracy)")
     g.add_argument("--max-tokens", type=arg_types.max_tokens, default=512,
                    help="truncate language-modelling documents to their first N tokens (default: %(default)s)")
     g = p.add_argument_group("masking protocol (defaults: see docs/faithfulness.md)")
@@ -191,6 +195,8 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
         from cwlens.faithfulness import run_faithfulness
 
         shots = args.num_fewshot if d == "mmlu" else 0
+        if args.require_above_chance:
+            _check_chance(model, d, counts[d], shots, cfg, world)
         result = run_faithfulness(
             model, d, cfg, n=counts[d], num_fewshot=shots, out=path, resume=not args.no_resume,
             model_name=args.model, progress=not args.no_progress,
@@ -201,6 +207,20 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
             print(f"{d}: {s.n_forwards} forward passes in {s.n_batches} batches{ranks}, "
                   f"{s.wall_seconds:.0f}s -> {path}")
     return report(paths, args) if world.main else 0
+
+
+def _check_chance(model, dataset, n, shots, cfg, world) -> None:
+    """A multiple-choice dataset: its clean accuracy must clear chance (else AtChanceError)."""
+    from cwlens.datasets import ChoiceItem, load_dataset
+    from cwlens.faithfulness.accuracy import clean_accuracy, require_above_chance
+
+    items = load_dataset(dataset, n=n, num_fewshot=shots)
+    if not items or not isinstance(items[0], ChoiceItem):
+        return
+    check = clean_accuracy(model, items, batch_tokens=cfg.batch_tokens)
+    if world.main:
+        print(f"clean accuracy: {check.line()}", flush=True)
+    require_above_chance(check)
 
 
 def report(paths, args) -> int:

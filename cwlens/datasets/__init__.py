@@ -5,7 +5,9 @@
     items = load_dataset("mmlu", num_fewshot=5)     # list[ChoiceItem]
 
 Text datasets: gsm8k, fineweb_edu, fineweb_edu_substitute_wikipedia.
-Choice datasets (lm-eval-harness formats): mmlu, winogrande, boolq.
+Choice datasets (lm-eval-harness formats): mmlu, winogrande, boolq; and the circuit
+tasks ioi, induction, capitals (generated, ``cwlens.datasets.circuit_tasks``), which
+small models solve.
 Formats are documented in ``cwlens.datasets.tasks``; provenance and licences
 of the shipped samples in ``cwlens/datasets/data/SOURCES.md``.
 """

@@ -183,6 +183,27 @@ def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: Scope = "r
     return Ranking(rank.reshape(b, h, q, k), n.to(torch.int64), scope)
 
 
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (two multiply-xorshift rounds) of int64 values in [0, 2^32)."""
+    for _ in range(2):
+        x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
+    return (x >> 16) ^ x
+
+
+def position_uniforms(h: int, n: int, key: str) -> torch.Tensor:
+    """float64 ``[h, n, n]`` uniforms in [0, 1), one per (head, query, key) *position*,
+    seeded by ``key``: entry ``(h, i, j)`` is the same whatever ``n`` is, so a text and
+    any of its prefixes get the same draws (a row's order never depends on later tokens).
+    53 bits from two 32-bit hashes of (seed, head, query, key)."""
+    base = zlib.crc32(key.encode())
+    hh = torch.arange(h, dtype=torch.int64)[:, None, None]
+    ii = torch.arange(n, dtype=torch.int64)[None, :, None]
+    jj = torch.arange(n, dtype=torch.int64)[None, None, :]
+    x = _mix32(_mix32(_mix32((hh + base) & 0xFFFFFFFF) ^ ii) ^ jj)
+    y = _mix32(x ^ 0x5BD1E995)
+    return ((x << 21) + (y >> 11)).double() / float(2**53)
+
+
 def random_scores(
     shape: Sequence[int],
     position_mask: torch.Tensor,
@@ -192,29 +213,38 @@ def random_scores(
 ) -> torch.Tensor:
     """Seeded uniform scores ``[batch, head, query, key]`` for the ``random`` control.
 
-    Each sample draws its own ``[head, n_real, n_real]`` block from a generator seeded by
-    ``(seed, sample key, layer)``, so the masks do not depend on the batch a sample is
-    in or on its padding.
+    Each sample draws its own ``[head, n_real, n_real]`` block of
+    :func:`position_uniforms` seeded by ``(seed, sample key, layer)``, so the masks do not
+    depend on the batch a sample is in, on its padding, or on tokens after a query.
     """
     b, h, _, _ = shape
     out = torch.zeros(tuple(shape), dtype=torch.float32)
     real = position_mask.bool().cpu()
     for row in range(b):
         idx = real[row].nonzero().flatten()
-        n = len(idx)
-        key = f"{seed}:{sample_keys[row]}:{layer}".encode()
-        gen = torch.Generator().manual_seed(zlib.crc32(key))
-        block = torch.rand(h, n, n, generator=gen)
-        out[row, :, idx[:, None], idx[None, :]] = block
+        block = position_uniforms(h, len(idx), f"{seed}:{sample_keys[row]}:{layer}")
+        out[row, :, idx[:, None], idx[None, :]] = block.float()
     return out.to(position_mask.device)
 
 
 def tiebreak_scores(shape: Sequence[int], position_mask: torch.Tensor,
                     sample_keys: Sequence[str], seed: int, layer: int) -> torch.Tensor:
-    """The seeded random order that breaks ties in :func:`rank_entries`: uniform draws
-    like :func:`random_scores` but from another stream (so the ``random`` control and
-    the tie-break of the other metrics are independent)."""
-    return random_scores(shape, position_mask, [f"ties:{k}" for k in sample_keys], seed, layer)
+    """The seeded random order that breaks ties in :func:`rank_entries`.
+
+    :func:`position_uniforms` seeded by ``(seed, layer)`` only -- not by the sample -- and
+    laid on each sample's real positions: the order between two tied entries depends on
+    their (head, query, key) positions alone, so a text, any of its prefixes and the same
+    text in another request (lm-eval scores a continuation whole and token by token as
+    different requests) break ties the same way. It is a stream apart from the ``random``
+    control's (which is seeded per sample). ``sample_keys`` only sets the batch size."""
+    b, h, _, _ = shape
+    out = torch.zeros(tuple(shape), dtype=torch.float32)
+    real = position_mask.bool().cpu()
+    for row in range(len(sample_keys)):
+        idx = real[row].nonzero().flatten()
+        block = position_uniforms(h, len(idx), f"ties:{seed}:{layer}")
+        out[row, :, idx[:, None], idx[None, :]] = block.float()
+    return out.to(position_mask.device)
 
 
 def mask_counts(scores: torch.Tensor | None, eligible: torch.Tensor, mask: torch.Tensor,

@@ -1,0 +1,90 @@
+"""``cwlens accuracy``: the clean accuracy of multiple-choice datasets, against chance."""
+
+import argparse
+
+from cwlens.cli import arg_types
+from cwlens.cli.common import add_model_args
+
+DESCRIPTION = """\
+Scores every item of each multiple-choice dataset on the clean model (log-likelihood of
+each choice, as lm-eval-harness) and prints its accuracy with an exact 95% interval
+(Clopper-Pearson) and the chance level (mean 1/k over the items). A dataset is "above
+chance" when the interval's lower end is above chance: only there can accuracy under
+masking (cwlens faithfulness --dataset <it> --require-above-chance) tell metrics apart.
+The circuit tasks ioi, induction and capitals are the ones small models solve.
+"""
+
+EPILOG = """\
+examples:
+  cwlens accuracy --dataset ioi,induction,capitals
+  cwlens accuracy --dataset ioi,boolq,winogrande --samples ioi=300,boolq=200,winogrande=200
+  cwlens accuracy --dataset ioi,induction,capitals --summary-md docs/faithfulness.md
+"""
+
+START, END = "<!-- clean-accuracy:start -->", "<!-- clean-accuracy:end -->"
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "accuracy", help="clean accuracy of multiple-choice datasets, with its interval and chance",
+        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_args(p)
+    p.add_argument("--dataset", default="ioi,induction,capitals",
+                   type=arg_types.dataset_list(("choice",)),
+                   help="comma-separated multiple-choice datasets (default: %(default)s)")
+    p.add_argument("--samples", default=None, type=arg_types.samples_spec,
+                   help="items per dataset: one number, or name=N,... (default: all)")
+    p.add_argument("--batch-tokens", type=arg_types.positive_int, default=2048,
+                   help="padded tokens per forward pass (default: %(default)s)")
+    p.add_argument("--summary-md", default=None,
+                   help="write the table into these markdown files, comma-separated "
+                   "(between <!-- clean-accuracy:start/end --> comments)")
+    p.set_defaults(func=run)
+
+
+def _count(spec, dataset: str) -> int | None:
+    from cwlens.errors import InvalidArgumentError
+
+    if spec is None or isinstance(spec, int):
+        return spec
+    if dataset not in spec:
+        raise InvalidArgumentError(f"--samples has no count for {dataset}; give one for each "
+                                   "--dataset, e.g. " + f"{dataset}=200")
+    return spec[dataset]
+
+
+def markdown(checks, model: str) -> str:
+    """The clean-accuracy table of ``checks`` (:class:`~cwlens.faithfulness.accuracy.CleanAccuracy`)."""
+    lines = [f"Clean accuracy of {model}, exact 95% interval (Clopper–Pearson); above chance = "
+             "the interval's lower end is above chance.", "",
+             "| dataset | n | accuracy [95% CI] | chance | verdict |", "|---|---|---|---|---|"]
+    for c in checks:
+        lines.append(f"| {c.dataset} | {c.n} | {100 * c.accuracy:.1f}% [{100 * c.low:.1f}, "
+                     f"{100 * c.high:.1f}] | {100 * c.chance:.1f}% | {c.verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(args) -> int:
+    counts = {d: _count(args.samples, d) for d in args.dataset}
+    md = [arg_types.output_file(p, "--summary-md") for p in (args.summary_md or "").split(",") if p]
+    from cwlens.datasets import load_dataset
+
+    items = {d: load_dataset(d, n=counts[d]) for d in args.dataset}  # too many samples: fails here
+    import cwlens
+    from cwlens.faithfulness.accuracy import clean_accuracy
+
+    model = cwlens.load_model(args.model, device=args.device)
+    checks = []
+    for d in args.dataset:
+        checks.append(clean_accuracy(model, items[d], batch_tokens=args.batch_tokens))
+        print(checks[-1].line(), flush=True)
+    text = markdown(checks, args.model)
+    print()
+    print(text)
+    from cwlens.faithfulness.report import write_block
+
+    for path in md:
+        write_block(path, text, START, END)
+        print(f"table written to {path}")
+    return 0

@@ -1,0 +1,148 @@
+"""Accuracy under masking, only where the clean model is clearly above chance.
+
+Accuracy under comprehensiveness / sufficiency masking (the paper's multiple-choice half)
+says nothing about a metric when the clean model is at chance: masking cannot lower an
+accuracy that is already a coin flip. So the test first measures the clean accuracy::
+
+    acc   = (1/n) sum_items [argmax_c ll_c == gold]       (cwlens.faithfulness.choice)
+    chance = (1/n) sum_items 1 / k_item                   (k: the item's number of choices)
+
+with its exact 95% interval (:func:`cwlens.core.proportion.clopper_pearson`), and runs
+the masking sweep (:func:`~cwlens.faithfulness.run_faithfulness`) only if the interval's
+lower end is above chance; otherwise it refuses with :class:`AtChanceError`
+(``allow_chance=True`` runs it anyway and the result says "at chance").
+
+    check = clean_accuracy(model, load_dataset("capitals"))
+    print(check.line())      # capitals: 62.3% [55.3, 68.9] (129/207), chance 25.0%: above chance
+    test = run_accuracy_test(model, "capitals", FaithfulnessConfig(rates=(0.1, 0.5)))
+    test.result.summary()
+
+The clean pass is one plain forward per batch (the batches of the sweep, left-padded);
+its accuracy equals the sweep's clean ``acc`` rows.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from cwlens import adapter
+from cwlens.batching import pad_batch
+from cwlens.core.proportion import above_chance, clopper_pearson
+from cwlens.errors import EmptyInputError, InvalidArgumentError
+
+
+class AtChanceError(InvalidArgumentError):
+    """The clean accuracy's interval does not clear chance: masking would test nothing."""
+
+
+@dataclass(frozen=True)
+class CleanAccuracy:
+    """Clean accuracy of one dataset: ``correct`` of ``n``, its exact interval at
+    ``level``, and the chance level (mean ``1 / k`` over the items)."""
+
+    dataset: str
+    n: int
+    correct: int
+    chance: float
+    low: float
+    high: float
+    level: float = 0.95
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n
+
+    @property
+    def above_chance(self) -> bool:
+        return above_chance(self.low, self.chance)
+
+    @property
+    def verdict(self) -> str:
+        return "above chance" if self.above_chance else "at chance"
+
+    def line(self) -> str:
+        return (f"{self.dataset}: {100 * self.accuracy:.1f}% [{100 * self.low:.1f}, "
+                f"{100 * self.high:.1f}] ({self.correct}/{self.n}), chance "
+                f"{100 * self.chance:.1f}%: {self.verdict}")
+
+
+def chance_level(items: Sequence) -> float:
+    """Mean over the items of ``1 / number of choices``."""
+    if not items:
+        raise EmptyInputError("No items: pass at least one ChoiceItem.")
+    return sum(1.0 / item.num_choices for item in items) / len(items)
+
+
+def item_accuracies(model, items: Sequence, batch_tokens: int = 2048) -> list[float]:
+    """``acc`` (1.0 / 0.0) of every item on the clean model, in item order."""
+    from cwlens.faithfulness.sweep import _choice_units, plan_batches
+
+    units = _choice_units(model, items)
+    acc = [float("nan")] * len(units)
+    for batch in plan_batches(units, batch_tokens):
+        seqs: list = []
+        rows_of: list[list[int]] = []
+        for u in batch:
+            rows_of.append(list(range(len(seqs), len(seqs) + len(units[u].sequences))))
+            seqs += units[u].sequences
+        tokens, mask = pad_batch(model, seqs)
+        offsets = mask.int().argmax(-1).tolist()
+        with torch.no_grad():
+            logits = model(tokens, **adapter.forward_kwargs(model, mask))
+        for u, rows in zip(batch, rows_of, strict=True):
+            acc[u] = units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)["acc"]
+    return acc
+
+
+def clean_accuracy(model, items: Sequence, level: float = 0.95,
+                   batch_tokens: int = 2048) -> CleanAccuracy:
+    """The clean accuracy of ``items`` (:class:`~cwlens.datasets.ChoiceItem`) on ``model``."""
+    from cwlens.datasets import ChoiceItem
+
+    items = list(items)
+    if not items:
+        raise EmptyInputError("No items: pass a non-empty list of ChoiceItem.")
+    if not all(isinstance(i, ChoiceItem) for i in items):
+        raise InvalidArgumentError(
+            "clean_accuracy needs multiple-choice items (ChoiceItem, e.g. load_dataset('ioi')); "
+            f"got a {type(next(i for i in items if not isinstance(i, ChoiceItem))).__name__}.")
+    correct = int(sum(item_accuracies(model, items, batch_tokens)))
+    low, high = clopper_pearson(correct, len(items), level)
+    return CleanAccuracy(items[0].dataset, len(items), correct, chance_level(items), low, high,
+                         level)
+
+
+def require_above_chance(check: CleanAccuracy) -> None:
+    """Raise :class:`AtChanceError` unless ``check`` is clearly above chance."""
+    if not check.above_chance:
+        raise AtChanceError(
+            f"{check.line()}: the lower end of the {100 * check.level:g}% interval does not "
+            "clear chance, so accuracy under masking cannot tell the metrics apart. Use a "
+            "task this model solves (cwlens.faithfulness.accuracy.clean_accuracy), or pass "
+            "allow_chance=True to run_accuracy_test to run it anyway (CLI: leave out "
+            "--require-above-chance).")
+
+
+@dataclass(frozen=True)
+class AccuracyTest:
+    """The clean check and the masking sweep's result (its rows carry ``acc`` per condition)."""
+
+    clean: CleanAccuracy
+    result: object  # FaithfulnessResult
+
+
+def run_accuracy_test(model, dataset, config=None, *, n: int | None = None,
+                      allow_chance: bool = False, level: float = 0.95, **kwargs) -> AccuracyTest:
+    """Clean accuracy first (:func:`clean_accuracy`); if it clears chance (or
+    ``allow_chance``), the masking sweep :func:`~cwlens.faithfulness.run_faithfulness`
+    with ``config`` on the same items (``kwargs``: its keywords, e.g. ``out``)."""
+    from cwlens.datasets import load_dataset
+    from cwlens.faithfulness.sweep import FaithfulnessConfig, run_faithfulness
+
+    items = load_dataset(dataset, n) if isinstance(dataset, str) else list(dataset)
+    cfg = config or FaithfulnessConfig()
+    check = clean_accuracy(model, items, level, cfg.batch_tokens)
+    if not allow_chance:
+        require_above_chance(check)
+    return AccuracyTest(check, run_faithfulness(model, items, cfg, **kwargs))

@@ -1,0 +1,189 @@
+"""Accuracy under masking where the clean model is above chance (cwlens.faithfulness.accuracy):
+the exact interval against its definition, clean accuracy against unbatched float64
+log-likelihoods, the chance gate, masks applied (rate 1 = every attention term removed),
+and paired differences of the per-item accuracies."""
+
+import math
+
+import pytest
+import torch
+
+from cwlens import hook_names
+from cwlens.adapter import ModelInfo
+from cwlens.core.proportion import above_chance, clopper_pearson
+from cwlens.datasets import ChoiceItem, TextSample
+from cwlens.errors import CwlensError, InvalidArgumentError
+from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
+from cwlens.faithfulness.accuracy import (
+    AtChanceError,
+    CleanAccuracy,
+    chance_level,
+    clean_accuracy,
+    item_accuracies,
+    require_above_chance,
+    run_accuracy_test,
+)
+from cwlens.testing import tiny_model
+
+ITEMS = [
+    ChoiceItem("t-0", ("mary gave john a bottle of",) * 3, (" milk", " water", " dog"), 0, "toy"),
+    ChoiceItem("t-1", ("the capital of france is",) * 2, (" paris", " london"), 0, "toy"),
+    ChoiceItem("t-2", ("one two three",) * 4, (" four", " five", " six", " ten"), 0, "toy"),
+    ChoiceItem("t-3", ("when mary and john went to the store , john gave a drink to",) * 2,
+               (" john", " mary"), 1, "toy"),
+    ChoiceItem("t-4", ("the cat sat on the",) * 3, (" dog", " mat", " tree"), 1, "toy"),
+    ChoiceItem("t-5", ("red blue green red blue",) * 3, (" red", " green", " big"), 1, "toy"),
+    ChoiceItem("t-6", ("the big dog ran",) * 2, (" slow", " fast"), 1, "toy"),
+    ChoiceItem("t-7", ("six seven eight",) * 2, (" nine", " two"), 0, "toy"),
+]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+def tail_at_least(k, n, p):  # P(X >= k), from the definition
+    return math.fsum(math.comb(n, j) * p**j * (1 - p) ** (n - j) for j in range(k, n + 1))
+
+
+def tail_at_most(k, n, p):  # P(X <= k)
+    return math.fsum(math.comb(n, j) * p**j * (1 - p) ** (n - j) for j in range(k + 1))
+
+
+@pytest.mark.parametrize("k, n", [(1, 5), (3, 8), (150, 300), (274, 300), (12, 207)])
+@pytest.mark.parametrize("level", [0.95, 0.9])
+def test_clopper_pearson_solves_its_definition(k, n, level):
+    low, high = clopper_pearson(k, n, level)
+    alpha = 1 - level
+    assert 0 < low < k / n < high < 1
+    assert tail_at_least(k, n, low) == pytest.approx(alpha / 2, rel=1e-8)
+    assert tail_at_most(k, n, high) == pytest.approx(alpha / 2, rel=1e-8)
+
+
+def test_clopper_pearson_edges_and_bad_input():
+    assert clopper_pearson(0, 10)[0] == 0.0 and clopper_pearson(10, 10)[1] == 1.0
+    assert clopper_pearson(0, 10)[1] == pytest.approx(1 - 0.025 ** (1 / 10), rel=1e-10)
+    assert clopper_pearson(10, 10)[0] == pytest.approx(0.025 ** (1 / 10), rel=1e-10)
+    for bad in [(11, 10, 0.95), (1, 0, 0.95), (1, 10, 1.0), (True, 10, 0.95)]:
+        with pytest.raises(InvalidArgumentError):
+            clopper_pearson(*bad)
+    assert above_chance(0.51, 0.5) and not above_chance(0.5, 0.5)
+
+
+def hand_ll(model, context, continuation, hooks=()):
+    ctx = model.to_tokens(context)[0].tolist()
+    cont = model.tokenizer(continuation, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logits = model.run_with_hooks(torch.tensor([ctx + cont]), fwd_hooks=list(hooks))
+    logp = torch.log_softmax(logits[0].double(), -1)
+    return math.fsum(float(logp[len(ctx) - 1 + t, tok]) for t, tok in enumerate(cont))
+
+
+def reference(model, items, hooks=()):
+    """``(acc, gold_ll)`` per item from unbatched float64 log-likelihoods (first index
+    wins ties)."""
+    acc, gold = [], []
+    for item in items:
+        lls = [hand_ll(model, c, x, hooks) for c, x in item.pairs]
+        best = max(range(len(lls)), key=lambda c: (lls[c], -c))
+        acc.append(float(best == item.gold))
+        gold.append(lls[item.gold])
+    return acc, gold
+
+
+def test_clean_accuracy_against_unbatched_reference(model):
+    expected, _ = reference(model, ITEMS)
+    assert item_accuracies(model, ITEMS, batch_tokens=40) == expected
+    check = clean_accuracy(model, ITEMS, batch_tokens=40)
+    assert (check.n, check.correct) == (len(ITEMS), int(sum(expected)))
+    assert check.chance == pytest.approx((1 / 3 + 1 / 2 + 1 / 4 + 1 / 2 + 1 / 3 + 1 / 3 + 1 / 2 + 1 / 2) / 8)
+    assert (check.low, check.high) == clopper_pearson(check.correct, check.n)
+    assert check.accuracy == check.correct / check.n
+    # the sweep's clean rows are the same numbers
+    table = run_faithfulness(model, ITEMS, FaithfulnessConfig(metrics=("random",), rates=(0.5,)),
+                             progress=False).table
+    clean = table[(table["mode"] == "clean") & (table["measure"] == "acc")]
+    assert dict(zip(clean.sample_id, clean.value, strict=True)) == {
+        i.id: a for i, a in zip(ITEMS, expected, strict=True)}
+
+
+def test_chance_gate():
+    at = CleanAccuracy("x", 300, 160, 0.5, *clopper_pearson(160, 300))
+    above = CleanAccuracy("x", 300, 180, 0.5, *clopper_pearson(180, 300))
+    assert at.verdict == "at chance" and above.verdict == "above chance"
+    require_above_chance(above)
+    with pytest.raises(AtChanceError) as info:
+        require_above_chance(at)
+    assert "53.3% [47.5, 59.1] (160/300), chance 50.0%: at chance" in str(info.value)
+    assert "allow_chance=True" in str(info.value) and isinstance(info.value, CwlensError)
+    assert chance_level(ITEMS[:2]) == pytest.approx(5 / 12)
+    with pytest.raises(InvalidArgumentError, match="ChoiceItem"):
+        clean_accuracy(None, [TextSample("d", "the cat", "toy")])
+
+
+def test_run_refuses_at_chance(model):
+    # 8 items with chance ~0.4: even 8/8 has p_L = 0.025**(1/8) = 0.63; a random tiny
+    # model is far from that, so the clean check refuses before any masked pass
+    check = clean_accuracy(model, ITEMS)
+    assert not check.above_chance
+    with pytest.raises(AtChanceError, match="at chance"):
+        run_accuracy_test(model, ITEMS, FaithfulnessConfig(metrics=("random",), rates=(0.5,)),
+                          progress=False)
+
+
+def test_masks_applied_and_paired_differences(model):
+    """At rate 1 every eligible attention term is removed, so each head writes nothing
+    (z = 0): the masked acc and gold log-likelihood equal a run with hook_z zeroed."""
+    cfg = FaithfulnessConfig(metrics=("attention", "contribution", "random"), rates=(0.3, 1.0),
+                             modes=("comprehensiveness", "sufficiency"), batch_tokens=40)
+    test = run_accuracy_test(model, ITEMS, cfg, allow_chance=True, progress=False)
+    assert test.clean.n == len(ITEMS)
+    table = test.result.table
+    n_layers = ModelInfo.of(model).n_layers
+    zero = [(hook_names.z(ly), lambda z, hook: torch.zeros_like(z)) for ly in range(n_layers)]
+    acc, gold = reference(model, ITEMS, zero)
+    for metric in cfg.metrics:
+        for mode in cfg.modes:
+            rows = table[(table.metric == metric) & (table["mode"] == mode) & (table.rate == 1.0)]
+            got = rows.set_index(["measure", "sample_id"])["value"]
+            assert [got[("acc", i.id)] for i in ITEMS] == acc
+            assert [got[("gold_ll", i.id)] for i in ITEMS] == pytest.approx(gold, abs=1e-4)
+    # paired difference of the faithfulness score (comprehensiveness: accuracy drop) of
+    # contribution minus attention = mean over items of acc(attention) - acc(contribution)
+    from cwlens.faithfulness.report import paired_comparisons
+
+    pairs = paired_comparisons(table, "toy", "comprehensiveness", 0.3, "acc",
+                               order=("attention", "contribution"))
+    cell = table[(table["mode"] == "comprehensiveness") & (table.rate == 0.3) & (table.measure == "acc")]
+    per = cell.pivot(index="sample_id", columns="metric", values="value")
+    d = pairs[("attention", "contribution")]
+    assert d.n == len(ITEMS)
+    assert d.mean == pytest.approx(float((per["attention"] - per["contribution"]).mean()))
+    assert d.low <= d.mean <= d.high
+
+
+def test_accuracy_command_and_the_faithfulness_gate(tmp_path, capsys):
+    from cwlens.cli.main import main
+    from cwlens.datasets import load_dataset
+    from cwlens.testing import save_tiny
+
+    model_dir = save_tiny("llama", tmp_path)
+    md = tmp_path / "acc.md"
+    argv = ["accuracy", "--model", str(model_dir), "--device", "cpu", "--dataset", "ioi,capitals",
+            "--samples", "ioi=30,capitals=20", "--summary-md", str(md)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    tiny = tiny_model("llama")  # the same weights (seed 0)
+    for name, n in (("ioi", 30), ("capitals", 20)):
+        assert clean_accuracy(tiny, load_dataset(name, n)).line() in out
+    text = md.read_text()
+    assert text.startswith("<!-- clean-accuracy:start -->") and "| ioi | 30 |" in text
+    # faithfulness --require-above-chance: a random tiny model is at chance on 20 items
+    argv = ["faithfulness", "--model", str(model_dir), "--device", "cpu", "--dataset", "capitals",
+            "--samples", "20", "--rates", "0.5", "--metrics", "attention", "--out",
+            str(tmp_path / "runs"), "--figures", "", "--no-progress", "--require-above-chance"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "clean accuracy: capitals:" in captured.out and "at chance" in captured.err
+    assert not (tmp_path / "runs" / "capitals.jsonl").exists()
