@@ -17,6 +17,7 @@ _PUBLIC = {
     "names_filter": "cwlens.measures",
     "run_with_cache": "cwlens.measures",
     "load_model": "cwlens.models",
+    "wrap": "cwlens.handle",
     "stream": "cwlens.streaming",
     "stream_geometry": "cwlens.streaming",
     "stream_reduce": "cwlens.streaming",

@@ -27,7 +27,9 @@ from typing import Any, Literal, Protocol, SupportsIndex, runtime_checkable
 import torch
 from jaxtyping import Bool, Float, Int
 
-from cwlens.metrics import GEOMETRY, HIERARCHY
+from cwlens.metrics import GEOMETRY, HIERARCHY, KINDS, Kind, Mode, Scope
+
+__all__ = ["KINDS", "Kind", "Mode", "Scope"]  # re-exported from cwlens.metrics
 
 Pattern = Float[torch.Tensor, "batch head_index query_pos key_pos"]
 Values = Float[torch.Tensor, "batch key_pos kv_head d_head"]
@@ -46,20 +48,10 @@ KeyNorms = Float[torch.Tensor, "batch head_index key_pos"]
 PositionMask = Bool[torch.Tensor, "batch pos"] | Int[torch.Tensor, "batch pos"]
 
 # -- the option strings (checked at run time too: a bad value raises UnknownOptionError) --
-Kind = Literal["intra", "inter"]
-Metric = Literal[
-    "attention", "value_weighted", "value_weighted_output_normalized", "contribution"
-]
-RankingMetric = Literal[  # every name of cwlens.metrics.REGISTRY
-    "attention", "value_weighted", "value_weighted_output_normalized", "contribution",
-    "contribution_abs", "alti", "alti_attention", "attention_gradient", "attention_gradient_abs", "random",
-]
-Scope = Literal["row", "head", "layer"]
-Mode = Literal["comprehensiveness", "sufficiency"]
+# metric names are plain strings: cwlens.metrics.REGISTRY lists them (one entry each)
 Generation = Literal["auto", "bridge", "hooked"]
 ModelGeneration = Literal["bridge", "hooked"]  # what a loaded model is
 
-KINDS: tuple[Kind, ...] = ("intra", "inter")
 # the paper's four metrics (cwlens.importance); the registry is cwlens.metrics
 METRICS: tuple[str, ...] = HIERARCHY
 # every per-entry measure the streaming engine computes (METRICS, |contribution|, alti)
@@ -78,7 +70,6 @@ class TLModel(Protocol):
 
     cfg: Any
     blocks: Any
-    hook_dict: Any
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
 

@@ -8,13 +8,12 @@ tensors that :mod:`cwlens.core` takes, and raises a clear error when something i
 
 import operator
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 
 from cwlens import hook_names
-from cwlens._types import Cache, ModelGeneration
+from cwlens._types import Cache
 from cwlens._types import Layers as Layers  # re-exported: measures and users import it here
 from cwlens._types import TLModel as TLModel  # re-exported
 from cwlens.core import AttentionGeometry
@@ -24,74 +23,38 @@ from cwlens.errors import (
     ShapeMismatchError,
     UnsupportedModelError,
 )
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_model: int
-    generation: ModelGeneration  # "bridge" (TransformerLens 4.x) or "hooked" (3.x)
-    post_attn_norm: bool  # a norm between the heads and hook_attn_out (Gemma-2/3)
-
-    @classmethod
-    def of(cls, model: TLModel) -> "ModelInfo":
-        cfg = model.cfg
-        n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-        generation: ModelGeneration = "bridge" if type(model).__name__ == "TransformerBridge" else "hooked"
-        post = bool(getattr(cfg, "use_normalization_before_and_after", False))
-        return cls(cfg.n_layers, cfg.n_heads, n_kv, cfg.d_head, cfg.d_model, generation, post)
-
-    def hooks(self, layers: list[int], closure: bool = False) -> list[str]:
-        return hook_names.needed(layers, closure, self.generation, self.post_attn_norm)
+from cwlens.handle import ModelInfo as ModelInfo  # re-exported
+from cwlens.handle import wrap
 
 
 def is_encoder(model: TLModel) -> bool:
-    """Bidirectional attention (BERT-like): ``HookedEncoder`` or a bridge with ``attention_dir``.
-
-    The one place cwlens decides "encoder"; everything else asks here.
-    """
-    if type(model).__name__ == "HookedEncoder":
-        return True
-    return getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
+    """Bidirectional attention (BERT-like): see :attr:`cwlens.handle.ModelHandle.is_encoder`."""
+    return wrap(model).is_encoder
 
 
 def attention_window(model: TLModel, layer: int) -> int | None:
-    """The sliding-window size of ``layer`` (query ``i`` sees keys ``i - w < j <= i``), or
-    None where the layer attends to the whole context.
-
-    TransformerLens 4.x: ``cfg.layer_types`` (``"sliding_attention"``) with the window
-    from ``cfg.sliding_window`` or the wrapped Hugging Face config; 3.x: ``cfg.attn_types``
-    (``"local"``) with ``cfg.window_size``.
-    """
-    cfg = model.cfg
-    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
-    layer_types = getattr(cfg, "layer_types", None) or getattr(hf_cfg, "layer_types", None)
-    if layer_types is not None:
-        if layer_types[layer] != "sliding_attention":
-            return None
-        window = getattr(cfg, "sliding_window", None) or getattr(hf_cfg, "sliding_window", None)
-        return None if window is None else int(window)
-    attn_types = getattr(cfg, "attn_types", None)
-    if getattr(cfg, "use_local_attn", False) and attn_types is not None:
-        return int(cfg.window_size) if attn_types[layer] == "local" else None
-    return None
+    """The sliding-window size of ``layer``, or None (see
+    :meth:`cwlens.handle.ModelHandle.attention_window`)."""
+    return wrap(model).attention_window(layer)
 
 
 def context_length(model: TLModel) -> int | None:
     """The context length the model was configured with (``cfg.n_ctx``; the Hugging Face
     ``max_position_embeddings``), or None where the config has none. Texts longer than
     this run past what the model was trained on."""
-    n_ctx = getattr(model.cfg, "n_ctx", None)
-    return int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None
+    return wrap(model).context_length()
+
+
+def rotary_positions(model: TLModel) -> bool:
+    """Whether positions enter through rotary embeddings (RoPE: Llama, Mistral, Qwen,
+    Gemma), so the model runs past its configured context, rather than learned absolute
+    position embeddings (GPT-2, BERT), which have no row past ``context_length``."""
+    return wrap(model).rotary_positions
 
 
 def vocab_size(model: TLModel) -> int | None:
     """The number of token ids the embedding holds (``cfg.d_vocab``), or None if unknown."""
-    n = getattr(model.cfg, "d_vocab", None)
-    return int(n) if isinstance(n, int) and n > 0 else None
+    return wrap(model).vocab_size()
 
 
 def text_length(model: TLModel, text: str) -> int:
@@ -141,7 +104,7 @@ def resolve_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
     those (a list, a 1-d array or tensor), or None (all layers). Negative indices count
     from the end. Floats, bools and strings raise :class:`LayerOutOfRangeError`.
     """
-    n = model.cfg.n_layers
+    n = wrap(model).n_layers
     single = layer is not None and _layer_index(layer) is not None
     if layer is None:
         items: list[Any] = list(range(n))
@@ -172,39 +135,23 @@ def resolve_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
 
 
 def forward_kwargs(model: TLModel, attention_mask: torch.Tensor | None) -> dict[str, Any]:
-    """The keyword that passes ``attention_mask`` to this model's forward (or nothing).
-
-    TransformerLens 3.x's ``HookedEncoder`` names it ``one_zero_attention_mask``.
-    """
-    if attention_mask is None:
-        return {}
-    key = "one_zero_attention_mask" if type(model).__name__ == "HookedEncoder" else "attention_mask"
-    return {key: attention_mask}
+    """The keyword that passes ``attention_mask`` to this model's forward (or nothing)."""
+    return wrap(model).forward_kwargs(attention_mask)
 
 
 def has_hook(model: TLModel, name: str) -> bool:
     """Whether ``model`` has a hook point called ``name`` (aliases included)."""
-    try:
-        return name in model.hook_dict
-    except AttributeError:
-        return False
+    return wrap(model).has_hook(name)
 
 
 def W_O(model: TLModel, layer: int) -> torch.Tensor:
     """``[head_index, d_head, d_model]`` output projection of one layer (detached)."""
-    return model.blocks[layer].attn.W_O.detach()
+    return wrap(model).W_O(layer)
 
 
 def b_O(model: TLModel, layer: int) -> torch.Tensor:
     """``[d_model]`` output bias of one layer (zeros where the model has none)."""
-    try:
-        bias = model.blocks[layer].attn.b_O
-    except AttributeError:
-        bias = None
-    if bias is None:
-        w = W_O(model, layer)
-        return torch.zeros(w.shape[-1], dtype=w.dtype, device=w.device)
-    return bias.detach()
+    return wrap(model).b_O(layer)
 
 
 def post_attention_layernorm(model: TLModel, layer: int):
@@ -227,18 +174,11 @@ def post_attention_layernorm(model: TLModel, layer: int):
         )
     if not is_encoder(model):
         return None
-    ln = model.blocks[layer].ln1
-    weight = getattr(ln, "w", None)
-    if weight is None:
-        weight = getattr(ln, "weight", None)
-    bias = getattr(ln, "b", None)
-    if bias is None:
-        bias = getattr(ln, "bias", None)
-    eps = getattr(ln, "eps", None) or getattr(ln, "variance_epsilon", None) or getattr(model.cfg, "eps", None)
+    ln, weight, bias, eps = wrap(model).post_attention_norm(layer)
     if weight is None or eps is None:
         raise UnsupportedModelError(
             f"alti: cannot read the post-attention LayerNorm of encoder layer {layer} "
-            f"({type(ln).__name__} has no weight/eps). Use metric 'alti_attention' instead."
+            f"({ln} has no weight/eps). Use metric 'alti_attention' instead."
         )
     if bias is None:
         bias = torch.zeros_like(weight)
@@ -282,12 +222,12 @@ def layer_geometry(
     (from a cache or caught by hooks during a forward pass), checked against the model.
     ``residual`` (``hook_resid_pre``), where given, is attached for ALTI
     (:meth:`~cwlens.core.AttentionGeometry.attach_residual`; the norm is read lazily)."""
-    info = ModelInfo.of(model)
+    handle = wrap(model)
+    info = handle.info
     # hook_v holds the model's kv heads. TransformerLens 3.x with
     # cfg.ungroup_grouped_query_attention repeats them to one per query head: only then
     # is a cache with n_heads value heads on a GQA model what this model made.
-    ungrouped = bool(getattr(model.cfg, "ungroup_grouped_query_attention", False))
-    value_heads = {info.n_kv_heads, info.n_heads} if ungrouped else {info.n_kv_heads}
+    value_heads = handle.value_heads()
     if pattern.shape[1] != info.n_heads or v.shape[2] not in value_heads:
         raise ShapeMismatchError(
             f"Layer {layer}: the cache has {pattern.shape[1]} query heads and {v.shape[2]} "
@@ -329,3 +269,71 @@ def heads_output_from(model: TLModel, layer: int, out: torch.Tensor) -> torch.Te
     if closure_hook(model, layer) == hook_names.z(layer):
         return torch.einsum("bqhd,hdm->bqm", out.float(), W_O(model, layer).float())
     return out.float() - b_O(model, layer).float().to(out.device)
+
+
+# -- blockwise attention (cwlens.models.blockwise): the one door to it ------------------
+from cwlens.models.blockwise import AUTO_THRESHOLD as BLOCKWISE_AUTO_THRESHOLD  # noqa: E402,F401
+from cwlens.models.blockwise import block_rows as block_rows  # noqa: E402,F401
+from cwlens.models.blockwise import current_block as current_block  # noqa: E402,F401
+
+
+def supports_blockwise(model: TLModel) -> bool:
+    """Whether :func:`blockwise_attention` applies to ``model`` (TransformerLens 4.x bridges)."""
+    from cwlens.models.blockwise import supports_blockwise as supports
+
+    return supports(model)
+
+
+def blockwise_attention(model: TLModel, block: int):
+    """Context manager: forward passes inside compute attention in query blocks of
+    ``block`` rows (:mod:`cwlens.models.blockwise`)."""
+    from cwlens.models.blockwise import blockwise_attention as context
+
+    return context(model, block)
+
+
+def n_tokens(model: TLModel, text: str) -> int:
+    """How many tokens ``model(text)`` runs on."""
+    return int(model.to_tokens(text).shape[-1])
+
+
+def check_residual_model(model: TLModel, what: str) -> ModelInfo:
+    """Refuse (:class:`UnsupportedModelError`) a model that is not a pre-norm decoder
+    whose residual stream is the plain sum ``embedding + sum_l (attention_l + mlp_l)``
+    with logits ``LN_final(x) W_U + b_U``, which the circuit tools assume."""
+    handle = wrap(model)
+    problems = handle.residual_problems()
+    if problems:
+        raise UnsupportedModelError(
+            f"{what} needs a pre-norm decoder whose residual stream is a plain sum of the "
+            f"blocks' outputs, but for this model {'; '.join(problems)}. Use Llama-, "
+            "Mistral-, Qwen- or GPT-2-style models (e.g. smollm2-135m, gpt2)."
+        )
+    return handle.info
+
+
+def check_residual_sum(cache: Cache, model: TLModel, what: str, tolerance: float = 1e-3) -> None:
+    """Check, per layer, that the residual stream is the plain sum the circuit tools assume:
+    ``resid_mid - resid_pre = sum_h sum_j a_ij v~_j + b_O`` and ``next resid - resid_mid = mlp_out``
+    (relative error ``<= tolerance``). A norm after attention or after the MLP (Gemma-2/3)
+    or a post-norm block fails it."""
+    n = wrap(model).n_layers
+    for layer in range(n):
+        pre = read(cache, hook_names.resid_pre(layer), model).double()
+        mid = read(cache, hook_names.resid_mid(layer), model).double()
+        nxt = hook_names.resid_pre(layer + 1) if layer + 1 < n else hook_names.resid_post(layer)
+        post = read(cache, nxt, model).double()
+        heads = geometry(cache, model, layer).layer_output.double()
+        attn = heads + b_O(model, layer).double().to(heads.device)
+        mlp = read(cache, hook_names.mlp_out(layer), model).double()
+        parts = (("attention", "the heads' a_ij v~_j + b_O", mid - pre, attn),
+                 ("MLP", "hook_mlp_out", post - mid, mlp))
+        for part, hook, added, rebuilt in parts:
+            err = float((added - rebuilt).norm() / added.norm().clamp_min(1e-30))
+            if err > tolerance:
+                raise UnsupportedModelError(
+                    f"{what}: in layer {layer}, what the {part} block added to the residual "
+                    f"stream differs from {hook} "
+                    f"by {err:.1e} (relative). It needs pre-norm residual blocks without a norm "
+                    "after attention or MLP (Llama-, Mistral-, Qwen- or GPT-2-style models)."
+                )

@@ -11,6 +11,7 @@ import torch
 from cwlens import validation
 from cwlens.adapter import is_encoder
 from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
+from cwlens.handle import wrap
 
 __all__ = ["fit_context", "is_encoder", "pad_batch", "token_ids"]
 
@@ -19,9 +20,10 @@ def token_ids(model, text: str, truncate: bool = True) -> torch.Tensor:
     """1-D token ids of one text, as the model itself would tokenize it. Decoders cut the
     text at the model's context length (``n_ctx``) unless ``truncate=False`` (texts longer
     than the model was trained on, for long-context runs); encoders never cut it here."""
-    if is_encoder(model):  # [CLS] ... [SEP] from the tokenizer (to_tokens differs by version)
-        return torch.tensor(model.tokenizer(text)["input_ids"])
-    return model.to_tokens(text, move_to_device=False, truncate=truncate)[0].cpu()
+    handle = wrap(model)
+    if handle.is_encoder:  # [CLS] ... [SEP] from the tokenizer (to_tokens differs by version)
+        return torch.tensor(handle.tokenizer(text)["input_ids"])
+    return handle.to_tokens(text, move_to_device=False, truncate=truncate)[0].cpu()
 
 
 def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | None = None):
@@ -81,7 +83,7 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         )
     if max_tokens is not None:
         rows = [r[:max_tokens] for r in rows]
-    tok = model.tokenizer
+    tok = wrap(model).tokenizer
     pad_id = getattr(tok, "pad_token_id", None)
     if pad_id is None:
         pad_id = getattr(tok, "eos_token_id", None) or 0
@@ -92,7 +94,7 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         sl = slice(n - len(r), n) if side == "left" else slice(0, len(r))
         tokens[i, sl] = r
         mask[i, sl] = 1
-    device = getattr(model.cfg, "device", None) or "cpu"
+    device = wrap(model).device
     return tokens.to(device), mask.to(device)
 
 

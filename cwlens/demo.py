@@ -35,11 +35,12 @@ def run_demo(
     n_heads: int = 3,
     top_k: int = 5,
     out_dir: str | Path = "figures",
-    device: str | None = None,
     png: bool = True,
     model=None,
 ) -> dict:
-    model = model if model is not None else cwlens.load_model(model_name, device=device)
+    """The demo on GSM8K problem ``sample``: ``model`` (default: ``load_model(model_name)``
+    on its default device; load it yourself for another device)."""
+    model = model if model is not None else cwlens.load_model(model_name)
     text = load_dataset("gsm8k", n=sample + 1)[sample].text  # type: ignore[union-attr]
     # one streamed pass: every layer's geometry built once, all 40 tokens kept (window=None)
     an = analyze_text(model, text, model_name=model_name, max_tokens=max_tokens, window=None,

@@ -74,3 +74,8 @@ class OutputPathError(CwlensError, OSError):
 class CwlensWarning(UserWarning):
     """Something cwlens did on the user's behalf that changes the result (e.g. a text cut
     to the model's context); the command line prints it as one ``cwlens: note:`` line."""
+
+
+class BlockwiseHookError(CwlensError, RuntimeError):
+    """A hook that needs a whole ``[batch, head, n, n]`` attention tensor (``hook_pattern``,
+    ``hook_attn_scores``) on a forward pass that computes attention in query blocks."""

@@ -26,6 +26,7 @@ import torch
 
 from cwlens import batching, reducers
 from cwlens.errors import CwlensError
+from cwlens.handle import wrap
 
 TABLES = ("topk", "column_sums", "token_level", "heads")
 
@@ -145,21 +146,22 @@ def default_reducers(metrics: Sequence[str] = ("contribution", "attention"), k: 
 
 
 def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model",
-                 text_ids: Sequence[str] | None = None, metrics=("contribution", "attention"),
-                 k: int = 8, token_layers: Sequence[int] = (), max_tokens: int | None = None,
-                 fmt: str = "parquet") -> dict[str, Path]:
+                 text_ids: Sequence[str] | None = None, max_tokens: int | None = None,
+                 fmt: str = "parquet", **reduce) -> dict[str, Path]:
     """Stream each text, reduce it, and write the tables to ``out_dir/<table>.<fmt>``
-    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``."""
+    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``.
+
+    ``reduce``: the options of :func:`default_reducers` (``metrics``, ``k``,
+    ``token_layers``)."""
     from cwlens.streaming import stream_reduce
 
-    texts, ids, token_layers = _check_export(model, texts, out_dir, text_ids, metrics, k,
-                                             token_layers, max_tokens, fmt)
+    texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
     tables: dict[str, list[pd.DataFrame]] = {}
     for text, tid in zip(texts, ids, strict=True):
-        tokens = batching.fit_context(model, model.to_tokens(text, truncate=False), max_tokens,
-                                      f"text {tid}")
-        res = stream_reduce(model, tokens, default_reducers(metrics, k, token_layers))
-        str_tokens = model.to_str_tokens(tokens[0])
+        tokens = batching.fit_context(model, wrap(model).to_tokens(text, truncate=False),
+                                      max_tokens, f"text {tid}")
+        res = stream_reduce(model, tokens, default_reducers(**reduce))
+        str_tokens = wrap(model).to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid).items():
             tables.setdefault(name, []).append(df)
     out = Path(out_dir)
@@ -175,11 +177,11 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
     return paths
 
 
-def _check_export(model, texts, out_dir, text_ids, metrics, k, token_layers, max_tokens, fmt):
+def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict):
     """Every argument of :func:`export_texts`, before any model work: ``(texts, ids,
-    token_layers)`` (negative layers counted from the end)."""
+    reduce)`` (``reduce`` with every option of :func:`default_reducers`, negative
+    ``token_layers`` counted from the end)."""
     from cwlens import validation
-    from cwlens.adapter import ModelInfo
     from cwlens.cli.arg_types import output_dir
     from cwlens.errors import (
         EmptyInputError,
@@ -207,6 +209,12 @@ def _check_export(model, texts, out_dir, text_ids, metrics, k, token_layers, max
     if len(set(ids)) != len(ids):
         raise InvalidArgumentError("text_ids lists an id twice: the tables could not tell those "
                                    "texts apart; give each text its own id.")
+    unknown = sorted(set(reduce) - {"metrics", "k", "token_layers"})
+    if unknown:
+        raise InvalidArgumentError(f"export_texts got an unknown option {unknown[0]!r}: the "
+                                   "reduction options are metrics, k and token_layers.")
+    metrics = reduce.get("metrics", ("contribution", "attention"))
+    k, token_layers = reduce.get("k", 8), reduce.get("token_layers", ())
     if isinstance(metrics, str) or not list(metrics):
         raise InvalidArgumentError(f"metrics must be a non-empty list of metric names, e.g. "
                                    f"('contribution', 'attention'); got {metrics!r}.")
@@ -216,7 +224,7 @@ def _check_export(model, texts, out_dir, text_ids, metrics, k, token_layers, max
         raise InvalidArgumentError(f"metrics lists a metric twice: {metrics!r}; give each once.")
     validation.positive_int(k, "k")
     validation.max_tokens(max_tokens)
-    n_layers = ModelInfo.of(model).n_layers
+    n_layers = wrap(model).n_layers
     layers = validation.int_list(token_layers, "token_layers", allow_empty=True)
     bad = [ly for ly in layers if not -n_layers <= ly < n_layers]
     if bad:
@@ -225,7 +233,8 @@ def _check_export(model, texts, out_dir, text_ids, metrics, k, token_layers, max
     output_dir(out_dir, "out_dir")
     if fmt == "parquet":
         _require("pyarrow", "Parquet export", "pip install pyarrow (or cwlens[export])")
-    return list(texts), ids, [ly % n_layers for ly in layers]
+    reduce = {"metrics": tuple(metrics), "k": k, "token_layers": [ly % n_layers for ly in layers]}
+    return list(texts), ids, reduce
 
 
 def _writer(df: pd.DataFrame, fmt: str):

@@ -32,12 +32,13 @@ from cwlens import adapter, hook_names
 from cwlens.adapter import Layers
 from cwlens.errors import CwlensError
 from cwlens.faithfulness.lm import token_nll
+from cwlens.handle import wrap
 
 
 @contextmanager
 def _frozen(model) -> Iterator[None]:
     """Parameters with ``requires_grad=False`` for the block (restored after)."""
-    was = [p for p in model.parameters() if p.requires_grad]
+    was = wrap(model).trainable_parameters()
     for p in was:
         p.requires_grad_(False)
     try:

@@ -61,14 +61,12 @@ def needed(
     return names
 
 
-def names_filter_for(layers: Iterable[int], closure: bool = False, **kw) -> Callable[[str], bool]:
-    """A ``names_filter`` for ``run_with_cache`` that keeps just :func:`needed`."""
-    keep = frozenset(needed(layers, closure, **kw))
-
-    def names_filter(name: str) -> bool:
-        return name in keep
-
-    return names_filter
+def names_filter_for(
+    layers: Iterable[int], closure: bool = False, extra: Iterable[str] = (), **kw
+) -> Callable[[str], bool]:
+    """A ``names_filter`` for ``run_with_cache`` that keeps just :func:`needed` (and
+    the hook names in ``extra``)."""
+    return frozenset(needed(layers, closure, **kw)).union(extra).__contains__
 
 
 

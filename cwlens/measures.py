@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens import adapter, hook_names
-from cwlens._types import STREAM_METRICS, Cache, Kind, LayerPairWeights, LayerTokenWeights
+from cwlens import adapter, hook_names, metrics
+from cwlens._types import Cache, Kind, LayerPairWeights, LayerTokenWeights
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import check_kind
+from cwlens.handle import wrap
 from cwlens.metrics import get as get_metric
 
 
@@ -147,9 +148,10 @@ def importance(
         >>> bool((vw >= 0).all())  # a ||v~||: never negative, unlike the contribution
         True
     """
-    get_metric(metric, STREAM_METRICS)
+    get_metric(metric, metrics.GEOMETRY)
     check_kind(kind)
-    return _per_layer(cache, model, layer, attention_mask, lambda g: g.measure(metric, kind))
+    return _per_layer(cache, model, layer, attention_mask,
+                      lambda g: metrics.from_geometry(g, metric, kind))
 
 
 @dataclass(frozen=True)
@@ -348,13 +350,16 @@ def closure_errors(rebuilt: torch.Tensor, target: torch.Tensor,
     return float(diff.abs().max()), float(diff.norm() / target.norm().clamp_min(1e-30))
 
 
-def names_filter(model: TLModel, layers: Layers = None, closure: bool = False):
+def names_filter(model: TLModel, layers: Layers = None, closure: bool = False,
+                 residual: bool = False):
     """A ``names_filter`` for ``model.run_with_cache`` that keeps only what cwlens reads.
 
     Args:
         model: the TransformerLens model.
         layers: an int, a list of ints, or ``None`` for every layer.
         closure: also keep the hook :func:`closure` compares against.
+        residual: also the residual stream before and after each attention, the MLP
+            outputs and the final norm's scale (what :mod:`cwlens.circuits` reads).
 
     Returns:
         A function of a hook name, True for the hooks cwlens reads (each layer's pattern
@@ -370,8 +375,15 @@ def names_filter(model: TLModel, layers: Layers = None, closure: bool = False):
     """
     resolved, _ = adapter.resolve_layers(model, layers)
     info = adapter.ModelInfo.of(model)
+    extra: list[str] = []
+    if residual:
+        n = info.n_layers
+        for layer in range(n):
+            extra += [hook_names.resid_pre(layer), hook_names.resid_mid(layer), hook_names.mlp_out(layer)]
+        extra += [hook_names.resid_post(n - 1), hook_names.final_scale()]
     return hook_names.names_filter_for(
-        resolved, closure, generation=info.generation, post_attn_norm=info.post_attn_norm
+        resolved, closure, generation=info.generation, post_attn_norm=info.post_attn_norm,
+        extra=extra,
     )
 
 
@@ -381,12 +393,14 @@ def run_with_cache(
     layers: Layers = None,
     closure: bool = False,
     attention_mask: torch.Tensor | None = None,
+    residual: bool = False,
     **kwargs,
 ):
     """``model.run_with_cache`` keeping only the hooks cwlens needs: returns ``(logits, cache)``.
 
     ``input``: a text, a list of texts or tokens ``[batch, pos]``. ``attention_mask``
-    (``[batch, pos]``, 1 on real tokens) must have the tokens' shape.
+    (``[batch, pos]``, 1 on real tokens) must have the tokens' shape. ``residual=True``
+    keeps what :mod:`cwlens.circuits` reads too (see :func:`names_filter`).
 
     Args:
         model: the TransformerLens model.
@@ -395,6 +409,7 @@ def run_with_cache(
         closure: also keep what :func:`closure` needs.
         attention_mask: ``[batch, pos]``, 1 on real tokens (see
             :func:`cwlens.batching.pad_batch`).
+        residual: also keep what :mod:`cwlens.circuits` reads (:func:`names_filter`).
         **kwargs: passed on to ``model.run_with_cache``.
 
     Returns:
@@ -405,7 +420,9 @@ def run_with_cache(
         EmptyInputError: an empty text, an empty list or zero tokens.
         ShapeMismatchError: a mask whose shape differs from the tokens'.
         InvalidArgumentError: token ids that are not integers or outside the vocabulary.
-        InputTooLongError: more tokens than the model's context (docs/inputs.md).
+        InputTooLongError: more tokens than the model's context where its positions are
+            learned (GPT-2, BERT); rotary models run on with a ``CwlensWarning``
+            (docs/inputs.md).
 
     Examples:
         >>> import cwlens, torch
@@ -417,16 +434,17 @@ def run_with_cache(
         >>> len(cache) < 10  # pattern and values of 2 layers, nothing else
         True
     """
-    _check_input(model, input, attention_mask)
+    input = _check_input(model, input, attention_mask)
     kwargs.update(adapter.forward_kwargs(model, attention_mask))
-    return model.run_with_cache(
-        input, names_filter=names_filter(model, layers, closure), **kwargs
+    return wrap(model).cached_run(
+        input, names_filter(model, layers, closure, residual), **kwargs
     )
 
 
-def _check_input(model: TLModel, input: object, attention_mask: torch.Tensor | None) -> None:
+def _check_input(model: TLModel, input: object, attention_mask: torch.Tensor | None) -> object:
     """Refuse empty, malformed or too long input, and a mask that does not match the
-    tokens, before any compute (:func:`cwlens.validation.model_input`)."""
+    tokens, before any compute (:func:`cwlens.validation.run_input`); return the input
+    to run."""
     from cwlens import validation
 
-    validation.model_input(model, input, attention_mask)
+    return validation.run_input(model, input, attention_mask)

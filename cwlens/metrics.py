@@ -24,9 +24,10 @@ Pure Python (imported by :mod:`cwlens.core.geometry` and the CLI's help).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from cwlens.errors import UnknownOptionError
 
@@ -37,81 +38,161 @@ Source = Literal["geometry", "gradient", "random"]
 
 
 @dataclass(frozen=True)
-class Metric:
-    """One per-entry metric.
+class Look:
+    """How a metric is shown (presentation only: no result depends on it).
 
     Attributes:
-        name: the name in APIs, result files and ``--metrics``.
         label: legend label of figures.
         short: column label of tables (``attn``, ``contrib`` ...).
         color: line colour of figures.
-        uses_kind: whether ``kind`` (``o`` = the head's or the layer's output) changes it.
-        supervised: reads target tokens (a reference, not a label-free attribution).
-        source: ``"geometry"``, ``"gradient"`` or ``"random"`` (see the module doc).
-        compute: ``(geometry or gradient scores, kind) -> [batch, head, query, key]``.
-        hierarchy: one of the paper's four (attn < vw < vwon < contrib).
-        default: part of the default faithfulness sweep (``--metrics all``).
-        math: one line of math, for help texts and docs.
     """
 
-    name: str
     label: str
     short: str
     color: str
-    uses_kind: bool
-    supervised: bool
-    source: Source
-    compute: Callable[..., torch.Tensor] | None
-    hierarchy: bool
-    default: bool
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One per-entry metric: its math, and apart from it (:attr:`look`) how it is shown.
+
+    Attributes:
+        name: the name in APIs, result files and ``--metrics``.
+        math: one line of math, for help texts and docs.
+        look: :class:`Look` (label, short label, colour).
+        source: ``"geometry"``, ``"gradient"`` or ``"random"`` (see the module doc).
+        compute: ``(geometry or gradient scores, kind) -> [batch, head, query, key]``.
+        uses_kind: whether ``kind`` (``o`` = the head's or the layer's output) changes it.
+        supervised: reads target tokens (a reference, not a label-free attribution).
+        hierarchy: one of the paper's four (attn < vw < vwon < contrib).
+        default: part of the default faithfulness sweep (``--metrics all``).
+    """
+
+    name: str
     math: str
+    look: Look
+    source: Source = "geometry"
+    compute: Callable[..., torch.Tensor] | None = None
+    uses_kind: bool = False
+    supervised: bool = False
+    hierarchy: bool = False
+    default: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.look.label
+
+    @property
+    def short(self) -> str:
+        return self.look.short
+
+    @property
+    def color(self) -> str:
+        return self.look.color
 
 
 def _abs(t: torch.Tensor) -> torch.Tensor:
     return t.abs_()  # every compute returns a fresh tensor (gradient scores are cloned first)
 
 
-REGISTRY: dict[str, Metric] = {m.name: m for m in (
-    Metric("attention", "attention", "attn", "#1f77b4", False, False, "geometry",
-           lambda g, kind: g.attention(), True, True, "a_ij"),
-    Metric("value_weighted", "value-weighted", "vw", "#2ca02c", False, False, "geometry",
-           lambda g, kind: g.value_weighted(), True, True, "a_ij ||v~_j||"),
-    Metric("value_weighted_output_normalized", "value-weighted output-norm.", "vwon", "#9467bd",
-           True, False, "geometry", lambda g, kind: g.value_weighted_output_normalized(kind),
-           True, True, "a_ij ||v~_j|| / ||o_i||"),
-    Metric("contribution", "contribution (signed)", "contrib", "#d62728", True, False, "geometry",
-           lambda g, kind: g.contribution(kind), True, True, "<o_i, a_ij v~_j> / ||o_i||^2"),
-    Metric("contribution_abs", "contribution |abs|", "abs contrib", "#ff7f0e", True, False,
-           "geometry", lambda g, kind: _abs(g.contribution(kind)), False, True, "|c_ij|"),
-    Metric("alti", "ALTI (Ferrando et al. 2022)", "alti", "#8c564b", False, False, "geometry",
-           lambda g, kind: g.alti(), False, False,
-           "max(0, ||y_i||_1 - ||y_i - a_ij v~_j||_1), y = resid_mid (LN'd in post-LN), "
-           "residual one more part, normalised per query"),
-    Metric("alti_attention", "L1 proximity to attn output", "alti(attn)", "#c49c94", True, False,
-           "geometry", lambda g, kind: g.alti_attention(kind), False, False,
-           "max(0, ||o_i||_1 - ||o_i - a_ij v~_j||_1), normalised per row (no residual)"),
-    Metric("attention_gradient", "attention × gradient (supervised)", "attn×grad (sup.)",
-           "#17becf", False, True, "gradient", lambda s, kind: s, False, False,
-           "-a_ij dL/da_ij (first-order loss increase on removal)"),
-    Metric("attention_gradient_abs", "|attention × gradient| (supervised)", "|attn×grad| (sup.)",
-           "#bcbd22", False, True, "gradient", lambda s, kind: _abs(s.clone()), False, False,
-           "|a_ij dL/da_ij|"),
-    Metric("random", "random", "random", "#7f7f7f", False, False, "random", None, False, True,
-           "seeded uniform scores (control)"),
-)}
-
-NAMES: tuple[str, ...] = tuple(REGISTRY)
-# the paper's four, in the order of its claimed hierarchy (least to most faithful)
-HIERARCHY: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.hierarchy)
-# every metric computable from one layer's geometry (the streaming engine's)
-GEOMETRY: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.source == "geometry")
-GRADIENT: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.source == "gradient")
-# the default faithfulness sweep: the label-free metrics of the paper and the control
-DEFAULT: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.default)
+def registry(*entries: Metric) -> dict[str, Metric]:
+    """``{name: metric}``, refusing a name given twice."""
+    out: dict[str, Metric] = {}
+    for m in entries:
+        if m.name in out:
+            raise ValueError(f"metric {m.name!r} is registered twice")
+        out[m.name] = m
+    return out
 
 
-def get(name: str, allowed: tuple[str, ...] = NAMES) -> Metric:
-    """The :class:`Metric` called ``name``, or an error listing the valid names."""
+REGISTRY: dict[str, Metric] = registry(
+    Metric(name="attention", math="a_ij", look=Look("attention", "attn", "#1f77b4"),
+           compute=lambda g, kind: g.attention(), hierarchy=True, default=True),
+    Metric(name="value_weighted", math="a_ij ||v~_j||",
+           look=Look("value-weighted", "vw", "#2ca02c"),
+           compute=lambda g, kind: g.value_weighted(), hierarchy=True, default=True),
+    Metric(name="value_weighted_output_normalized", math="a_ij ||v~_j|| / ||o_i||",
+           look=Look("value-weighted output-norm.", "vwon", "#9467bd"),
+           compute=lambda g, kind: g.value_weighted_output_normalized(kind), uses_kind=True,
+           hierarchy=True, default=True),
+    Metric(name="contribution", math="<o_i, a_ij v~_j> / ||o_i||^2",
+           look=Look("contribution (signed)", "contrib", "#d62728"),
+           compute=lambda g, kind: g.contribution(kind), uses_kind=True, hierarchy=True,
+           default=True),
+    Metric(name="contribution_abs", math="|c_ij|",
+           look=Look("contribution |abs|", "abs contrib", "#ff7f0e"),
+           compute=lambda g, kind: g.contribution_abs(kind), uses_kind=True, default=True),
+    Metric(name="alti", math="max(0, ||y_i||_1 - ||y_i - a_ij v~_j||_1), y = resid_mid (LN'd in "
+           "post-LN), residual one more part, normalised per query",
+           look=Look("ALTI (Ferrando et al. 2022)", "alti", "#8c564b"),
+           compute=lambda g, kind: g.alti()),
+    Metric(name="alti_attention",
+           math="max(0, ||o_i||_1 - ||o_i - a_ij v~_j||_1), normalised per row (no residual)",
+           look=Look("L1 proximity to attn output", "alti(attn)", "#c49c94"),
+           compute=lambda g, kind: g.alti_attention(kind), uses_kind=True),
+    Metric(name="attention_gradient", math="-a_ij dL/da_ij (first-order loss increase on removal)",
+           look=Look("attention × gradient (supervised)", "attn×grad (sup.)", "#17becf"),
+           source="gradient", compute=lambda s, kind: s, supervised=True),
+    Metric(name="attention_gradient_abs", math="|a_ij dL/da_ij|",
+           look=Look("|attention × gradient| (supervised)", "|attn×grad| (sup.)", "#bcbd22"),
+           source="gradient", compute=lambda s, kind: _abs(s.clone()), supervised=True),
+    Metric(name="random", math="seeded uniform scores (control)",
+           look=Look("random", "random", "#7f7f7f"), source="random", default=True),
+)
+
+# The options of the measures and the masking protocol, listed here only (cwlens._types
+# re-exports the types): the output o a value-aware metric projects on (the head's own or
+# the layer's), what a mask removes (the top- or the bottom-ranked entries) and the unit
+# a rate applies in.
+Kind = Literal["intra", "inter"]
+Mode = Literal["comprehensiveness", "sufficiency"]
+Scope = Literal["row", "head", "layer"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
+MODES: tuple[Mode, ...] = get_args(Mode)
+SCOPES: tuple[Scope, ...] = get_args(Scope)
+
+NAMES: tuple[str, ...] = ()
+HIERARCHY: tuple[str, ...] = ()  # the paper's four, least to most faithful (its claimed order)
+GEOMETRY: tuple[str, ...] = ()  # computable from one layer's geometry (the streaming engine's)
+GRADIENT: tuple[str, ...] = ()
+DEFAULT: tuple[str, ...] = ()  # the default sweep: the paper's label-free metrics, the control
+
+
+def _derive() -> None:
+    """(Re)derive the lists above from :data:`REGISTRY` (read them as ``metrics.NAMES``
+    at call time: they follow :func:`registered`)."""
+    global NAMES, HIERARCHY, GEOMETRY, GRADIENT, DEFAULT
+    NAMES = tuple(REGISTRY)
+    HIERARCHY = tuple(n for n, m in REGISTRY.items() if m.hierarchy)
+    GEOMETRY = tuple(n for n, m in REGISTRY.items() if m.source == "geometry")
+    GRADIENT = tuple(n for n, m in REGISTRY.items() if m.source == "gradient")
+    DEFAULT = tuple(n for n, m in REGISTRY.items() if m.default)
+
+
+_derive()
+
+
+@contextmanager
+def registered(*entries: Metric) -> Iterator[None]:
+    """Add ``entries`` to :data:`REGISTRY` for the block (a metric of your own: the
+    measures, the stream, the rankings and the faithfulness harness then know it)."""
+    taken = [m.name for m in entries if m.name in REGISTRY]
+    if taken:
+        raise UnknownOptionError(f"metric {taken[0]!r} is registered already: pick another name.")
+    REGISTRY.update(registry(*entries))
+    _derive()
+    try:
+        yield
+    finally:
+        for m in entries:
+            REGISTRY.pop(m.name, None)
+        _derive()
+
+
+def get(name: str, allowed: tuple[str, ...] | None = None) -> Metric:
+    """The :class:`Metric` called ``name`` (one of ``allowed``, default: every name), or an
+    error listing the valid names."""
+    allowed = NAMES if allowed is None else allowed
     if name not in allowed:
         hint = ""
         if name in GRADIENT:

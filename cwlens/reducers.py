@@ -206,13 +206,13 @@ class TokenLevel(Reducer):
         self.metric = _check_metric(metric)
         self.metrics = (metric,)
         self.name = f"token_{metric}" if name is None else validation.label(name, "name")
+        self._rows: dict[int, list[tuple[int, torch.Tensor]]] = {}
 
     def check(self, n_layers, n_heads, layers, name):
         if self.asked is None:
             return
         self.keep = {_resolve(ly, n_layers, name, "layer") for ly in self.asked}
         _streamed(self.keep, layers, name, "layers")
-        self._rows: dict[int, list[tuple[int, torch.Tensor]]] = {}
 
     def update(self, layer, query_start, weights, block):
         if self.keep is None or layer in self.keep:

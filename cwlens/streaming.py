@@ -24,6 +24,7 @@ Results equal those from ``run_with_cache`` + :mod:`cwlens.measures` (same math,
 float32 rounding up to the order of the sums; tested on every tiny architecture).
 """
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,9 +36,11 @@ from cwlens import metrics as _metrics
 from cwlens._types import Kind
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import AttentionGeometry, check_kind
-from cwlens.errors import CwlensError, EmptyInputError, InvalidArgumentError
+from cwlens.errors import CwlensError, EmptyInputError, InvalidArgumentError, UnknownOptionError
+from cwlens.handle import wrap
 
 DEFAULT_QUERY_BLOCK = 256
+AUTO_THRESHOLD = adapter.BLOCKWISE_AUTO_THRESHOLD  # attention="auto": blockwise above this
 
 
 def check_metric(metric: str) -> str:
@@ -47,11 +50,17 @@ def check_metric(metric: str) -> str:
 
 class _Taps:
     """Catches ``hook_v`` and ``hook_pattern`` of each layer; calls ``on_layer`` once both
-    are in (in whichever order the model fires them), then drops them."""
+    are in (in whichever order the model fires them), then drops them.
 
-    def __init__(self, layers: Sequence[int], on_layer: Callable[..., None]):
+    Under blockwise attention (:mod:`cwlens.models.blockwise`) ``hook_pattern`` fires once
+    per query block: each block goes to ``on_block(layer, block, rows, v)`` (``block``
+    says where the rows sit), after ``hook_v`` (which fires first, with all keys)."""
+
+    def __init__(self, layers: Sequence[int], on_layer: Callable[..., None],
+                 on_block: Callable[..., None] | None = None):
         self.layers = list(layers)
         self.on_layer = on_layer
+        self.on_block = on_block
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
         self.residuals: dict[int, torch.Tensor] = {}  # hook_resid_pre: fires before v
         self.done: list[int] = []
@@ -66,6 +75,19 @@ class _Taps:
 
     def _catch(self, layer: int, what: str):
         def catch(tensor: torch.Tensor, hook) -> None:
+            block = adapter.current_block() if what == "pattern" else None
+            if block is not None:
+                v = self.pending.get(layer, {}).get("v")
+                if v is None or self.on_block is None:
+                    raise CwlensError(
+                        f"Layer {layer}: a blockwise attention block arrived before "
+                        f"{hook_names.values(layer)!r}; run with attention='eager'.")
+                self.on_block(layer, block, tensor.detach(), v, self.residuals.get(layer))
+                if block.query_start + block.n_rows >= block.n_queries:
+                    del self.pending[layer]
+                    self.residuals.pop(layer, None)
+                    self.done.append(layer)
+                return None
             slot = self.pending.setdefault(layer, {})
             slot[what] = tensor.detach()
             if len(slot) == 2:
@@ -75,6 +97,7 @@ class _Taps:
             return None  # read only: the forward pass goes on unchanged
 
         catch.__name__ = f"cwlens_stream_{what}_{layer}"
+        catch.cwlens_blockwise = True  # type: ignore[attr-defined]  # takes query blocks
         return catch
 
     def hooks(self) -> list[tuple[str, Callable]]:
@@ -86,10 +109,66 @@ class _Taps:
         return out
 
 
+class _Assembler:
+    """Blockwise runs for whole-layer consumers: the blocks of a layer are written into one
+    ``[batch, head, query, key]`` tensor, handed to ``on_layer`` once complete, then freed."""
+
+    def __init__(self, on_layer: Callable[..., None]):
+        self.on_layer = on_layer
+        self.full: dict[int, torch.Tensor] = {}
+
+    def __call__(self, layer: int, block, rows: torch.Tensor, v: torch.Tensor, residual=None) -> None:
+        if layer not in self.full:
+            b, h = rows.shape[:2]
+            self.full[layer] = rows.new_zeros(b, h, block.n_queries, block.n_keys)
+        self.full[layer][:, :, block.query_start : block.query_start + block.n_rows, : block.key_stop] = rows
+        if block.query_start + block.n_rows >= block.n_queries:
+            self.on_layer(layer, self.full.pop(layer), v, residual)
+
+
+ATTENTION_MODES = ("auto", "eager", "blockwise")
+
+
+def use_blockwise(model: TLModel, input, attention: str) -> bool:
+    """Whether a forward on ``input`` runs blockwise under ``attention`` (see
+    :data:`ATTENTION_MODES`; ``"auto"``: above :data:`AUTO_THRESHOLD` tokens, where the
+    model supports it)."""
+    if attention not in ATTENTION_MODES:
+        raise UnknownOptionError(
+            f"Unknown attention={attention!r}. Valid: 'auto' (blockwise above "
+            f"{AUTO_THRESHOLD} tokens), 'eager' (the model's own attention, whole "
+            "[batch, head, n, n] patterns) or 'blockwise' (query blocks, no n x n tensor; "
+            "see docs/long_context.md)."
+        )
+    if attention != "auto":
+        return attention == "blockwise"
+    if not adapter.supports_blockwise(model):
+        return False
+    if isinstance(input, torch.Tensor):
+        n = input.shape[-1]
+    elif isinstance(input, str):
+        n = adapter.n_tokens(model, input)
+    else:
+        n = max((adapter.n_tokens(model, t) for t in input), default=0)
+    return n > AUTO_THRESHOLD
+
+
+def attention_context(model: TLModel, input, attention: str, query_block: int | None = None):
+    """The context a forward on ``input`` runs in: blockwise attention or nothing."""
+    if use_blockwise(model, input, attention):
+        return adapter.blockwise_attention(model, query_block or DEFAULT_QUERY_BLOCK)
+    return contextlib.nullcontext()
+
+
+class _Stop(Exception):
+    """Raised after the last needed layer when the logits are not wanted."""
+
+
 def _tokens(model: TLModel, input, attention_mask=None) -> torch.Tensor | Any:
     """``input`` checked (:func:`cwlens.validation.model_input`: empty, malformed, out of the
-    vocabulary, longer than the context); 1-d token ids get a batch axis."""
-    validation.model_input(model, input, attention_mask)
+    vocabulary, longer than a learned-position context; texts past a rotary context are
+    tokenized whole, with a warning); 1-d token ids get a batch axis."""
+    input = validation.run_input(model, input, attention_mask)
     if isinstance(input, torch.Tensor) and input.ndim == 1:
         return input[None]
     return input
@@ -109,6 +188,9 @@ def stream_geometry(
     layers: Layers = None,
     attention_mask: torch.Tensor | None = None,
     closure: bool = False,
+    attention: str = "auto",
+    logits: bool = True,
+    query_block: int | None = None,
     **forward_kwargs,
 ) -> tuple[Any, ...]:
     """Run the model once; call ``fn(layer, geometry)`` as each layer is computed.
@@ -120,6 +202,15 @@ def stream_geometry(
     third item, the :class:`~cwlens.measures.Closure` check of each layer (the heads x keys
     rebuild against what the heads wrote, caught by one more hook per layer).
 
+    ``attention``: ``"eager"`` (the model's own attention), ``"blockwise"`` (attention in
+    query blocks, :mod:`cwlens.models.blockwise`) or ``"auto"`` (blockwise above
+    :data:`AUTO_THRESHOLD` tokens). ``fn`` gets a whole layer either way, so a blockwise
+    run still holds one layer's ``[batch, head, n, n]`` pattern at a time (but no
+    ``n x n`` scores in the forward pass): :func:`stream_reduce` never does.
+    ``logits=False`` stops the forward pass after the last layer streamed (the first item
+    is then None). ``query_block``: the rows per block of a blockwise run (default
+    :data:`DEFAULT_QUERY_BLOCK`).
+
     Args:
         model: the TransformerLens model.
         input: a text, a list of texts or tokens ``[batch, pos]``.
@@ -127,6 +218,9 @@ def stream_geometry(
         layers: an int, a list of ints, or ``None`` for every layer.
         attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
         closure: also check each layer's heads x keys rebuild.
+        attention: ``"auto"``, ``"eager"`` or ``"blockwise"`` (see above).
+        logits: False stops the forward pass after the last streamed layer.
+        query_block: rows per block of a blockwise run.
         **forward_kwargs: passed on to the model's forward pass.
 
     Returns:
@@ -143,67 +237,133 @@ def stream_geometry(
         >>> [tuple(s.shape) for s in shares], check.worst_relative_error < 1e-5
         ([(1, 4), (1, 4)], True)
     """
-    from cwlens.measures import Closure, closure_errors
-
     _check_fn(fn)
-    validation.flag(closure, "closure")
-    resolved, _ = adapter.resolve_layers(model, layer=layers)
+    _check_flags(closure, logits, query_block)
+    engine = _Engine(model, layers, attention_mask, closure)
     input = _tokens(model, input, attention_mask)
-    mask = None if attention_mask is None else attention_mask.bool()
-    results: dict[int, Any] = {}
-    rebuilt: dict[int, torch.Tensor] = {}
-    targets: dict[int, torch.Tensor] = {}
-    errors: dict[int, tuple[float, float]] = {}
+    _, out = engine.run(input, fn, None, attention, query_block, logits, forward_kwargs)
+    return out
 
-    def on_layer(layer: int, pattern: torch.Tensor, v: torch.Tensor, residual=None) -> None:
-        geo = adapter.layer_geometry(model, layer, pattern, v, mask, residual)
-        if closure:  # [batch, pos, d_model] tensors: small
-            if layer in targets:
-                errors[layer] = closure_errors(geo.layer_output, targets.pop(layer), attention_mask)
-            else:
-                rebuilt[layer] = geo.layer_output
-        results[layer] = fn(layer, geo)
 
-    def check(layer: int):
+def _check_flags(closure: object, logits: object, query_block: object) -> None:
+    validation.flag(closure, "closure")
+    validation.flag(logits, "logits")
+    if query_block is not None and (isinstance(query_block, bool) or not isinstance(query_block, int)
+                                    or query_block < 1):
+        raise InvalidArgumentError(f"query_block must be a positive int or None; got {query_block!r}.")
+
+
+class _Engine:
+    """One streamed forward pass: taps, the closure check, blockwise or eager attention."""
+
+    def __init__(self, model: TLModel, layers: Layers, attention_mask: torch.Tensor | None,
+                 closure: bool):
+        self.model = model
+        self.layers, _ = adapter.resolve_layers(model, layer=layers)
+        self.attention_mask = attention_mask
+        self.mask = None if attention_mask is None else attention_mask.bool()
+        self.closure = closure
+        self.rebuilt: dict[int, torch.Tensor] = {}
+        self.targets: dict[int, torch.Tensor] = {}
+        self.errors: dict[int, tuple[float, float]] = {}
+
+    def geometry(self, layer: int, pattern: torch.Tensor, v: torch.Tensor,
+                 residual: torch.Tensor | None = None) -> AttentionGeometry:
+        return adapter.layer_geometry(self.model, layer, pattern, v, self.mask, residual)
+
+    def rebuilt_output(self, layer: int, output: torch.Tensor) -> None:
+        """What the heads x keys rebuild for ``layer`` ([batch, pos, d_model]): checked
+        against the model's own output of the heads, whichever comes first."""
+        from cwlens.measures import closure_errors
+
+        if layer in self.targets:
+            self.errors[layer] = closure_errors(output, self.targets.pop(layer), self.attention_mask)
+        else:
+            self.rebuilt[layer] = output
+
+    def _check(self, layer: int):
+        from cwlens.measures import closure_errors
+
         # the heads' output usually fires after the pattern; where the pattern hook fires
         # after the attention module returns (the bridge's BERT), it comes first
         def check_closure(tensor: torch.Tensor, hook) -> None:
-            target = adapter.heads_output_from(model, layer, tensor.detach())
-            if layer in rebuilt:
-                errors[layer] = closure_errors(rebuilt.pop(layer), target, attention_mask)
+            target = adapter.heads_output_from(self.model, layer, tensor.detach())
+            if layer in self.rebuilt:
+                self.errors[layer] = closure_errors(self.rebuilt.pop(layer), target, self.attention_mask)
             else:
-                targets[layer] = target
+                self.targets[layer] = target
             return None
 
         return check_closure
 
-    taps = _Taps(resolved, on_layer)
-    # the residual stream is caught for ALTI where the model names it (cheap: a reference)
-    hooks = [(name, fn) for name, fn in taps.hooks()
-             if name.endswith(("hook_v", "hook_pattern")) or adapter.has_hook(model, name)]
-    if closure:
-        hooks += [(adapter.closure_hook(model, ly), check(ly)) for ly in resolved]
-    forward_kwargs.update(adapter.forward_kwargs(model, attention_mask))
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        logits = model(input, **forward_kwargs)  # type: ignore[operator]
-    missing = [ly for ly in resolved if ly not in results]
-    if missing:
-        raise CwlensError(
-            f"Layers {missing} did not fire both {hook_names.values(missing[0])!r} and "
-            f"{hook_names.pattern(missing[0])!r} during the forward pass: this model's "
-            "attention does not expose its pattern through TransformerLens hooks."
-        )
-    outputs = [results[ly] for ly in resolved]
-    if not closure:
-        return logits, outputs
-    if any(ly not in errors for ly in resolved):
-        raise CwlensError(
-            f"The closure hook {adapter.closure_hook(model, resolved[0])!r} did not fire: "
-            "the closure check cannot be made on this model."
-        )
-    return logits, outputs, Closure(
-        tuple(resolved), tuple(errors[ly][0] for ly in resolved), tuple(errors[ly][1] for ly in resolved)
-    )
+    def run(self, input, fn, on_block, attention: str, query_block: int | None, logits: bool,
+            forward_kwargs: dict) -> tuple[bool, tuple[Any, ...]]:
+        """Run the forward; ``fn(layer, geometry)`` for whole layers, or ``on_block(layer,
+        block, rows, v)`` for blockwise runs where given. Returns ``(blockwise, outputs)``."""
+        from cwlens.measures import Closure
+
+        model, resolved = self.model, self.layers  # input: checked by _tokens
+        blockwise = use_blockwise(model, input, attention)
+        results: dict[int, Any] = {}
+
+        def on_layer(layer: int, pattern: torch.Tensor, v: torch.Tensor, residual=None) -> None:
+            geo = self.geometry(layer, pattern, v, residual)
+            if self.closure:  # [batch, pos, d_model] tensors: small
+                self.rebuilt_output(layer, geo.layer_output)
+            results[layer] = fn(layer, geo)
+
+        if on_block is not None:
+            def block_then_mark(layer, block, rows, v, residual=None):
+                on_block(layer, block, rows, v, residual)
+                if block.query_start + block.n_rows >= block.n_queries:
+                    results[layer] = None
+
+            taps = _Taps(resolved, on_layer, block_then_mark)
+        else:
+            taps = _Taps(resolved, on_layer, _Assembler(on_layer))
+        # the residual stream is caught for ALTI where the model names it (cheap: a reference)
+        hooks = [(name, fn) for name, fn in taps.hooks()
+                 if name.endswith(("hook_v", "hook_pattern")) or adapter.has_hook(model, name)]
+        if self.closure:
+            hooks += [(adapter.closure_hook(model, ly), self._check(ly)) for ly in resolved]
+        stop = hook_names.resid_post(max(resolved))
+        if not logits and adapter.has_hook(model, stop):
+            hooks.append((stop, _raise_stop))
+        forward_kwargs = dict(forward_kwargs)
+        forward_kwargs.update(adapter.forward_kwargs(model, self.attention_mask))
+        context = adapter.blockwise_attention(model, query_block or DEFAULT_QUERY_BLOCK) \
+            if blockwise else contextlib.nullcontext()
+        out_logits = None
+        with torch.no_grad(), context, wrap(model).hooks(hooks):
+            try:
+                out_logits = model(input, **forward_kwargs)  # type: ignore[operator]
+            except _Stop:
+                pass
+        if not logits:
+            out_logits = None
+        missing = [ly for ly in resolved if ly not in results]
+        if missing:
+            raise CwlensError(
+                f"Layers {missing} did not fire both {hook_names.values(missing[0])!r} and "
+                f"{hook_names.pattern(missing[0])!r} during the forward pass: this model's "
+                "attention does not expose its pattern through TransformerLens hooks."
+            )
+        outputs = [results[ly] for ly in resolved]
+        if not self.closure:
+            return blockwise, (out_logits, outputs)
+        if any(ly not in self.errors for ly in resolved):
+            raise CwlensError(
+                f"The closure hook {adapter.closure_hook(model, resolved[0])!r} did not fire: "
+                "the closure check cannot be made on this model."
+            )
+        errors = self.errors
+        return blockwise, (out_logits, outputs, Closure(
+            tuple(resolved), tuple(errors[ly][0] for ly in resolved), tuple(errors[ly][1] for ly in resolved)
+        ))
+
+
+def _raise_stop(tensor: torch.Tensor, hook) -> None:
+    raise _Stop
 
 
 def stream(
@@ -214,6 +374,8 @@ def stream(
     kind: Kind = "inter",
     layers: Layers = None,
     attention_mask: torch.Tensor | None = None,
+    attention: str = "auto",
+    query_block: int | None = None,
 ) -> list[Any]:
     """Call ``fn(layer, weights)`` with each layer's ``[batch, head, query, key]`` float32
     tensor of ``metric`` while the model runs; return ``[fn(...) for each layer]``.
@@ -222,7 +384,9 @@ def stream(
     ``value_weighted``, ``value_weighted_output_normalized``, ``contribution`` (signed),
     ``contribution_abs``, ``alti``); ``kind`` picks ``o`` (``"inter"``:
     the layer's output, ``"intra"``: the head's). Only one layer's weights exist at a time;
-    keep from ``weights`` what you need (the tensor itself may be reused).
+    keep from ``weights`` what you need (the tensor itself may be reused). ``attention``,
+    ``query_block``: see :func:`stream_geometry`. The forward pass stops after the last layer streamed
+    (no unembedding).
 
     Args:
         model: the TransformerLens model.
@@ -232,6 +396,8 @@ def stream(
         kind: ``"inter"`` or ``"intra"``: which output ``o`` the metric uses.
         layers: an int, a list of ints, or ``None`` for every layer.
         attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
+        attention: ``"auto"``, ``"eager"`` or ``"blockwise"`` (see :func:`stream_geometry`).
+        query_block: rows per block of a blockwise run.
 
     Returns:
         ``[fn(layer, weights) for each layer]``, in layer order.
@@ -251,7 +417,8 @@ def stream(
     check_metric(metric)
     check_kind(kind)
     _, out = stream_geometry(
-        model, input, lambda layer, geo: fn(layer, geo.measure(metric, kind)), layers, attention_mask
+        model, input, lambda layer, geo: fn(layer, _metrics.from_geometry(geo, metric, kind)), layers, attention_mask,
+        attention=attention, logits=False, query_block=query_block,
     )
     return out
 
@@ -303,7 +470,7 @@ class BlockMeasures(dict):
         self.geometry, self.kind, self.n_keys = geometry, kind, n_keys
 
     def __missing__(self, metric: str) -> torch.Tensor:
-        self[metric] = value = self.geometry.measure(check_metric(metric), self.kind)
+        self[metric] = value = _metrics.from_geometry(self.geometry, check_metric(metric), self.kind)
         return value
 
 
@@ -312,7 +479,7 @@ class StreamResult:
     """What :func:`stream_reduce` returns: the logits and each reducer's result by name.
 
     Attributes:
-        logits: the model's logits.
+        logits: the model's logits (None when run with ``logits=False``).
         results: ``{reducer name: its result}``; ``result[name]`` reads one.
         closure: a :class:`~cwlens.measures.Closure` with ``closure=True``, else None.
 
@@ -325,7 +492,7 @@ class StreamResult:
         ['heads']
     """
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None  # None when run with logits=False
     results: dict[str, Any] = field(default_factory=dict)
     closure: Any = None  # a cwlens.measures.Closure when asked for (closure=True)
 
@@ -342,6 +509,8 @@ def stream_reduce(
     attention_mask: torch.Tensor | None = None,
     query_block: int | None = DEFAULT_QUERY_BLOCK,
     closure: bool = False,
+    attention: str = "auto",
+    logits: bool = True,
 ) -> StreamResult:
     """Several metrics into several reducers, in one forward pass, in query blocks.
 
@@ -350,6 +519,13 @@ def stream_reduce(
     metric some reducer needs is computed once and handed to all reducers that need it.
     ``query_block=None`` computes each layer in one block. ``closure=True`` also checks
     each layer's heads x keys rebuild (``result.closure``, see :func:`stream_geometry`).
+
+    ``attention="blockwise"`` (or ``"auto"`` above :data:`AUTO_THRESHOLD` tokens) runs the
+    model's attention itself in blocks of ``query_block`` queries and hands each block to
+    the reducers as it is computed: no ``[batch, head, n, n]`` tensor exists at any point
+    (:mod:`cwlens.models.blockwise`). ``logits=False`` stops the forward pass after the
+    last layer streamed (``result.logits`` is then None).
+
 
     Args:
         model: the TransformerLens model.
@@ -360,6 +536,8 @@ def stream_reduce(
         attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
         query_block: queries per block (``None``: each layer in one block).
         closure: also check each layer's heads x keys rebuild.
+        attention: ``"auto"``, ``"eager"`` or ``"blockwise"`` (see above).
+        logits: False stops the forward pass after the last streamed layer.
 
     Returns:
         A :class:`StreamResult`: ``.logits``, ``[name]`` per reducer, ``.closure``.
@@ -380,10 +558,7 @@ def stream_reduce(
     """
     check_kind(kind)
     named = _named_reducers(reducers)
-    if query_block is not None and (isinstance(query_block, bool) or not isinstance(query_block, int)
-                                    or query_block < 1):
-        raise InvalidArgumentError(f"query_block must be a positive int or None; got {query_block!r}.")
-    validation.flag(closure, "closure")
+    _check_flags(closure, logits, query_block)
     metrics = list(dict.fromkeys(m for r in named.values() for m in r.metrics))
     for m in metrics:
         check_metric(m)
@@ -417,6 +592,34 @@ def stream_reduce(
         for r in named.values():
             r.end_layer(layer, geo)
 
-    out = stream_geometry(model, input, per_layer, resolved, attention_mask, closure=closure)
+    engine = _Engine(model, layers, attention_mask, closure)
+    bases: dict[int, AttentionGeometry] = {}
+    rebuilt: dict[int, torch.Tensor] = {}
+
+    def per_block(layer: int, info, rows: torch.Tensor, v: torch.Tensor, residual=None) -> None:
+        """Blockwise attention: one block of a layer's rows, straight to the reducers."""
+        if layer not in bases:  # the layer's key side (values, norms), before its first rows
+            b, h = rows.shape[:2]
+            bases[layer] = base = engine.geometry(layer, rows.new_zeros(b, h, 1, info.n_keys), v, residual)
+            for r in named.values():
+                r.start_layer(layer, base)
+        base = bases[layer]
+        block = base.with_rows(rows, info.query_start)
+        weights = BlockMeasures(block, kind, info.n_keys)
+        for r in named.values():
+            r.update(layer, info.query_start, weights, block)
+        if closure:
+            out = rebuilt.setdefault(layer, v.new_zeros(v.shape[0], info.n_queries, base.W_O.shape[-1],
+                                                        dtype=block.layer_output.dtype))
+            out[:, info.query_start : info.query_start + info.n_rows] = block.layer_output
+        del weights, block
+        if info.query_start + info.n_rows >= info.n_queries:
+            for r in named.values():
+                r.end_layer(layer, base)
+            del bases[layer]
+            if closure:
+                engine.rebuilt_output(layer, rebuilt.pop(layer))
+
+    _, out = engine.run(input, per_layer, per_block, attention, query_block, logits, {})
     return StreamResult(out[0], {name: r.result() for name, r in named.items()},
                         out[2] if closure else None)

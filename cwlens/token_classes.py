@@ -48,6 +48,7 @@ from cwlens import adapter
 from cwlens._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind, safe_divide
 from cwlens.errors import EmptyInputError, InvalidArgumentError
+from cwlens.handle import wrap
 
 CLASSES = ("cls", "sep", "punctuation", "other")
 CLS, SEP, PUNCT, OTHER = range(4)
@@ -82,7 +83,7 @@ def token_classes(model, tokens: torch.Tensor, mask: torch.Tensor | None = None)
             f"mask has shape {tuple(real.shape)} but tokens {tuple(tokens.shape)}: pass the "
             "attention mask from cwlens.batching.pad_batch with its tokens."
         )
-    tok = model.tokenizer
+    tok = wrap(model).tokenizer
     out = torch.full_like(tokens, OTHER)
     pieces: dict[int, bool] = {}
     for t in torch.unique(tokens[real]).tolist():

@@ -98,13 +98,18 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
     ``input``: a text, a non-empty list of texts (none blank) or integer token ids
     ``[pos]`` / ``[batch, pos]`` inside the vocabulary. ``attention_mask`` must have the
     tokens' shape. An input longer than the model's context (``n_ctx``) raises
-    :class:`~cwlens.errors.InputTooLongError` (the policy of every API surface without a
-    ``max_tokens``; see docs/inputs.md).
+    :class:`~cwlens.errors.InputTooLongError` where the model's positions are learned
+    embeddings (GPT-2, BERT: no position exists past ``n_ctx``); with rotary positions
+    (Llama, Mistral, Qwen, Gemma) it runs, with a :class:`~cwlens.errors.CwlensWarning`
+    that it is past the trained context (see docs/inputs.md).
     """
+    import warnings
+
     import torch
 
     from cwlens import adapter
-    from cwlens.errors import InputTooLongError, ShapeMismatchError
+    from cwlens.errors import CwlensWarning, InputTooLongError, ShapeMismatchError
+    from cwlens.handle import wrap
 
     if isinstance(input, list | tuple) and not input:
         raise EmptyInputError(f"The {what} is an empty list of texts: pass at least one text.")
@@ -123,7 +128,7 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
                     "An attention_mask needs tokens, not texts: pass the tokens it belongs to "
                     "(tokens, mask = cwlens.batching.pad_batch(model, texts))."
                 )
-            tokens = model.to_tokens(texts[0])
+            tokens = wrap(model).to_tokens(texts[0])
     elif isinstance(input, torch.Tensor):
         tokens = input
         _check_token_ids(model, tokens, what)
@@ -153,11 +158,33 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
                 "at least one 1.")
     limit = adapter.context_length(model)
     if limit is not None and n > limit:
-        raise InputTooLongError(
-            f"The {what} has {n} tokens, more than this model's context of {limit} (n_ctx): "
-            f"pass at most {limit} tokens, e.g. tokens[:, :{limit}] (see docs/inputs.md)."
-        )
+        if adapter.rotary_positions(model):
+            warnings.warn(
+                f"The {what} has {n} tokens, past this model's trained context of {limit} "
+                "(n_ctx): rotary positions run on, but the model never saw positions this far "
+                "(see docs/inputs.md).", CwlensWarning, stacklevel=3)
+        else:
+            raise InputTooLongError(
+                f"The {what} has {n} tokens, more than this model's context of {limit} (n_ctx), "
+                "and its learned position embeddings have no position past it: pass at most "
+                f"{limit} tokens, e.g. tokens[:, :{limit}] (see docs/inputs.md)."
+            )
     return n
+
+
+def run_input(model, input: object, attention_mask=None, what: str = "input") -> object:
+    """``input`` checked by :func:`model_input`, as the forward pass should get it: texts
+    past the context (rotary positions, with the warning) tokenized whole, since
+    ``model(text)`` would cut them at ``n_ctx``."""
+    from cwlens import adapter
+    from cwlens.handle import wrap
+
+    n = model_input(model, input, attention_mask, what)
+    limit = adapter.context_length(model)
+    if limit is not None and n > limit and isinstance(input, str | list | tuple):
+        return wrap(model).to_tokens(list(input) if isinstance(input, tuple) else input,
+                                     truncate=False)
+    return input
 
 
 def _short(value: object) -> str:

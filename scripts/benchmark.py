@@ -18,7 +18,12 @@ forward pass at the same n (interleaved). ``peak_extra_mb`` is then the peak mem
 the streamed pass minus that of the plain forward pass (CPU: each measured alone in a
 fresh subprocess, glibc's mmap threshold fixed so that freed blocks leave the RSS; CUDA:
 max allocated). ``--json`` prints one JSON line per n with the keys
-``n, forward_s, stream_s, ratio, peak_extra_mb``. On CPU, rows with n > 4096 run once
+``n, forward_s, stream_s, ratio, peak_extra_mb, forward_peak_mb, attention, stream_peak_mb``
+(the streamed run's peak above the loaded model; the eager forward's fields are null where
+it did not fit) and, unless ``--attention eager``, ``forward_blockwise_s`` (the plain
+forward with cwlens's blockwise attention) and ``ratio_blockwise`` (stream / that).
+``--attention`` picks the streamed run's attention (``auto``, ``eager``, ``blockwise``:
+see docs/long_context.md). On CPU, rows with n > 4096 run once
 (no warm-up, no repeats): each takes minutes.
 
     python scripts/benchmark.py                      # SmolLM2-135M, n = 128 512 2048, CPU
@@ -80,14 +85,23 @@ def random_tokens(model, n, device):
 STREAM_METRICS = ("contribution", "attention", "value_weighted", "value_weighted_output_normalized")
 
 
-def stream_pass(model, tokens, query_block=None):
-    """All-layer contribution + 3 baselines, streamed, reduced to top-8 and column sums."""
+def stream_pass(model, tokens, query_block=None, attention="auto"):
+    """All-layer contribution + 3 baselines, streamed, reduced to top-8 and column sums
+    (the forward pass stops before the unembedding: no logits are wanted)."""
     import cwlens
     from cwlens import reducers
 
     rs = [reducers.TopK(8, m) for m in STREAM_METRICS] + [reducers.ColumnSums(m) for m in STREAM_METRICS]
     kw = {} if query_block is None else {"query_block": query_block}
-    return cwlens.stream_reduce(model, tokens, rs, **kw)
+    return cwlens.stream_reduce(model, tokens, rs, attention=attention, logits=False, **kw)
+
+
+def blockwise_forward(model, tokens, query_block=None):
+    """The plain forward pass with cwlens's blockwise attention (no hooks: SDPA blocks)."""
+    from cwlens.streaming import attention_context
+
+    with attention_context(model, tokens, "blockwise", query_block):
+        return model(tokens)
 
 
 def load(model_name, device, dtype, random_config):
@@ -103,30 +117,40 @@ def load(model_name, device, dtype, random_config):
 LONG = 4096  # rows longer than this run once, without warm-up (CPU minutes each)
 
 
-def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_block=None):
+def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_block=None,
+               attention="auto"):
     if n > LONG and not str(device).startswith("cuda"):
         repeats = 1
     model = load(model_name, device, dtype, random_config)
     torch.manual_seed(0)
     tokens = random_tokens(model, n, device)
-    times = {"forward": [], "stream": []}
+    runs = [("forward", lambda: model(tokens)),
+            ("forward_blockwise", lambda: blockwise_forward(model, tokens, query_block)),
+            ("stream", lambda: stream_pass(model, tokens, query_block, attention))]
+    if attention == "eager":
+        runs = [runs[0], runs[2]]
+    times: dict[str, list] = {name: [] for name, _ in runs}
     with torch.no_grad():
         if repeats > 1:  # warm-up (skipped for one-shot long runs)
-            model(tokens)
-            stream_pass(model, tokens, query_block)
+            for _, fn in runs:
+                fn()
         for _ in range(repeats):
-            for name, fn in (("forward", lambda: model(tokens)),
-                             ("stream", lambda: stream_pass(model, tokens, query_block))):
+            for name, fn in runs:
                 sync(device)
                 t0 = time.perf_counter()
                 fn()
                 sync(device)
                 times[name].append(time.perf_counter() - t0)
     fwd, st = statistics.median(times["forward"]), statistics.median(times["stream"])
-    return {"n": n, "forward_s": fwd, "stream_s": st, "ratio": st / fwd}
+    row = {"n": n, "forward_s": fwd, "stream_s": st, "ratio": st / fwd, "attention": attention}
+    if "forward_blockwise" in times:
+        fb = statistics.median(times["forward_blockwise"])
+        row |= {"forward_blockwise_s": fb, "ratio_blockwise": st / fb}
+    return row
 
 
-def memory_row(model_name, device, n, dtype, what, random_config=None, query_block=None):
+def memory_row(model_name, device, n, dtype, what, random_config=None, query_block=None,
+               attention="auto"):
     """Peak memory of one plain forward or one streamed pass, beyond the loaded model."""
     model = load(model_name, device, dtype, random_config)
     torch.manual_seed(0)
@@ -142,7 +166,7 @@ def memory_row(model_name, device, n, dtype, what, random_config=None, query_blo
         if what == "forward":
             model(tokens)
         else:
-            stream_pass(model, tokens, query_block)
+            stream_pass(model, tokens, query_block, attention)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb()
     return {"n": n, "what": what, "peak_mb": peak - base}
 
@@ -181,15 +205,18 @@ def one_row(model_name, device, n, repeats, dtype):
             "ratio_with_intra": both / fwd, "peak_extra_mb": peak}
 
 
-def _sub(args, *extra, env=None) -> dict:
+def _sub(args, *extra, env=None, allow_failure=False) -> dict | None:
     cmd = [sys.executable, __file__, "--model", args.model, "--device", args.device,
            "--dtype", args.dtype, "--repeats", str(args.repeats), *extra]
     if args.random_config:
         cmd += ["--random-config", args.random_config]
     if args.query_block:
         cmd += ["--query-block", str(args.query_block)]
+    cmd += ["--attention", args.attention]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
+        if allow_failure:
+            return None
         raise SystemExit(f"benchmark row failed ({' '.join(extra)}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -204,6 +231,9 @@ def main():
     ap.add_argument("--stream", action="store_true", help="time the streaming engine (see above)")
     ap.add_argument("--json", action="store_true", help="print one JSON line per n")
     ap.add_argument("--query-block", type=int, default=None, help="stream_reduce's query_block")
+    ap.add_argument("--attention", default="auto", choices=["auto", "eager", "blockwise"],
+                    help="--stream: stream_reduce's attention (blockwise: query blocks, no n x n "
+                    "tensor; auto: blockwise above 2048 tokens)")
     ap.add_argument("--random-config", default=None,
                     help="a model shape with random weights instead of --model (e.g. llama-3.1-8b)")
     ap.add_argument("--docs", help="also write the table into this docs page (docs/benchmarks.md), "
@@ -221,12 +251,12 @@ def main():
         return
     if args.stream_row is not None:
         print(json.dumps(stream_row(args.model, args.device, args.stream_row, args.repeats, dtype,
-                                    args.random_config, args.query_block)))
+                                    args.random_config, args.query_block, args.attention)))
         return
     if args.memory_row is not None:
         n, what = int(args.memory_row[0]), args.memory_row[1]
         print(json.dumps(memory_row(args.model, args.device, n, dtype, what, args.random_config,
-                                    args.query_block)))
+                                    args.query_block, args.attention)))
         return
     if args.stream:
         return stream_main(args)
@@ -258,23 +288,31 @@ def stream_main(args) -> None:
         print(f"model {args.random_config or args.model}, device {args.device}, dtype {args.dtype}, "
               f"torch threads {torch.get_num_threads()}; streamed = contribution + 3 baselines "
               "-> top-8 and column sums, every layer")
-        print(f"{'n':>6} {'forward s':>10} {'stream s':>10} {'ratio':>7} {'fwd peak MB':>12} {'peak extra MB':>14}")
-    md = ["| n | forward (s) | streamed (s) | ratio | forward peak (MB) | peak extra memory (MB) |",
-          "|---|---|---|---|---|---|"]
+        print(f"{'n':>6} {'forward s':>10} {'stream s':>10} {'ratio':>7} {'fwd peak MB':>12} "
+              f"{'peak extra MB':>14} {'stream peak MB':>15}   (attention={args.attention})")
+    md = ["| n | forward (s) | streamed (s) | ratio | forward peak (MB) | peak extra memory (MB) "
+          "| streamed peak (MB) |", "|---|---|---|---|---|---|---|"]
     for n in args.lengths:
         r = _sub(args, "--stream-row", str(n))
-        fwd = _sub(args, "--memory-row", str(n), "forward", env=env)["peak_mb"]
-        st = _sub(args, "--memory-row", str(n), "stream", env=env)["peak_mb"]
-        r["forward_peak_mb"] = round(fwd, 1)
-        r["peak_extra_mb"] = round(st - fwd, 1)
+        assert r is not None
+        fwd_row = _sub(args, "--memory-row", str(n), "forward", env=env, allow_failure=True)
+        st_row = _sub(args, "--memory-row", str(n), "stream", env=env)
+        assert st_row is not None
+        st = st_row["peak_mb"]
+        fwd = None if fwd_row is None else fwd_row["peak_mb"]  # None: the eager forward did not fit
+        r["forward_peak_mb"] = None if fwd is None else round(fwd, 1)
+        r["peak_extra_mb"] = None if fwd is None else round(st - fwd, 1)
+        r["stream_peak_mb"] = round(st, 1)
+        fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
         if args.json:
-            print(json.dumps({k: r[k] for k in ("n", "forward_s", "stream_s", "ratio", "peak_extra_mb")}
-                             | {"forward_peak_mb": r["forward_peak_mb"]}), flush=True)
+            keys = ("n", "forward_s", "stream_s", "ratio", "peak_extra_mb", "forward_peak_mb",
+                    "attention", "stream_peak_mb", "forward_blockwise_s", "ratio_blockwise")
+            print(json.dumps({k: r.get(k) for k in keys}), flush=True)
         else:
             print(f"{n:>6} {r['forward_s']:>10.3f} {r['stream_s']:>10.3f} {r['ratio']:>7.2f} "
-                  f"{fwd:>12.0f} {st - fwd:>14.0f}", flush=True)
+                  f"{fmt(fwd):>12} {fmt(r['peak_extra_mb']):>14} {st:>15.0f}", flush=True)
         md.append(f"| {n} | {r['forward_s']:.2f} | {r['stream_s']:.2f} | {r['ratio']:.2f} | "
-                  f"{fwd:.0f} | {st - fwd:.0f} |")
+                  f"{fmt(fwd)} | {fmt(r['peak_extra_mb'])} | {st:.0f} |")
     if args.docs:
         write_block(args.docs, "\n".join(md), args, marker=args.marker or "stream-benchmark")
 
@@ -292,7 +330,8 @@ def write_block(path, table: str, args, marker: str = "benchmark") -> None:
     flags += f" --repeats {args.repeats}" if args.repeats != 3 else ""
     for flag, value, default in (("--model", args.model, "smollm2-135m"), ("--device", args.device, "cpu"),
                                  ("--dtype", args.dtype, "float32"), ("--random-config", args.random_config, None),
-                                 ("--query-block", args.query_block, None)):
+                                 ("--query-block", args.query_block, None),
+                                 ("--attention", getattr(args, "attention", "auto"), "auto")):
         flags += f" {flag} {value}" if value != default else ""
     cmd = f"python scripts/benchmark.py{flags} --lengths {' '.join(map(str, args.lengths))} --docs {path}"
     block = (

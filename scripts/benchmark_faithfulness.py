@@ -143,12 +143,12 @@ def main() -> None:
     from cwlens.batching import pad_batch
     from cwlens.datasets import load_dataset
     from cwlens.faithfulness import run_faithfulness
-    from cwlens.faithfulness.sweep import _text_units, plan_batches
+    from cwlens.faithfulness.units import plan_batches, text_units
 
     model = cwlens.load_model(args.model, device=args.device)
     cfg = _config(args)
     samples = load_dataset(args.dataset, args.samples)
-    units = _text_units(model, samples, cfg.max_tokens)
+    units = text_units(model, samples, cfg.max_tokens)
     batches = [pad_batch(model, [s for u in b for s in units[u].sequences])
                for b in plan_batches(units, cfg.batch_tokens)]
     with torch.no_grad():

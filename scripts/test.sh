@@ -17,5 +17,5 @@ echo "== TransformerLens 4.x (TransformerBridge)"
 if [ -x .venv-tl3/bin/python ]; then
   echo "== TransformerLens 3.x (HookedTransformer)"
   .venv-tl3/bin/python -m pytest -q -p no:cacheprovider tests/test_architectures.py tests/test_geometry.py tests/test_stream.py \
-    tests/test_keyset_reducer.py
+    tests/test_keyset_reducer.py tests/test_blockwise.py
 fi

@@ -104,9 +104,8 @@ bad_inputs = st.one_of(
     st.builds(lambda n: torch.full((1, 3), n, dtype=torch.long),
               st.one_of(st.integers(max_value=-1), st.integers(min_value=10_000, max_value=2**40))),
     st.sampled_from([torch.ones(1, 3), torch.ones(1, 3, dtype=torch.float16), torch.ones(1, 3).bool(),
-                     torch.ones(1, 1, 3, dtype=torch.long), torch.zeros(1, 0, dtype=torch.long),
-                     torch.ones(1, 129, dtype=torch.long)]),
-)
+                     torch.ones(1, 1, 3, dtype=torch.long), torch.zeros(1, 0, dtype=torch.long)]),
+)  # (more tokens than n_ctx is no error for this rotary model: test_bad_input_round2.py)
 
 
 @SETTINGS

@@ -43,7 +43,9 @@ def ctx(tmp_path_factory):
     tokens = model.to_tokens("the cat sat on the mat")
     (base / "a_file").write_text("x")
     (base / "empty").mkdir()
-    return {"model": model, "tokens": tokens, "base": base, "path": path}
+    # learned absolute positions (GPT-2): nothing exists past n_ctx 128, so the API refuses
+    learned = cwlens.load_model(str(save_tiny("gpt2", base)), device="cpu")
+    return {"model": model, "tokens": tokens, "base": base, "path": path, "learned": learned}
 
 
 def raw(fn):
@@ -82,6 +84,11 @@ def _long_tokens(ctx):
     return torch.ones(1, 129, dtype=torch.long) * int(ctx["tokens"][0, 1])
 
 
+def _long_learned(ctx):
+    """129 tokens for the learned-position model (whose context is 128)."""
+    return torch.full((1, 129), int(ctx["learned"].to_tokens("the")[0, -1]), dtype=torch.long)
+
+
 # (call, expected error class, words the message must contain)
 API = {
     # -- the stream functions: the input ---------------------------------------------
@@ -103,11 +110,12 @@ API = {
     "stream-input-int": (lambda c: raw(cwlens.stream)(c["model"], 5, _fn), InvalidArgumentError, "got int"),
     "stream-fn-not-callable": (lambda c: raw(cwlens.stream)(c["model"], c["tokens"], "sum"),
                                InvalidArgumentError, "fn must be a function"),
-    "stream-longer-than-context": (lambda c: raw(cwlens.stream)(c["model"], _long_tokens(c), _fn),
+    # past n_ctx: refused where positions are learned (rotary models run: see below)
+    "stream-longer-than-context": (lambda c: raw(cwlens.stream)(c["learned"], _long_learned(c), _fn),
                                    InputTooLongError, "129 tokens"),
-    "stream-geometry-long-text": (lambda c: raw(cwlens.stream_geometry)(c["model"], LONG, _fn),
+    "stream-geometry-long-text": (lambda c: raw(cwlens.stream_geometry)(c["learned"], LONG, _fn),
                                   InputTooLongError, "context of 128"),
-    "run-with-cache-long": (lambda c: raw(cwlens.run_with_cache)(c["model"], _long_tokens(c)),
+    "run-with-cache-long": (lambda c: raw(cwlens.run_with_cache)(c["learned"], _long_learned(c)),
                             InputTooLongError, "n_ctx"),
     "stream-mask-values": (lambda c: raw(cwlens.stream)(c["model"], c["tokens"], _fn,
                                                    attention_mask=torch.full_like(c["tokens"], 2)),
@@ -259,6 +267,50 @@ def test_compare_with_patching_checks_before_any_forward_pass(ctx, monkeypatch, 
     monkeypatch.setattr(compare, "run_with_cache", no_model_work)
     with pytest.raises((InvalidArgumentError, UnknownOptionError)):
         raw(compare.compare_with_patching)(ctx["model"], task, k=k, mode=mode)
+
+
+PAST = "241 tokens, past this model's trained context of 128"
+
+
+def _received(layer, w):
+    return w.sum((1, 2))  # [batch, key]: what each key receives
+
+
+def test_rotary_models_run_a_text_past_the_context_with_a_warning(ctx):
+    """RoPE has no table of positions: the stream API runs the whole text (not the
+    first n_ctx tokens, as ``model(text)`` would cut it), warning that it is past the
+    trained context. Causal attention: the first 128 tokens get what they get alone."""
+    model = ctx["model"]
+    whole = model.to_tokens(LONG, truncate=False)
+    assert whole.shape[-1] == 241
+    with pytest.warns(CwlensWarning, match=PAST):
+        streamed = raw(cwlens.stream)(model, LONG, _received, attention="eager")
+    with pytest.warns(CwlensWarning, match=PAST):
+        logits, cache = raw(cwlens.run_with_cache)(model, LONG)
+    with pytest.warns(CwlensWarning, match=PAST):
+        reduced = raw(cwlens.stream_reduce)(model, LONG, [reducers.ColumnSums("contribution")],
+                                            attention="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 128 tokens: no warning
+        prefix = raw(cwlens.stream)(model, whole[:, :128], _received, attention="eager")
+        logits_128, _ = raw(cwlens.run_with_cache)(model, whole[:, :128])
+    assert logits.shape[1] == 241 and [r.shape[-1] for r in streamed] == [241, 241]
+    full = raw(cwlens.contribution_weights)(cache, model, 1).sum((1, 2))
+    torch.testing.assert_close(streamed[1], full, rtol=1e-4, atol=1e-5)
+    # a key's column sum over the first 128 queries is the prefix run's
+    for layer in (0, 1):
+        head = raw(cwlens.contribution_weights)(cache, model, layer)[:, :, :128, :128].sum((1, 2))
+        torch.testing.assert_close(head, prefix[layer], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logits[:, :128], logits_128, rtol=1e-4, atol=1e-4)
+    sums = reduced["column_sums_contribution"].tensor
+    torch.testing.assert_close(sums[1].sum(1)[0], full[0], rtol=1e-4, atol=1e-4)
+
+
+def test_rotary_tokens_past_the_context_warn_in_every_stream_function(ctx):
+    model, tokens = ctx["model"], _long_tokens(ctx)
+    with pytest.warns(CwlensWarning, match="129 tokens, past"):
+        out = raw(cwlens.stream_geometry)(model, tokens, lambda layer, geo: geo.pattern.shape[-1])
+    assert out[1] == [129, 129]
 
 
 def test_export_cuts_a_text_longer_than_the_context_with_a_warning(ctx):

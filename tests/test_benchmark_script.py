@@ -25,6 +25,18 @@ def test_stream_json_lines_have_the_documented_keys():
         assert r["ratio"] == r["stream_s"] / r["forward_s"]
 
 
+def test_stream_attention_blockwise_adds_its_keys():
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--stream", "--json", "--lengths", "16", "--repeats", "1",
+         "--random-config", "tiny-llama", "--attention", "blockwise"],
+        capture_output=True, text=True, check=True).stdout
+    (r,) = [json.loads(line) for line in out.strip().splitlines()]
+    assert r["attention"] == "blockwise" and r["stream_peak_mb"] > 0
+    assert r["ratio_blockwise"] == r["stream_s"] / r["forward_blockwise_s"]
+    assert r["peak_extra_mb"] == round(r["stream_peak_mb"] - r["forward_peak_mb"], 1) or \
+        abs(r["peak_extra_mb"] - (r["stream_peak_mb"] - r["forward_peak_mb"])) < 0.2
+
+
 def test_random_model_has_the_shape_and_exact_identities():
     model = random_model("tiny-llama", n_layers=1)
     assert model.cfg.n_layers == 1 and model.cfg.n_heads == 4

@@ -9,8 +9,9 @@ import torch
 import cwlens
 from cwlens import adapter, hook_names
 from cwlens.batching import pad_batch
+from cwlens.faithfulness.passes import SweepStats, _layer_masks
 from cwlens.faithfulness.ranking import eligible_entries
-from cwlens.faithfulness.sweep import FaithfulnessConfig, SweepStats, _layer_masks
+from cwlens.faithfulness.sweep import FaithfulnessConfig
 from cwlens.testing import tiny_model
 
 TEXTS = ["the cat sat on the mat and the dog ran fast to the big red house",

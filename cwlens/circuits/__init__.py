@@ -26,8 +26,9 @@ _PUBLIC = {
     "compare_with_patching": "cwlens.circuits.compare",
     "TokenFlow": "cwlens.circuits.flow",
     "token_flow": "cwlens.circuits.flow",
-    "run_with_cache": "cwlens.circuits._model",
+    "run_with_cache": "cwlens.circuits.compare",
 }
+_ALIASES = {"run_with_cache": "circuit_cache"}  # public name -> name in its module
 
 __all__ = sorted(_PUBLIC)
 
@@ -36,7 +37,7 @@ def __getattr__(name: str):
     if name in _PUBLIC:
         import importlib
 
-        return getattr(importlib.import_module(_PUBLIC[name]), name)
+        return getattr(importlib.import_module(_PUBLIC[name]), _ALIASES.get(name, name))
     raise AttributeError(f"module 'cwlens.circuits' has no attribute {name!r}")
 
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 import torch
 
 from cwlens import validation
-from cwlens.circuits._model import run_with_cache
 from cwlens.circuits.direct import DirectLogitAttribution, direct_logit_attribution
 from cwlens.circuits.heads import head_scores
 from cwlens.circuits.patching import MODES, patch_heads
 from cwlens.circuits.results import Agreement, HeadScores, agreement
 from cwlens.circuits.tasks import CircuitTask
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
+from cwlens.measures import run_with_cache
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,14 @@ class Comparison:
         return "\n".join(lines)
 
 
+def circuit_cache(model, tokens: torch.Tensor):
+    """``(logits, cache)`` with what :mod:`cwlens.circuits` needs, without gradients
+    (:func:`cwlens.run_with_cache` with ``residual=True``); public as
+    ``cwlens.circuits.run_with_cache``."""
+    with torch.no_grad():
+        return run_with_cache(model, tokens, residual=True)
+
+
 def compare_with_patching(model, task: CircuitTask, k: int = 10, mode: str = "corrupt") -> Comparison:
     """Score every head of ``model`` on ``task`` and compare with activation patching.
 
@@ -86,7 +94,7 @@ def compare_with_patching(model, task: CircuitTask, k: int = 10, mode: str = "co
     validation.positive_int(k, "k")
     if mode not in MODES:
         raise UnknownOptionError(f"Unknown patching mode={mode!r}. Valid modes: 'corrupt', 'mean'.")
-    logits, cache = run_with_cache(model, task.clean)
+    logits, cache = circuit_cache(model, task.clean)
     scores: dict[str, HeadScores] = dict(head_scores(cache, model, task.queries, task.keys))
     dla = direct_logit_attribution(cache, model, logits, task.queries, task.answers, task.foils)
     scores["direct_logit"] = dla.head_scores()

@@ -12,8 +12,8 @@ import torch
 
 from cwlens import adapter, hook_names
 from cwlens.circuits import direct_math
-from cwlens.circuits._model import check_residual_model, check_residual_sum, final_norm, unembed
 from cwlens.circuits.results import HeadScores
+from cwlens.handle import wrap
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,12 @@ def direct_logit_attribution(
         answers: ``[batch, n_queries]`` token ids; ``foils`` the same shape, or None for
             "answer logit minus the mean logit".
     """
-    check_residual_model(model, "Direct logit attribution")
-    check_residual_sum(cache, model, "Direct logit attribution")
-    n_layers = model.cfg.n_layers
+    adapter.check_residual_model(model, "Direct logit attribution")
+    adapter.check_residual_sum(cache, model, "Direct logit attribution")
+    n_layers = wrap(model).n_layers
     q = torch.as_tensor(list(queries), dtype=torch.long)
-    W_U, b_U = unembed(model)
-    w_ln, b_ln, centres = final_norm(model)
+    W_U, b_U = wrap(model).unembed()
+    w_ln, b_ln, centres = wrap(model).final_norm()
     device = logits.device
     answers = answers.to(device)
     foils = None if foils is None else foils.to(device)

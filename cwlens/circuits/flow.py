@@ -9,7 +9,7 @@ import torch
 
 from cwlens import adapter, hook_names
 from cwlens.circuits import flow_math
-from cwlens.circuits._model import check_residual_model, check_residual_sum
+from cwlens.handle import wrap
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,14 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
 
     Checks first that the residual stream is the plain sum of the blocks' outputs and that
     what attention added (minus ``b_O``) is what the heads' ``a_ij v~_j`` terms rebuild
-    (relative error ``<= closure_tolerance``, :func:`~cwlens.circuits._model.check_residual_sum`);
+    (relative error ``<= closure_tolerance``, :func:`~cwlens.adapter.check_residual_sum`);
     otherwise the shares would not describe the contribution weights' output.
     """
     flow_math.check_rule(rule)
-    check_residual_model(model, "The token flow")
-    check_residual_sum(cache, model, "The token flow", closure_tolerance)
+    adapter.check_residual_model(model, "The token flow")
+    adapter.check_residual_sum(cache, model, "The token flow", closure_tolerance)
     resid_share, attn_share, layer_flows = [], [], []
-    for layer in range(model.cfg.n_layers):
+    for layer in range(wrap(model).n_layers):
         r = adapter.read(cache, hook_names.resid_pre(layer), model)[batch].double()
         a = adapter.read(cache, hook_names.resid_mid(layer), model)[batch].double() - r
         geo = adapter.geometry(cache, model, layer)

@@ -20,6 +20,7 @@ import torch
 
 from cwlens import adapter
 from cwlens.circuits.results import HeadScores
+from cwlens.handle import wrap
 
 
 def _at_queries(weights: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
@@ -45,7 +46,7 @@ def head_scores(
     when ``keys`` is given) as :class:`HeadScores` ``[layer, head]``."""
     q = torch.as_tensor(list(queries), dtype=torch.long)
     share, con_key, att_key = [], [], []
-    for layer in range(model.cfg.n_layers):
+    for layer in range(wrap(model).n_layers):
         geo = adapter.geometry(cache, model, layer, attention_mask)
         con = _at_queries(geo.contribution("inter"), q.to(geo.pattern.device))
         share.append(con.sum(-1).mean((0, 1)))

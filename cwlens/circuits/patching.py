@@ -9,8 +9,8 @@ values, ``blocks.{l}.attn.hook_z``) replaced by
 and the effect is ``metric(clean) - metric(patched)``, averaged over the batch: positive
 where the head carries what the clean prompt needs. All heads of one layer are patched in
 one forward pass (the batch is repeated once per head), so a model costs ``n_layers``
-passes of ``n_heads x batch`` sequences. Hooks are applied with ``model.hooks(...)`` and
-removed on exit.
+passes of ``n_heads x batch`` sequences. Hooks are added through the model's own hooks context
+and removed on exit.
 """
 
 from collections.abc import Callable
@@ -20,6 +20,7 @@ import torch
 from cwlens import hook_names
 from cwlens.circuits.results import HeadScores
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
+from cwlens.handle import wrap
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, vocab] -> [batch]
 MODES = ("corrupt", "mean")
@@ -41,10 +42,11 @@ def replace_heads_hook(source: torch.Tensor, batch: int) -> Callable:
 
 
 def _z_of(model, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
-    names = {hook_names.z(layer) for layer in range(model.cfg.n_layers)}
+    handle = wrap(model)
+    names = {hook_names.z(layer) for layer in range(handle.n_layers)}
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    return {layer: cache[hook_names.z(layer)] for layer in range(model.cfg.n_layers)}
+        _, cache = handle.cached_run(tokens, names.__contains__)
+    return {layer: cache[hook_names.z(layer)] for layer in range(handle.n_layers)}
 
 
 def patch_heads(
@@ -80,7 +82,8 @@ def patch_heads(
         sources = _z_of(model, corrupted)
     else:
         sources = {ly: z.mean(0, keepdim=True).expand_as(z) for ly, z in _z_of(model, clean).items()}
-    n_layers, n_heads, batch = model.cfg.n_layers, model.cfg.n_heads, clean.shape[0]
+    handle = wrap(model)
+    n_layers, n_heads, batch = handle.n_layers, handle.n_heads, clean.shape[0]
     layers = chosen
     with torch.no_grad():
         base = metric(model(clean)).double()
@@ -88,7 +91,7 @@ def patch_heads(
         effect = torch.zeros(n_layers, n_heads, dtype=torch.float64)
         for layer in layers:
             hook = replace_heads_hook(sources[layer], batch)
-            with model.hooks(fwd_hooks=[(hook_names.z(layer), hook)]):
+            with handle.hooks([(hook_names.z(layer), hook)]):
                 patched = metric(model(repeated)).double().view(n_heads, batch)
             effect[layer] = (base[None, :] - patched).mean(1).cpu()
     what = "corrupted run" if mode == "corrupt" else "clean-batch mean"

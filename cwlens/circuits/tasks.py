@@ -19,6 +19,7 @@ import torch
 from cwlens import validation
 from cwlens.circuits.direct_math import logit_difference
 from cwlens.errors import InputTooLongError, InvalidArgumentError, UnknownOptionError
+from cwlens.handle import wrap
 
 
 class TaskBuildError(UnknownOptionError):
@@ -50,7 +51,7 @@ class CircuitTask:
 
 
 def _tokens(model, text: str) -> list[int]:
-    return model.to_tokens(text)[0].tolist()
+    return wrap(model).to_tokens(text)[0].tolist()
 
 
 def _answer_token(model, prompt: list[int], text: str, answer: str) -> int | None:
@@ -201,9 +202,9 @@ def induction(model, n_prompts: int = 4, length: int = 20, seed: int = 0) -> Cir
     _fits(model, 2 * length + 1, f"induction length={length}", "pass a smaller length "
           "(at most (n_ctx - 1) // 2)")
     g = torch.Generator().manual_seed(_seed(seed))
-    vocab = model.cfg.d_vocab
+    vocab = wrap(model).d_vocab
     low, high = min(1000, vocab // 10), min(20000, vocab)
-    bos_id = getattr(model.tokenizer, "bos_token_id", None)
+    bos_id = getattr(wrap(model).tokenizer, "bos_token_id", None)
     bos = torch.full((n_prompts, 1), bos_id if bos_id is not None else low, dtype=torch.long)
     rand = torch.randint(low, high, (n_prompts, length), generator=g)
     other = torch.randint(low, high, (n_prompts, length), generator=g)

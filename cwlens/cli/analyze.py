@@ -5,6 +5,7 @@ import sys
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
 from cwlens.errors import EmptyInputError, LayerOutOfRangeError
+from cwlens.handle import wrap
 
 
 def register(sub) -> None:
@@ -43,20 +44,21 @@ def run(args) -> int:
         raise EmptyInputError("the text is empty: pass --text or a non-empty --file")
     out = arg_types.output_file(args.out)
     model = load_model(args.model, device=args.device)
+    shape = wrap(model)
     layers = list(args.layers) if args.layers else None
     if layers is not None:
-        bad = [ly for ly in layers if not 0 <= ly < model.cfg.n_layers]
+        bad = [ly for ly in layers if not 0 <= ly < shape.n_layers]
         if bad:
             raise LayerOutOfRangeError(
                 f"--layers {','.join(map(str, bad))} out of range: the model has layers "
-                f"0..{model.cfg.n_layers - 1}"
+                f"0..{shape.n_layers - 1}"
             )
     from cwlens.report.html import estimated_bytes, window_for
 
-    n_head_layers = len(layers) if layers is not None else min(4, model.cfg.n_layers)
+    n_head_layers = len(layers) if layers is not None else min(4, shape.n_layers)
     window = args.window
-    if estimated_bytes(model.cfg.n_layers, model.cfg.n_heads, n_head_layers, window) > args.max_mb * 1e6:
-        window = window_for(args.max_mb, model.cfg.n_layers, model.cfg.n_heads, n_head_layers)
+    if estimated_bytes(shape.n_layers, shape.n_heads, n_head_layers, window) > args.max_mb * 1e6:
+        window = window_for(args.max_mb, shape.n_layers, shape.n_heads, n_head_layers)
         print(f"cwlens: note: --window {args.window} would make the report larger than "
               f"--max-mb {args.max_mb:g}; drawing the last {window} tokens instead", file=sys.stderr)
     analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,

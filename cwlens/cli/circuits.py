@@ -3,6 +3,7 @@ and activation patching on a templated task, their agreement, and the token-flow
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
+from cwlens.handle import wrap
 
 
 def register(sub) -> None:
@@ -71,14 +72,15 @@ def run(args) -> int:
     arg_types.output_dir(figures, "--figures")
     model = cwlens.load_model(args.model, device=args.device)
     task = circuits.build_task(args.task, model, **kwargs)
-    print(f"cwlens circuits: {args.model}, {model.cfg.n_layers} layers x {model.cfg.n_heads} heads; "
+    shape = wrap(model)
+    print(f"cwlens circuits: {args.model}, {shape.n_layers} layers x {shape.n_heads} heads; "
           f"patching mode {args.mode}")
     comparison = circuits.compare_with_patching(model, task, k=args.k, mode=args.mode)
     print(comparison.format(top=args.top))
 
     tokens = task.clean[:1]
     _, cache = circuits.run_with_cache(model, tokens)
-    flow = circuits.token_flow(cache, model, rule=args.rule, str_tokens=model.to_str_tokens(tokens[0]))
+    flow = circuits.token_flow(cache, model, rule=args.rule, str_tokens=shape.to_str_tokens(tokens[0]))
     target = task.queries[-1]
     inputs = flow.input_attribution(target)
     order = inputs.abs().argsort(descending=True)[:5].tolist()

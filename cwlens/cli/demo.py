@@ -3,6 +3,7 @@
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
 from cwlens.errors import InvalidArgumentError
+from cwlens.handle import wrap
 
 
 def register(sub) -> None:
@@ -37,15 +38,16 @@ def run(args) -> int:
                                    f"problems 0..{n - 1}")
     arg_types.output_dir(args.out)
     model = cwlens.load_model(args.model, device=args.device)
-    heads = args.heads or min(3, model.cfg.n_layers)
-    if heads > model.cfg.n_layers:
+    n_layers = wrap(model).n_layers
+    heads = args.heads or min(3, n_layers)
+    if heads > n_layers:
         raise InvalidArgumentError(
             f"--heads {args.heads}: the demo shows at most one head per layer and the model "
-            f"has {model.cfg.n_layers} layers; pass --heads {model.cfg.n_layers} or fewer"
+            f"has {n_layers} layers; pass --heads {n_layers} or fewer"
         )
     run_demo(
         model_name=args.model, sample=args.sample, max_tokens=args.max_tokens,
-        n_heads=heads, out_dir=args.out, device=args.device, png=not args.no_png,
+        n_heads=heads, out_dir=args.out, png=not args.no_png,
         model=model,
     )
     return 0

@@ -4,6 +4,7 @@ from cwlens._types import STREAM_METRICS
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
 from cwlens.errors import EmptyInputError, LayerOutOfRangeError
+from cwlens.handle import wrap
 
 
 def register(sub) -> None:
@@ -60,7 +61,6 @@ def _texts(args) -> tuple[list[str], list[str]]:
 
 
 def run(args) -> int:
-    from cwlens.adapter import ModelInfo
     from cwlens.export import export_texts
     from cwlens.models import load_model
 
@@ -69,7 +69,7 @@ def run(args) -> int:
         raise EmptyInputError("no text to export: pass --text, a non-empty --file or --dataset")
     out = arg_types.output_dir(args.out)
     model = load_model(args.model, device=args.device)
-    n_layers = ModelInfo.of(model).n_layers
+    n_layers = wrap(model).n_layers
     bad_layers = [ly for ly in args.token_layers if not 0 <= ly < n_layers]
     if bad_layers:
         raise LayerOutOfRangeError(f"--token-layers {','.join(map(str, bad_layers))} out of range: "

@@ -8,7 +8,11 @@ from cwlens.cli.common import add_model_args
 from cwlens.cli.placement import HELP as PLACEMENT_HELP
 from cwlens.cli.placement import add_placement_args, load_kwargs
 from cwlens.errors import InvalidArgumentError
-from cwlens.faithfulness.ranking import ALL_RANKINGS, MODES, RANKINGS
+from cwlens.faithfulness.config import FaithfulnessConfig
+from cwlens.faithfulness.ranking import ALL_RANKINGS, MODES, RANKINGS, SCOPES
+from cwlens.metrics import KINDS
+
+DEFAULT = FaithfulnessConfig()  # the flags' defaults are the configuration's
 
 DESCRIPTION = """\
 Ranks every attention entry (layer, head, query i, key j) by an importance metric, removes
@@ -68,30 +72,30 @@ def register(sub) -> None:
     g.add_argument("--require-above-chance", action="store_true",
                    help="multiple-choice datasets: measure the clean accuracy first and refuse a "
                    "dataset whose exact 95%% interval does not clear chance (see cwlens accuracy)")
-    g.add_argument("--max-tokens", type=arg_types.max_tokens, default=512,
+    g.add_argument("--max-tokens", type=arg_types.max_tokens, default=DEFAULT.max_tokens,
                    help="truncate language-modelling documents to their first N tokens (default: %(default)s)")
     g = p.add_argument_group("masking protocol (defaults: see docs/faithfulness.md)")
     g.add_argument("--metrics", default="all",
                    type=arg_types.choice_list(ALL_RANKINGS, "metric", allow_all=RANKINGS),
                    help=_metrics_help())
-    g.add_argument("--rates", default="0.1,0.3,0.5", type=arg_types.rates, help="removal rates in [0, 1] (default: %(default)s)")
-    g.add_argument("--modes", default="comprehensiveness,sufficiency",
+    g.add_argument("--rates", default=",".join(map(str, DEFAULT.rates)), type=arg_types.rates, help="removal rates in [0, 1] (default: %(default)s)")
+    g.add_argument("--modes", default=",".join(DEFAULT.modes),
                    type=arg_types.choice_list(MODES, "mode"), help="(default: both)")
-    g.add_argument("--scope", default="row", choices=("row", "head", "layer"),
+    g.add_argument("--scope", default=DEFAULT.scope, choices=SCOPES,
                    help="ranking unit: per head-and-query row, per head, per layer (default: %(default)s)")
     g.add_argument("--layers", default="all", type=arg_types.layers_or_all, help="'all' or comma-separated layer indices (default: all)")
     g.add_argument("--per-layer", action="store_true", help="mask one layer at a time (n_layers x the cost)")
-    g.add_argument("--kind", default="inter", choices=("inter", "intra"),
+    g.add_argument("--kind", default=DEFAULT.kind, choices=KINDS[::-1],
                    help="output that the value-aware metrics project on (default: %(default)s)")
     g.add_argument("--protect-first-token", action="store_true",
                    help="never mask the first token (BOS / attention sink); default: it may be masked")
     g.add_argument("--non-causal", action="store_true", help="let keys j > i count (encoders)")
     g.add_argument("--renormalize", action="store_true",
                    help="give removed attention mass back to the other keys (default: no)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random control (default: 0)")
+    g.add_argument("--seed", type=int, default=DEFAULT.seed, help="seed of the random control (default: %(default)s)")
     g = p.add_argument_group("output")
     g.add_argument("--out", default="runs/faithfulness", help="results folder (default: %(default)s)")
-    g.add_argument("--batch-tokens", type=arg_types.positive_int, default=2048, help="padded tokens per forward pass (default: %(default)s)")
+    g.add_argument("--batch-tokens", type=arg_types.positive_int, default=DEFAULT.batch_tokens, help="padded tokens per forward pass (default: %(default)s)")
     g.add_argument("--no-resume", action="store_true", help="start the results files afresh")
     g.add_argument("--report-only", action="store_true", help="do not run: summarise existing results")
     g.add_argument("--figures", default="figures", help="figure folder, '' for none (default: %(default)s)")
@@ -122,8 +126,6 @@ def _samples(spec: int | dict[str, int], datasets: tuple[str, ...]) -> dict[str,
 
 
 def _config(args):
-    from cwlens.faithfulness import FaithfulnessConfig
-
     return FaithfulnessConfig(
         metrics=args.metrics, rates=args.rates, modes=args.modes, scope=args.scope,
         layers=args.layers, per_layer=args.per_layer, kind=args.kind,

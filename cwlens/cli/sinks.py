@@ -7,6 +7,9 @@ from cwlens.cli.common import add_model_args
 from cwlens.cli.placement import HELP as PLACEMENT_HELP
 from cwlens.cli.placement import add_placement_args, load_kwargs
 from cwlens.errors import InvalidArgumentError
+from cwlens.sinks.config import SinkConfig
+
+DEFAULT = SinkConfig()  # the flags' defaults are the configuration's
 
 
 def register(sub) -> None:
@@ -32,16 +35,16 @@ def register(sub) -> None:
                    help="gsm8k, fineweb_edu, or both comma-separated (default: %(default)s)")
     p.add_argument("--samples", type=arg_types.positive_int, default=50,
                    help="texts per dataset (default: %(default)s)")
-    p.add_argument("--max-tokens", type=arg_types.max_tokens, default=128,
+    p.add_argument("--max-tokens", type=arg_types.max_tokens, default=DEFAULT.max_tokens,
                    help="truncate each text (default: %(default)s)")
-    p.add_argument("--batch-size", type=arg_types.positive_int, default=8,
+    p.add_argument("--batch-size", type=arg_types.positive_int, default=DEFAULT.batch_size,
                    help="texts per forward pass (default: %(default)s)")
-    p.add_argument("--scales", default="0,0.5", type=arg_types.scales,
+    p.add_argument("--scales", default=",".join(f"{s:g}" for s in DEFAULT.scales), type=arg_types.scales,
                    help="sink-value scales for the intervention, comma-separated (default: %(default)s)")
-    p.add_argument("--eps", type=arg_types.fraction, default=0.3,
+    p.add_argument("--eps", type=arg_types.fraction, default=DEFAULT.eps,
                    help="sink-head threshold, in [0, 1] (default: %(default)s)")
     p.add_argument("--no-intervention", action="store_true", help="skip the forward passes with hooks")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random control positions")
+    p.add_argument("--seed", type=int, default=DEFAULT.seed, help="seed of the random control positions")
     p.add_argument("--out", default="runs/sinks", help="folder for tables (default: %(default)s)")
     p.add_argument("--figures", default="figures", help="folder for figures (default: %(default)s)")
     p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
@@ -122,11 +125,11 @@ def _run(args, placed=None, world=None) -> int:
             ranks = f" over {world.size} processes" if world is not None and world.size > 1 else ""
             print(f"cwlens sinks: {args.model} on {len(samples)} texts of {dataset} "
                   f"(first {args.max_tokens} tokens each){ranks}")
-        tables = sink_run.run_to_folder(
-            model, samples, args.out, max_tokens=args.max_tokens, batch_size=args.batch_size,
-            scales=args.scales, eps=args.eps, intervention=not args.no_intervention, seed=args.seed,
-            resume=not args.no_resume, model_name=args.model,
-        )
+        config = SinkConfig(max_tokens=args.max_tokens, batch_size=args.batch_size,
+                            scales=tuple(args.scales), eps=args.eps,
+                            intervention=not args.no_intervention, seed=args.seed)
+        tables = sink_run.run_to_folder(model, samples, args.out, config,
+                                        resume=not args.no_resume, model_name=args.model)
         if not main:
             return 0  # rank 0 writes the summary and the figures
         print(f"wrote {len(tables)} tables to {args.out}/")

@@ -35,6 +35,13 @@ class PackedMask:
         bits = self.bits[..., None] & _BITS.to(self.bits.device)
         return (bits != 0).flatten(-2)[..., : self.shape[-1]]
 
+    def unpack_rows(self, start: int, n_rows: int) -> torch.Tensor:
+        """Rows ``[start, start + n_rows)`` of the second-to-last axis, unpacked (a block of
+        query rows of a ``[batch, head, query, key]`` mask)."""
+        rows = PackedMask(self.bits.narrow(-2, start, n_rows),
+                          (*self.shape[:-2], n_rows, self.shape[-1]))
+        return rows.unpack()
+
     @property
     def nbytes(self) -> int:
         return self.bits.numel()

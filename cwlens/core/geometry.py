@@ -29,6 +29,7 @@ weights are undefined; they are returned as 0 and flagged by :meth:`zero_output`
 Non-finite activations raise :class:`~cwlens.errors.NonFiniteError`.
 """
 
+import inspect
 from functools import cached_property
 
 import torch
@@ -66,6 +67,12 @@ def safe_divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """float32, or float64 if any input already is (bf16/fp16 caches are upcast)."""
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _measure(method):
+    """Mark a method of :class:`AttentionGeometry` as a per-entry measure (:data:`MEASURES`)."""
+    method.per_entry_measure = True
+    return method
 
 
 class AttentionGeometry:
@@ -183,11 +190,36 @@ class AttentionGeometry:
         """
         q, k = self.pattern.shape[2], self.pattern.shape[3]
         start, stop = max(0, start), min(q, stop)
-        keys = slice(0, k if key_stop is None else min(k, key_stop))
+        width = k if key_stop is None else min(k, key_stop)
+        return self._block(self.pattern[:, :, start:stop, :width], self.query_start + start)
+
+    def with_rows(self, pattern: torch.Tensor, query_start: int) -> "AttentionGeometry":
+        """The geometry of queries ``[query_start, query_start + rows)`` of this layer from
+        their own pattern rows ``[batch, head, rows, key_stop]`` over keys ``[0, key_stop)``
+        (the keys after are 0), computed elsewhere: blockwise attention hands a layer over
+        in such blocks. Pad queries and keys are masked as in the constructor; ``v``,
+        ``W_O`` and the key norms are shared with this one (see :meth:`rows`)."""
+        b, h, q, k = pattern.shape
+        n_keys = self.v.shape[1]
+        if b != self.v.shape[0] or h != self.n_heads or k > n_keys or not 0 <= query_start <= n_keys - q:
+            raise ShapeMismatchError(
+                f"Rows {tuple(pattern.shape)} at query {query_start} do not fit this layer "
+                f"(batch {self.v.shape[0]}, {self.n_heads} heads, {n_keys} keys)."
+            )
+        alpha = pattern.to(self.v.dtype)
+        if self.position_mask is not None:
+            m = self.position_mask.to(alpha.dtype)
+            alpha = alpha * m[:, None, None, :k]
+            alpha.mul_(m[:, None, query_start : query_start + q, None])
+        _check_finite(alpha, self.v[:, :1], self.layer)
+        return self._block(alpha, query_start)
+
+    def _block(self, pattern: torch.Tensor, query_start: int) -> "AttentionGeometry":
+        keys = slice(0, pattern.shape[3])
         block = object.__new__(AttentionGeometry)
         block.layer = self.layer
-        block.query_start = self.query_start + start
-        block.pattern = self.pattern[:, :, start:stop, keys]
+        block.query_start = query_start
+        block.pattern = pattern
         block.position_mask = self.position_mask
         block.v, block.W_O = self.v[:, keys], self.W_O
         block.n_heads, block.n_kv, block.group = self.n_heads, self.n_kv, self.group
@@ -286,25 +318,35 @@ class AttentionGeometry:
 
     # -- the measures --------------------------------------------------------------------
     # Each is one einsum and/or one pass over the [batch, head, query, key] tensor: the
-    # per-query scalings (1/||o||, 1/||o||^2) are applied to small tensors first.
+    # per-query scalings (1/||o||, 1/||o||^2) are applied to small tensors first. The
+    # per-entry importance measures are marked @_measure (MEASURES, :meth:`measure`).
+    @_measure
     def attention(self) -> PairWeights:
         return self.pattern
 
+    @_measure
     def value_weighted(self) -> PairWeights:
         """``a_ij ||v~_j||`` (Kobayashi et al., 2020)."""
         return self.pattern * self.value_norm[:, :, None, :]
 
+    @_measure
     def value_weighted_output_normalized(self, kind: Kind = "inter") -> PairWeights:
         """``a_ij ||v~_j|| / ||o_i||``."""
         out = self.pattern * self._inverse(kind, 1)[..., None]  # one allocation, two passes
         return out.mul_(self.value_norm[:, :, None, :])
 
+    @_measure
     def contribution(self, kind: Kind = "inter") -> PairWeights:
         """``<o_i, a_ij v~_j> / ||o_i||^2``, signed."""
         proj = self._projection(kind)[0]
         inv = self._inverse(kind, 2)  # [b, h or 1, q] -> scale the projection, not the pairs
         scaled = proj * inv.permute(0, 2, 1)[..., None]
         return self._pair_dot(scaled).mul_(self.pattern)  # in place: no second big buffer
+
+    @_measure
+    def contribution_abs(self, kind: Kind = "inter") -> PairWeights:
+        """``|c_ij|``: the contribution's magnitude."""
+        return self.contribution(kind).abs_()  # a fresh tensor: abs in place
 
     def relative_norm(self, kind: Kind = "inter") -> PairWeights:
         """``||v~_j|| / ||o_i||`` broadcast to ``[batch, head_index, query_pos, key_pos]``."""
@@ -317,6 +359,7 @@ class AttentionGeometry:
         scale = self._inverse(kind, 1)[..., None] * inv_v[:, :, None, :]
         return self.dot(kind) * scale
 
+    @_measure
     def alti(self) -> PairWeights:
         """ALTI (Ferrando et al. 2022): L1 proximity of ``a_ij v~_j`` to the residual stream
         after attention, the residual one more part (:mod:`cwlens.core.alti`; needs
@@ -325,6 +368,7 @@ class AttentionGeometry:
 
         return alti_weights(self)
 
+    @_measure
     def alti_attention(self, kind: Kind = "inter") -> PairWeights:
         """L1 proximity of ``a_ij v~_j`` to the attention output ``o`` only, normalised per
         row (:mod:`cwlens.core.alti`; not the peers' ALTI: no residual, no norm)."""
@@ -333,10 +377,22 @@ class AttentionGeometry:
         return alti_attention_weights(self, kind)
 
     def measure(self, metric: str, kind: Kind = "inter") -> PairWeights:
-        """A geometry metric of the registry (:data:`cwlens.metrics.GEOMETRY`) by name."""
-        from cwlens import metrics
+        """One of this class's per-entry measures by name (:data:`MEASURES`, the methods
+        of those names; ``kind`` goes to those that take it). cwlens' metric registry
+        (:mod:`cwlens.metrics`) holds these and any other metric
+        (:func:`cwlens.metrics.from_geometry`); this class does not read it."""
+        if metric not in MEASURES:
+            raise UnknownOptionError(
+                f"Unknown metric={metric!r}. Valid metrics: {', '.join(map(repr, MEASURES))}."
+            )
+        method = getattr(self, metric)
+        return method(kind) if "kind" in inspect.signature(method).parameters else method()
 
-        return metrics.from_geometry(self, metric, kind)
+
+# the per-entry measures of one layer, by method name (what :meth:`AttentionGeometry.measure` takes)
+MEASURES: tuple[str, ...] = tuple(
+    name for name, fn in vars(AttentionGeometry).items() if getattr(fn, "per_entry_measure", False)
+)
 
 
 def _check_finite(pattern: torch.Tensor, v: torch.Tensor, layer: int | None) -> None:

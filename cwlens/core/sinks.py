@@ -85,15 +85,17 @@ def first_real_index(
 
 def query_after_sink(
     sink_index: torch.Tensor, n_query: int, n_key: int,
-    position_mask: PositionMask | None = None,
+    position_mask: PositionMask | None = None, query_start: int | None = None,
 ) -> torch.Tensor:
     """``[batch, query_pos]`` bool: True for the real queries strictly after the row's sink.
 
-    Queries are the last ``n_query`` of ``n_key`` positions. With ``position_mask``
+    Queries are the last ``n_query`` of ``n_key`` positions, or positions ``query_start ..
+    query_start + n_query - 1`` (a block of rows). With ``position_mask``
     (``[batch, n_key]``, True on real tokens) pad queries are dropped whatever the padding
     side (right-padded encoders have pads *after* the sink too).
     """
-    pos = torch.arange(n_key - n_query, n_key, device=sink_index.device)
+    first = n_key - n_query if query_start is None else query_start
+    pos = torch.arange(first, first + n_query, device=sink_index.device)
     after = pos[None, :] > sink_index[:, None]
     if position_mask is not None:
         after = after & position_mask.to(after.device).bool()[:, -n_query:]
@@ -150,6 +152,7 @@ def set_sink_rate(
     s,
     sink_index: torch.Tensor | None = None,
     tail_eps: float = TAIL_EPS,
+    query_start: int | None = None,
 ) -> Pattern:
     """Set the attention on the sink to ``s`` and rescale the tail by ``(1 - s)/(1 - a_i0)``.
 
@@ -164,6 +167,9 @@ def set_sink_rate(
     and the sink itself, which can only attend to itself) and rows whose tail mass
     ``1 - a_i0`` is below ``tail_eps`` (nothing to rescale). Rows stay normalised.
 
+    ``query_start``: the position of the first row (default: the rows are the last
+    queries, as in a whole pattern); a block of rows from blockwise attention passes it.
+
     ``1 - a_i0`` is taken as the sum of the tail entries (equal in exact arithmetic): in
     float32, ``1 - a_i0`` loses the digits of a tail of mass ~1e-5 (heads with
     ``a_i0 ~ 1``), the sum of the entries does not.
@@ -176,7 +182,7 @@ def set_sink_rate(
     a0 = (pattern * onehot).sum(-1)  # [b, h, q]
     s = torch.as_tensor(s, dtype=pattern.dtype, device=pattern.device).expand_as(a0)
     tail = (pattern * (1 - onehot)).sum(-1)  # = 1 - a0, summed from the entries (see above)
-    ok = query_after_sink(sink_index, q, k)[:, None, :] & (tail > tail_eps)
+    ok = query_after_sink(sink_index, q, k, query_start=query_start)[:, None, :] & (tail > tail_eps)
     factor = torch.where(ok, (1 - s) / torch.where(ok, tail, torch.ones_like(tail)), 1.0)
     new = pattern * factor[..., None]
     new = torch.where(ok[..., None] & onehot.bool(), s[..., None], new)

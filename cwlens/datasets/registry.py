@@ -55,9 +55,9 @@ class DatasetSpec:
         return DATA_DIR / self.filename
 
 
-def _spec(name, kind, rows, sha256, schema, hub, description, license_, filename=None):
+def _spec(name, kind, rows, sha256, schema, hub, description, license_):
     info = DatasetInfo(name, kind, rows, description, license_)
-    return DatasetSpec(info, filename or f"{name}.jsonl", sha256, schema, hub)
+    return DatasetSpec(info, f"{name}.jsonl", sha256, schema, hub)
 
 
 SPECS: dict[str, DatasetSpec] = {

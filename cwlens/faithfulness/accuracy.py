@@ -76,9 +76,9 @@ def chance_level(items: Sequence) -> float:
 
 def item_accuracies(model, items: Sequence, batch_tokens: int = 2048) -> list[float]:
     """``acc`` (1.0 / 0.0) of every item on the clean model, in item order."""
-    from cwlens.faithfulness.sweep import _choice_units, plan_batches
+    from cwlens.faithfulness.units import choice_units, plan_batches
 
-    units = _choice_units(model, items)
+    units = choice_units(model, items)
     acc = [float("nan")] * len(units)
     for batch in plan_batches(units, batch_tokens):
         seqs: list = []

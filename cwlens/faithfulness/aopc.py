@@ -49,6 +49,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from cwlens.errors import InvalidArgumentError
+from cwlens.metrics import MODES
 
 DAMAGE_MEASURES = ("delta_nll", "delta_ppl", "acc", "acc_norm", "gold_ll", "embedding_damage")
 KEYS = ("metric", "mode", "sample_id")
@@ -251,7 +252,7 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
              "| metric | comp AOPC | comp Δ | suff AOPC | suff Δ |", "|---|---|---|---|---|"]
     for metric in [m for m in REGISTRY if m in set(summary["metric"])]:
         cells = [REGISTRY[metric].short]
-        for mode in ("comprehensiveness", "sufficiency"):
+        for mode in MODES:
             hit = summary[(summary["metric"] == metric) & (summary["mode"] == mode)]
             if not len(hit):
                 cells += ["", ""]

@@ -27,6 +27,7 @@ from cwlens.batching import pad_batch
 from cwlens.core.bitmask import PackedMask
 from cwlens.errors import UnsupportedModelError
 from cwlens.faithfulness.ranking import (
+    MODES,
     eligible_entries,
     first_token,
     mask_counts,
@@ -36,6 +37,7 @@ from cwlens.faithfulness.ranking import (
     rank_entries,
     tiebreak_scores,
 )
+from cwlens.handle import wrap
 from cwlens.interventions.value_masking import hooks_applied, masking_hooks
 from cwlens.streaming import stream_geometry
 
@@ -63,17 +65,21 @@ def mean_pooled(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
 
 
+BATCH_SIZE = 16  # sentences per forward pass
+
+
 def embedding_damage(model, texts, metric_names=("attention", "contribution", "random"),
-                     rates=(0.1, 0.3), modes=("comprehensiveness", "sufficiency"),
-                     scope: Scope = "row", kind: Kind = "inter", batch_size: int = 16,
+                     rates=(0.1, 0.3), scope: Scope = "row", kind: Kind = "inter",
                      seed: int = 0, mask_first_token: bool = True) -> list[dict]:
     """Rows ``{sample_id, metric, mode, rate, damage, tied_share, first_token_share}``
-    (``damage = 1 - cos``) for ``texts`` (``[(id, text)]``) on an encoder ``model``.
+    (``damage = 1 - cos``) for ``texts`` (``[(id, text)]``) on an encoder ``model``, in
+    both modes (:data:`~cwlens.metrics.MODES`), :data:`BATCH_SIZE` sentences per pass.
 
     Ties are broken by the seeded random order of the decoder task; ``tied_share`` and
     ``first_token_share`` are the removed entries chosen by it and those on [CLS]
     (:func:`~cwlens.faithfulness.ranking.mask_counts`). ``mask_first_token=False``: [CLS]
     is never masked (the view of ferret, which drops the special tokens)."""
+    modes = MODES
     if not adapter.is_encoder(model):
         raise adapter.UnsupportedModelError(
             "The sentence-embedding task is for encoders; decoders use run_faithfulness.")
@@ -81,10 +87,11 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
         if metrics.get(name).source == "gradient":
             raise UnsupportedModelError(
                 f"{name} is the gradient of a next-token loss: not defined on an encoder.")
-    last = hook_names.resid_post(model.cfg.n_layers - 1)
+    handle = wrap(model)
+    last = hook_names.resid_post(handle.n_layers - 1)
     rows = []
-    for start in range(0, len(texts), batch_size):
-        chunk = texts[start : start + batch_size]
+    for start in range(0, len(texts), BATCH_SIZE):
+        chunk = texts[start : start + BATCH_SIZE]
         ids = [i for i, _ in chunk]
         tokens, mask = pad_batch(model, [t for _, t in chunk])
         kept: dict[str, torch.Tensor] = {}
@@ -111,13 +118,13 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
                         counts[(name, mode, rate)] = counts.get((name, mode, rate), 0) + c
             return out
 
-        with model.hooks(fwd_hooks=[(last, keep)]):
+        with handle.hooks([(last, keep)]):
             _, per_layer = stream_geometry(model, tokens, layer_masks, attention_mask=mask)
         clean = mean_pooled(kept["h"], mask)
         for key in per_layer[0]:
-            masks = {ly: per_layer[ly][key] for ly in range(model.cfg.n_layers)}
+            masks = {ly: per_layer[ly][key] for ly in range(handle.n_layers)}
             with torch.no_grad(), hooks_applied(model, masking_hooks(masks) + [(last, keep)]):
-                model(tokens, **adapter.forward_kwargs(model, mask))
+                handle(tokens, **handle.forward_kwargs(mask))
             cos = torch.nn.functional.cosine_similarity(mean_pooled(kept["h"], mask), clean, dim=-1)
             name, mode, rate = key
             rows += [{"sample_id": i, "metric": name, "mode": mode, "rate": rate,

@@ -55,14 +55,15 @@ from dataclasses import dataclass
 import torch
 
 from cwlens import metrics
-from cwlens._types import Kind, Mode, RankingMetric, Scope
+from cwlens._types import Kind, Mode, Scope
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 
-# every metric a ranking can use (the registry, cwlens.metrics), and the default sweep's
+# every metric a ranking can use (the registry, cwlens.metrics: at import; metrics.NAMES
+# follows metrics.registered), the default sweep's, and the protocol's options
 ALL_RANKINGS: tuple[str, ...] = metrics.NAMES
 RANKINGS: tuple[str, ...] = metrics.DEFAULT
-SCOPES: tuple[Scope, ...] = ("row", "head", "layer")
-MODES: tuple[Mode, ...] = ("comprehensiveness", "sufficiency")
+SCOPES: tuple[Scope, ...] = metrics.SCOPES
+MODES: tuple[Mode, ...] = metrics.MODES
 
 
 def check_option(value: str, valid: Sequence[str], what: str) -> str:
@@ -286,12 +287,12 @@ def mask_shares(counts: torch.Tensor) -> dict:
             "first_token_share": int(counts[2]) / n if n else nan}
 
 
-def metric_scores(geometry, metric: RankingMetric, kind: Kind = "inter",
+def metric_scores(geometry, metric: str, kind: Kind = "inter",
                   gradient_scores=None) -> torch.Tensor:
     """Scores of one non-random metric: a geometry metric from an
     :class:`~cwlens.core.AttentionGeometry`, a gradient metric from this layer's signed
     ``-a * dL/da`` (``gradient_scores``, see :mod:`cwlens.gradients`)."""
-    entry = metrics.get(metric, ALL_RANKINGS)
+    entry = metrics.get(metric)
     if entry.source == "random" or entry.compute is None:
         raise ValueError("metric='random' has no geometry; use random_scores().")
     if entry.source == "gradient":

@@ -46,14 +46,13 @@ def _select(frame, **where):
 
 
 def paired_comparisons(table, dataset: str, mode: str, rate: float, measure: str,
-                       setting: dict | None = None, n_boot: int = 2000, level: float = 0.95,
-                       seed: int = 0, order: tuple[str, ...] = HIERARCHY):
+                       setting: dict | None = None, order: tuple[str, ...] = HIERARCHY, **boot):
     """``{(a, b): PairedDifference}`` of the faithfulness score of metric ``b`` minus that
     of ``a`` (comprehensiveness: damage; sufficiency: minus damage), paired by sample, for
     every pair of ``order`` metrics present at one cell. ``setting``: ``{column: value}``
-    that selects one run (model, scope, ...; see :data:`~cwlens.faithfulness.results.SETTING`)."""
-    return cell_comparisons(_score_cell(table, dataset, mode, rate, measure, setting), order,
-                            n_boot, level, seed)
+    that selects one run (model, scope, ...; see :data:`~cwlens.faithfulness.results.SETTING`).
+    ``boot``: ``n_boot``, ``level``, ``seed`` of the paired bootstrap (:func:`cell_comparisons`)."""
+    return cell_comparisons(_score_cell(table, dataset, mode, rate, measure, setting), order, **boot)
 
 
 def _score_cell(table, dataset, mode, rate, measure, setting):
@@ -78,8 +77,7 @@ def cell_comparisons(cell, order: tuple[str, ...] = HIERARCHY, n_boot: int = 200
 
 
 def hierarchy_verdict(table, dataset: str, mode: str, rate: float, measure: str,
-                      setting: dict | None = None, n_boot: int = 2000, level: float = 0.95,
-                      seed: int = 0, order: tuple[str, ...] = HIERARCHY) -> str:
+                      setting: dict | None = None, order: tuple[str, ...] = HIERARCHY, **boot) -> str:
     """The four hierarchy metrics ordered by faithfulness at one cell, and whether the
     paper's order holds, from a paired bootstrap of the per-sample differences (``table``:
     the rows of :func:`~cwlens.faithfulness.read_results`).
@@ -91,9 +89,9 @@ def hierarchy_verdict(table, dataset: str, mode: str, rate: float, measure: str,
     ``holds, with ties`` (the others identical), ``does not hold (a > b)`` (some pair
     resolved the other way round), else ``unresolved (a vs b, ...)``. For example
     ``"attn < vw = vwon < contrib: holds, with ties"``. ``order``: the expected order
-    (e.g. with ``contribution_abs`` in place of ``contribution``)."""
-    return cell_verdict(_score_cell(table, dataset, mode, rate, measure, setting), order,
-                        n_boot, level, seed)
+    (e.g. with ``contribution_abs`` in place of ``contribution``). ``boot``: ``n_boot``,
+    ``level``, ``seed`` of the paired bootstrap (:func:`cell_comparisons`)."""
+    return cell_verdict(_score_cell(table, dataset, mode, rate, measure, setting), order, **boot)
 
 
 def cell_verdict(cell, order: tuple[str, ...] = HIERARCHY, n_boot: int = 2000,

@@ -32,12 +32,10 @@ from pathlib import Path
 
 from cwlens.bootstrap import bootstrap_ci  # noqa: F401  (public here since 0.1)
 from cwlens.errors import CwlensError
+from cwlens.faithfulness.config import PROVENANCE
 from cwlens.results_io import append_text, atomic_write_text, complete_lines
 
-SETTING = (
-    "model", "dataset", "scope", "kind", "renormalize", "causal_only", "mask_first_token",
-    "max_tokens", "seed",
-)
+SETTING = ("model", "dataset", *PROVENANCE)  # FaithfulnessConfig's provenance fields
 COLUMNS = (*SETTING, "metric", "mode", "rate", "layers", "sample_id", "measure", "value")
 KEY = tuple(c for c in COLUMNS if c != "value")
 CELL = (*SETTING, "metric", "mode", "rate", "layers", "measure")

@@ -13,18 +13,16 @@ with the edit that must show:
 
 Where the model has no ``hook_z``, the logits must change instead. Failing models raise
 :class:`~cwlens.errors.InterventionNotAppliedError`; passing ones are remembered (weakly,
-per model object), so the check costs two small forwards once.
+on the model's handle), so the check costs two small forwards once.
 """
 
-import weakref
 from collections.abc import Iterable
 
 import torch
 
 from cwlens import hook_names
 from cwlens.errors import InterventionNotAppliedError
-
-_VERIFIED: "weakref.WeakKeyDictionary[object, set[str]]" = weakref.WeakKeyDictionary()
+from cwlens.handle import wrap
 
 
 def kinds_of(hook_point_names: Iterable[str]) -> set[str]:
@@ -38,14 +36,13 @@ def kinds_of(hook_point_names: Iterable[str]) -> set[str]:
     return kinds
 
 
-def _probe_tokens(model) -> torch.Tensor:
-    n_vocab = int(getattr(model.cfg, "d_vocab", 0) or 8)
+def _probe_tokens(handle) -> torch.Tensor:
+    n_vocab = handle.d_vocab or 8
     ids = [i % n_vocab for i in range(5, 11)]
-    device = getattr(model.cfg, "device", None) or "cpu"
-    return torch.tensor([ids], dtype=torch.long, device=device)
+    return torch.tensor([ids], dtype=torch.long, device=handle.device)
 
 
-def _run(model, tokens, edit_name, edit_fn, z_names):
+def _run(handle, tokens, edit_name, edit_fn, z_names):
     seen = {}
 
     def keeper(name):
@@ -55,9 +52,9 @@ def _run(model, tokens, edit_name, edit_fn, z_names):
 
     hooks = [(n, keeper(n)) for n in z_names]
     if edit_name is not None:
-        hooks = [(edit_name(ly), edit_fn) for ly in range(model.cfg.n_layers)] + hooks
+        hooks = [(edit_name(ly), edit_fn) for ly in range(handle.n_layers)] + hooks
     with torch.no_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        logits = handle.run_with_hooks(tokens, hooks)
     return logits, seen
 
 
@@ -65,6 +62,9 @@ def _zero_head0(pattern, hook=None):
     out = pattern.clone()
     out[:, 0] = 0
     return out
+
+
+_zero_head0.cwlens_blockwise = True  # type: ignore[attr-defined]  # row-wise: fine on blocks
 
 
 def _zero(v, hook=None):
@@ -77,24 +77,23 @@ def ensure_edits_act(model, kinds: Iterable[str]) -> None:
     ``kinds``: ``"pattern"`` and/or ``"values"``. Enables the pattern seam of delegating
     bridge attentions first (:mod:`cwlens.models.pattern_seam`). Cached per model.
     """
-    from cwlens.models.pattern_seam import enable_pattern_edits
-
-    done = _VERIFIED.setdefault(model, set())
+    handle = wrap(model)
+    done = handle.verified_edits
     todo = [k for k in ("pattern", "values") if k in set(kinds) - done]
     if not todo:
         return
     if "pattern" in todo:
-        enable_pattern_edits(model)
-    tokens = _probe_tokens(model)
-    z_names = [hook_names.z(ly) for ly in range(model.cfg.n_layers)]
-    z_names = [n for n in z_names if n in model.hook_dict]
-    clean_logits, clean = _run(model, tokens, None, None, z_names)
+        handle.enable_pattern_edits()
+    tokens = _probe_tokens(handle)
+    z_names = [hook_names.z(ly) for ly in range(handle.n_layers)]
+    z_names = [n for n in z_names if handle.has_hook(n)]
+    clean_logits, clean = _run(handle, tokens, None, None, z_names)
     for kind in todo:
         name, fn, heads = {
             "pattern": (hook_names.pattern, _zero_head0, slice(0, 1)),
             "values": (hook_names.values, _zero, slice(None)),
         }[kind]
-        logits, edited = _run(model, tokens, name, fn, z_names)
+        logits, edited = _run(handle, tokens, name, fn, z_names)
         if z_names:
             failed = [
                 n for n in z_names
@@ -106,7 +105,7 @@ def ensure_edits_act(model, kinds: Iterable[str]) -> None:
         if failed:
             raise InterventionNotAppliedError(
                 f"Edits of {name(0).replace('blocks.0.', 'blocks.*.')} have no effect on this "
-                f"{type(model).__name__} ({failed[0]} unchanged when they should be 0), so "
+                f"{handle.class_name} ({failed[0]} unchanged when they should be 0), so "
                 "masking or sink interventions would report zeros. On TransformerLens 4.x, "
                 "load the model with cwlens.load_model; for BERT-like encoders, TransformerLens "
                 "3.x's HookedEncoder (load_model(..., generation='hooked')) hooks the pattern "

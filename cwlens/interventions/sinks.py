@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from cwlens import hook_names
-from cwlens.adapter import Layers, TLModel, resolve_layers
+from cwlens.adapter import Layers, TLModel, block_rows, current_block, resolve_layers
 from cwlens.core.sinks import scale_position, set_sink_rate
+from cwlens.handle import wrap
 from cwlens.interventions.selfcheck import ensure_edits_act, kinds_of
 
 Hook = tuple[str, Callable[[torch.Tensor, Any], torch.Tensor]]
@@ -41,8 +42,17 @@ def sink_rate_hook(s, sink_index: torch.Tensor | None = None):
     def set_sink_rate_hook(pattern: torch.Tensor, hook=None) -> torch.Tensor:
         s_ = s.to(pattern.device, pattern.dtype) if torch.is_tensor(s) else s
         idx = None if sink_index is None else sink_index.to(pattern.device)
-        return set_sink_rate(pattern, s_, idx)
+        block = current_block()  # blockwise attention: this block's rows only
+        if block is None:
+            return set_sink_rate(pattern, s_, idx)
+        if torch.is_tensor(s_) and s_.ndim >= 1:
+            s_ = block_rows(s_, query_dim=-1, key_dim=None)
+        width = pattern.shape[-1]
+        if idx is not None and int(idx.max()) >= width:  # a block that ends before a sink
+            pattern = torch.nn.functional.pad(pattern, (0, int(idx.max()) + 1 - width))
+        return set_sink_rate(pattern, s_, idx, query_start=block.query_start)[..., :width]
 
+    set_sink_rate_hook.cwlens_blockwise = True  # type: ignore[attr-defined]
     return set_sink_rate_hook
 
 
@@ -93,10 +103,10 @@ def applied(model: TLModel, fwd_hooks: list[Hook]) -> Iterator[TLModel]:
     model (:func:`~cwlens.interventions.selfcheck.ensure_edits_act`, once per model).
     """
     ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
-    with model.hooks(fwd_hooks=fwd_hooks):
+    with wrap(model).hooks(fwd_hooks):
         yield model
 
 
 def n_hooks(model: TLModel) -> int:
     """How many forward hooks are attached to the model's hook points (0 when clean)."""
-    return sum(len(getattr(hp, "fwd_hooks", [])) for hp in model.hook_dict.values())
+    return wrap(model).n_hooks()

@@ -24,8 +24,10 @@ import torch
 
 from cwlens import hook_names
 from cwlens._types import Pattern
+from cwlens.adapter import block_rows, current_block
 from cwlens.core.bitmask import PackedMask
 from cwlens.errors import MissingHookError, ShapeMismatchError
+from cwlens.handle import wrap
 from cwlens.interventions.selfcheck import ensure_edits_act, kinds_of
 
 HookFn = Callable[..., torch.Tensor]
@@ -44,7 +46,11 @@ def pattern_mask_hook(mask: "torch.Tensor | PackedMask", renormalize: bool = Fal
     """
 
     def mask_pattern(pattern: Pattern, hook) -> Pattern:
-        keep_mask = ~(mask.unpack() if isinstance(mask, PackedMask) else mask.bool())
+        block = current_block()  # blockwise attention: this block's rows of the mask
+        if isinstance(mask, PackedMask) and block is not None:  # unpack the block's rows only
+            keep_mask = ~mask.unpack_rows(block.query_start, block.n_rows)[..., : block.key_stop]
+        else:
+            keep_mask = ~block_rows(mask.unpack() if isinstance(mask, PackedMask) else mask.bool())
         try:
             keep = torch.broadcast_shapes(keep_mask.shape, pattern.shape) == pattern.shape
         except RuntimeError:
@@ -63,6 +69,7 @@ def pattern_mask_hook(mask: "torch.Tensor | PackedMask", renormalize: bool = Fal
         scale = torch.where(after > 0, before / torch.where(after > 0, after, 1.0), 0.0)
         return kept * scale
 
+    mask_pattern.cwlens_blockwise = True  # type: ignore[attr-defined]  # takes query blocks
     return mask_pattern
 
 
@@ -83,15 +90,15 @@ def hooks_applied(model, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[ob
     first checked to act on this model (:func:`~cwlens.interventions.selfcheck.ensure_edits_act`,
     once per model).
     """
-    hook_dict = model.hook_dict
+    handle = wrap(model)
     for name, _ in fwd_hooks:
-        if name not in hook_dict:
+        if not handle.has_hook(name):
             raise MissingHookError(
                 f"The model has no hook point {name!r}; value masking needs "
-                f"hook_pattern in every masked layer (layers 0..{model.cfg.n_layers - 1})."
+                f"hook_pattern in every masked layer (layers 0..{handle.n_layers - 1})."
             )
     ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
-    with model.hooks(fwd_hooks=list(fwd_hooks)):  # TransformerLens removes exactly these on exit
+    with handle.hooks(fwd_hooks):  # TransformerLens removes exactly these on exit
         yield model
 
 
@@ -112,10 +119,18 @@ def run_masked(
     masks: Masks,
     renormalize: bool = False,
     attention_mask: torch.Tensor | None = None,
+    attention: str = "auto",
     **kwargs,
 ) -> torch.Tensor:
-    """Logits of ``model(tokens)`` with the masked terms removed (no gradients)."""
+    """Logits of ``model(tokens)`` with the masked terms removed (no gradients).
+
+    ``attention``: ``"eager"``, ``"blockwise"`` (the masks act on each query block's
+    probabilities before the value product) or ``"auto"`` (blockwise on long inputs),
+    as in :func:`cwlens.stream_geometry`."""
+    from cwlens.streaming import attention_context
+
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
-    with torch.no_grad(), value_masking(model, masks, renormalize):
+    with torch.no_grad(), value_masking(model, masks, renormalize), \
+            attention_context(model, tokens, attention):
         return model(tokens, **kwargs)

@@ -21,12 +21,16 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from cwlens.batching import token_ids
 from cwlens.errors import CwlensError
-from cwlens.faithfulness.sweep import SweepStats
+from cwlens.faithfulness.config import LMEVAL_OPTIONS
+from cwlens.faithfulness.passes import SweepStats
+from cwlens.handle import wrap
 from cwlens.lmeval.requests import encode_request, prefix_token_id, token_request
 from cwlens.lmeval.scoring import score_requests
 from cwlens.lmeval.settings import describe, masking_config
 
 NAME = "cwlens-masked"
+MASKING = ("metric", "mode", "rate", *LMEVAL_OPTIONS)  # model_args read by masking_config
+IGNORED = ("batch_size", "max_batch_size")
 
 
 class GenerationNotSupportedError(CwlensError, NotImplementedError):
@@ -48,33 +52,22 @@ class CwlensMaskedLM(LM):
         self,
         pretrained: str | None = None,
         model=None,
-        metric=None,
-        mode: str = "comprehensiveness",
-        rate: float | int = 0.0,
-        scope: str = "row",
-        kind: str = "inter",
-        layers=None,
-        renormalize: bool = False,
-        mask_first_token: bool = True,
-        seed: int = 0,
-        batch_tokens: int = 2048,
         max_length: int | None = None,
         device: str | None = None,
         dtype: str = "float32",
         progress: bool = True,
-        batch_size=None,
-        max_batch_size=None,
-        **unused,
+        **model_args,
     ):
         super().__init__()
-        if unused:
+        for ignored in IGNORED:  # lm-eval's own batching options: batches hold batch_tokens
+            model_args.pop(ignored, None)
+        unknown = sorted(set(model_args) - set(MASKING))
+        if unknown:
             raise CwlensError(
-                f"cwlens-masked: unknown model_args {sorted(unused)}. Known: pretrained, metric, "
-                "mode, rate, scope, kind, layers, renormalize, mask_first_token, seed, "
-                "batch_tokens, max_length, device, dtype."
+                f"cwlens-masked: unknown model_args {unknown}. Known: pretrained, "
+                f"{', '.join(MASKING)}, max_length, device, dtype."
             )
-        self.config = masking_config(metric, mode, rate, scope, kind, layers, renormalize,
-                                     mask_first_token, seed, batch_tokens)
+        self.config = masking_config(**model_args)
         if model is None:
             if not pretrained:
                 raise CwlensError("cwlens-masked needs pretrained=<name or directory> in model_args.")
@@ -90,8 +83,9 @@ class CwlensMaskedLM(LM):
         adapter.require_next_token_model(model, "lm-eval scoring", "Use a decoder model.")
         adapter.resolve_layers(model, list(self.config.layers) if self.config.layers else None)
         self.model = model
-        self.pretrained = str(pretrained) if pretrained else getattr(model.cfg, "model_name", "model")
-        self.max_length = int(max_length or model.cfg.n_ctx)
+        handle = wrap(model)
+        self.pretrained = str(pretrained) if pretrained else (handle.name or "model")
+        self.max_length = int(max_length or handle.n_ctx)
         self.progress = bool(progress)
         self.stats = SweepStats()
 
@@ -156,4 +150,4 @@ class CwlensMaskedLM(LM):
 
     @property
     def tokenizer_name(self) -> str:
-        return str(getattr(self.model.tokenizer, "name_or_path", self.pretrained)).replace("/", "__")
+        return str(getattr(wrap(self.model).tokenizer, "name_or_path", self.pretrained)).replace("/", "__")

@@ -18,7 +18,7 @@ lm-eval's HF model), so the logits at ``start = len(input) - len(cont)`` onwards
 
 Requests of one document (same ``(task, doc_id)``) form one unit: its distinct inputs
 are the unit's sequences (a BoolQ or MMLU document's choices share one), exactly as
-:func:`cwlens.faithfulness.sweep._choice_units` groups an item's choices, so batches,
+:func:`cwlens.faithfulness.units.choice_units` groups an item's choices, so batches,
 padding and masks match a ``run_faithfulness`` run on the same items.
 """
 
@@ -30,11 +30,12 @@ import torch
 from cwlens.batching import token_ids
 from cwlens.errors import CwlensError
 from cwlens.faithfulness import choice
+from cwlens.handle import wrap
 
 
 def prefix_token_id(model) -> int:
     """The token an empty context conditions on: BOS, or EOS without a BOS."""
-    tok = model.tokenizer
+    tok = wrap(model).tokenizer
     bos = getattr(tok, "bos_token_id", None)
     return int(bos if bos is not None else tok.eos_token_id)
 
@@ -84,7 +85,7 @@ def group_units(requests: Sequence[choice.ChoiceRequest], groups: Sequence[objec
     Its id (which seeds the ``random`` metric) is a digest of its input tokens, so a
     sequence gets the same random mask whatever batch or task it comes in.
     """
-    from cwlens.faithfulness.sweep import _Unit
+    from cwlens.faithfulness.units import Unit
 
     members: dict[object, list[int]] = {}
     for i, g in enumerate(groups):
@@ -103,5 +104,5 @@ def group_units(requests: Sequence[choice.ChoiceRequest], groups: Sequence[objec
             return {"ll": [o[0] for o in out], "greedy": [o[1] for o in out]}
 
         digest = hashlib.blake2b(repr(inputs).encode(), digest_size=8).hexdigest()
-        units.append(_Unit(digest, [list(x) for x in inputs], score))
+        units.append(Unit(digest, [list(x) for x in inputs], score))
     return units, where

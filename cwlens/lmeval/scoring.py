@@ -1,9 +1,9 @@
 """Score token requests clean or masked, with the faithfulness sweep's own batch step.
 
-Per batch (:func:`cwlens.faithfulness.sweep.plan_batches`, ``cfg.batch_tokens`` padded
+Per batch (:func:`cwlens.faithfulness.units.plan_batches`, ``cfg.batch_tokens`` padded
 tokens): one clean forward pass on the streaming engine ranks every layer's entries by
 ``cfg``'s metric and keeps the mask bit-packed, then one ``run_masked`` pass scores the
-requests with those entries removed (:func:`cwlens.faithfulness.sweep._batch_outputs`,
+requests with those entries removed (:func:`cwlens.faithfulness.passes.batch_outputs`,
 the function ``run_faithfulness`` runs). Masks are built on, and applied to, each
 input sequence as a whole -- the context and the continuation tokens it reads; head and
 layer scopes are causal (the mask at query ``i`` from rows ``<= i``,
@@ -15,7 +15,10 @@ log-likelihood it gets token by token. At rate 0
 from collections.abc import Sequence
 
 from cwlens.faithfulness.causal_scope import require_causal
-from cwlens.faithfulness.sweep import FaithfulnessConfig, SweepStats, _batch_outputs, plan_batches
+from cwlens.faithfulness.config import FaithfulnessConfig
+from cwlens.faithfulness.passes import SweepStats, batch_outputs
+from cwlens.faithfulness.units import plan_batches
+from cwlens.handle import wrap
 from cwlens.lmeval.requests import group_units
 
 
@@ -37,7 +40,7 @@ def score_requests(
     if not requests:
         return []
     units, where = group_units(requests, groups)
-    conditions = cfg.conditions(model.cfg.n_layers)
+    conditions = cfg.conditions(wrap(model).n_layers)
     if len(conditions) != 1:
         raise ValueError(f"score_requests takes one masking condition; got {len(conditions)}.")
     key = conditions[0]
@@ -50,7 +53,7 @@ def score_requests(
 
         bar = tqdm(total=len(units), desc="cwlens-masked", unit="doc")
     for batch in batches:
-        results = _batch_outputs(model, units, batch, cfg, conditions, stats)
+        results = batch_outputs(model, units, batch, cfg, conditions, stats)
         stats.n_batches += 1
         for pos, u in enumerate(batch):
             scores[u] = results[key][pos]

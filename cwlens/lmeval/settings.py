@@ -13,10 +13,11 @@ tokens per forward pass) are those of :class:`~cwlens.faithfulness.FaithfulnessC
 with its defaults.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from cwlens.errors import UnknownOptionError
-from cwlens.faithfulness.sweep import FaithfulnessConfig
+from cwlens.faithfulness.config import LMEVAL_OPTIONS, FaithfulnessConfig
 
 NO_MASK = ("none", "clean")
 PLACEHOLDER = "attention"  # the clean model's config: any metric at rate 0 masks nothing
@@ -42,40 +43,33 @@ def parse_layers(value) -> tuple[int, ...] | None:
     return tuple(int(v) for v in value)
 
 
-def masking_config(
-    metric=None,
-    mode: str = "comprehensiveness",
-    rate: float | int = 0.0,
-    scope: str = "row",
-    kind: str = "inter",
-    layers=None,
-    renormalize: bool = False,
-    mask_first_token: bool = True,
-    seed: int = 0,
-    batch_tokens: int = 2048,
-) -> FaithfulnessConfig:
+READERS: dict[str, Callable[[Any], Any]] = {"str": str, "bool": bool, "int": int, "layers": parse_layers}  # LMEVAL_OPTIONS' kinds
+
+
+def masking_config(metric=None, mode: str = "comprehensiveness", rate: float | int = 0.0,
+                   **options) -> FaithfulnessConfig:
     """A one-condition :class:`FaithfulnessConfig`. The clean model (metric ``none``) is
     rate 0, which the sweep runs as the clean pass alone (no mask, no masked pass).
 
-    Options are checked here (unknown metric, mode, scope or kind; rate outside [0, 1]),
-    so a typo fails before the model is loaded.
+    ``options``: the fields of :data:`~cwlens.faithfulness.config.LMEVAL_OPTIONS`
+    (``scope``, ``kind``, ``layers``, ``renormalize``, ``mask_first_token``, ``seed``,
+    ``batch_tokens``), with :class:`FaithfulnessConfig`'s defaults. Options are checked
+    here (unknown option, metric, mode, scope or kind; rate outside [0, 1]), so a typo
+    fails before the model is loaded.
     """
+    unknown = sorted(set(options) - set(LMEVAL_OPTIONS))
+    if unknown:
+        raise UnknownOptionError(
+            f"Unknown masking option {', '.join(map(repr, unknown))}: the options are metric, "
+            f"mode, rate, {', '.join(LMEVAL_OPTIONS)}."
+        )
     metric = "none" if metric is None else str(metric)
     clean = metric in NO_MASK
     # plain strings here; FaithfulnessConfig checks each against its valid values
-    options: dict[str, Any] = {
-        "metrics": (PLACEHOLDER if clean else metric,),
-        "rates": (0.0 if clean else float(rate),),
-        "modes": (str(mode),),
-        "scope": str(scope),
-        "layers": parse_layers(layers),
-        "kind": str(kind),
-        "renormalize": bool(renormalize),
-        "mask_first_token": bool(mask_first_token),
-        "seed": int(seed),
-        "batch_tokens": int(batch_tokens),
-    }
-    return FaithfulnessConfig(**options)
+    read: dict[str, Any] = {name: READERS[LMEVAL_OPTIONS[name]](value) for name, value in options.items()}
+    read.update(metrics=(PLACEHOLDER if clean else metric,), rates=(0.0 if clean else float(rate),),
+                modes=(str(mode),))
+    return FaithfulnessConfig(**read)
 
 
 def is_clean(cfg: FaithfulnessConfig) -> bool:
@@ -88,14 +82,9 @@ def describe(cfg: FaithfulnessConfig) -> dict:
     nothing is masked)."""
     if is_clean(cfg):
         return {"cwlens_metric": "none", "cwlens_rate": 0.0}
-    return {
-        "cwlens_metric": cfg.metrics[0],
-        "cwlens_mode": cfg.modes[0],
-        "cwlens_rate": cfg.rates[0],
-        "cwlens_scope": cfg.scope,
-        "cwlens_kind": cfg.kind,
-        "cwlens_layers": "all" if cfg.layers is None else list(cfg.layers),
-        "cwlens_renormalize": cfg.renormalize,
-        "cwlens_mask_first_token": cfg.mask_first_token,
-        "cwlens_seed": cfg.seed,
-    }
+    out = {"cwlens_metric": cfg.metrics[0], "cwlens_mode": cfg.modes[0], "cwlens_rate": cfg.rates[0]}
+    for name in LMEVAL_OPTIONS:
+        if name != "batch_tokens":  # how the run is batched, not what it measures
+            value = getattr(cfg, name)
+            out[f"cwlens_{name}"] = ("all" if value is None else list(value)) if name == "layers" else value
+    return out

@@ -19,6 +19,7 @@ from cwlens.errors import (
     ModelNotAvailableError,
     UnknownOptionError,
 )
+from cwlens.handle import wrap
 from cwlens.models.gguf_local import dequantized_dir, packaged_dir
 from cwlens.models.pattern_seam import enable_pattern_edits
 from cwlens.models.registry import MODELS, describe_models
@@ -150,6 +151,7 @@ def load_model(
                 # TL 3.x without processing do); W_O is still centred.
                 model.enable_compatibility_mode(fold_value_biases=False)
             enable_pattern_edits(model)  # hook_pattern edits act on wrapped (BERT) attention too
+            wrap(model)  # the bound handle, made once
             return model
         if multi:
             raise PlacementError(
@@ -157,7 +159,9 @@ def load_model(
                 "the 3.x HookedTransformer loads on one device here.")
         from cwlens.models.hooked import load_hooked
 
-        return load_hooked(source, hub_id, device=placed_device, dtype=dtype)
+        model = load_hooked(source, hub_id, device=placed_device, dtype=dtype)
+        wrap(model)  # the bound handle, made once
+        return model
     except CwlensError:
         raise
     except Exception as err:  # transformers/torch/hub errors: one explained error

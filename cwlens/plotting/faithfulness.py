@@ -20,7 +20,7 @@ def faithfulness_curves(summary, dataset: str, measure: str, title: str | None =
 
     sub = summary[(summary.dataset == dataset) & (summary.measure == measure)]
     clean = sub[sub["mode"] == "clean"]
-    modes = ("comprehensiveness", "sufficiency")
+    modes = _metrics.MODES
     fig = make_subplots(rows=1, cols=2, shared_yaxes=False, horizontal_spacing=0.08, subplot_titles=(
         "<b>comprehensiveness</b>: remove top-ranked<br>(more damage = more faithful)",
         "<b>sufficiency</b>: remove bottom-ranked<br>(less damage = more faithful)"))
@@ -69,7 +69,7 @@ def aopc_curves(curves, aopc_summary=None, title: str = "", ylabel: str = "damag
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    modes = ("comprehensiveness", "sufficiency")
+    modes = _metrics.MODES
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=(
         "<b>comprehensiveness</b>: remove top-ranked<br>(higher curve = more faithful)",
         "<b>sufficiency</b>: remove bottom-ranked<br>(lower curve = more faithful)"))
@@ -129,7 +129,7 @@ def per_layer_curves(damage, title: str = "", ylabel: str = "damage"):
                                    "layer masked at a time: FaithfulnessConfig(per_layer=True)).")
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=(
         "<b>comprehensiveness</b> (higher = more faithful)", "<b>sufficiency</b> (lower = more faithful)"))
-    for col, mode in enumerate(("comprehensiveness", "sufficiency"), start=1):
+    for col, mode in enumerate(_metrics.MODES, start=1):
         for metric in [m for m in COLORS if m in set(damage["metric"])]:
             g = damage[(damage["mode"] == mode) & (damage["metric"] == metric)]
             mean = g.groupby(g["layers"].astype(int))["damage"].mean()

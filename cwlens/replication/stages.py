@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cwlens import adapter
+from cwlens.faithfulness.rows_job import RowsJob
+from cwlens.handle import wrap
 from cwlens.replication import plan
 from cwlens.replication.plan import ReplicationConfig
 
@@ -44,7 +46,7 @@ def batch_tokens(model, cfg: ReplicationConfig) -> int:
     """``cfg.batch_tokens``, lowered for a large vocabulary so that one batch's logits stay
     within :data:`LOGIT_BUDGET` entries (the gradient metrics keep them, and their float64
     loss, for the backward pass): SmolLM2 (49k) keeps 2048 tokens, Gemma-3 (262k) gets 512."""
-    cap = max(cfg.max_tokens, LOGIT_BUDGET // int(model.cfg.d_vocab))
+    cap = max(cfg.max_tokens, LOGIT_BUDGET // wrap(model).d_vocab)
     return min(cfg.batch_tokens, cap)
 
 
@@ -89,52 +91,73 @@ def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progres
 
     fc = faithfulness_config(cfg, model, metrics=plan.PER_LAYER_METRICS, rates=(cfg.per_layer_rate,),
                              per_layer=True)
-    log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {model.cfg.n_layers} "
+    log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {wrap(model).n_layers} "
         f"layers x {len(plan.PER_LAYER_METRICS)} metrics, rate {cfg.per_layer_rate:g} -> {path}")
     run_faithfulness(model, "fineweb_edu", fc, n=cfg.per_layer_samples, out=path, model_name=name,
                      progress=progress)
 
 
 def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
-                         batch_size: int = 16, mask_first_token: bool = True):
+                         mask_first_token: bool = True):
     """The sentence-embedding damage (:func:`cwlens.faithfulness.encoder.embedding_damage`)
     on ``cfg.sentences`` FineWeb-Edu sentences, written in the faithfulness results format
-    (``measure = "embedding_damage"``) one sample at a time; batches are fixed by the
-    sentence order, so a resumed run computes the numbers of an uninterrupted one."""
-    from tqdm.auto import tqdm
-
-    from cwlens.faithfulness.encoder import embedding_damage, sentences
+    (``measure = "embedding_damage"``, ``tied_share``, ``first_token_share``) one sample at
+    a time; batches are fixed by the sentence order, so a resumed run computes the numbers
+    of an uninterrupted one (a :class:`~cwlens.jobs.Job`: :class:`EncoderDamageJob`)."""
+    from cwlens.faithfulness.encoder import BATCH_SIZE, sentences
     from cwlens.faithfulness.ranking import MODES
-    from cwlens.faithfulness.results import ResultsWriter
-    from cwlens.results_io import results_lock
+    from cwlens.jobs import JobSpec, run_job
 
     texts = sentences("fineweb_edu", cfg.sentences)
     metrics, rates = cfg.encoder_metrics, cfg.rates
     config = {"model": name, "dataset": "fineweb_edu_sentences", "metrics": list(metrics),
               "rates": list(rates), "modes": list(MODES), "scope": "row", "kind": "inter",
-              "batch_size": batch_size, "seed": cfg.seed, "samples": [i for i, _ in texts],
+              "batch_size": BATCH_SIZE, "seed": cfg.seed, "samples": [i for i, _ in texts],
               "mask_first_token": mask_first_token}
-    base = {"model": name, "dataset": "fineweb_edu_sentences", "scope": "row", "kind": "inter",
-            "renormalize": False, "causal_only": False, "mask_first_token": mask_first_token,
-            "max_tokens": None, "seed": cfg.seed}
     log(f"[{name}] encoder faithfulness: {len(texts)} sentences x {len(metrics)} metrics x "
         f"{len(rates)} rates x 2 modes -> {path}")
-    with results_lock(path.parent):
-        measures = ("embedding_damage", "tied_share", "first_token_share")
-        writer = ResultsWriter(path, config, len(metrics) * len(rates) * len(MODES) * len(measures))
-        chunks = [texts[s : s + batch_size] for s in range(0, len(texts), batch_size)]
-        todo = [c for c in chunks if any(i not in writer.done for i, _ in c)]
-        for chunk in tqdm(todo, desc=f"{name} sentences", unit="batch", disable=not progress):
-            rows = embedding_damage(model, chunk, metrics, rates, MODES, batch_size=batch_size,
-                                    seed=cfg.seed, mask_first_token=mask_first_token)
-            for sid, _ in chunk:
-                if sid in writer.done:
-                    continue
-                writer.write_sample([
-                    {**base, "metric": r["metric"], "mode": r["mode"], "rate": r["rate"],
-                     "sample_id": sid, "layers": "all", "measure": m,
-                     "value": r["damage" if m == "embedding_damage" else m]}
-                    for r in rows if r["sample_id"] == sid for m in measures])
+    spec = JobSpec("encoder faithfulness configuration", config, path.parent, True, len(texts),
+                   f"{name} sentences", "sentence", progress)
+    run_job(EncoderDamageJob(model, name, texts, cfg, spec, path, mask_first_token))
+
+
+class EncoderDamageJob(RowsJob):
+    """Items: chunks of :data:`~cwlens.faithfulness.encoder.BATCH_SIZE` sentences (one
+    forward pass each) holding an unfinished one."""
+
+    MEASURES = ("embedding_damage", "tied_share", "first_token_share")
+
+    def __init__(self, model, name, texts, cfg: ReplicationConfig, spec, path, mask_first_token):
+        from cwlens.faithfulness.encoder import BATCH_SIZE
+        from cwlens.faithfulness.ranking import MODES
+
+        self.model, self.cfg, self.mask_first_token = model, cfg, mask_first_token
+        self.chunks = [texts[s : s + BATCH_SIZE] for s in range(0, len(texts), BATCH_SIZE)]
+        self.columns = {"model": name, "dataset": "fineweb_edu_sentences", "scope": "row",
+                        "kind": "inter", "renormalize": False, "causal_only": False,
+                        "mask_first_token": mask_first_token, "max_tokens": None, "seed": cfg.seed}
+        per_sample = len(cfg.encoder_metrics) * len(cfg.rates) * len(MODES) * len(self.MEASURES)
+        super().__init__(spec, path, per_sample, [i for i, _ in texts])
+
+    def todo(self):
+        return [c for c in self.chunks if any(i not in self.writer.done for i, _ in c)]
+
+    def do(self, chunk):
+        from cwlens.faithfulness.encoder import embedding_damage
+
+        rows = embedding_damage(self.model, chunk, self.cfg.encoder_metrics, self.cfg.rates,
+                                seed=self.cfg.seed, mask_first_token=self.mask_first_token)
+        written = 0
+        for sid, _ in chunk:
+            if sid in self.writer.done:
+                continue
+            self.writer.write_sample([
+                {**self.columns, "metric": r["metric"], "mode": r["mode"], "rate": r["rate"],
+                 "sample_id": sid, "layers": "all", "measure": m,
+                 "value": r["damage" if m == "embedding_damage" else m]}
+                for r in rows if r["sample_id"] == sid for m in self.MEASURES])
+            written += 1
+        return written
 
 
 def sinks(model, name, folder: Path, cfg: ReplicationConfig, log: Log, progress: bool):

@@ -17,6 +17,7 @@ import torch
 
 from cwlens import reducers, validation
 from cwlens.core.geometry import AttentionGeometry
+from cwlens.handle import wrap
 from cwlens.streaming import stream_reduce
 
 FACTORS = ("attention", "relative_norm", "cosine", "contribution")
@@ -126,7 +127,7 @@ class _ReportReducer(reducers.Reducer):
         self._err: dict[str, float] = {}
 
     def start_layer(self, layer, geometry):
-        self._geo = geometry  # the whole layer: factors of window rows over all their keys
+        self._geo = geometry  # the layer's values: factors of window rows over all their keys
 
     def end_layer(self, layer, geometry):
         self._geo = None
@@ -146,15 +147,21 @@ class _ReportReducer(reducers.Reducer):
             self._err["intra"] = max(self._err.get("intra", 0.0), float(err))
         w0, w1 = self.window
         r0, r1 = max(w0, query_start) - query_start, min(w1, query_start + bq) - query_start
-        at = query_start - self._geo.query_start  # block rows in the layer's geometry
         if r0 < r1:
-            rows = _factors(self._geo.rows(at + r0, at + r1), slice(w0, w1))
+            rows = _factors(self._all_keys(block, r0, r1, query_start), slice(w0, w1))
             for key, val in rows.items():
                 self._win.setdefault(layer, {}).setdefault(key, []).append((query_start, val[0].clone()))
         last = self.n - 1 - query_start
         if 0 <= last < bq:
-            rows = _factors(self._geo.rows(at + last, at + last + 1), slice(0, self.n))
+            rows = _factors(self._all_keys(block, last, last + 1, query_start), slice(0, self.n))
             self._last[layer] = {key: val[0, :, 0].clone() for key, val in rows.items()}
+
+    def _all_keys(self, block, r0: int, r1: int, query_start: int) -> AttentionGeometry:
+        """Rows ``r0:r1`` of ``block`` over every key (a block may stop at its last query's
+        key; the factors of the keys after it are not 0), from the layer's values."""
+        rows = block.pattern[:, :, r0:r1]
+        rows = torch.nn.functional.pad(rows, (0, self.n - rows.shape[-1]))
+        return self._geo.with_rows(rows, query_start + r0)
 
     def result(self):
         return self
@@ -169,18 +176,20 @@ def analyze_text(
     top_k: int = 5,
     check_intra: bool = False,
     query_block: int = 256,
+    attention: str = "auto",
 ) -> TextAnalysis:
     """Run the model once on ``text`` (its first ``max_tokens`` tokens; None: all) and
     collect what the report shows. ``window``: the number of last tokens drawn at full
-    resolution, or ``(start, stop)``, or None for every token."""
+    resolution, or ``(start, stop)``, or None for every token. ``attention``: see
+    :func:`cwlens.stream_reduce` (``"auto"``: blockwise above 2048 tokens)."""
     validation.text(text)
     if max_tokens is not None:
         validation.max_tokens(max_tokens)
     from cwlens.batching import fit_context
 
-    tokens = fit_context(model, model.to_tokens(text, truncate=False), max_tokens, "the text")
+    tokens = fit_context(model, wrap(model).to_tokens(text, truncate=False), max_tokens, "the text")
     n = tokens.shape[1]
-    str_tokens = [str(t) for t in model.to_str_tokens(tokens[0])]
+    str_tokens = [str(t) for t in wrap(model).to_str_tokens(tokens[0])]
     if window is None:
         win = (0, n)
     elif isinstance(window, int):
@@ -189,7 +198,8 @@ def analyze_text(
         win = (max(0, int(window[0])), min(n, int(window[1])))
     report = _ReportReducer(n, win, check_intra)
     top = reducers.TopK(top_k, "contribution", by_abs=True, sum_heads=True, name="top")
-    res = stream_reduce(model, tokens, [report, top], query_block=query_block, closure=True)
+    res = stream_reduce(model, tokens, [report, top], query_block=query_block, closure=True,
+                        attention=attention, logits=False)
     layers = sorted(report._win)
     stack = lambda key: torch.stack(  # noqa: E731
         [reducers.in_query_order(report._win[ly][key], 1) for ly in layers]).cpu()

@@ -15,7 +15,7 @@ Measured against the clean run:
   ``||o_i^h||`` before and after, and the *cone cosine* ``cos(o_i^h, mean_{sink<j<=i}
   v~_j^h)`` (the head output against the mean direction of the tail's projected values)
   before and after, over all ``(head, query)`` entries after the sink and over the
-  *low-norm* ones: clean ``||o_i^h||`` below the ``low_norm_quantile`` of that layer's
+  *low-norm* ones: clean ``||o_i^h||`` below the :data:`LOW_NORM_QUANTILE` of that layer's
   clean head-output norms in the batch.
 """
 
@@ -31,6 +31,8 @@ from cwlens.core.sinks import (
 )
 from cwlens.interventions.sinks import applied, sink_value_hooks
 from cwlens.streaming import stream_geometry
+
+LOW_NORM_QUANTILE = 0.25  # heads below this quantile of their layer's clean output norm are low-norm
 
 
 def nll_per_row(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None):
@@ -67,7 +69,6 @@ def sink_norm_intervention(
     control: bool = True,
     seed: int = 0,
     sample_ids=None,
-    low_norm_quantile: float = 0.25,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(ppl_table, head_table)`` for one batch (see the module docstring)."""
     adapter.require_next_token_model(
@@ -97,7 +98,7 @@ def sink_norm_intervention(
     head_rows = []
     low = {}
     for ly, (norm, _, valid) in clean.items():
-        thr = torch.quantile(norm[valid].float(), low_norm_quantile) if valid.any() else 0.0
+        thr = torch.quantile(norm[valid].float(), LOW_NORM_QUANTILE) if valid.any() else 0.0
         low[ly] = valid & (norm < thr)
     for target, index in targets.items():
         for scale in scales:

@@ -27,8 +27,8 @@ from cwlens import adapter
 from cwlens._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.sinks import first_real_index, key_onehot, query_after_sink
+from cwlens.sinks.config import EPS_GU as EPS_GU  # Gu et al.'s sink threshold
 
-EPS_GU = 0.3
 FACTORS = ("attention", "relative_norm", "cosine", "contribution")
 
 

@@ -1,0 +1,222 @@
+"""One batch of the sweep: a streamed clean pass that ranks every layer's entries and
+keeps the masks the conditions need (bit-packed), then one masked pass per distinct mask.
+
+Conditions whose masks are provably identical share one forward pass (``reuse``): rate 0
+(nothing masked = clean), rate 1 (every eligible entry, whatever the metric or mode), and
+value_weighted_output_normalized with ``scope="row"`` (:func:`scored_as`).
+"""
+
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from cwlens import adapter, metrics
+from cwlens._types import Mode
+from cwlens.batching import pad_batch
+from cwlens.core.bitmask import PackedMask
+from cwlens.faithfulness.causal_scope import causal_ranking
+from cwlens.faithfulness.config import Condition, FaithfulnessConfig
+from cwlens.faithfulness.ranking import (
+    eligible_entries,
+    first_token,
+    mask_counts,
+    mask_shares,
+    metric_scores,
+    random_scores,
+    rank_entries,
+    tiebreak_scores,
+)
+from cwlens.faithfulness.units import Unit
+from cwlens.gradients import attention_gradient
+from cwlens.interventions.value_masking import run_masked
+from cwlens.streaming import stream_geometry
+
+
+@dataclass
+class SweepStats:
+    n_batches: int = 0
+    n_forwards: int = 0  # clean (cached) + masked forward passes actually run
+    forward_seconds: float = 0.0
+    ranking_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+
+class MaskJob(NamedTuple):
+    """One distinct mask of a batch: ranked by ``metric`` (None: every eligible entry,
+    rate 1), removing ``rate`` of the entries in ``mode`` in each of ``layers``."""
+
+    metric: str | None  # a name of cwlens.metrics.REGISTRY; None: every eligible entry
+    mode: Mode
+    rate: float
+    layers: tuple[int, ...]
+
+
+class BatchPlan(NamedTuple):
+    """What ranking one layer of a batch needs besides its geometry."""
+
+    mask: torch.Tensor  # [batch, pos] attention mask (1 on real tokens)
+    jobs: dict  # job key -> MaskJob
+    cfg: FaithfulnessConfig
+    keys: list  # one per sequence: seeds the random control
+    stats: SweepStats
+    gradients: dict | None = None  # layer -> attention-gradient scores, when a job ranks by them
+    counts: dict | None = None  # job key -> [batch, 3] removed / by the tie-break / on token 0
+
+
+def scored_as(metric: str, cfg: FaithfulnessConfig) -> str:
+    """At row scope ``||o||`` (inter: ``||o_i||``, intra: ``||o_i^h||``) is one positive
+    constant per row, so value_weighted_output_normalized orders every row exactly as
+    value_weighted: rank it by value_weighted, so float rounding cannot make the two
+    differ (and they share their forward passes)."""
+    if cfg.scope == "row" and metric == "value_weighted_output_normalized":
+        return "value_weighted"
+    return metric
+
+
+def mask_jobs(conditions: list[Condition], cfg: FaithfulnessConfig) -> tuple[dict, dict]:
+    """``(jobs, key_of)``: the distinct masks the conditions need (``key -> MaskJob``),
+    and each condition's key (None: the clean pass).
+
+    Conditions whose masks are provably identical share one key (``reuse``): rate 0 needs
+    no mask (the clean pass), rate 1 removes every eligible entry whatever the metric
+    (``metric=None``: no ranking), and vw-output-normalised at row scope ranks as
+    value_weighted (:func:`scored_as`).
+    """
+    jobs: dict = {}
+    key_of: dict = {}
+    for c in conditions:
+        if cfg.reuse and c.rate == 0.0:
+            key_of[c] = None
+            continue
+        key: tuple
+        if cfg.reuse and c.rate == 1.0:
+            key = ("all", c.layers)
+            jobs.setdefault(key, MaskJob(None, c.mode, c.rate, c.layers))
+        else:
+            ident = scored_as(c.metric, cfg) if cfg.reuse else c.metric
+            key = (ident, c.mode, c.rate, c.layers)
+            jobs.setdefault(key, MaskJob(scored_as(c.metric, cfg), c.mode, c.rate, c.layers))
+        key_of[c] = key
+    return jobs, key_of
+
+
+def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> dict:
+    """Rank one layer's entries by every metric some job needs; ``{job key: PackedMask}``.
+
+    Runs inside the clean forward pass (:func:`cwlens.stream_geometry`), so only one
+    layer's scores and ranks exist at a time; the masks are kept bit-packed. ``window``:
+    a sliding-window layer's span (Gemma-3); keys outside it are never eligible. Ties are
+    broken by the seeded random order of :func:`~cwlens.faithfulness.ranking.tiebreak_scores`;
+    ``plan.counts[job key]`` (``[batch, 3]``: removed, chosen by the tie-break, on the first
+    token) is summed over the layers where given.
+    """
+    t = time.perf_counter()
+    cfg = plan.cfg
+    mask = plan.mask.to(geo.pattern.device)  # a model split over GPUs: this layer's device
+    eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token, window)
+    shape = geo.pattern.shape
+    out = {}
+    ranks: dict = {}
+    tiebreak = None
+    first_key = first_token(mask)
+    counts = plan.counts
+    for key, entry in plan.jobs.items():
+        job = MaskJob(*entry)
+        if layer not in job.layers:
+            continue
+        if job.metric is None:  # rate 1: every eligible entry
+            removed = eligible.expand(shape)
+            out[key] = PackedMask.pack(removed)
+            _count(counts, key, mask_counts(None, eligible, removed, cfg.scope, first_key))
+            continue
+        if job.metric not in ranks:
+            if job.metric == "random":
+                scores = random_scores(shape, mask, plan.keys, cfg.seed, layer)
+            else:
+                scores = metric_scores(geo, job.metric, cfg.kind, (plan.gradients or {}).get(layer))
+            if tiebreak is None:
+                tiebreak = tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer)
+            ranking = rank_entries(scores, eligible, cfg.scope, tiebreak)
+            if cfg.causal_only:  # head/layer scope: the mask at query i from rows <= i (causal_scope)
+                ranking = causal_ranking(ranking)
+            ranks[job.metric] = (ranking, scores if counts is not None else None)
+            del scores
+        ranking, kept_scores = ranks[job.metric]
+        removed = ranking.mask(job.rate, job.mode)
+        out[key] = PackedMask.pack(removed)
+        if counts is not None:
+            _count(counts, key, mask_counts(kept_scores, eligible, removed, cfg.scope, first_key))
+    plan.stats.ranking_seconds += time.perf_counter() - t
+    return out
+
+
+def _count(counts, key, c) -> None:
+    if counts is not None:
+        counts[key] = counts[key] + c.cpu() if key in counts else c.cpu()
+
+
+def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
+    """:func:`layer_masks` of a batch without gradient metrics, its plan spelled out."""
+    return layer_masks(geo, layer, BatchPlan(mask, jobs, cfg, keys, stats), window)
+
+
+def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessConfig,
+                  conditions: list[Condition], stats: SweepStats) -> dict:
+    """``{condition or None (clean): [per-unit measures]}`` for one batch.
+
+    One streamed clean pass gives the clean scores and, layer by layer, every mask the
+    conditions need; then one masked pass per distinct mask.
+    """
+    seqs: list = []
+    rows_of: list[list[int]] = []
+    keys: list = []
+    for u in batch:
+        rows_of.append(list(range(len(seqs), len(seqs) + len(units[u].sequences))))
+        seqs += units[u].sequences
+        keys += [f"{units[u].sample_id}/{k}" for k in range(len(units[u].sequences))]
+    tokens, mask = pad_batch(model, seqs)
+    offsets = mask.int().argmax(-1).tolist()
+    jobs, key_of = mask_jobs(conditions, cfg)
+    layers = sorted({ly for job in jobs.values() for ly in job.layers}) or [0]
+
+    def evaluate(logits):
+        return [units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)
+                for u, rows in zip(batch, rows_of, strict=True)]
+
+    gradients = None
+    if any(job.metric in metrics.GRADIENT for job in jobs.values()):
+        # supervised references: a separate forward + backward pass (cwlens.gradients)
+        t = time.perf_counter()
+        gradients = attention_gradient(model, tokens, mask, layers)
+        stats.ranking_seconds += time.perf_counter() - t
+    counts: dict = {}
+    plan = BatchPlan(mask, jobs, cfg, keys, stats, gradients, counts)
+    t, ranked_before = time.perf_counter(), stats.ranking_seconds
+    logits, per_layer = stream_geometry(
+        model, tokens, lambda ly, geo: layer_masks(geo, ly, plan, adapter.attention_window(model, ly)),
+        layers=layers, attention_mask=mask,
+    )
+    stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)
+    stats.n_forwards += 1
+    packed = dict(zip(layers, per_layer, strict=True))
+    results: dict = {None: evaluate(logits)}
+    done: dict = {}
+    for key, job in jobs.items():
+        masks = {ly: packed[ly][key] for ly in job.layers}
+        t = time.perf_counter()
+        masked = run_masked(model, tokens, masks, cfg.renormalize, attention_mask=mask)
+        stats.forward_seconds += time.perf_counter() - t
+        stats.n_forwards += 1
+        done[key] = evaluate(masked)
+        for ly in job.layers:  # free this job's masks
+            del packed[ly][key]
+    zero = torch.zeros(3, dtype=torch.int64)
+    for c in conditions:
+        key = key_of[c]
+        scored = results[None] if key is None else done[key]
+        per_unit = [sum((counts[key][r] for r in rows), zero) if key is not None else zero
+                    for rows in rows_of]
+        results[c] = [{**out, **mask_shares(n)} for out, n in zip(scored, per_unit, strict=True)]
+    return results

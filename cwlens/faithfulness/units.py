@@ -1,0 +1,88 @@
+"""What the sweep scores: one unit per sample (its input sequences and how to score
+them), and the fixed plan of batches over the units."""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cwlens.faithfulness import choice, lm
+
+
+@dataclass
+class Unit:
+    """One sample: its id, the input sequences it needs, and how to score them."""
+
+    sample_id: str
+    sequences: list[list[int]]
+    score: Callable  # (logits, rows, offsets) -> {measure: value}
+
+
+def text_units(model, samples, max_tokens) -> list[Unit]:
+    """One unit per document, cut to ``max_tokens`` and to the model's context (with one
+    note when some document is longer: docs/inputs.md)."""
+    from cwlens.batching import context_cap, token_ids
+
+    def score(logits, rows, offsets, tokens, mask):
+        row = rows[0]
+        out = lm.document_scores(logits[row : row + 1], tokens[row : row + 1], mask[row : row + 1])
+        return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
+
+    all_ids = [token_ids(model, s.text, truncate=False).tolist() for s in samples]
+    cap = context_cap(model, max_tokens, [len(ids) for ids in all_ids], "documents")
+    return [Unit(s.id, [ids[:cap] if cap else ids], score)
+            for s, ids in zip(samples, all_ids, strict=True)]
+
+
+def choice_units(model, items) -> list[Unit]:
+    requests = choice.encode_items(model, items)
+    by_item: dict[int, list] = {}
+    for r in requests:
+        by_item.setdefault(r.item, []).append(r)
+    units = []
+    for index, item in enumerate(items):
+        reqs = by_item[index]
+        inputs, which = choice.unique_inputs(reqs)
+        _fits_context(model, item.id, inputs)
+
+        def score(logits, rows, offsets, tokens, mask, reqs=reqs, which=which, item=item):
+            lls = [choice.continuation_logprob(logits, rows[w], offsets[w], r)
+                   for r, w in zip(reqs, which, strict=True)]
+            return choice.item_scores(lls, [r.continuation_chars for r in reqs], item.gold)
+
+        units.append(Unit(item.id, [list(x) for x in inputs], score))
+    return units
+
+
+def _fits_context(model, item_id, inputs) -> None:
+    """A choice prompt cannot be cut without losing its question: refuse one longer than
+    the model's context (docs/inputs.md)."""
+    from cwlens.adapter import context_length
+    from cwlens.errors import InputTooLongError
+
+    limit = context_length(model)
+    longest = max((len(x) for x in inputs), default=0)
+    if limit is not None and longest > limit:
+        raise InputTooLongError(
+            f"item {item_id}: a prompt with its answer has {longest} tokens, more than the "
+            f"model's context of {limit} (n_ctx); use fewer few-shot examples (--num-fewshot) "
+            "or a model with a longer context.")
+
+
+def plan_batches(units: Sequence[Unit], batch_tokens: int) -> list[list[int]]:
+    """Unit indices per batch: sorted by length (stable), at most ``batch_tokens`` padded
+    tokens per batch (a longer unit gets a batch of its own)."""
+    order = sorted(range(len(units)), key=lambda i: max(map(len, units[i].sequences)))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    n_seq, longest = 0, 0
+    for i in order:
+        seqs = units[i].sequences
+        new_longest = max(longest, *map(len, seqs))
+        if current and (n_seq + len(seqs)) * new_longest > batch_tokens:
+            batches.append(current)
+            current, n_seq, new_longest = [], 0, max(map(len, seqs))
+        current.append(i)
+        n_seq += len(seqs)
+        longest = new_longest
+    if current:
+        batches.append(current)
+    return batches

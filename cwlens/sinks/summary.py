@@ -1,0 +1,119 @@
+"""The headline numbers of a sink run (``summary.json``) and their printed form."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from cwlens.results_io import atomic_write_text
+from cwlens.sinks import observed, statistics
+
+
+def summarize(t: dict[str, pd.DataFrame], eps: float = statistics.EPS_GU) -> dict:
+    """The headline numbers (what ``docs/sinks.md`` quotes)."""
+    layers, heads = t["layers"], t["heads"]
+    sw = t["sweep"]
+    per_head = sw[sw["head"] >= 0]
+    per_layer = sw[sw["head"] == -1]
+    sink_heads = heads[heads["sink_head"]]
+    sh_keys = set(zip(sink_heads["layer"], sink_heads["head"], strict=True))
+    in_sink = per_head[[k in sh_keys for k in zip(per_head["layer"], per_head["head"], strict=True)]]
+    al = t["alignment"]
+    out = {
+        "n_samples": int(t["stats"]["sample"].nunique()),
+        "eps": eps,
+        "n_sink_heads": int(len(sink_heads)),
+        "n_heads": int(len(heads)),
+        "layer_mean_sink_attention": float(layers["sink_rate"].mean()),
+        "layer_mean_sink_contribution": float(layers["sink_token_contribution"].mean()),
+        "sink_heads_mean_rate": float(sink_heads["sink_rate"].mean()),
+        "sink_heads_mean_contribution": float(sink_heads["sink_contribution"].mean()),
+        "sink_heads_median_contribution": float(sink_heads["sink_contribution_median"].mean()),
+        "sink_heads_factors": {f: float(sink_heads[f"sink_{f}"].mean()) for f in statistics.FACTORS},
+        "sink_heads_tail_factors": {f: float(sink_heads[f"tail_{f}"].mean()) for f in statistics.FACTORS},
+        "cos_value_mean": float(al["cos_value_mean"].mean()),
+        "cos_value_neg": float(al["cos_value_neg"].mean()),
+        "cos_output_mean": float(al["cos_output_mean"].mean()),
+        "cos_tail_mix_mean": float(al["cos_tail_mix_mean"].mean()),
+        "cos_tail_mix_neg": float(al["cos_tail_mix_neg"].mean()),
+        "sweep_interior_frac_heads": float(per_head["interior_frac"].mean()),
+        "sweep_interior_frac_sink_heads": float(in_sink["interior_frac"].mean()),
+        "sweep_interior_frac_layers": float(per_layer["interior_frac"].mean()),
+        "sweep_s_star_median_sink_heads": float(in_sink["s_star_median"].median()),
+        "sweep_actual_rate_sink_heads": float(in_sink["actual_rate"].mean()),
+        "sweep_below_actual_frac_sink_heads": float(in_sink["below_actual_frac"].mean()),
+        "sweep_norm_one_over_actual_sink_heads": float(in_sink["norm_one_over_actual"].median()),
+        "sweep_norm_min_over_actual_sink_heads": float(in_sink["norm_min_over_actual"].median()),
+        "sweep_max_rel_error": float(sw["swept_max_rel_error"].max()),
+        "sweep_convex_frac_min": float(sw["convex_frac"].min()),
+        "sweep_swept_samples": int(sw.dropna(subset=["convex_frac"])["sample"].nunique()),
+    }
+    if "observed" in t:
+        out.update(observed.summary(t["observed"], sh_keys))
+    if "ppl_summary" in t:
+        ps = t["ppl_summary"]
+        out["ppl"] = {f"{r.target}@{r.scale:g}": (float(r.ppl), float(r.delta_ppl))
+                      for r in ps.itertuples()}
+        nm = t["norm"]
+        for target in ("sink", "random"):
+            z = nm[(nm.target == target) & (nm.scale == 0.0)]
+            if len(z):
+                out[f"cone_low_before_{target}"] = float(z["cone_before_low"].mean())
+                out[f"cone_low_after_{target}"] = float(z["cone_after_low"].mean())
+                out[f"norm_ratio_low_{target}"] = float(z["norm_ratio_low"].mean())
+                out[f"norm_ratio_all_{target}"] = float(z["norm_ratio_all"].mean())
+    return out
+
+
+def read_run_info(out_dir) -> dict:
+    """``model``, ``model_label``, ``dataset``, ``max_tokens`` from an earlier summary.json."""
+    path = Path(out_dir) / "summary.json"
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    return {k: old[k] for k in ("model", "model_label", "dataset", "max_tokens") if k in old}
+
+
+def write_summary(summary: dict, out_dir) -> Path:
+    return atomic_write_text(Path(out_dir) / "summary.json", json.dumps(summary, indent=2))
+
+
+def format_summary(s: dict) -> str:
+    """The printed summary of ``cwlens sinks``."""
+    f, tf = s["sink_heads_factors"], s["sink_heads_tail_factors"]
+    lines = [
+        f"\nsink summary ({s['n_samples']} texts; the sink is the first real token)",
+        f"  sink heads (mean rate > {s['eps']}): {s['n_sink_heads']} of {s['n_heads']}",
+        f"  per layer: sink attention {s['layer_mean_sink_attention']:.3f} vs sink share of the "
+        f"layer output {s['layer_mean_sink_contribution']:.3f} (means over layers)",
+        f"  sink heads: sink rate {s['sink_heads_mean_rate']:.3f}, sink contribution (intra) "
+        f"{s['sink_heads_mean_contribution']:.3f}",
+        f"  factor split sink vs tail token: attention {f['attention']:.3f} vs {tf['attention']:.3f}, "
+        f"relative norm {f['relative_norm']:.3f} vs {tf['relative_norm']:.3f}, cosine "
+        f"{f['cosine']:+.3f} vs {tf['cosine']:+.3f}",
+        f"  anti-alignment: cos(sink value, tail values) mean {s['cos_value_mean']:+.3f} "
+        f"({100 * s['cos_value_neg']:.0f}% negative); cos(sink, tail mixture) "
+        f"{s['cos_tail_mix_mean']:+.3f} ({100 * s['cos_tail_mix_neg']:.0f}% negative)",
+        f"  sink-rate curve: s* interior for {100 * s['sweep_interior_frac_heads']:.0f}% of "
+        f"(head, query) curves ({100 * s['sweep_interior_frac_sink_heads']:.0f}% in sink heads, "
+        f"{100 * s['sweep_interior_frac_layers']:.0f}% for layer outputs); sink heads: median s* "
+        f"{s['sweep_s_star_median_sink_heads']:.3f} vs actual rate "
+        f"{s['sweep_actual_rate_sink_heads']:.3f}",
+        f"  swept vs closed form: max relative gap {s['sweep_max_rel_error']:.1e}; convex "
+        f"fraction (min) {s['sweep_convex_frac_min']:.3f} (convex by construction: the "
+        "counterfactual curve is the norm of an affine map)",
+    ]
+    if observed.format_line(s):
+        lines.append(observed.format_line(s))
+    if "ppl" in s:
+        lines.append("  sink-norm intervention (all layers): " + ", ".join(
+            f"{k}: PPL {v[0]:.2f} ({v[1]:+.2f})" for k, v in s["ppl"].items()))
+        if "cone_low_before_sink" in s:
+            lines.append(
+                f"  cone cosine of low-norm heads, sink value zeroed: "
+                f"{s['cone_low_before_sink']:+.3f} -> {s['cone_low_after_sink']:+.3f} "
+                f"(random control: -> {s.get('cone_low_after_random', float('nan')):+.3f}); "
+                f"their norm x{s['norm_ratio_low_sink']:.2f} (control x"
+                f"{s.get('norm_ratio_low_random', float('nan')):.2f})"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,139 @@
+"""The bound model handle: the one place that knows TransformerLens models.
+
+Outside :mod:`cwlens.handle` and :mod:`cwlens.models`, no module reads ``model.cfg``,
+checks ``type(model).__name__``, adds hooks with the model's own ``hooks(...)`` or reads
+``hook_dict``; ``run_with_cache`` and ``names_filter`` are defined once.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import cwlens
+from cwlens import adapter, hook_names
+from cwlens.handle import ModelHandle, wrap
+from cwlens.testing import tiny_model
+
+PACKAGE = Path(cwlens.__file__).parent
+HANDLE_MODULES = {PACKAGE / "handle.py"}
+FORBIDDEN = {
+    "model.cfg": re.compile(r"\bmodel\.cfg\b"),
+    "type(model).__name__": re.compile(r"type\(\s*model\s*\)\.__name__"),
+    "model.hooks(": re.compile(r"\bmodel\.hooks\("),
+    ".hooks(fwd_hooks=": re.compile(r"\.hooks\(\s*fwd_hooks\s*="),
+    "hook_dict": re.compile(r"hook_dict"),
+}
+
+
+def _package_files():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path in HANDLE_MODULES or (PACKAGE / "models") in path.parents:
+            continue
+        yield path
+
+
+def test_no_model_internals_outside_the_handle():
+    found = []
+    for path in _package_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            found += [f"{path.relative_to(PACKAGE)}:{number}: {what}"
+                      for what, pattern in FORBIDDEN.items() if pattern.search(line)]
+    assert found == [], "ask cwlens.handle.wrap(model) instead:\n" + "\n".join(found)
+
+
+def _definitions(name: str) -> list[str]:
+    """Functions called ``name`` anywhere in the package (nested ones too), except the
+    method stubs of typing Protocols (which describe TransformerLens' own methods)."""
+    where = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        stubs = {
+            id(item)
+            for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            and any(getattr(base, "id", None) == "Protocol" for base in node.bases)
+            for item in node.body
+        }
+        where += [f"{path.relative_to(PACKAGE)}:{node.lineno}" for node in ast.walk(tree)
+                  if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                  and node.name == name and id(node) not in stubs]
+    return where
+
+
+@pytest.mark.parametrize("name", ["run_with_cache", "names_filter"])
+def test_run_with_cache_and_names_filter_are_defined_once(name):
+    assert _definitions(name) == [f"measures.py:{_line_of(name)}"]
+
+
+def _line_of(name: str) -> int:
+    source = (PACKAGE / "measures.py").read_text(encoding="utf-8").splitlines()
+    return next(i for i, line in enumerate(source, 1) if line.startswith(f"def {name}("))
+
+
+def test_the_handle_is_made_once_and_is_no_part_of_the_module():
+    model = tiny_model("llama")
+    keys = set(model.state_dict())
+    handle = wrap(model)
+    assert wrap(model) is handle and wrap(handle) is handle and handle.model is model
+    assert set(model.state_dict()) == keys  # not a submodule, parameter or buffer
+    assert cwlens.wrap(model) is handle  # the public name
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "bert"])
+def test_the_handle_answers_what_the_model_says(arch):
+    model = tiny_model(arch)
+    handle = wrap(model)
+    cfg = model.cfg
+    assert (handle.n_layers, handle.n_heads, handle.d_vocab) == (cfg.n_layers, cfg.n_heads, cfg.d_vocab)
+    assert handle.is_encoder == (arch == "bert") == adapter.is_encoder(model)
+    for layer in range(handle.n_layers):
+        torch.testing.assert_close(handle.W_O(layer), model.blocks[layer].attn.W_O.detach(), rtol=0, atol=0)
+        assert handle.b_O(layer).shape == (cfg.d_model,)
+    before = handle.n_hooks()  # the bridge keeps some hooks of its own on BERT
+    with handle.hooks([(hook_names.pattern(0), lambda x, hook: x)]):
+        assert handle.n_hooks() == before + 1
+    assert handle.n_hooks() == before
+
+
+def test_the_handle_sees_a_config_edited_after_wrapping():
+    model = tiny_model("llama")
+    handle = wrap(model)
+    n = model.cfg.n_layers
+    model.cfg.n_layers = n - 1
+    try:
+        assert handle.n_layers == n - 1
+    finally:
+        model.cfg.n_layers = n
+
+
+def test_circuits_run_with_cache_is_the_one_run_with_cache():
+    """``cwlens.circuits.run_with_cache`` keeps exactly what the circuit tools read, and
+    its cache equals the plain one on every hook they share."""
+    from cwlens import circuits
+
+    model = tiny_model("llama")
+    tokens = torch.tensor([[1, 5, 9, 11, 3]])
+    logits, cache = circuits.run_with_cache(model, tokens)
+    n = model.cfg.n_layers
+    want = set(hook_names.needed(range(n)))
+    for layer in range(n):
+        want |= {hook_names.resid_pre(layer), hook_names.resid_mid(layer),
+                 hook_names.mlp_out(layer)}
+    want |= {hook_names.resid_post(n - 1), hook_names.final_scale()}
+    assert set(cache.keys()) == want and not logits.requires_grad
+    plain_logits, plain = cwlens.run_with_cache(model, tokens)
+    torch.testing.assert_close(logits, plain_logits.detach())
+    for name in plain.keys():
+        torch.testing.assert_close(cache[name], plain[name])
+
+
+def test_a_handle_is_accepted_where_a_model_is():
+    model = tiny_model("llama")
+    tokens = torch.tensor([[1, 5, 9, 11, 3]])
+    _, cache = cwlens.run_with_cache(model, tokens)
+    by_model = cwlens.contribution_weights(cache, model, layer=0)
+    by_handle = cwlens.contribution_weights(cache, wrap(model), layer=0)
+    torch.testing.assert_close(by_model, by_handle, rtol=0, atol=0)
+    assert isinstance(wrap(model), ModelHandle)
