@@ -42,6 +42,25 @@ from cwlens.handle import wrap
 DEFAULT_QUERY_BLOCK = 256
 AUTO_THRESHOLD = adapter.BLOCKWISE_AUTO_THRESHOLD  # attention="auto": blockwise above this
 
+#: The options of one streamed forward pass and their defaults, taken by keyword by
+#: :func:`stream_geometry` (all three), :func:`stream` (``attention``, ``query_block``)
+#: and :func:`stream_reduce` (``attention``, ``logits``; its ``query_block`` is named).
+PASS_OPTIONS: dict[str, Any] = {"attention": "auto", "logits": True, "query_block": None}
+
+
+def pass_options(where: str, options: dict[str, Any], allowed, forward_rest: bool = False
+                 ) -> dict[str, Any]:
+    """``options`` with the defaults of :data:`PASS_OPTIONS` filled in for ``allowed``.
+    A keyword outside ``allowed`` is refused (:class:`UnknownOptionError`, naming the
+    options) unless ``forward_rest``: then it is kept, for the model's forward pass."""
+    unknown = [k for k in options if k not in allowed]
+    if unknown and not forward_rest:
+        raise UnknownOptionError(
+            f"{where}() got an unknown option {unknown[0]!r}: its forward-pass options are "
+            f"{', '.join(allowed)} (e.g. attention='blockwise')."
+        )
+    return {**{k: PASS_OPTIONS[k] for k in allowed}, **options}
+
 
 def check_metric(metric: str) -> str:
     """``metric`` if the streaming engine computes it (:data:`cwlens.metrics.GEOMETRY`)."""
@@ -188,10 +207,7 @@ def stream_geometry(
     layers: Layers = None,
     attention_mask: torch.Tensor | None = None,
     closure: bool = False,
-    attention: str = "auto",
-    logits: bool = True,
-    query_block: int | None = None,
-    **forward_kwargs,
+    **options,
 ) -> tuple[Any, ...]:
     """Run the model once; call ``fn(layer, geometry)`` as each layer is computed.
 
@@ -218,10 +234,11 @@ def stream_geometry(
         layers: an int, a list of ints, or ``None`` for every layer.
         attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
         closure: also check each layer's heads x keys rebuild.
-        attention: ``"auto"``, ``"eager"`` or ``"blockwise"`` (see above).
-        logits: False stops the forward pass after the last streamed layer.
-        query_block: rows per block of a blockwise run.
-        **forward_kwargs: passed on to the model's forward pass.
+        **options: the forward pass's options (:data:`PASS_OPTIONS`), by keyword:
+            ``attention`` (``"auto"``, ``"eager"`` or ``"blockwise"``, see above),
+            ``logits`` (False stops the forward pass after the last streamed layer) and
+            ``query_block`` (rows per block of a blockwise run); any other keyword is
+            passed on to the model's forward pass.
 
     Returns:
         ``(logits, outputs)``, or ``(logits, outputs, closure)`` with ``closure=True``.
@@ -237,11 +254,13 @@ def stream_geometry(
         >>> [tuple(s.shape) for s in shares], check.worst_relative_error < 1e-5
         ([(1, 4), (1, 4)], True)
     """
+    run = pass_options("stream_geometry", options, PASS_OPTIONS, forward_rest=True)
     _check_fn(fn)
-    _check_flags(closure, logits, query_block)
+    _check_flags(closure, run["logits"], run["query_block"])
     engine = _Engine(model, layers, attention_mask, closure)
     input = _tokens(model, input, attention_mask)
-    _, out = engine.run(input, fn, None, attention, query_block, logits, forward_kwargs)
+    _, out = engine.run(input, fn, None, run.pop("attention"), run.pop("query_block"),
+                        run.pop("logits"), run)
     return out
 
 
@@ -374,8 +393,7 @@ def stream(
     kind: Kind = "inter",
     layers: Layers = None,
     attention_mask: torch.Tensor | None = None,
-    attention: str = "auto",
-    query_block: int | None = None,
+    **options,
 ) -> list[Any]:
     """Call ``fn(layer, weights)`` with each layer's ``[batch, head, query, key]`` float32
     tensor of ``metric`` while the model runs; return ``[fn(...) for each layer]``.
@@ -396,8 +414,8 @@ def stream(
         kind: ``"inter"`` or ``"intra"``: which output ``o`` the metric uses.
         layers: an int, a list of ints, or ``None`` for every layer.
         attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
-        attention: ``"auto"``, ``"eager"`` or ``"blockwise"`` (see :func:`stream_geometry`).
-        query_block: rows per block of a blockwise run.
+        **options: ``attention`` (``"auto"``, ``"eager"`` or ``"blockwise"``, see
+            :func:`stream_geometry`) and ``query_block`` (rows per block of a blockwise run).
 
     Returns:
         ``[fn(layer, weights) for each layer]``, in layer order.
@@ -413,12 +431,13 @@ def stream(
         >>> torch.allclose(received[1], cwlens.contribution_weights(cache, model, 1).sum((1, 2)))
         True
     """
+    run = pass_options("stream", options, ("attention", "query_block"))
     _check_fn(fn)
     check_metric(metric)
     check_kind(kind)
     _, out = stream_geometry(
         model, input, lambda layer, geo: fn(layer, _metrics.from_geometry(geo, metric, kind)), layers, attention_mask,
-        attention=attention, logits=False, query_block=query_block,
+        logits=False, **run,
     )
     return out
 
@@ -509,8 +528,7 @@ def stream_reduce(
     attention_mask: torch.Tensor | None = None,
     query_block: int | None = DEFAULT_QUERY_BLOCK,
     closure: bool = False,
-    attention: str = "auto",
-    logits: bool = True,
+    **options,
 ) -> StreamResult:
     """Several metrics into several reducers, in one forward pass, in query blocks.
 
@@ -536,8 +554,8 @@ def stream_reduce(
         attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
         query_block: queries per block (``None``: each layer in one block).
         closure: also check each layer's heads x keys rebuild.
-        attention: ``"auto"``, ``"eager"`` or ``"blockwise"`` (see above).
-        logits: False stops the forward pass after the last streamed layer.
+        **options: ``attention`` (``"auto"``, ``"eager"`` or ``"blockwise"``, see above)
+            and ``logits`` (False stops the forward pass after the last streamed layer).
 
     Returns:
         A :class:`StreamResult`: ``.logits``, ``[name]`` per reducer, ``.closure``.
@@ -556,6 +574,8 @@ def stream_reduce(
         >>> out["top"].indices.shape  # [layer, batch, head, query, k]
         torch.Size([2, 1, 4, 7, 3])
     """
+    run = pass_options("stream_reduce", options, ("attention", "logits"))
+    attention, logits = run["attention"], run["logits"]
     check_kind(kind)
     named = _named_reducers(reducers)
     _check_flags(closure, logits, query_block)

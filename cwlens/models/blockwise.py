@@ -88,12 +88,15 @@ class LazyMask:
 
     ndim = 4
 
-    def __init__(self, batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
-                 mask_function=None, attention_mask=None, use_vmap=False, device="cpu", **_):
+    def __init__(self, batch_size, q_length, kv_length, **sdpa_args):
+        # the keywords of transformers.masking_utils.sdpa_mask that matter here
         self.batch_size, self.q_length, self.kv_length = batch_size, q_length, kv_length
-        self.q_offset, self.kv_offset = q_offset, kv_offset
-        self.mask_function, self.attention_mask = mask_function, attention_mask
-        self.use_vmap, self.device = use_vmap, device
+        self.q_offset = sdpa_args.get("q_offset", 0)
+        self.kv_offset = sdpa_args.get("kv_offset", 0)
+        self.mask_function: Any = sdpa_args.get("mask_function")
+        self.attention_mask = sdpa_args.get("attention_mask")
+        self.use_vmap = sdpa_args.get("use_vmap", False)
+        self.device = sdpa_args.get("device", "cpu")
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -171,9 +174,25 @@ def _check_hooks(attn, name: str) -> bool:
 
 
 
-def attend(q, k, v, scaling: float, mask, *, causal: bool, pattern_hook=None,
-           softcap: float | None = None, upcast: bool = True, compatibility: bool = False,
-           block: int = DEFAULT_BLOCK) -> torch.Tensor:
+@dataclass(frozen=True)
+class Softmax:
+    """How one layer's :func:`attend` computes its weights (the model's own choices).
+
+    ``causal``: queries see keys ``<= i`` (beyond what ``mask`` says); ``pattern_hook``: a
+    ``hook_pattern`` to route each block's probabilities through (None: SDPA, nothing
+    exposed); ``softcap``: Gemma-2's logit soft-capping; ``upcast``: softmax in float32;
+    ``compatibility``: TransformerLens compatibility mode (masked scores -inf); ``block``:
+    query rows per block."""
+
+    causal: bool
+    pattern_hook: Any = None
+    softcap: float | None = None
+    upcast: bool = True
+    compatibility: bool = False
+    block: int = DEFAULT_BLOCK
+
+
+def attend(q, k, v, scaling: float, mask, how: Softmax) -> torch.Tensor:
     """``softmax(q k^T * scaling + mask) v`` in query blocks: ``[batch, head, n, d_v]``.
 
     ``q [batch, head, n, d]``, ``k``/``v [batch, kv_head, n_keys, d]`` (kv heads not
@@ -182,6 +201,8 @@ def attend(q, k, v, scaling: float, mask, *, causal: bool, pattern_hook=None,
     exposed). A row that sees no key gets what eager attention gives it (the mean of all
     values; 0 in TransformerLens compatibility mode).
     """
+    causal, pattern_hook, softcap = how.causal, how.pattern_hook, how.softcap
+    upcast, compatibility, block = how.upcast, how.compatibility, how.block
     b, h, n, d = q.shape
     n_kv, n_keys = k.shape[1], k.shape[2]
     group = h // n_kv
@@ -318,9 +339,10 @@ def _position_embeddings_forward(attn, state: "_State"):
             _refuse(attn, "a KV cache (generation)")
         out = attend(
             query, key, value, getattr(hf_attn, "scaling", head_dim ** -0.5), attention_mask,
-            causal=attn.is_causal, pattern_hook=attn.hook_pattern if state.wants(attn) else None,
-            softcap=getattr(hf_attn, "attn_logit_softcapping", None),
-            compatibility=attn.compatibility_mode, block=state.block,
+            Softmax(causal=attn.is_causal,
+                    pattern_hook=attn.hook_pattern if state.wants(attn) else None,
+                    softcap=getattr(hf_attn, "attn_logit_softcapping", None),
+                    compatibility=attn.compatibility_mode, block=state.block),
         )
         out = out.transpose(1, 2).reshape(*input_shape, -1)
         out = attn._pre_output_projection(out)
@@ -355,9 +377,10 @@ def _joint_qkv_reconstruct(attn, state: "_State"):
         upcast = bool(getattr(attn, "_reorder_and_upcast_attn", False))
         if upcast:
             q, k = q.float(), k.float()
-        out = attend(q, k, v.to(q.dtype), scale, kwargs.get("attention_mask"), causal=attn.is_causal,
-                     pattern_hook=attn.hook_pattern if state.wants(attn) else None,
-                     upcast=False, compatibility=attn.compatibility_mode, block=state.block)
+        out = attend(q, k, v.to(q.dtype), scale, kwargs.get("attention_mask"),
+                     Softmax(causal=attn.is_causal,
+                             pattern_hook=attn.hook_pattern if state.wants(attn) else None,
+                             upcast=False, compatibility=attn.compatibility_mode, block=state.block))
         out = attn._reshape_attn_output(out.to(v.dtype), batch, seq, n_heads, head_dim)
         return attn._apply_output_projection(out), None
 
@@ -379,8 +402,8 @@ def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropo
         scaling = query.size(-1) ** -0.5
     hook = pattern_fn if pattern_fn is not None and state.wants_hook(pattern_fn) else None
     causal = bool(getattr(module, "is_causal", False))
-    out = attend(query, key, value, scaling, attention_mask, causal=causal, pattern_hook=hook,
-                 block=state.block)
+    out = attend(query, key, value, scaling, attention_mask,
+                 Softmax(causal=causal, pattern_hook=hook, block=state.block))
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -18,7 +18,7 @@ import torch
 from cwlens import reducers, validation
 from cwlens.core.geometry import AttentionGeometry
 from cwlens.handle import wrap
-from cwlens.streaming import stream_reduce
+from cwlens.streaming import pass_options, stream_reduce
 
 FACTORS = ("attention", "relative_norm", "cosine", "contribution")
 DEFAULT_WINDOW = 64
@@ -175,13 +175,14 @@ def analyze_text(
     window: int | tuple[int, int] | None = DEFAULT_WINDOW,
     top_k: int = 5,
     check_intra: bool = False,
-    query_block: int = 256,
-    attention: str = "auto",
+    **options,
 ) -> TextAnalysis:
     """Run the model once on ``text`` (its first ``max_tokens`` tokens; None: all) and
     collect what the report shows. ``window``: the number of last tokens drawn at full
-    resolution, or ``(start, stop)``, or None for every token. ``attention``: see
-    :func:`cwlens.stream_reduce` (``"auto"``: blockwise above 2048 tokens)."""
+    resolution, or ``(start, stop)``, or None for every token. ``options``: the
+    forward pass's ``query_block`` (default 256) and ``attention`` (see
+    :func:`cwlens.stream_reduce`; ``"auto"``: blockwise above 2048 tokens)."""
+    run = pass_options("analyze_text", {"query_block": 256, **options}, ("attention", "query_block"))
     validation.text(text)
     if max_tokens is not None:
         validation.max_tokens(max_tokens)
@@ -198,8 +199,8 @@ def analyze_text(
         win = (max(0, int(window[0])), min(n, int(window[1])))
     report = _ReportReducer(n, win, check_intra)
     top = reducers.TopK(top_k, "contribution", by_abs=True, sum_heads=True, name="top")
-    res = stream_reduce(model, tokens, [report, top], query_block=query_block, closure=True,
-                        attention=attention, logits=False)
+    res = stream_reduce(model, tokens, [report, top], query_block=run["query_block"], closure=True,
+                        attention=run["attention"], logits=False)
     layers = sorted(report._win)
     stack = lambda key: torch.stack(  # noqa: E731
         [reducers.in_query_order(report._win[ly][key], 1) for ly in layers]).cpu()
