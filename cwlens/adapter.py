@@ -45,6 +45,26 @@ def context_length(model: TLModel) -> int | None:
     return wrap(model).context_length()
 
 
+def rotary_positions(model: TLModel) -> bool:
+    """Whether positions enter through rotary embeddings (RoPE: Llama, Mistral, Qwen,
+    Gemma), so the model runs past its configured context, rather than learned absolute
+    position embeddings (GPT-2, BERT), which have no row past ``context_length``."""
+    return wrap(model).rotary_positions
+
+
+def vocab_size(model: TLModel) -> int | None:
+    """The number of token ids the embedding holds (``cfg.d_vocab``), or None if unknown."""
+    return wrap(model).vocab_size()
+
+
+def text_length(model: TLModel, text: str) -> int:
+    """How many tokens ``model`` makes of ``text`` (with its BOS / [CLS] ... [SEP]), not cut
+    at the context as ``model.to_tokens`` and ``model(text)`` silently do."""
+    from cwlens.batching import token_ids
+
+    return len(token_ids(model, text, truncate=False))
+
+
 def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
     """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
 

@@ -8,11 +8,12 @@ mask to ``run_with_cache`` *and* to cwlens' measures: pad positions then get wei
 
 import torch
 
+from cwlens import validation
 from cwlens.adapter import is_encoder
 from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
 from cwlens.handle import wrap
 
-__all__ = ["is_encoder", "pad_batch", "token_ids"]
+__all__ = ["fit_context", "is_encoder", "pad_batch", "token_ids"]
 
 
 def token_ids(model, text: str, truncate: bool = True) -> torch.Tensor:
@@ -98,3 +99,42 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         mask[i, sl] = 1
     device = wrap(model).device
     return tokens.to(device), mask.to(device)
+
+
+def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str) -> torch.Tensor:
+    """``tokens[:, :max_tokens]``, cut further to the model's context (``n_ctx``) with a
+    :class:`~cwlens.errors.CwlensWarning` when the text is longer (docs/inputs.md)."""
+    import warnings
+
+    from cwlens.adapter import context_length
+    from cwlens.errors import CwlensWarning
+
+    validation.max_tokens(max_tokens)
+    n = tokens.shape[-1]
+    if max_tokens is not None:
+        tokens = tokens[:, :max_tokens]
+    limit = context_length(model)
+    if limit is not None and tokens.shape[-1] > limit:
+        warnings.warn(f"{what} has {n} tokens and the model's context (n_ctx) is {limit}: using "
+                      f"its first {limit} tokens", CwlensWarning, stacklevel=3)
+        tokens = tokens[:, :limit]
+    return tokens
+
+
+def context_cap(model, max_tokens: int | None, lengths, what: str = "texts") -> int | None:
+    """The truncation length to use: ``max_tokens``, lowered to the model's context
+    (``n_ctx``) with one :class:`~cwlens.errors.CwlensWarning` when some of ``lengths``
+    (the texts' token counts) would exceed it (docs/inputs.md)."""
+    import warnings
+
+    from cwlens.adapter import context_length
+    from cwlens.errors import CwlensWarning
+
+    limit = context_length(model)
+    if limit is None or (max_tokens is not None and max_tokens <= limit):
+        return max_tokens
+    long = sum(1 for n in lengths if n > limit)
+    if long:
+        warnings.warn(f"{long} of the {what} are longer than the model's context (n_ctx) of "
+                      f"{limit} tokens: using their first {limit}", CwlensWarning, stacklevel=3)
+    return limit

@@ -114,9 +114,47 @@ def require_session() -> None:
         )
 
 
+TIMEOUT_VAR = "CWLENS_DIST_TIMEOUT_S"
+
+
 def _timeout() -> datetime.timedelta:
-    seconds = float(os.environ.get("CWLENS_DIST_TIMEOUT_S", "7200") or 7200)
+    """``CWLENS_DIST_TIMEOUT_S`` (default 7200): a finite number of seconds above 0."""
+    import math
+
+    text = os.environ.get(TIMEOUT_VAR, "").strip() or "7200"
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise DistributedError(
+            f"{TIMEOUT_VAR}={os.environ.get(TIMEOUT_VAR)!r} is not a number of seconds above 0: "
+            f"set it to e.g. {TIMEOUT_VAR}=600, or unset it for the default 7200.")
     return datetime.timedelta(seconds=seconds)
+
+
+def check_environment() -> None:
+    """Refuse, before any model loads, a torchrun environment that cannot start a process
+    group: a missing or malformed ``MASTER_ADDR`` / ``MASTER_PORT``, a rank outside the
+    world, a timeout that is not a number. A no-op without torchrun or for one process."""
+    env = launched()
+    if env is None or env.size <= 1:
+        return
+    if not 0 <= env.rank < env.size or env.local_rank < 0:
+        raise DistributedError(
+            f"RANK={env.rank} / LOCAL_RANK={env.local_rank} do not fit WORLD_SIZE={env.size}: "
+            "start the job with torchrun, which sets them.")
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k, "").strip()]
+    if missing:
+        raise DistributedError(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, but "
+            f"WORLD_SIZE={env.size} asks for a process group: start the job with torchrun "
+            "(it sets them), or set MASTER_ADDR=<host of rank 0> and MASTER_PORT=<a free port>.")
+    port = os.environ["MASTER_PORT"].strip()
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise DistributedError(f"MASTER_PORT={port!r} is not a port number (1..65535): set it to "
+                               "a free port, e.g. MASTER_PORT=29500.")
+    _timeout()
 
 
 @contextmanager
@@ -130,7 +168,18 @@ def session():
         return
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=_timeout())
+    check_environment()
+    timeout = _timeout()
+    try:
+        dist.init_process_group("gloo", timeout=timeout)
+    except Exception as err:  # a peer that never joins: DistStoreError after the timeout
+        raise DistributedError(
+            f"rank {env.rank} of {env.size}: the process group did not form within "
+            f"{timeout.total_seconds():g} s at {os.environ.get('MASTER_ADDR')}:"
+            f"{os.environ.get('MASTER_PORT')} ({type(err).__name__}: "
+            f"{' '.join(str(err).split())[:160]}). Start every process of the job (same "
+            f"MASTER_ADDR/MASTER_PORT, --nnodes/--nproc-per-node adding up to WORLD_SIZE), or "
+            f"raise {TIMEOUT_VAR} if some start late.") from None
     try:
         yield world()
     finally:
@@ -258,6 +307,32 @@ def parse_device_map(text: str) -> str | dict:
     return value
 
 
+def check_device_map(device_map: str | dict | None, cuda_count: int, flag: str = "--device-map") -> None:
+    """Refuse a device map that names a GPU this machine does not have (or a device torch
+    does not know), before anything loads."""
+    if not isinstance(device_map, dict):
+        return
+    for module, where in device_map.items():
+        text = str(where).strip()
+        gpu: int | None = None
+        if isinstance(where, int) and not isinstance(where, bool):
+            gpu = where
+        elif text.isdigit():
+            gpu = int(text)
+        elif text == "cuda" or text.startswith("cuda:"):
+            index = text.partition(":")[2]
+            gpu = int(index) if index.isdigit() else 0
+        elif text not in ("cpu", "disk", "meta", "mps"):
+            raise PlacementError(
+                f"{flag} puts {module!r} on {where!r}, which is not a device: use a GPU index, "
+                "'cuda:N', 'cpu' or 'disk'.")
+        if gpu is not None and gpu >= cuda_count:
+            have = "no CUDA GPU" if cuda_count == 0 else f"{cuda_count} (0..{cuda_count - 1})"
+            raise PlacementError(
+                f"{flag} puts {module!r} on GPU {gpu}, but this machine has {have}: put it on "
+                "'cpu' in the map, or drop " + flag + " and pass --device cpu.")
+
+
 def placement(device: str | None = None, n_devices: int | None = None,
               device_map: str | dict | None = None, *, env: World | None = None,
               cuda_count: int | None = None,
@@ -283,6 +358,7 @@ def placement(device: str | None = None, n_devices: int | None = None,
 
         cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     env = launched() if env is None else env
+    check_device_map(device_map, cuda_count)
     ranks = env is not None and env.size > 1
     local_rank = env.local_rank if env is not None else 0
     local_size = env.local_size if env is not None else 1

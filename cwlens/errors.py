@@ -47,12 +47,19 @@ class InterventionNotAppliedError(CwlensError, RuntimeError):
 
 class UnsupportedModelError(CwlensError, ValueError):
     """A computation that does not apply to this kind of model (e.g. next-token loss on an encoder)."""
+
+
 class InvalidArgumentError(CwlensError, ValueError):
     """A value outside what an option accepts (a negative count, a rate above 1, ...)."""
 
 
 class EmptyInputError(InvalidArgumentError):
     """An input with nothing in it: an empty text, zero tokens, an empty list of texts."""
+
+
+class InputTooLongError(InvalidArgumentError):
+    """An input longer than the model's context (``n_ctx``): see docs/inputs.md for what
+    each surface does with one (the API refuses; ``max_tokens`` surfaces truncate)."""
 
 
 class DeviceNotAvailableError(InvalidArgumentError):
@@ -62,6 +69,11 @@ class DeviceNotAvailableError(InvalidArgumentError):
 class OutputPathError(CwlensError, OSError):
     """An output path that cannot be written: a folder where a file is expected, a file
     where a folder is expected, or a location without write permission."""
+
+
+class CwlensWarning(UserWarning):
+    """Something cwlens did on the user's behalf that changes the result (e.g. a text cut
+    to the model's context); the command line prints it as one ``cwlens: note:`` line."""
 
 
 class BlockwiseHookError(CwlensError, RuntimeError):

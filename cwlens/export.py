@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from cwlens import reducers
+from cwlens import batching, reducers
 from cwlens.errors import CwlensError
 from cwlens.handle import wrap
 
@@ -85,6 +85,7 @@ def reduction_tables(result, str_tokens: Sequence[str], model: str = "model",
                      text_id: str = "0") -> dict[str, pd.DataFrame]:
     """Tidy tables (see the module docstring) of a one-text :class:`StreamResult`."""
     tokens = [str(t) for t in str_tokens]
+    _check_one_text(result, len(tokens))
     parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
     for value in result.results.values():
         if isinstance(value, reducers.TopKResult):
@@ -104,6 +105,31 @@ def reduction_tables(result, str_tokens: Sequence[str], model: str = "model",
             df.insert(0, "model", model)
             out[name] = df
     return out
+
+
+def _check_one_text(result, n_tokens: int) -> None:
+    from cwlens.errors import InvalidArgumentError, ShapeMismatchError
+
+    values = getattr(result, "results", None)
+    if not isinstance(values, dict):
+        raise InvalidArgumentError(f"result must be a StreamResult from cwlens.stream_reduce; got "
+                                   f"{type(result).__name__}.")
+    for name, value in values.items():
+        if isinstance(value, reducers.TopKResult):
+            batch, n = value.indices.shape[1], value.indices.shape[3]
+        elif isinstance(value, reducers.LayerTensor):
+            batch, n = value.tensor.shape[1], value.tensor.shape[-1]
+        elif isinstance(value, reducers.HeadSummaryResult):
+            batch, n = value.sink_rate.shape[1], n_tokens
+        else:
+            continue
+        if batch != 1:
+            raise ShapeMismatchError(f"{name!r} holds {batch} texts: reduction_tables takes the "
+                                     "result of one text (stream them one at a time).")
+        if n != n_tokens:
+            raise ShapeMismatchError(f"{name!r} covers {n} tokens but str_tokens has {n_tokens}: "
+                                     "pass the str_tokens of the streamed tokens "
+                                     "(model.to_str_tokens(tokens[0])).")
 
 
 def default_reducers(metrics: Sequence[str] = ("contribution", "attention"), k: int = 8,
@@ -129,16 +155,11 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
     ``token_layers``)."""
     from cwlens.streaming import stream_reduce
 
-    if fmt not in ("parquet", "csv"):
-        raise CwlensError(f"fmt must be 'parquet' or 'csv'; got {fmt!r}.")
-    if fmt == "parquet":
-        _require("pyarrow", "Parquet export", "pip install pyarrow (or cwlens[export])")
-    ids = [str(i) for i in range(len(texts))] if text_ids is None else [str(i) for i in text_ids]
+    texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
     tables: dict[str, list[pd.DataFrame]] = {}
     for text, tid in zip(texts, ids, strict=True):
-        tokens = wrap(model).to_tokens(text)
-        if max_tokens is not None:
-            tokens = tokens[:, :max_tokens]
+        tokens = batching.fit_context(model, wrap(model).to_tokens(text, truncate=False),
+                                      max_tokens, f"text {tid}")
         res = stream_reduce(model, tokens, default_reducers(**reduce))
         str_tokens = wrap(model).to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid).items():
@@ -156,6 +177,66 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
     return paths
 
 
+def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict):
+    """Every argument of :func:`export_texts`, before any model work: ``(texts, ids,
+    reduce)`` (``reduce`` with every option of :func:`default_reducers`, negative
+    ``token_layers`` counted from the end)."""
+    from cwlens import validation
+    from cwlens.cli.arg_types import output_dir
+    from cwlens.errors import (
+        EmptyInputError,
+        InvalidArgumentError,
+        LayerOutOfRangeError,
+        ShapeMismatchError,
+        UnknownOptionError,
+    )
+    from cwlens.streaming import check_metric
+
+    if fmt not in ("parquet", "csv"):
+        raise UnknownOptionError(f"fmt must be 'parquet' or 'csv'; got {fmt!r}.")
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise InvalidArgumentError(
+            f"texts must be a list of strings; got {type(texts).__name__} (a single text: "
+            "pass [text]).")
+    if not texts:
+        raise EmptyInputError("texts is empty: pass at least one text to export.")
+    for i, t in enumerate(texts):
+        validation.text(t, f"text {i}")
+    ids = [str(i) for i in range(len(texts))] if text_ids is None else [str(i) for i in text_ids]
+    if len(ids) != len(texts):
+        raise ShapeMismatchError(f"text_ids has {len(ids)} ids for {len(texts)} texts: give one "
+                                 "id per text (or None for 0, 1, ...).")
+    if len(set(ids)) != len(ids):
+        raise InvalidArgumentError("text_ids lists an id twice: the tables could not tell those "
+                                   "texts apart; give each text its own id.")
+    unknown = sorted(set(reduce) - {"metrics", "k", "token_layers"})
+    if unknown:
+        raise InvalidArgumentError(f"export_texts got an unknown option {unknown[0]!r}: the "
+                                   "reduction options are metrics, k and token_layers.")
+    metrics = reduce.get("metrics", ("contribution", "attention"))
+    k, token_layers = reduce.get("k", 8), reduce.get("token_layers", ())
+    if isinstance(metrics, str) or not list(metrics):
+        raise InvalidArgumentError(f"metrics must be a non-empty list of metric names, e.g. "
+                                   f"('contribution', 'attention'); got {metrics!r}.")
+    for m in metrics:
+        check_metric(m)
+    if len(set(metrics)) != len(list(metrics)):
+        raise InvalidArgumentError(f"metrics lists a metric twice: {metrics!r}; give each once.")
+    validation.positive_int(k, "k")
+    validation.max_tokens(max_tokens)
+    n_layers = wrap(model).n_layers
+    layers = validation.int_list(token_layers, "token_layers", allow_empty=True)
+    bad = [ly for ly in layers if not -n_layers <= ly < n_layers]
+    if bad:
+        raise LayerOutOfRangeError(f"token_layers {bad} out of range: the model has layers "
+                                   f"0..{n_layers - 1}.")
+    output_dir(out_dir, "out_dir")
+    if fmt == "parquet":
+        _require("pyarrow", "Parquet export", "pip install pyarrow (or cwlens[export])")
+    reduce = {"metrics": tuple(metrics), "k": k, "token_layers": [ly % n_layers for ly in layers]}
+    return list(texts), ids, reduce
+
+
 def _writer(df: pd.DataFrame, fmt: str):
     def write(tmp: Path) -> None:
         if fmt == "parquet":
@@ -168,12 +249,18 @@ def _writer(df: pd.DataFrame, fmt: str):
 
 def read_tables(out_dir) -> dict[str, pd.DataFrame]:
     """The tables :func:`export_texts` wrote (Parquet or CSV)."""
+    from cwlens.errors import InvalidArgumentError
+
     out = {}
     for name in TABLES:
         for fmt, reader in (("parquet", pd.read_parquet), ("csv", pd.read_csv)):
             path = Path(out_dir) / f"{name}.{fmt}"
             if path.exists():
                 out[name] = reader(path)
+    if not out:
+        raise InvalidArgumentError(
+            f"{str(out_dir)!r} holds no exported tables ({', '.join(TABLES)} .parquet/.csv): pass "
+            "the out_dir of export_texts (or cwlens export --out).")
     return out
 
 
@@ -184,14 +271,23 @@ def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: 
     The widget expects non-negative weights; signed contribution weights are shown as
     ``|c|`` (``signed=True`` passes them as they are, which the widget draws with negative
     cells clipped)."""
-    _require("circuitsvis", "The CircuitsVis view", "pip install circuitsvis")
-    from circuitsvis.attention import attention_heads
+    from cwlens.errors import InvalidArgumentError, ShapeMismatchError
 
+    if not isinstance(weights, torch.Tensor):
+        raise InvalidArgumentError(f"weights must be a [head, query, key] tensor; got "
+                                   f"{type(weights).__name__}.")
     w = weights.detach().float().cpu()
     if w.ndim == 2:
         w = w[None]
     if w.ndim != 3:
-        raise CwlensError(f"weights must be [head, query, key] or [query, key]; got {tuple(weights.shape)}.")
+        raise ShapeMismatchError(f"weights must be [head, query, key] or [query, key]; got "
+                                 f"{tuple(weights.shape)}.")
+    if not w.shape[1] == w.shape[2] == len(str_tokens):
+        raise ShapeMismatchError(f"weights are {tuple(weights.shape)} but str_tokens has "
+                                 f"{len(str_tokens)} tokens: pass the tokens of those queries and keys.")
+    _require("circuitsvis", "The CircuitsVis view", "pip install circuitsvis")
+    from circuitsvis.attention import attention_heads
+
     return attention_heads(attention=w if signed else w.abs(), tokens=[str(t) for t in str_tokens])
 
 

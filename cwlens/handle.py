@@ -182,7 +182,19 @@ class ModelHandle:
     def context_length(self) -> int | None:
         """The context length the model was configured with (``cfg.n_ctx``), or None."""
         n_ctx = getattr(self._cfg, "n_ctx", None)
-        return None if n_ctx is None else int(n_ctx)
+        return int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+    def vocab_size(self) -> int | None:
+        """The number of token ids the embedding holds (``cfg.d_vocab``), or None."""
+        n = getattr(self._cfg, "d_vocab", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
+
+    @property
+    def rotary_positions(self) -> bool:
+        """Whether positions are rotary (RoPE: Llama, Mistral, Qwen, Gemma; the model runs
+        past ``context_length``), not learned absolute embeddings (GPT-2, BERT; no
+        position exists past ``context_length``)."""
+        return getattr(self._cfg, "positional_embedding_type", None) == "rotary"
 
     def post_attention_norm(self, layer: int) -> tuple[str, Any, Any, Any]:
         """``(class name, weight, bias, eps)`` of block ``layer``'s ``ln1`` (the

@@ -17,7 +17,6 @@ from cwlens import adapter, hook_names, metrics
 from cwlens._types import Cache, Kind, LayerPairWeights, LayerTokenWeights
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import check_kind
-from cwlens.errors import EmptyInputError, ShapeMismatchError
 from cwlens.handle import wrap
 from cwlens.metrics import get as get_metric
 
@@ -420,6 +419,10 @@ def run_with_cache(
     Raises:
         EmptyInputError: an empty text, an empty list or zero tokens.
         ShapeMismatchError: a mask whose shape differs from the tokens'.
+        InvalidArgumentError: token ids that are not integers or outside the vocabulary.
+        InputTooLongError: more tokens than the model's context where its positions are
+            learned (GPT-2, BERT); rotary models run on with a ``CwlensWarning``
+            (docs/inputs.md).
 
     Examples:
         >>> import cwlens, torch
@@ -431,54 +434,17 @@ def run_with_cache(
         >>> len(cache) < 10  # pattern and values of 2 layers, nothing else
         True
     """
-    _check_input(model, input, attention_mask)
+    input = _check_input(model, input, attention_mask)
     kwargs.update(adapter.forward_kwargs(model, attention_mask))
     return wrap(model).cached_run(
         input, names_filter(model, layers, closure, residual), **kwargs
     )
 
 
-def _check_input(model: TLModel, input: object, attention_mask: torch.Tensor | None) -> None:
-    """Refuse empty input, and a mask that does not match the tokens, before any compute."""
-    if isinstance(input, str):
-        texts: list[str] | None = [input]
-    elif isinstance(input, list | tuple) and all(isinstance(t, str) for t in input):
-        texts = list(input)
-    else:
-        texts = None
-    if texts is not None:
-        if not texts:
-            raise EmptyInputError("The input is an empty list of texts: pass at least one text.")
-        empty = [i for i, t in enumerate(texts) if not t.strip()]
-        if empty:
-            raise EmptyInputError(
-                f"Text {empty[0]} of the input is empty: pass a text with at least one word."
-            )
-        if attention_mask is None:
-            return
-        from cwlens.batching import is_encoder
+def _check_input(model: TLModel, input: object, attention_mask: torch.Tensor | None) -> object:
+    """Refuse empty, malformed or too long input, and a mask that does not match the
+    tokens, before any compute (:func:`cwlens.validation.run_input`); return the input
+    to run."""
+    from cwlens import validation
 
-        if is_encoder(model) or len(texts) != 1:
-            # several texts: the mask comes from pad_batch, which returns the tokens too
-            raise ShapeMismatchError(
-                "An attention_mask needs tokens, not texts: pass the tokens it belongs to "
-                "(tokens, mask = cwlens.batching.pad_batch(model, texts))."
-            )
-        tokens = wrap(model).to_tokens(texts[0])
-    elif isinstance(input, torch.Tensor):
-        tokens = input
-    else:
-        return
-    if tokens.numel() == 0:
-        raise EmptyInputError(
-            f"The tokens are empty (shape {tuple(tokens.shape)}): pass at least one text of "
-            "at least one token."
-        )
-    if attention_mask is not None:
-        want = tuple(tokens.shape) if tokens.ndim == 2 else (1, tokens.shape[-1])
-        if tuple(attention_mask.shape) != want:
-            raise ShapeMismatchError(
-                f"attention_mask is {tuple(attention_mask.shape)} but the tokens are "
-                f"{tuple(tokens.shape)}: the mask must be [batch, pos] like the tokens it was "
-                "made with (cwlens.batching.pad_batch returns both)."
-            )
+    return validation.run_input(model, input, attention_mask)

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from cwlens.errors import CwlensError
+from cwlens import validation
+from cwlens.errors import CwlensError, InvalidArgumentError, LayerOutOfRangeError
 
 
 class Reducer:
@@ -52,6 +53,10 @@ class Reducer:
     def result(self):
         raise NotImplementedError
 
+    def check(self, n_layers: int, n_heads: int, layers: Sequence[int], name: str) -> None:
+        """Refuse, before the forward pass, what this model or these streamed ``layers``
+        cannot give (``name``: the reducer's name in the run, for the message)."""
+
     def reset(self) -> None:
         """Forget what earlier runs accumulated (:func:`cwlens.stream_reduce` calls it first)."""
         for key, value in vars(self).items():
@@ -59,10 +64,32 @@ class Reducer:
                 value.clear()
 
 
-def _check_positive(value: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CwlensError(f"{what} must be a positive int; got {value!r}.")
-    return value
+def _check_positive(value: object, what: str) -> int:
+    return validation.positive_int(value, what)
+
+
+def _check_metric(metric: object, what: str = "metric") -> str:
+    from cwlens.streaming import check_metric
+
+    if not isinstance(metric, str):
+        raise InvalidArgumentError(f"{what} must be a metric name such as 'contribution'; got {metric!r}.")
+    return check_metric(metric)
+
+
+def _resolve(layer: int, n_layers: int, name: str, what: str) -> int:
+    if not -n_layers <= layer < n_layers:
+        raise LayerOutOfRangeError(
+            f"{name}: {what} {layer} is out of range: this model has {n_layers} layers "
+            f"(0..{n_layers - 1}).")
+    return layer % n_layers
+
+
+def _streamed(layers: set[int], streamed: Sequence[int], name: str, what: str) -> None:
+    missing = sorted(layers - set(streamed))
+    if missing:
+        raise LayerOutOfRangeError(
+            f"{name}: {what} {missing} would not be streamed (layers={list(streamed)}): add "
+            "them to stream_reduce(layers=...) or leave layers=None.")
 
 
 @dataclass(frozen=True)
@@ -83,9 +110,11 @@ class TopK(Reducer):
     def __init__(self, k: int = 8, metric: str = "contribution", by_abs: bool = False,
                  sum_heads: bool = False, name: str | None = None):
         self.k = _check_positive(k, "k")
-        self.metric, self.by_abs, self.sum_heads = metric, by_abs, sum_heads
+        self.metric = _check_metric(metric)
+        self.by_abs = validation.flag(by_abs, "by_abs")
+        self.sum_heads = validation.flag(sum_heads, "sum_heads")
         self.metrics = (metric,)
-        self.name = name or f"top{k}_{metric}"
+        self.name = f"top{k}_{metric}" if name is None else validation.label(name, "name")
         self._idx: dict[int, list[tuple[int, torch.Tensor]]] = {}
         self._val: dict[int, list[tuple[int, torch.Tensor]]] = {}
 
@@ -104,6 +133,9 @@ class TopK(Reducer):
             idx, val = _row_topk(w, self.k, self.by_abs, n_keys)
         self._idx.setdefault(layer, []).append((query_start, idx.int()))
         self._val.setdefault(layer, []).append((query_start, val))
+
+    def check(self, n_layers, n_heads, layers, name):
+        pass  # rows shorter than k give all their keys (see _row_topk)
 
     def result(self) -> TopKResult:
         layers = tuple(self._idx)
@@ -145,9 +177,10 @@ class ColumnSums(Reducer):
     key ``j`` is the total share of all outputs that token ``j`` supplies."""
 
     def __init__(self, metric: str = "contribution", sum_heads: bool = False, name: str | None = None):
-        self.metric, self.sum_heads = metric, sum_heads
+        self.metric = _check_metric(metric)
+        self.sum_heads = validation.flag(sum_heads, "sum_heads")
         self.metrics = (metric,)
-        self.name = name or f"column_sums_{metric}"
+        self.name = f"column_sums_{metric}" if name is None else validation.label(name, "name")
         self._acc: dict[int, torch.Tensor] = {}
 
     def update(self, layer, query_start, weights, block):
@@ -168,11 +201,18 @@ class TokenLevel(Reducer):
 
     def __init__(self, layers: Sequence[int] | None = None, metric: str = "contribution",
                  name: str | None = None):
-        self.keep = None if layers is None else {int(x) for x in layers}
-        self.metric = metric
+        self.asked = None if layers is None else validation.int_list(layers, "TokenLevel layers")
+        self.keep = None if self.asked is None else set(self.asked)
+        self.metric = _check_metric(metric)
         self.metrics = (metric,)
-        self.name = name or f"token_{metric}"
+        self.name = f"token_{metric}" if name is None else validation.label(name, "name")
         self._rows: dict[int, list[tuple[int, torch.Tensor]]] = {}
+
+    def check(self, n_layers, n_heads, layers, name):
+        if self.asked is None:
+            return
+        self.keep = {_resolve(ly, n_layers, name, "layer") for ly in self.asked}
+        _streamed(self.keep, layers, name, "layers")
 
     def update(self, layer, query_start, weights, block):
         if self.keep is None or layer in self.keep:
@@ -247,7 +287,7 @@ class HeadSummary(Reducer):
     metrics = ("attention", "contribution")
 
     def __init__(self, name: str = "heads"):
-        self.name = name
+        self.name = validation.label(name, "name")
         self._acc: dict[int, dict[str, torch.Tensor]] = {}
         self._n: dict[int, torch.Tensor] = {}
 
@@ -293,9 +333,16 @@ class FullMatrices(Reducer):
 
     def __init__(self, pairs: Sequence[tuple[int, int]],
                  metrics: Sequence[str] = ("attention", "contribution"), name: str = "matrices"):
-        self.pairs = [(int(layer), int(head)) for layer, head in pairs]
-        self.metrics = tuple(metrics)
-        self.name = name
+        self.asked = _pairs(pairs)
+        self.pairs = list(self.asked)
+        if isinstance(metrics, str) or not hasattr(metrics, "__iter__") or not list(metrics):
+            raise InvalidArgumentError(
+                f"metrics must be a non-empty list of metric names, e.g. ('attention', "
+                f"'contribution'); got {metrics!r}.")
+        self.metrics = tuple(_check_metric(m, "each of metrics") for m in metrics)
+        if len(set(self.metrics)) != len(self.metrics):
+            raise InvalidArgumentError(f"metrics lists a metric twice: {metrics!r}; give each once.")
+        self.name = validation.label(name, "name")
         self._rows: dict[tuple[int, int, str], list[tuple[int, torch.Tensor]]] = {}
 
     def update(self, layer, query_start, weights, block):
@@ -305,10 +352,42 @@ class FullMatrices(Reducer):
                     rows = _pad_keys(weights[m][:, head], getattr(weights, "n_keys", None))
                     self._rows.setdefault((ly, head, m), []).append((query_start, rows.clone()))
 
+    def check(self, n_layers, n_heads, layers, name):
+        pairs = []
+        for layer, head in self.asked:
+            layer = _resolve(layer, n_layers, name, "layer of the pair")
+            if not -n_heads <= head < n_heads:
+                raise LayerOutOfRangeError(
+                    f"{name}: head {head} of the pair ({layer}, {head}) is out of range: this "
+                    f"model has {n_heads} heads per layer (0..{n_heads - 1}).")
+            pairs.append((layer, head % n_heads))
+        _streamed({ly for ly, _ in pairs}, layers, name, "the layers of the pairs")
+        self.pairs = pairs
+
     def result(self) -> dict[tuple[int, int, str], torch.Tensor]:
         return {key: in_query_order(rows, 1) for key, rows in self._rows.items()}
 
 
+def _pairs(pairs: object) -> list[tuple[int, int]]:
+    """A non-empty list of ``(layer, head)`` int pairs, each once."""
+    from cwlens.adapter import _layer_index
+
+    example = "e.g. [(0, 1), (1, 3)]"
+    if isinstance(pairs, str | bytes) or not hasattr(pairs, "__iter__"):
+        raise InvalidArgumentError(f"pairs must be a list of (layer, head) pairs, {example}; got {pairs!r}.")
+    out = []
+    for pair in pairs:
+        items = list(pair) if isinstance(pair, tuple | list) else None
+        ints = None if items is None or len(items) != 2 else [_layer_index(x) for x in items]
+        if ints is None or None in ints:
+            raise InvalidArgumentError(
+                f"each of pairs must be a (layer, head) pair of integers, {example}; got {pair!r}.")
+        out.append((int(ints[0]), int(ints[1])))  # type: ignore[arg-type]
+    if not out:
+        raise InvalidArgumentError(f"pairs is empty: pass at least one (layer, head) pair, {example}.")
+    if len(set(out)) != len(out):
+        raise InvalidArgumentError(f"pairs lists a pair twice: {pairs!r}; give each once.")
+    return out
 
 @dataclass(frozen=True)
 class KeySetResult:

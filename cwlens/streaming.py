@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from cwlens import adapter, hook_names
+from cwlens import adapter, hook_names, validation
 from cwlens import metrics as _metrics
 from cwlens._types import Kind
 from cwlens.adapter import Layers, TLModel
 from cwlens.core.geometry import AttentionGeometry, check_kind
-from cwlens.errors import CwlensError, UnknownOptionError
+from cwlens.errors import CwlensError, EmptyInputError, InvalidArgumentError, UnknownOptionError
 from cwlens.handle import wrap
 
 DEFAULT_QUERY_BLOCK = 256
@@ -183,17 +183,21 @@ class _Stop(Exception):
     """Raised after the last needed layer when the logits are not wanted."""
 
 
-def _tokens(model: TLModel, input) -> torch.Tensor | Any:
-    """Strings are tokenized as ``model(...)`` would; token tensors pass through."""
-    if isinstance(input, torch.Tensor):
-        if input.ndim == 1:
-            input = input[None]
-        if input.shape[-1] == 0:
-            raise CwlensError("The input has no tokens: pass a non-empty text or token tensor.")
-        return input
-    if isinstance(input, str) and not input:
-        raise CwlensError("The input text is empty: pass a non-empty text.")
+def _tokens(model: TLModel, input, attention_mask=None) -> torch.Tensor | Any:
+    """``input`` checked (:func:`cwlens.validation.model_input`: empty, malformed, out of the
+    vocabulary, longer than a learned-position context; texts past a rotary context are
+    tokenized whole, with a warning); 1-d token ids get a batch axis."""
+    input = validation.run_input(model, input, attention_mask)
+    if isinstance(input, torch.Tensor) and input.ndim == 1:
+        return input[None]
     return input
+
+
+def _check_fn(fn: object) -> None:
+    if not callable(fn):
+        raise InvalidArgumentError(
+            f"fn must be a function fn(layer, ...) called once per layer; got {type(fn).__name__} "
+            f"{fn!r}.")
 
 
 def stream_geometry(
@@ -251,10 +255,21 @@ def stream_geometry(
         ([(1, 4), (1, 4)], True)
     """
     run = pass_options("stream_geometry", options, PASS_OPTIONS, forward_rest=True)
+    _check_fn(fn)
+    _check_flags(closure, run["logits"], run["query_block"])
     engine = _Engine(model, layers, attention_mask, closure)
+    input = _tokens(model, input, attention_mask)
     _, out = engine.run(input, fn, None, run.pop("attention"), run.pop("query_block"),
                         run.pop("logits"), run)
     return out
+
+
+def _check_flags(closure: object, logits: object, query_block: object) -> None:
+    validation.flag(closure, "closure")
+    validation.flag(logits, "logits")
+    if query_block is not None and (isinstance(query_block, bool) or not isinstance(query_block, int)
+                                    or query_block < 1):
+        raise InvalidArgumentError(f"query_block must be a positive int or None; got {query_block!r}.")
 
 
 class _Engine:
@@ -306,8 +321,7 @@ class _Engine:
         block, rows, v)`` for blockwise runs where given. Returns ``(blockwise, outputs)``."""
         from cwlens.measures import Closure
 
-        model, resolved = self.model, self.layers
-        input = _tokens(model, input)
+        model, resolved = self.model, self.layers  # input: checked by _tokens
         blockwise = use_blockwise(model, input, attention)
         results: dict[int, Any] = {}
 
@@ -418,6 +432,7 @@ def stream(
         True
     """
     run = pass_options("stream", options, ("attention", "query_block"))
+    _check_fn(fn)
     check_metric(metric)
     check_kind(kind)
     _, out = stream_geometry(
@@ -425,6 +440,38 @@ def stream(
         logits=False, **run,
     )
     return out
+
+
+def _named_reducers(reducers: object) -> dict[str, Any]:
+    """``{name: reducer}`` from a dict or a list (named by ``reducer.name``), each a
+    :class:`cwlens.reducers.Reducer` and each name once."""
+    from cwlens.reducers import Reducer
+
+    if isinstance(reducers, Reducer):
+        reducers = [reducers]
+    if isinstance(reducers, dict):
+        pairs = list(reducers.items())
+    elif isinstance(reducers, str | bytes) or not hasattr(reducers, "__iter__"):
+        raise InvalidArgumentError(
+            f"reducers must be a list or a {{name: reducer}} dict of cwlens.reducers objects; "
+            f"got {type(reducers).__name__} {reducers!r}.")
+    else:
+        pairs = [(getattr(r, "name", None), r) for r in reducers]
+    if not pairs:
+        raise EmptyInputError("stream_reduce needs at least one reducer (see cwlens.reducers).")
+    named: dict[str, Any] = {}
+    for name, r in pairs:
+        if not isinstance(r, Reducer):
+            raise InvalidArgumentError(
+                f"{r!r} is not a reducer: pass cwlens.reducers objects (TopK, ColumnSums, "
+                "TokenLevel, HeadSummary, FullMatrices) or a subclass of cwlens.reducers.Reducer.")
+        validation.label(name, "a reducer's name")
+        if name in named:
+            raise InvalidArgumentError(
+                f"two reducers are named {name!r}: the second would overwrite the first's "
+                "result; give one another name (name=...) or pass a dict {name: reducer}.")
+        named[name] = r
+    return named
 
 
 class BlockMeasures(dict):
@@ -530,20 +577,16 @@ def stream_reduce(
     run = pass_options("stream_reduce", options, ("attention", "logits"))
     attention, logits = run["attention"], run["logits"]
     check_kind(kind)
-    named: dict[str, Any] = {}
-    if isinstance(reducers, dict):
-        named.update(reducers)
-    else:
-        for r in reducers:
-            named[getattr(r, "name", str(r))] = r
-    if not named:
-        raise CwlensError("stream_reduce needs at least one reducer (see cwlens.reducers).")
-    if query_block is not None and (isinstance(query_block, bool) or not isinstance(query_block, int)
-                                    or query_block < 1):
-        raise CwlensError(f"query_block must be a positive int or None; got {query_block!r}.")
+    named = _named_reducers(reducers)
+    _check_flags(closure, logits, query_block)
     metrics = list(dict.fromkeys(m for r in named.values() for m in r.metrics))
     for m in metrics:
         check_metric(m)
+    resolved, _ = adapter.resolve_layers(model, layer=layers)
+    info = adapter.ModelInfo.of(model)
+    for name, r in named.items():
+        r.check(info.n_layers, info.n_heads, resolved, name)
+    input = _tokens(model, input, attention_mask)
 
     for r in named.values():
         r.reset()

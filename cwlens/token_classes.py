@@ -195,14 +195,16 @@ def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int 
     and of the relative norm and cosine (``||o_i||``: the layer output for ``"inter"``, the
     head's own for ``"intra"``).
     """
-    from cwlens.batching import pad_batch, token_ids
+    from cwlens.batching import context_cap, pad_batch, token_ids
     from cwlens.streaming import stream_geometry
 
     check_kind(kind)
     for name, value in (("max_tokens", max_tokens), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgumentError(f"{name} must be a positive integer; got {value!r}.")
-    rows = sorted((token_ids(model, t)[:max_tokens] for t in _texts(texts)), key=len)
+    full = [token_ids(model, t, truncate=False) for t in _texts(texts)]
+    cap = context_cap(model, max_tokens, [len(r) for r in full])
+    rows = sorted((r[:cap] for r in full), key=len)
     causal = not adapter.is_encoder(model)
     totals: dict[int, _Sums] = {}
     for start in range(0, len(rows), batch_size):

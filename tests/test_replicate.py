@@ -74,11 +74,12 @@ def test_rerun_computes_nothing_and_table_only_rebuilds(run, capsys, tmp_path):
     assert text.count(claims.START) == 1 and "| Hierarchy, comprehensiveness, signed c |" in text
 
 
-def test_table_only_on_an_empty_folder_says_not_run(tmp_path, capsys):
+def test_table_only_on_an_empty_folder_is_refused(tmp_path, capsys):
+    # issue 19: a table of "n/a" from a folder with no results is refused (it was exit 0)
     assert main(["replicate", "--models", "smollm2-135m", "--out", str(tmp_path), "--figures", "",
-                 "--table-only"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("n/a (not run") >= len(claims.CLAIMS) - 1
+                 "--table-only"]) == 1
+    err = capsys.readouterr().err
+    assert "--table-only" in err and "holds no results for smollm2-135m" in err
 
 
 def test_a_model_that_cannot_load_is_skipped_and_named(tmp_path, capsys):

@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cwlens import validation
 from cwlens.circuits.direct import DirectLogitAttribution, direct_logit_attribution
 from cwlens.circuits.heads import head_scores
-from cwlens.circuits.patching import patch_heads
+from cwlens.circuits.patching import MODES, patch_heads
 from cwlens.circuits.results import Agreement, HeadScores, agreement
 from cwlens.circuits.tasks import CircuitTask
+from cwlens.errors import InvalidArgumentError, UnknownOptionError
 from cwlens.measures import run_with_cache
 
 
@@ -49,6 +51,7 @@ class Comparison:
 
     def format(self, top: int = 10) -> str:
         """The text the CLI prints: rankings side by side, then the agreement table."""
+        validation.positive_int(top, "top")
         names = list(self.scores)
         tops = {n: self.scores[n].top(top) for n in names}
         width = 22
@@ -80,7 +83,17 @@ def circuit_cache(model, tokens: torch.Tensor):
 
 
 def compare_with_patching(model, task: CircuitTask, k: int = 10, mode: str = "corrupt") -> Comparison:
-    """Score every head of ``model`` on ``task`` and compare with activation patching."""
+    """Score every head of ``model`` on ``task`` and compare with activation patching.
+
+    ``k``: the top-k of the overlap (a positive int; more than the heads means all);
+    ``mode``: ``"corrupt"`` or ``"mean"`` (:func:`cwlens.circuits.patch_heads`).
+    """
+    if not isinstance(task, CircuitTask):
+        raise InvalidArgumentError(f"task must be a CircuitTask (cwlens.circuits.build_task(name, "
+                                   f"model)); got {type(task).__name__}.")
+    validation.positive_int(k, "k")
+    if mode not in MODES:
+        raise UnknownOptionError(f"Unknown patching mode={mode!r}. Valid modes: 'corrupt', 'mean'.")
     logits, cache = circuit_cache(model, task.clean)
     scores: dict[str, HeadScores] = dict(head_scores(cache, model, task.queries, task.keys))
     dla = direct_logit_attribution(cache, model, logits, task.queries, task.answers, task.foils)

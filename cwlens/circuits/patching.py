@@ -19,7 +19,7 @@ import torch
 
 from cwlens import hook_names
 from cwlens.circuits.results import HeadScores
-from cwlens.errors import ShapeMismatchError, UnknownOptionError
+from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 from cwlens.handle import wrap
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, vocab] -> [batch]
@@ -67,6 +67,11 @@ def patch_heads(
     """
     if mode not in MODES:
         raise UnknownOptionError(f"Unknown patching mode={mode!r}. Valid modes: 'corrupt', 'mean'.")
+    if not callable(metric):
+        raise InvalidArgumentError(f"metric must be a function logits -> [batch]; got {metric!r}.")
+    from cwlens.adapter import resolve_layers
+
+    chosen, _ = resolve_layers(model, layers)
     if mode == "corrupt":
         if corrupted is None or corrupted.shape != clean.shape:
             got = None if corrupted is None else tuple(corrupted.shape)
@@ -79,7 +84,7 @@ def patch_heads(
         sources = {ly: z.mean(0, keepdim=True).expand_as(z) for ly, z in _z_of(model, clean).items()}
     handle = wrap(model)
     n_layers, n_heads, batch = handle.n_layers, handle.n_heads, clean.shape[0]
-    layers = range(n_layers) if layers is None else layers
+    layers = chosen
     with torch.no_grad():
         base = metric(model(clean)).double()
         repeated = clean.repeat(n_heads, 1)

@@ -52,6 +52,9 @@ class HeadScores:
 
     def top(self, k: int = 10, absolute: bool = False) -> list[tuple[str, float]]:
         """The ``k`` highest heads as ``(label, value)``, by value (or by ``|value|``)."""
+        from cwlens import validation
+
+        validation.positive_int(k, "k")
         flat = self.flat()
         key = flat.abs() if absolute else flat
         order = torch.argsort(key, descending=True, stable=True)[:k]
@@ -104,6 +107,9 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def top_k_overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> float:
     """``|top_k(a) ∩ top_k(b)| / k`` with the top k taken by value (highest first)."""
+    from cwlens import validation
+
+    validation.positive_int(k, "k")
     k = min(k, a.numel())
     top_a = set(torch.argsort(a.reshape(-1), descending=True, stable=True)[:k].tolist())
     top_b = set(torch.argsort(b.reshape(-1), descending=True, stable=True)[:k].tolist())
@@ -133,6 +139,9 @@ class Agreement:
 
 def agreement(score: HeadScores, reference: HeadScores, k: int = 10) -> Agreement:
     """Spearman correlation and top-``k`` overlap of two head scores over all heads."""
+    from cwlens import validation
+
+    validation.positive_int(k, "k")
     if score.values.shape != reference.values.shape:
         raise ShapeMismatchError(
             f"{score.name} is {tuple(score.values.shape)} but {reference.name} is "

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from cwlens import validation
 from cwlens.circuits.direct_math import logit_difference
-from cwlens.errors import UnknownOptionError
+from cwlens.errors import InputTooLongError, InvalidArgumentError, UnknownOptionError
 from cwlens.handle import wrap
 
 
@@ -81,6 +82,35 @@ def _position(tokens: list[int], token: int, occurrence: int = 0) -> int:
     return [i for i, t in enumerate(tokens) if t == token][occurrence]
 
 
+def _seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InvalidArgumentError(f"seed must be an integer >= 0; got {seed!r}.")
+    return seed
+
+
+def _words(value: object, name: str, at_least: int = 1) -> list[str]:
+    """A list of non-blank strings, each once, at least ``at_least`` of them."""
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise InvalidArgumentError(f"{name} must be a list of words, e.g. ['Mary', 'John']; got {value!r}.")
+    words = list(value)
+    if not all(isinstance(w, str) and w.strip() for w in words):
+        raise InvalidArgumentError(f"{name} must hold non-empty strings; got {value!r}.")
+    if len(set(words)) != len(words):
+        raise InvalidArgumentError(f"{name} lists a word twice: {value!r}; give each once.")
+    if len(words) < at_least:
+        raise InvalidArgumentError(f"{name} needs at least {at_least} words; got {len(words)}.")
+    return words
+
+
+def _fits(model, length: int, what: str, fix: str) -> None:
+    from cwlens.adapter import context_length
+
+    limit = context_length(model)
+    if limit is not None and length > limit:
+        raise InputTooLongError(f"{what}: the prompts would have {length} tokens, more than the "
+                                f"model's context of {limit} (n_ctx); {fix}.")
+
+
 NAMES = ("Mary", "John", "Tom", "James", "Anna", "Sarah", "David", "Emma", "Paul", "Lisa")
 PLACES = ("store", "park", "school", "beach", "office", "garden")
 OBJECTS = ("drink", "book", "ball", "gift", "key", "letter")
@@ -112,6 +142,11 @@ def ioi(
     ``"swap"``: the second {B} becomes {A}, so the answer flips to {B} (a stronger
         counterfactual: the corrupted prompt asks for the foil).
     """
+    validation.positive_int(n_prompts, "n_prompts")
+    if n_prompts < 2:
+        raise InvalidArgumentError("n_prompts must be at least 2 for ioi (prompts of one token "
+                                   "length are kept, and patching needs a batch); got 1.")
+    names, places, objects = _words(names, "names", 2), _words(places, "places"), _words(objects, "objects")
     if corruption not in IOI_CORRUPTIONS:
         raise UnknownOptionError(
             f"Unknown corruption={corruption!r}. Valid: 'abc' (Wang et al.'s three random "
@@ -119,7 +154,7 @@ def ioi(
         )
     if corruption == "abc" and len(set(names)) < 3:
         raise TaskBuildError(f"IOI with corruption='abc' needs at least 3 distinct names; got {list(names)}.")
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(_seed(seed))
     g_abc = torch.Generator().manual_seed(seed + 1)  # its own stream: same clean prompts either way
     rows: list[dict[str, Any]] = []
     for _ in range(n_prompts * 4):
@@ -159,7 +194,14 @@ def induction(model, n_prompts: int = 4, length: int = 20, seed: int = 0) -> Cir
     that next token (foil: the mean logit); key: the token after the query token's first
     occurrence (the induction key, query - length + 1).
     """
-    g = torch.Generator().manual_seed(seed)
+    validation.positive_int(n_prompts, "n_prompts")
+    validation.positive_int(length, "length")
+    if length < 2:
+        raise InvalidArgumentError("length must be at least 2: the second copy needs a query "
+                                   "that predicts a repeated token; got 1.")
+    _fits(model, 2 * length + 1, f"induction length={length}", "pass a smaller length "
+          "(at most (n_ctx - 1) // 2)")
+    g = torch.Generator().manual_seed(_seed(seed))
     vocab = wrap(model).d_vocab
     low, high = min(1000, vocab // 10), min(20000, vocab)
     bos_id = getattr(wrap(model).tokenizer, "bos_token_id", None)
@@ -187,6 +229,16 @@ def capitals(model, pairs: Sequence[tuple[str, str]] = CAPITALS, template: str =
     """Fact recall: "The capital of {country} is" -> " {capital}", foil: the capital of
     the corrupted prompt's country (the next pair in the list). Query: the last position;
     key: the country token (the subject)."""
+    if isinstance(pairs, str) or not isinstance(pairs, Sequence) or len(pairs) < 2 or not all(
+            isinstance(p, tuple | list) and len(p) == 2 and all(isinstance(x, str) and x.strip() for x in p)
+            for p in pairs):
+        raise InvalidArgumentError(
+            "pairs must be a list of at least 2 (country, capital) string pairs, e.g. "
+            f"[('France', 'Paris'), ('Italy', 'Rome')]; got {pairs!r}.")
+    if not isinstance(template, str) or template.count("{}") != 1:
+        raise InvalidArgumentError(
+            f"template must be a string with one {{}} for the country, e.g. 'The capital of {{}} "
+            f"is'; got {template!r}.")
     rows: list[dict[str, Any]] = []
     for i, (country, capital) in enumerate(pairs):
         other_country, other_capital = pairs[(i + 1) % len(pairs)]
@@ -214,6 +266,13 @@ TASKS: dict[str, Callable[..., CircuitTask]] = {"ioi": ioi, "induction": inducti
 
 def build_task(name: str, model, **kwargs) -> CircuitTask:
     """One of :data:`TASKS` by name."""
-    if name not in TASKS:
+    if not isinstance(name, str) or name not in TASKS:
         raise UnknownOptionError(f"Unknown task={name!r}. Valid tasks: {', '.join(map(repr, TASKS))}.")
+    import inspect
+
+    known = [p for p in inspect.signature(TASKS[name]).parameters if p != "model"]
+    unknown = [k for k in kwargs if k not in known]
+    if unknown:
+        raise InvalidArgumentError(f"task {name!r} takes no {', '.join(unknown)}; it takes "
+                                   f"{', '.join(known)}.")
     return TASKS[name](model, **kwargs)

@@ -1,11 +1,10 @@
 """``cwlens analyze``: a self-contained HTML report for one text, plus a terminal summary."""
 
 import sys
-from pathlib import Path
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
-from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
+from cwlens.errors import EmptyInputError, LayerOutOfRangeError
 from cwlens.handle import wrap
 
 
@@ -40,15 +39,7 @@ def run(args) -> int:
     from cwlens.models import load_model
     from cwlens.report import analyze_text, render_report
 
-    if args.text is not None:
-        text = args.text
-    elif args.file == "-":
-        try:
-            text = sys.stdin.read()
-        except UnicodeDecodeError as err:
-            raise InvalidArgumentError("standard input is not UTF-8 text") from err
-    else:
-        text = Path(args.file).read_text(encoding="utf-8")  # checked by arg_types.text_file
+    text = args.text if args.text is not None else arg_types.read_text(args.file)
     if not text.strip():
         raise EmptyInputError("the text is empty: pass --text or a non-empty --file")
     out = arg_types.output_file(args.out)

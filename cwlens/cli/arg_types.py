@@ -209,6 +209,40 @@ def text_file(text: str) -> str:
     return str(path)
 
 
+def read_text(path: str, flag: str = "--file") -> str:
+    """The text of a :func:`text_file` argument; ``-`` reads standard input as UTF-8
+    (bytes decoded strictly: a terminal's lenient decoding would pass lone surrogates on)."""
+    from cwlens.errors import InvalidArgumentError
+
+    if path != "-":
+        return Path(path).read_text(encoding="utf-8")  # checked by text_file
+    import sys
+
+    stream = getattr(sys.stdin, "buffer", None)
+    data = stream.read() if stream is not None else sys.stdin.read()
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    if b"\0" in data:
+        raise InvalidArgumentError(f"{flag} -: standard input is binary; pipe in UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidArgumentError(
+            f"{flag} -: standard input is not UTF-8 text (byte {err.start}: "
+            f"{data[err.start:err.start + 1]!r}); convert it, e.g. iconv -t UTF-8") from None
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (a threshold on |weight|)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise Error(f"expected a number >= 0, e.g. 0.02; got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise Error(f"must be a finite number >= 0, e.g. 0.02; got {text}")
+    return value
+
+
 def samples_spec(text: str) -> int | dict[str, int]:
     """``N`` (every dataset) or ``name=N,...`` with positive counts, each name once."""
     if "=" not in text:

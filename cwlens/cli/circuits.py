@@ -1,6 +1,7 @@
 """``cwlens circuits``: head rankings by contribution, attention, direct logit attribution
 and activation patching on a templated task, their agreement, and the token-flow graph."""
 
+from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
 from cwlens.handle import wrap
 
@@ -19,11 +20,12 @@ def register(sub) -> None:
     add_model_args(p)
     p.add_argument("--task", default="ioi", choices=("ioi", "induction", "capitals"),
                    help="the task (default: %(default)s)")
-    p.add_argument("--prompts", type=int, default=None,
+    p.add_argument("--prompts", type=arg_types.positive_int, default=None,
                    help="prompts in the batch (default: 8 for ioi, 4 for induction; capitals uses its list)")
-    p.add_argument("--length", type=int, default=20, help="induction: random tokens per copy (default: %(default)s)")
-    p.add_argument("--top", type=int, default=10, help="heads listed per score (default: %(default)s)")
-    p.add_argument("--k", type=int, default=10, help="k of the top-k overlap (default: %(default)s)")
+    p.add_argument("--length", type=arg_types.positive_int, default=None,
+                   help="induction: random tokens per copy (default: 20)")
+    p.add_argument("--top", type=arg_types.positive_int, default=10, help="heads listed per score (default: %(default)s)")
+    p.add_argument("--k", type=arg_types.positive_int, default=10, help="k of the top-k overlap (default: %(default)s)")
     p.add_argument("--mode", default="corrupt", choices=("corrupt", "mean"),
                    help="patch from the corrupted prompts or mean-ablate (default: %(default)s)")
     p.add_argument("--rule", default="projection", choices=("projection", "signed", "absolute"),
@@ -31,9 +33,9 @@ def register(sub) -> None:
     p.add_argument("--ioi-corruption", default="abc", choices=("abc", "swap"),
                    help="ioi: corrupted prompts with three random names (Wang et al.'s ABC, "
                         "default) or the second subject swapped for the indirect object")
-    p.add_argument("--threshold", type=float, default=0.02,
+    p.add_argument("--threshold", type=arg_types.non_negative_float, default=0.02,
                    help="token-flow edges kept: |weight| >= this (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the templates / random tokens")
+    p.add_argument("--seed", type=arg_types.non_negative_int, default=0, help="seed of the templates / random tokens")
     p.add_argument("--out", default="runs/circuits", help="folder for CSV tables (default: %(default)s)")
     p.add_argument("--figures", default="figures", help="folder for figures (default: %(default)s)")
     p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
@@ -41,10 +43,18 @@ def register(sub) -> None:
 
 
 def _task_kwargs(args) -> dict:
+    from cwlens.errors import InvalidArgumentError
+
+    if args.length is not None and args.task != "induction":
+        raise InvalidArgumentError(f"--length applies to --task induction only (this is "
+                                   f"--task {args.task}); drop it")
     if args.task == "ioi":
         return {"n_prompts": args.prompts or 8, "seed": args.seed, "corruption": args.ioi_corruption}
     if args.task == "induction":
-        return {"n_prompts": args.prompts or 4, "length": args.length, "seed": args.seed}
+        return {"n_prompts": args.prompts or 4, "length": args.length or 20, "seed": args.seed}
+    if args.prompts is not None:
+        raise InvalidArgumentError("--prompts does not apply to --task capitals (it uses its "
+                                   "list of countries); drop it")
     return {}
 
 
@@ -57,8 +67,11 @@ def run(args) -> int:
     from cwlens.plotting.export import save_figure
     from cwlens.plotting.token_flow import token_flow_figure
 
+    kwargs = _task_kwargs(args)
+    out, figures = arg_types.output_dir(args.out), Path(args.figures)
+    arg_types.output_dir(figures, "--figures")
     model = cwlens.load_model(args.model, device=args.device)
-    task = circuits.build_task(args.task, model, **_task_kwargs(args))
+    task = circuits.build_task(args.task, model, **kwargs)
     shape = wrap(model)
     print(f"cwlens circuits: {args.model}, {shape.n_layers} layers x {shape.n_heads} heads; "
           f"patching mode {args.mode}")
@@ -74,14 +87,12 @@ def run(args) -> int:
     print(f"\ntoken flow ({args.rule} rule) into position {target} {flow.str_tokens[target]!r} of prompt 0, "
           "top input tokens: " + ", ".join(f"{j}:{flow.str_tokens[j]!r} {float(inputs[j]):+.3f}" for j in order))
 
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     comparison.to_dataframe().to_csv(out / f"{task.name}_heads.csv", index=False)
     comparison.agreement_dataframe().to_csv(out / f"{task.name}_agreement.csv", index=False)
     edges = flow.edges_dataframe(target, args.threshold)
     edges.to_csv(out / f"{task.name}_flow_edges.csv", index=False)
     written = [out / f"{task.name}_{n}.csv" for n in ("heads", "agreement", "flow_edges")]
-    figures = Path(args.figures)
     written += save_figure(agreement_figure(comparison), figures / f"circuits_{task.name}_agreement",
                            png=not args.no_png)
     written += save_figure(token_flow_figure(flow, target, args.threshold),

@@ -1,12 +1,9 @@
 """``cwlens export``: streamed reductions of texts as tidy Parquet (or CSV) tables."""
 
-import sys
-from pathlib import Path
-
 from cwlens._types import STREAM_METRICS
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
-from cwlens.errors import CwlensError
+from cwlens.errors import EmptyInputError, LayerOutOfRangeError
 from cwlens.handle import wrap
 
 
@@ -40,23 +37,25 @@ def register(sub) -> None:
                    help="comma-separated layers whose token-level matrices are exported in "
                    "full (default: none)")
     p.add_argument("--max-tokens", type=arg_types.max_tokens, default=512,
-                   help="first N tokens of each text (default: %(default)s)")
+                   help="first N tokens of each text (default: %(default)s; never more than the "
+                   "model's context: longer texts are cut to it with a note)")
     p.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="(default: %(default)s)")
     p.set_defaults(func=run)
 
 
 def _texts(args) -> tuple[list[str], list[str]]:
     if args.text:
+        blank = [i for i, t in enumerate(args.text) if not t.strip()]
+        if blank:
+            raise EmptyInputError(f"--text number {blank[0] + 1} is empty: pass texts with at "
+                                  "least one word")
         return args.text, [str(i) for i in range(len(args.text))]
     if args.dataset:
         from cwlens.datasets import load_dataset
 
         samples = [s for name in args.dataset for s in load_dataset(name, args.samples)]
         return [getattr(s, "text", "") for s in samples], [s.id for s in samples]
-    if args.file == "-":  # a path is checked by arg_types.text_file
-        lines = sys.stdin.read().splitlines()
-    else:
-        lines = Path(args.file).read_text(encoding="utf-8").splitlines()
+    lines = arg_types.read_text(args.file).splitlines()
     texts = [line for line in lines if line.strip()]
     return texts, [str(i) for i in range(len(texts))]
 
@@ -67,14 +66,14 @@ def run(args) -> int:
 
     texts, ids = _texts(args)
     if not texts:
-        raise CwlensError("no text to export: pass --text, a non-empty --file or --dataset")
+        raise EmptyInputError("no text to export: pass --text, a non-empty --file or --dataset")
     out = arg_types.output_dir(args.out)
     model = load_model(args.model, device=args.device)
     n_layers = wrap(model).n_layers
     bad_layers = [ly for ly in args.token_layers if not 0 <= ly < n_layers]
     if bad_layers:
-        raise CwlensError(f"--token-layers {bad_layers} out of range: the model has layers "
-                          f"0..{n_layers - 1}")
+        raise LayerOutOfRangeError(f"--token-layers {','.join(map(str, bad_layers))} out of range: "
+                                   f"the model has layers 0..{n_layers - 1}")
     paths = export_texts(model, texts, out, model_name=args.model, text_ids=ids,
                          metrics=args.metrics, k=args.k, token_layers=args.token_layers,
                          max_tokens=args.max_tokens, fmt=args.format)

@@ -7,6 +7,7 @@ cannot write), 2 bad command-line usage (argparse), 130 interrupted. Errors are 
 
 import argparse
 import sys
+from contextlib import contextmanager
 
 from cwlens.cli.common import add_debug_flag
 from cwlens.errors import CwlensError
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.func(args)
+        with _notes():
+            return args.func(args)
     except (CwlensError, OSError) as err:  # model load errors arrive as ModelNotAvailableError
         if getattr(args, "debug", False):
             raise
@@ -78,6 +80,28 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("cwlens: interrupted", file=sys.stderr)
         return 130
+
+
+@contextmanager
+def _notes():
+    """A :class:`~cwlens.errors.CwlensWarning` (e.g. a text cut to the model's context) is
+    printed as one ``cwlens: note: ...`` line on stderr, each time it happens."""
+    import warnings
+
+    from cwlens.errors import CwlensWarning
+
+    with warnings.catch_warnings():
+        default = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, CwlensWarning):
+                print(f"cwlens: note: {' '.join(str(message).split())}", file=sys.stderr)
+            else:
+                default(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        warnings.simplefilter("always", CwlensWarning)
+        yield
 
 
 def _one_line(err: BaseException) -> str:

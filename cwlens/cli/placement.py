@@ -42,6 +42,7 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
 
 def load_kwargs(args) -> dict:
     """``load_model`` keywords for this process (checked before anything loads)."""
-    from cwlens.distributed import placement
+    from cwlens.distributed import check_environment, placement
 
+    check_environment()
     return placement(args.device, getattr(args, "n_devices", None), getattr(args, "device_map", None))

@@ -46,7 +46,7 @@ def register(sub) -> None:
                    help="FineWeb-Edu documents per decoder faithfulness run (default: %(default)s)")
     g.add_argument("--max-tokens", type=arg_types.max_tokens, default=d.max_tokens,
                    help="tokens per document (default: %(default)s)")
-    g.add_argument("--rates", type=arg_types.rates, default=d.rates,
+    g.add_argument("--rates", type=_rates, default=d.rates,
                    help="removal rates of the curves (default: " + ",".join(f"{r:g}" for r in d.rates) + ")")
     g.add_argument("--sentences", type=arg_types.positive_int, default=d.sentences,
                    help="FineWeb-Edu sentences: encoder task and token classes (default: %(default)s)")
@@ -69,10 +69,25 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _rates(text: str) -> tuple[float, ...]:
+    """:func:`arg_types.rates` with at least one rate strictly between 0 and 1: removing
+    nothing (0) or everything (1) damages every metric alike, so every verdict would tie."""
+    values = arg_types.rates(text)
+    if not any(0.0 < r < 1.0 for r in values):
+        raise argparse.ArgumentTypeError(
+            f"every rate in {text!r} is 0 or 1: removing nothing or everything damages every "
+            "metric alike, so every verdict would be a tie; pass rates between 0 and 1, e.g. "
+            "0.1,0.3,0.5")
+    return values
+
+
 def _models(text: str) -> tuple[str, ...]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
         raise argparse.ArgumentTypeError("--models needs at least one model name")
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"--models {text!r} has an empty name between commas; "
+                                         "pass e.g. smollm2-135m,gemma-3-270m")
     if len(set(items)) != len(items):
         raise argparse.ArgumentTypeError(f"--models lists a model twice: {text!r}")
     return tuple(items)
@@ -99,7 +114,14 @@ def run(args) -> int:
     if args.docs:
         arg_types.output_file(args.docs, "--docs")
     skipped: dict[str, str] = {}
-    if not args.table_only:
+    if args.table_only:
+        from cwlens.replication.plan import has_results
+
+        if not any(has_results(out, name) for name in args.models):
+            raise InvalidArgumentError(
+                f"--table-only: {str(out)!r} holds no results for {','.join(args.models)}; run "
+                "`cwlens replicate` without --table-only first, or pass the --out of that run")
+    else:
         skipped = _compute(args, cfg, out)
     return _report(args, out, skipped)
 

@@ -17,18 +17,19 @@ class Unit:
 
 
 def text_units(model, samples, max_tokens) -> list[Unit]:
-    from cwlens.batching import token_ids
+    """One unit per document, cut to ``max_tokens`` and to the model's context (with one
+    note when some document is longer: docs/inputs.md)."""
+    from cwlens.batching import context_cap, token_ids
 
     def score(logits, rows, offsets, tokens, mask):
         row = rows[0]
         out = lm.document_scores(logits[row : row + 1], tokens[row : row + 1], mask[row : row + 1])
         return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
 
-    units = []
-    for s in samples:
-        ids = token_ids(model, s.text).tolist()
-        units.append(Unit(s.id, [ids[:max_tokens] if max_tokens else ids], score))
-    return units
+    all_ids = [token_ids(model, s.text, truncate=False).tolist() for s in samples]
+    cap = context_cap(model, max_tokens, [len(ids) for ids in all_ids], "documents")
+    return [Unit(s.id, [ids[:cap] if cap else ids], score)
+            for s, ids in zip(samples, all_ids, strict=True)]
 
 
 def choice_units(model, items) -> list[Unit]:
@@ -40,6 +41,7 @@ def choice_units(model, items) -> list[Unit]:
     for index, item in enumerate(items):
         reqs = by_item[index]
         inputs, which = choice.unique_inputs(reqs)
+        _fits_context(model, item.id, inputs)
 
         def score(logits, rows, offsets, tokens, mask, reqs=reqs, which=which, item=item):
             lls = [choice.continuation_logprob(logits, rows[w], offsets[w], r)
@@ -48,6 +50,21 @@ def choice_units(model, items) -> list[Unit]:
 
         units.append(Unit(item.id, [list(x) for x in inputs], score))
     return units
+
+
+def _fits_context(model, item_id, inputs) -> None:
+    """A choice prompt cannot be cut without losing its question: refuse one longer than
+    the model's context (docs/inputs.md)."""
+    from cwlens.adapter import context_length
+    from cwlens.errors import InputTooLongError
+
+    limit = context_length(model)
+    longest = max((len(x) for x in inputs), default=0)
+    if limit is not None and longest > limit:
+        raise InputTooLongError(
+            f"item {item_id}: a prompt with its answer has {longest} tokens, more than the "
+            f"model's context of {limit} (n_ctx); use fewer few-shot examples (--num-fewshot) "
+            "or a model with a longer context.")
 
 
 def plan_batches(units: Sequence[Unit], batch_tokens: int) -> list[list[int]]:

@@ -113,8 +113,10 @@ def load_model(
         raise UnknownOptionError(
             f"generation must be 'auto', 'bridge' or 'hooked'; got {generation!r}"
         )
-    from cwlens.distributed import PlacementError
+    from cwlens.distributed import PlacementError, check_device_map
 
+    check_device_map(device_map, torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                     "device_map")
     multi = device_map is not None or (n_devices or 1) > 1 or max_memory is not None
     if device_map is not None and device is not None:
         raise PlacementError(f"device={device!r} and device_map are exclusive: pass one.")

@@ -69,3 +69,10 @@ def first_token_kept(path: str) -> str:
 PER_LAYER = "per_layer/fineweb_edu.jsonl"
 SINKS = "sinks"
 TOKEN_CLASSES = "token_classes.csv"
+
+
+def has_results(out, model: str) -> bool:
+    """Whether ``<out>/<model>`` holds anything a table can be built from."""
+    folder = model_dir(out, model)
+    return any((folder / rel).exists() for rel in
+               (FAITHFULNESS, ENCODER_FAITHFULNESS, PER_LAYER, f"{SINKS}/summary.json", TOKEN_CLASSES))

@@ -186,9 +186,9 @@ def analyze_text(
     validation.text(text)
     if max_tokens is not None:
         validation.max_tokens(max_tokens)
-    tokens = wrap(model).to_tokens(text)
-    if max_tokens is not None:
-        tokens = tokens[:, :max_tokens]
+    from cwlens.batching import fit_context
+
+    tokens = fit_context(model, wrap(model).to_tokens(text, truncate=False), max_tokens, "the text")
     n = tokens.shape[1]
     str_tokens = [str(t) for t in wrap(model).to_str_tokens(tokens[0])]
     if window is None:

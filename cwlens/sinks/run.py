@@ -43,10 +43,13 @@ class SinkBatch(NamedTuple):
 
 
 def batches(model, samples, max_tokens: int | None, batch_size: int) -> list[SinkBatch]:
-    """The plan: :class:`SinkBatch` es with texts sorted by token length."""
-    from cwlens.batching import pad_batch, token_ids
+    """The plan: :class:`SinkBatch` es with texts sorted by token length (texts longer
+    than the model's context cut to it with a note: docs/inputs.md)."""
+    from cwlens.batching import context_cap, pad_batch, token_ids
 
-    rows = [(s.id, token_ids(model, s.text)[:max_tokens]) for s in samples]
+    rows = [(s.id, token_ids(model, s.text, truncate=False)) for s in samples]
+    cap = context_cap(model, max_tokens, [len(r[1]) for r in rows])
+    rows = [(i, ids[:cap]) for i, ids in rows]
     rows.sort(key=lambda r: len(r[1]))
     out = []
     for start in range(0, len(rows), batch_size):
