@@ -209,7 +209,11 @@ def get(name: str, allowed: tuple[str, ...] | None = None) -> Metric:
 def from_geometry(geometry, name: str, kind: str = "inter") -> torch.Tensor:
     """``[batch, head, query, key]`` scores of a geometry metric (see :data:`GEOMETRY`)."""
     compute = get(name, GEOMETRY).compute
-    assert compute is not None  # every geometry metric has one
+    if compute is None:
+        raise UnknownOptionError(
+            f"metric {name!r} is registered without a compute function, so it cannot be "
+            "read from a geometry: register it with compute=... (cwlens.metrics)."
+        )
     return compute(geometry, kind)
 
 

@@ -205,6 +205,19 @@ def position_uniforms(h: int, n: int, key: str) -> torch.Tensor:
     return ((x << 21) + (y >> 11)).double() / float(2**53)
 
 
+def _on_real_positions(shape: Sequence[int], position_mask: torch.Tensor,
+                       seeds: Sequence[str]) -> torch.Tensor:
+    """float32 ``shape`` zeros with each sample's :func:`position_uniforms` (seeded by
+    ``seeds[row]``) laid on its real positions (pads keep 0)."""
+    h = shape[1]
+    out = torch.zeros(tuple(shape), dtype=torch.float32)
+    real = position_mask.bool().cpu()
+    for row, seed in enumerate(seeds):
+        idx = real[row].nonzero().flatten()
+        out[row, :, idx[:, None], idx[None, :]] = position_uniforms(h, len(idx), seed).float()
+    return out.to(position_mask.device)
+
+
 def random_scores(
     shape: Sequence[int],
     position_mask: torch.Tensor,
@@ -218,14 +231,8 @@ def random_scores(
     :func:`position_uniforms` seeded by ``(seed, sample key, layer)``, so the masks do not
     depend on the batch a sample is in, on its padding, or on tokens after a query.
     """
-    b, h, _, _ = shape
-    out = torch.zeros(tuple(shape), dtype=torch.float32)
-    real = position_mask.bool().cpu()
-    for row in range(b):
-        idx = real[row].nonzero().flatten()
-        block = position_uniforms(h, len(idx), f"{seed}:{sample_keys[row]}:{layer}")
-        out[row, :, idx[:, None], idx[None, :]] = block.float()
-    return out.to(position_mask.device)
+    return _on_real_positions(shape, position_mask,
+                              [f"{seed}:{key}:{layer}" for key in sample_keys])
 
 
 def tiebreak_scores(shape: Sequence[int], position_mask: torch.Tensor,
@@ -238,14 +245,7 @@ def tiebreak_scores(shape: Sequence[int], position_mask: torch.Tensor,
     text in another request (lm-eval scores a continuation whole and token by token as
     different requests) break ties the same way. It is a stream apart from the ``random``
     control's (which is seeded per sample). ``sample_keys`` only sets the batch size."""
-    b, h, _, _ = shape
-    out = torch.zeros(tuple(shape), dtype=torch.float32)
-    real = position_mask.bool().cpu()
-    for row in range(len(sample_keys)):
-        idx = real[row].nonzero().flatten()
-        block = position_uniforms(h, len(idx), f"ties:{seed}:{layer}")
-        out[row, :, idx[:, None], idx[None, :]] = block.float()
-    return out.to(position_mask.device)
+    return _on_real_positions(shape, position_mask, [f"ties:{seed}:{layer}"] * len(sample_keys))
 
 
 def mask_counts(scores: torch.Tensor | None, eligible: torch.Tensor, mask: torch.Tensor,
