@@ -272,6 +272,46 @@ class ModelHandle:
         bias = None if bias is None else bias.detach()
         return weight, bias, centres
 
+    @contextmanager
+    def unembedding_skipped(self) -> Iterator[list[torch.Tensor]]:
+        """Inside, the model's unembedding makes no logits: it is handed zero positions
+        of its input, so a forward returns ``[batch, 0, d_vocab]`` "logits" and no
+        ``[batch, pos, d_vocab]`` tensor is made. The input it was given (the final
+        residual after the final norm, ``[batch, pos, d_model]``) is appended to the
+        yielded list; :meth:`logits_of` turns it into the logits the forward returns.
+
+        A forward pre-hook on the unembedding module (``model.unembed``, which both
+        TransformerLens generations call on the final residual), removed on exit."""
+        caught: list[torch.Tensor] = []
+
+        def skip(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            if args:
+                caught.append(args[0])
+                return (args[0][..., :0, :], *args[1:]), kwargs
+            key = next(iter(kwargs))
+            caught.append(kwargs[key])
+            return args, {**kwargs, key: kwargs[key][..., :0, :]}
+
+        hook = self.model.unembed.register_forward_pre_hook(skip, with_kwargs=True)
+        try:
+            yield caught
+        finally:
+            hook.remove()
+
+    def logits_of(self, residual: torch.Tensor) -> torch.Tensor:
+        """The logits of a final residual ``[..., d_model]`` (the unembedding's input,
+        :meth:`unembedding_skipped`) as the model's forward makes them: the model's own
+        unembedding (its ``W_U`` and ``b_U``), then what the model applies after it:
+        TransformerLens 4.x: the architecture's output transform (Gemma's logit soft cap
+        ``cap * tanh(x / cap)``, Granite's or Cohere's scaling); 3.x: the soft cap of
+        ``cfg.output_logits_soft_cap`` where it is > 0."""
+        logits = self.model.unembed(residual)
+        transform = getattr(getattr(self.model, "adapter", None), "apply_output_logits_transform", None)
+        if transform is not None:
+            return transform(logits)
+        cap = float(getattr(self._cfg, "output_logits_soft_cap", 0.0) or 0.0)
+        return cap * torch.tanh(logits / cap) if cap > 0 else logits
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 

@@ -23,6 +23,7 @@ import torch
 
 from cwlens.batching import token_ids
 from cwlens.errors import DatasetFormatError
+from cwlens.faithfulness import lm
 
 
 @dataclass(frozen=True)
@@ -76,15 +77,15 @@ def unique_inputs(requests: list[ChoiceRequest]) -> tuple[list[tuple[int, ...]],
     return list(index), which
 
 
-def continuation_logprob(
-    logits: torch.Tensor, row: int, offset: int, request: ChoiceRequest
-) -> float:
-    """``ll`` of one request from logits ``[batch, pos, vocab]`` of a (left-)padded batch;
-    ``offset`` is the position of the input's first token in that row."""
+def continuation_logprob(logits, row: int, offset: int, request: ChoiceRequest) -> float:
+    """``ll`` of one request from logits ``[batch, pos, vocab]`` of a (left-)padded batch
+    (or their :class:`~cwlens.faithfulness.lm.Unembedded` residual); ``offset`` is the
+    position of the input's first token in that row."""
     n = len(request.continuation_ids)
-    pos = offset + request.start + torch.arange(n, device=logits.device)
-    logp = torch.log_softmax(logits[row, pos].double(), dim=-1)
-    target = torch.tensor(request.continuation_ids, device=logits.device)
+    pos = offset + request.start + torch.arange(n)
+    picked = lm.logits_at(logits, row, pos)
+    logp = torch.log_softmax(picked.double(), dim=-1)
+    target = torch.tensor(request.continuation_ids, device=picked.device)
     return float(logp.gather(-1, target[:, None]).sum())
 
 

@@ -16,6 +16,7 @@ from cwlens import adapter, metrics
 from cwlens._types import Mode
 from cwlens.batching import pad_batch
 from cwlens.core.bitmask import PackedMask
+from cwlens.faithfulness import lm
 from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.ranking import (
@@ -30,8 +31,8 @@ from cwlens.faithfulness.ranking import (
 )
 from cwlens.faithfulness.units import Unit
 from cwlens.gradients import attention_gradient
-from cwlens.interventions.value_masking import run_masked
-from cwlens.streaming import stream_geometry
+from cwlens.interventions.value_masking import run_masked, value_masking
+from cwlens.streaming import attention_context, stream_geometry
 
 
 @dataclass
@@ -162,12 +163,27 @@ def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
     return layer_masks(geo, layer, BatchPlan(mask, jobs, cfg, keys, stats), window)
 
 
+def masked_output(model, tokens: torch.Tensor, masks: dict, renormalize: bool,
+                  attention_mask: torch.Tensor, chunk: int | None) -> "lm.LMOutput":
+    """:func:`~cwlens.interventions.value_masking.run_masked`'s logits, or with ``chunk``
+    its :class:`~cwlens.faithfulness.lm.Unembedded` final residual (no logits made; the
+    unembedding is skipped inside the masking context, after its one-off self-check)."""
+    if chunk is None:
+        return run_masked(model, tokens, masks, renormalize, attention_mask=attention_mask)
+    with torch.no_grad(), value_masking(model, masks, renormalize), \
+            attention_context(model, tokens, "auto"), lm.deferred_logits(model, chunk) as output:
+        logits = model(tokens, attention_mask=attention_mask)
+    return output(logits)
+
+
 def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessConfig,
                   conditions: list[Condition], stats: SweepStats) -> dict:
     """``{condition or None (clean): [per-unit measures]}`` for one batch.
 
     One streamed clean pass gives the clean scores and, layer by layer, every mask the
-    conditions need; then one masked pass per distinct mask.
+    conditions need; then one masked pass per distinct mask. Above
+    :data:`cwlens.faithfulness.lm.CHUNKED_ABOVE` positions no pass makes logits: the units
+    score the final residual chunk by chunk (:class:`~cwlens.faithfulness.lm.Unembedded`).
     """
     seqs: list = []
     rows_of: list[list[int]] = []
@@ -181,9 +197,11 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
     jobs, key_of = mask_jobs(conditions, cfg)
     layers = sorted({ly for job in jobs.values() for ly in job.layers}) or [0]
 
-    def evaluate(logits):
-        return [units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)
+    def evaluate(output):
+        return [units[u].score(output, rows, [offsets[r] for r in rows], tokens, mask)
                 for u, rows in zip(batch, rows_of, strict=True)]
+
+    chunk = lm.chunk_for(tokens.shape[1])  # long inputs: no [batch, pos, vocab] logits
 
     gradients = None
     if any(job.metric in metrics.GRADIENT for job in jobs.values()):
@@ -194,19 +212,20 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
     counts: dict = {}
     plan = BatchPlan(mask, jobs, cfg, keys, stats, gradients, counts)
     t, ranked_before = time.perf_counter(), stats.ranking_seconds
-    logits, per_layer = stream_geometry(
-        model, tokens, lambda ly, geo: layer_masks(geo, ly, plan, adapter.attention_window(model, ly)),
-        layers=layers, attention_mask=mask,
-    )
+    with lm.deferred_logits(model, chunk) as output:
+        logits, per_layer = stream_geometry(
+            model, tokens, lambda ly, geo: layer_masks(geo, ly, plan, adapter.attention_window(model, ly)),
+            layers=layers, attention_mask=mask,
+        )
     stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)
     stats.n_forwards += 1
     packed = dict(zip(layers, per_layer, strict=True))
-    results: dict = {None: evaluate(logits)}
+    results: dict = {None: evaluate(output(logits))}
     done: dict = {}
     for key, job in jobs.items():
         masks = {ly: packed[ly][key] for ly in job.layers}
         t = time.perf_counter()
-        masked = run_masked(model, tokens, masks, cfg.renormalize, attention_mask=mask)
+        masked = masked_output(model, tokens, masks, cfg.renormalize, mask, chunk)
         stats.forward_seconds += time.perf_counter() - t
         stats.n_forwards += 1
         done[key] = evaluate(masked)

@@ -13,7 +13,7 @@ class Unit:
 
     sample_id: str
     sequences: list[list[int]]
-    score: Callable  # (logits, rows, offsets) -> {measure: value}
+    score: Callable  # (output, rows, offsets, tokens, mask) -> {measure: value}; output: lm.LMOutput
 
 
 def text_units(model, samples, max_tokens) -> list[Unit]:
@@ -21,9 +21,9 @@ def text_units(model, samples, max_tokens) -> list[Unit]:
     note when some document is longer: docs/inputs.md)."""
     from cwlens.batching import context_cap, token_ids
 
-    def score(logits, rows, offsets, tokens, mask):
+    def score(output, rows, offsets, tokens, mask):
         row = rows[0]
-        out = lm.document_scores(logits[row : row + 1], tokens[row : row + 1], mask[row : row + 1])
+        out = lm.document_scores(lm.rows(output, row, row + 1), tokens[row : row + 1], mask[row : row + 1])
         return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
 
     all_ids = [token_ids(model, s.text, truncate=False).tolist() for s in samples]

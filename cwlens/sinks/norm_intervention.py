@@ -29,22 +29,19 @@ from cwlens.core.sinks import (
     query_after_sink,
     random_non_sink_index,
 )
+from cwlens.faithfulness import lm
 from cwlens.interventions.sinks import applied, sink_value_hooks
 from cwlens.streaming import stream_geometry
 
 LOW_NORM_QUANTILE = 0.25  # heads below this quantile of their layer's clean output norm are low-norm
 
 
-def nll_per_row(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None):
-    """``(nll_sum [batch], n_tokens [batch])`` of next-token prediction on real positions."""
-    logp = logits[:, :-1].float().log_softmax(-1)
-    nll = -logp.gather(-1, tokens[:, 1:, None].to(logp.device))[..., 0]
-    if attention_mask is None:
-        keep = torch.ones_like(nll, dtype=torch.bool)
-    else:
-        m = attention_mask.bool().to(nll.device)
-        keep = m[:, :-1] & m[:, 1:]
-    return (nll * keep).sum(-1), keep.sum(-1)
+def nll_per_row(logits: "lm.LMOutput", tokens: torch.Tensor, attention_mask=None):
+    """``(nll_sum [batch], n_tokens [batch])`` of next-token prediction on real positions
+    (float32, :func:`cwlens.faithfulness.lm.token_nll`; ``logits``: logits or, for long
+    inputs, the final residual unembedded in chunks)."""
+    nll, keep = lm.token_nll(logits, tokens, attention_mask)
+    return nll.sum(-1), keep.sum(-1)
 
 
 def head_measures(cache, model, attention_mask, sink_index, layers):
@@ -85,12 +82,14 @@ def sink_norm_intervention(
         gen = torch.Generator().manual_seed(seed)
         targets["random"] = random_non_sink_index(sink, n, gen, position_mask=mask)
 
+    chunk = lm.chunk_for(n)  # long inputs: NLL in chunks, no [batch, n, vocab] logits
+
     def run(hooks):
         # streamed: each layer's measures are taken while the (intervened) model runs
-        with torch.no_grad(), applied(model, hooks):
+        with torch.no_grad(), applied(model, hooks), lm.deferred_logits(model, chunk) as output:
             logits, measures = stream_geometry(
                 model, tokens, lambda ly, geo: layer_head_measures(geo, sink), attention_mask=attention_mask)
-        nll, cnt = nll_per_row(logits, tokens, attention_mask)
+        nll, cnt = nll_per_row(output(logits), tokens, attention_mask)
         return nll.cpu(), cnt.cpu(), dict(zip(all_layers, measures, strict=True))
 
     nll0, cnt0, clean = run([])
