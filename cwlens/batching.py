@@ -101,39 +101,78 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
     return tokens.to(device), mask.to(device)
 
 
-def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str) -> torch.Tensor:
+def check_past_context(model, past_context: bool) -> bool:
+    """``past_context`` (a bool) if the model can take it: running past ``n_ctx`` needs
+    rotary positions; a model with learned position embeddings has no position there
+    (:class:`~cwlens.errors.UsageError`: the command line exits 2)."""
+    from cwlens.adapter import context_length, rotary_positions
+    from cwlens.errors import UsageError
+
+    validation.flag(past_context, "past_context")
+    if past_context and not rotary_positions(model):
+        raise UsageError(
+            f"--past-context (past_context=True) needs rotary positions, but {wrap(model).name or 'this model'} "
+            f"has learned position embeddings with no position past its context of "
+            f"{context_length(model)} tokens (n_ctx): leave it out (texts are then cut at n_ctx).")
+    return past_context
+
+
+PAST_NOTE = "(--past-context: rotary positions the model never saw in training)"
+
+
+def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str,
+                past_context: bool = False) -> torch.Tensor:
     """``tokens[:, :max_tokens]``, cut further to the model's context (``n_ctx``) with a
-    :class:`~cwlens.errors.CwlensWarning` when the text is longer (docs/inputs.md)."""
+    :class:`~cwlens.errors.CwlensWarning` when the text is longer (docs/inputs.md).
+    ``past_context`` (rotary models only, :func:`check_past_context`): not cut at ``n_ctx``;
+    the warning says it runs past the trained context."""
     import warnings
 
     from cwlens.adapter import context_length
     from cwlens.errors import CwlensWarning
 
     validation.max_tokens(max_tokens)
+    check_past_context(model, past_context)
     n = tokens.shape[-1]
     if max_tokens is not None:
         tokens = tokens[:, :max_tokens]
     limit = context_length(model)
     if limit is not None and tokens.shape[-1] > limit:
+        if past_context:
+            warnings.warn(f"{what} has {tokens.shape[-1]} tokens, past the model's context "
+                          f"(n_ctx) of {limit}: running all of them {PAST_NOTE}", CwlensWarning,
+                          stacklevel=3)
+            return tokens
         warnings.warn(f"{what} has {n} tokens and the model's context (n_ctx) is {limit}: using "
                       f"its first {limit} tokens", CwlensWarning, stacklevel=3)
         tokens = tokens[:, :limit]
     return tokens
 
 
-def context_cap(model, max_tokens: int | None, lengths, what: str = "texts") -> int | None:
+def context_cap(model, max_tokens: int | None, lengths, what: str = "texts",
+                past_context: bool = False) -> int | None:
     """The truncation length to use: ``max_tokens``, lowered to the model's context
     (``n_ctx``) with one :class:`~cwlens.errors.CwlensWarning` when some of ``lengths``
-    (the texts' token counts) would exceed it (docs/inputs.md)."""
+    (the texts' token counts) would exceed it (docs/inputs.md). ``past_context`` (rotary
+    models only): ``max_tokens`` as it is, and the one warning says that some run past
+    the trained context."""
     import warnings
 
     from cwlens.adapter import context_length
     from cwlens.errors import CwlensWarning
 
+    check_past_context(model, past_context)
     limit = context_length(model)
     if limit is None or (max_tokens is not None and max_tokens <= limit):
         return max_tokens
     long = sum(1 for n in lengths if n > limit)
+    if past_context:
+        if long:
+            running = "whole" if max_tokens is None else f"up to their first {max_tokens} tokens"
+            warnings.warn(f"{long} of the {what} are longer than the model's context (n_ctx) "
+                          f"of {limit} tokens: running them {running} {PAST_NOTE}",
+                          CwlensWarning, stacklevel=3)
+        return max_tokens
     if long:
         warnings.warn(f"{long} of the {what} are longer than the model's context (n_ctx) of "
                       f"{limit} tokens: using their first {limit}", CwlensWarning, stacklevel=3)

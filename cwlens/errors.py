@@ -62,6 +62,11 @@ class InputTooLongError(InvalidArgumentError):
     each surface does with one (the API refuses; ``max_tokens`` surfaces truncate)."""
 
 
+class UsageError(InvalidArgumentError):
+    """An option that cannot apply to this model (e.g. ``--past-context`` on a model with
+    learned position embeddings): the command line exits 2, as for argparse's usage errors."""
+
+
 class DeviceNotAvailableError(InvalidArgumentError):
     """A device string torch does not know, or a device this machine does not have."""
 

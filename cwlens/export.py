@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from cwlens import batching, reducers
+from cwlens import batching, reducers, validation
 from cwlens.errors import CwlensError
 from cwlens.handle import wrap
 
@@ -147,20 +147,24 @@ def default_reducers(metrics: Sequence[str] = ("contribution", "attention"), k: 
 
 def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model",
                  text_ids: Sequence[str] | None = None, max_tokens: int | None = None,
-                 fmt: str = "parquet", **reduce) -> dict[str, Path]:
+                 fmt: str = "parquet", past_context: bool = False, **reduce) -> dict[str, Path]:
     """Stream each text, reduce it, and write the tables to ``out_dir/<table>.<fmt>``
-    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``.
+    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``. Texts past the
+    model's context are cut there, unless ``past_context`` (rotary models only;
+    docs/inputs.md).
 
     ``reduce``: the options of :func:`default_reducers` (``metrics``, ``k``,
     ``token_layers``)."""
     from cwlens.streaming import stream_reduce
 
     texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
+    batching.check_past_context(model, past_context)
     tables: dict[str, list[pd.DataFrame]] = {}
     for text, tid in zip(texts, ids, strict=True):
         tokens = batching.fit_context(model, wrap(model).to_tokens(text, truncate=False),
-                                      max_tokens, f"text {tid}")
-        res = stream_reduce(model, tokens, default_reducers(**reduce))
+                                      max_tokens, f"text {tid}", past_context)
+        with validation.past_context_said(past_context):  # fit_context said it
+            res = stream_reduce(model, tokens, default_reducers(**reduce))
         str_tokens = wrap(model).to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid).items():
             tables.setdefault(name, []).append(df)
@@ -181,7 +185,6 @@ def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict
     """Every argument of :func:`export_texts`, before any model work: ``(texts, ids,
     reduce)`` (``reduce`` with every option of :func:`default_reducers`, negative
     ``token_layers`` counted from the end)."""
-    from cwlens import validation
     from cwlens.cli.arg_types import output_dir
     from cwlens.errors import (
         EmptyInputError,

@@ -5,8 +5,25 @@ argument, the value and what to pass instead.
 """
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from cwlens.errors import EmptyInputError, InvalidArgumentError
+
+_PAST_CONTEXT_SAID: ContextVar[bool] = ContextVar("cwlens_past_context_said", default=False)
+
+
+@contextmanager
+def past_context_said(said: bool = True) -> Iterator[None]:
+    """Inside (where ``said``), an input past a rotary model's context runs without
+    :func:`model_input`'s warning: the surface (``--past-context``) said so once already,
+    so a sweep's many forward passes do not repeat it (docs/inputs.md)."""
+    token = _PAST_CONTEXT_SAID.set(bool(said) or _PAST_CONTEXT_SAID.get())
+    try:
+        yield
+    finally:
+        _PAST_CONTEXT_SAID.reset(token)
 
 
 def positive_int(value: object, name: str) -> int:
@@ -159,10 +176,11 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
     limit = adapter.context_length(model)
     if limit is not None and n > limit:
         if adapter.rotary_positions(model):
-            warnings.warn(
-                f"The {what} has {n} tokens, past this model's trained context of {limit} "
-                "(n_ctx): rotary positions run on, but the model never saw positions this far "
-                "(see docs/inputs.md).", CwlensWarning, stacklevel=3)
+            if not _PAST_CONTEXT_SAID.get():
+                warnings.warn(
+                    f"The {what} has {n} tokens, past this model's trained context of {limit} "
+                    "(n_ctx): rotary positions run on, but the model never saw positions this "
+                    "far (see docs/inputs.md).", CwlensWarning, stacklevel=3)
         else:
             raise InputTooLongError(
                 f"The {what} has {n} tokens, more than this model's context of {limit} (n_ctx), "

@@ -3,7 +3,7 @@
 import sys
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args
+from cwlens.cli.common import add_model_args, add_past_context_flag
 from cwlens.errors import EmptyInputError, LayerOutOfRangeError
 from cwlens.handle import wrap
 
@@ -25,6 +25,7 @@ def register(sub) -> None:
     p.add_argument("--out", default="runs/report.html", help="report path (default: %(default)s)")
     p.add_argument("--max-tokens", type=arg_types.max_tokens, default=4096,
                    help="analyse the first N tokens (default: %(default)s)")
+    add_past_context_flag(p)
     p.add_argument("--window", type=arg_types.positive_int, default=64,
                    help="draw the heatmaps for the last N tokens; every other number covers all "
                    "tokens (default: %(default)s; capped so that the report fits --max-mb)")
@@ -62,7 +63,7 @@ def run(args) -> int:
         print(f"cwlens: note: --window {args.window} would make the report larger than "
               f"--max-mb {args.max_mb:g}; drawing the last {window} tokens instead", file=sys.stderr)
     analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,
-                            window=window)
+                            window=window, past_context=args.past_context)
     written = render_report(analysis, out, layers)
     print("\n".join(analysis.summary_lines()))
     print(f"\nwrote {written} ({written.stat().st_size / 1e6:.1f} MB, opens offline)")

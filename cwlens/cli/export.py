@@ -2,7 +2,7 @@
 
 from cwlens._types import STREAM_METRICS
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args
+from cwlens.cli.common import add_model_args, add_past_context_flag
 from cwlens.errors import EmptyInputError, LayerOutOfRangeError
 from cwlens.handle import wrap
 
@@ -39,6 +39,7 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=arg_types.max_tokens, default=512,
                    help="first N tokens of each text (default: %(default)s; never more than the "
                    "model's context: longer texts are cut to it with a note)")
+    add_past_context_flag(p)
     p.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="(default: %(default)s)")
     p.set_defaults(func=run)
 
@@ -76,7 +77,7 @@ def run(args) -> int:
                                    f"the model has layers 0..{n_layers - 1}")
     paths = export_texts(model, texts, out, model_name=args.model, text_ids=ids,
                          metrics=args.metrics, k=args.k, token_layers=args.token_layers,
-                         max_tokens=args.max_tokens, fmt=args.format)
+                         max_tokens=args.max_tokens, fmt=args.format, past_context=args.past_context)
     for path in paths.values():
         print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
     return 0

@@ -4,7 +4,7 @@ import argparse
 from pathlib import Path
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args
+from cwlens.cli.common import add_model_args, add_past_context_flag
 from cwlens.cli.placement import HELP as PLACEMENT_HELP
 from cwlens.cli.placement import add_placement_args, load_kwargs
 from cwlens.errors import InvalidArgumentError
@@ -74,6 +74,7 @@ def register(sub) -> None:
                    "dataset whose exact 95%% interval does not clear chance (see cwlens accuracy)")
     g.add_argument("--max-tokens", type=arg_types.max_tokens, default=DEFAULT.max_tokens,
                    help="truncate language-modelling documents to their first N tokens (default: %(default)s)")
+    add_past_context_flag(p)
     g = p.add_argument_group("masking protocol (defaults: see docs/faithfulness.md)")
     g.add_argument("--metrics", default="all",
                    type=arg_types.choice_list(ALL_RANKINGS, "metric", allow_all=RANKINGS),
@@ -131,7 +132,7 @@ def _config(args):
         layers=args.layers, per_layer=args.per_layer, kind=args.kind,
         causal_only=not args.non_causal, mask_first_token=not args.protect_first_token,
         renormalize=args.renormalize, seed=args.seed, max_tokens=args.max_tokens,
-        batch_tokens=args.batch_tokens,
+        batch_tokens=args.batch_tokens, past_context=args.past_context,
     )
 
 

@@ -1,7 +1,8 @@
 """``cwlens``: one command, several subcommands. ``cwlens <subcommand> --help`` for each.
 
 Exit codes: 0 success, 1 an error cwlens explains (bad input, missing model, a path it
-cannot write), 2 bad command-line usage (argparse), 130 interrupted. Errors are one line,
+cannot write), 2 bad command-line usage (argparse, or an option the model cannot take:
+:class:`~cwlens.errors.UsageError`), 130 interrupted. Errors are one line,
 ``cwlens: error: ...``; ``--debug`` shows the traceback.
 """
 
@@ -10,7 +11,7 @@ import sys
 from contextlib import contextmanager
 
 from cwlens.cli.common import add_debug_flag
-from cwlens.errors import CwlensError
+from cwlens.errors import CwlensError, UsageError
 
 EPILOG = """examples:
   cwlens demo                                   # the offline model on one GSM8K problem
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "debug", False):
             raise
         print(f"cwlens: error: {_one_line(err)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, UsageError) else 1
     except KeyboardInterrupt:
         if getattr(args, "debug", False):
             raise

@@ -3,7 +3,7 @@
 import argparse
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args
+from cwlens.cli.common import add_model_args, add_past_context_flag
 from cwlens.cli.placement import HELP as PLACEMENT_HELP
 from cwlens.cli.placement import add_placement_args, load_kwargs
 from cwlens.errors import InvalidArgumentError
@@ -37,6 +37,7 @@ def register(sub) -> None:
                    help="texts per dataset (default: %(default)s)")
     p.add_argument("--max-tokens", type=arg_types.max_tokens, default=DEFAULT.max_tokens,
                    help="truncate each text (default: %(default)s)")
+    add_past_context_flag(p)
     p.add_argument("--batch-size", type=arg_types.positive_int, default=DEFAULT.batch_size,
                    help="texts per forward pass (default: %(default)s)")
     p.add_argument("--scales", default=",".join(f"{s:g}" for s in DEFAULT.scales), type=arg_types.scales,
@@ -127,7 +128,8 @@ def _run(args, placed=None, world=None) -> int:
                   f"(first {args.max_tokens} tokens each){ranks}")
         config = SinkConfig(max_tokens=args.max_tokens, batch_size=args.batch_size,
                             scales=tuple(args.scales), eps=args.eps,
-                            intervention=not args.no_intervention, seed=args.seed)
+                            intervention=not args.no_intervention, seed=args.seed,
+                            past_context=args.past_context)
         tables = sink_run.run_to_folder(model, samples, args.out, config,
                                         resume=not args.no_resume, model_name=args.model)
         if not main:

@@ -40,6 +40,10 @@ class FaithfulnessConfig:
         max_tokens: truncate language-modelling documents to their first ``max_tokens``
             tokens (default 512; None: whole documents -- the clean pass streams, but each
             distinct mask keeps ``layers x n^2 / 8`` bytes and masked passes grow as n^2).
+        past_context: run documents past the model's context (``n_ctx``) up to
+            ``max_tokens`` instead of cutting them at ``n_ctx`` (default False; rotary
+            models only, see docs/inputs.md). Long documents are scored without
+            ``[pos, vocab]`` logits (:mod:`cwlens.faithfulness.lm`).
         batch_tokens: padded tokens per forward pass (default 2048).
         reuse: share forward passes between conditions with identical masks (default True).
     """
@@ -56,6 +60,7 @@ class FaithfulnessConfig:
     causal_only: bool = _field(True, provenance=True)
     mask_first_token: bool = _field(True, provenance=True, lmeval="bool")
     max_tokens: int | None = _field(512, provenance=True)
+    past_context: bool = False
     seed: int = _field(0, provenance=True, lmeval="int")
     layers: tuple[int, ...] | None = _field(None, lmeval="layers")
     per_layer: bool = False
@@ -81,6 +86,7 @@ class FaithfulnessConfig:
             validation.rate(r, "rates")
         validation.positive_int(self.batch_tokens, "batch_tokens")
         validation.max_tokens(self.max_tokens)
+        validation.flag(self.past_context, "past_context")
         if self.layers is not None:
             for ly in self.layers:
                 if isinstance(ly, bool) or not isinstance(ly, int) or ly < 0:

@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from cwlens import adapter
+from cwlens import adapter, validation
+from cwlens.batching import check_past_context
 from cwlens.errors import EmptyInputError
 from cwlens.faithfulness.causal_scope import require_causal
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
@@ -174,7 +175,9 @@ def run_faithfulness(
     ds_name = samples[0].dataset + (f"_{num_fewshot}shot" if is_choice and num_fewshot else "")
     name = model_name or wrap(model).name or "model"
     adapter.resolve_layers(model, list(cfg.layers) if cfg.layers is not None else None)
-    units = choice_units(model, samples) if is_choice else text_units(model, samples, cfg.max_tokens)
+    check_past_context(model, cfg.past_context)
+    units = choice_units(model, samples) if is_choice else \
+        text_units(model, samples, cfg.max_tokens, cfg.past_context)
     run_config = {"model": name, "dataset": ds_name, **asdict(cfg),
                   "samples": [u.sample_id for u in units]}
     columns = {"model": name, "dataset": ds_name, **cfg.provenance()}
@@ -183,7 +186,8 @@ def run_faithfulness(
     spec = JobSpec("sweep configuration", run_config, Path(out).parent if out else None, resume,
                    len(units), f"{ds_name} ({n_conditions} conditions)", "sample", progress)
     job = SweepJob(model, units, cfg, spec, SweepRun(columns, out, is_choice, on_sample))
-    table = run_job(job)
+    with validation.past_context_said(cfg.past_context):  # text_units said it, once
+        table = run_job(job)
     job.stats.wall_seconds = time.perf_counter() - t0
     stats = _job_stats(job.stats)
     if out:

@@ -16,9 +16,10 @@ class Unit:
     score: Callable  # (output, rows, offsets, tokens, mask) -> {measure: value}; output: lm.LMOutput
 
 
-def text_units(model, samples, max_tokens) -> list[Unit]:
+def text_units(model, samples, max_tokens, past_context: bool = False) -> list[Unit]:
     """One unit per document, cut to ``max_tokens`` and to the model's context (with one
-    note when some document is longer: docs/inputs.md)."""
+    note when some document is longer; ``past_context``: not cut at the context, rotary
+    models only: docs/inputs.md)."""
     from cwlens.batching import context_cap, token_ids
 
     def score(output, rows, offsets, tokens, mask):
@@ -27,7 +28,7 @@ def text_units(model, samples, max_tokens) -> list[Unit]:
         return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
 
     all_ids = [token_ids(model, s.text, truncate=False).tolist() for s in samples]
-    cap = context_cap(model, max_tokens, [len(ids) for ids in all_ids], "documents")
+    cap = context_cap(model, max_tokens, [len(ids) for ids in all_ids], "documents", past_context)
     return [Unit(s.id, [ids[:cap] if cap else ids], score)
             for s, ids in zip(samples, all_ids, strict=True)]
 

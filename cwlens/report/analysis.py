@@ -175,12 +175,14 @@ def analyze_text(
     window: int | tuple[int, int] | None = DEFAULT_WINDOW,
     top_k: int = 5,
     check_intra: bool = False,
+    past_context: bool = False,
     **options,
 ) -> TextAnalysis:
     """Run the model once on ``text`` (its first ``max_tokens`` tokens; None: all) and
     collect what the report shows. ``window``: the number of last tokens drawn at full
-    resolution, or ``(start, stop)``, or None for every token. ``options``: the
-    forward pass's ``query_block`` (default 256) and ``attention`` (see
+    resolution, or ``(start, stop)``, or None for every token. A text past the model's
+    context is cut there, unless ``past_context`` (rotary models only; docs/inputs.md).
+    ``options``: the forward pass's ``query_block`` (default 256) and ``attention`` (see
     :func:`cwlens.stream_reduce`; ``"auto"``: blockwise above 2048 tokens)."""
     run = pass_options("analyze_text", {"query_block": 256, **options}, ("attention", "query_block"))
     validation.text(text)
@@ -188,7 +190,8 @@ def analyze_text(
         validation.max_tokens(max_tokens)
     from cwlens.batching import fit_context
 
-    tokens = fit_context(model, wrap(model).to_tokens(text, truncate=False), max_tokens, "the text")
+    tokens = fit_context(model, wrap(model).to_tokens(text, truncate=False), max_tokens, "the text",
+                         past_context)
     n = tokens.shape[1]
     str_tokens = [str(t) for t in wrap(model).to_str_tokens(tokens[0])]
     if window is None:
@@ -199,8 +202,9 @@ def analyze_text(
         win = (max(0, int(window[0])), min(n, int(window[1])))
     report = _ReportReducer(n, win, check_intra)
     top = reducers.TopK(top_k, "contribution", by_abs=True, sum_heads=True, name="top")
-    res = stream_reduce(model, tokens, [report, top], query_block=run["query_block"], closure=True,
-                        attention=run["attention"], logits=False)
+    with validation.past_context_said(past_context):  # fit_context said it
+        res = stream_reduce(model, tokens, [report, top], query_block=run["query_block"],
+                            closure=True, attention=run["attention"], logits=False)
     layers = sorted(report._win)
     stack = lambda key: torch.stack(  # noqa: E731
         [reducers.in_query_order(report._win[ly][key], 1) for ly in layers]).cpu()

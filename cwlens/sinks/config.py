@@ -27,6 +27,9 @@ class SinkConfig:
         seed: seed of the intervention's random control position.
         swept_batches: batches whose sink-rate curve is also recomputed by sweeping (the
             check of the closed form; default 1).
+        past_context: run texts past the model's context (``n_ctx``) up to
+            ``max_tokens`` instead of cutting them at ``n_ctx`` (default False; rotary
+            models only, see docs/inputs.md).
     """
 
     max_tokens: int | None = 128
@@ -36,11 +39,13 @@ class SinkConfig:
     intervention: bool = True
     seed: int = 0
     swept_batches: int = 1
+    past_context: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "scales", tuple(self.scales))
         validation.max_tokens(self.max_tokens)
         validation.positive_int(self.batch_size, "batch_size")
+        validation.flag(self.past_context, "past_context")
 
     @classmethod
     def of(cls, config: "SinkConfig | None" = None, **settings) -> "SinkConfig":

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
+from cwlens import validation
 from cwlens.handle import wrap
 from cwlens.jobs import Job, JobSpec, run_job
 from cwlens.sinks import alignment, norm_intervention, observed, statistics, sweep
@@ -42,13 +43,15 @@ class SinkBatch(NamedTuple):
     mask: torch.Tensor
 
 
-def batches(model, samples, max_tokens: int | None, batch_size: int) -> list[SinkBatch]:
+def batches(model, samples, max_tokens: int | None, batch_size: int,
+            past_context: bool = False) -> list[SinkBatch]:
     """The plan: :class:`SinkBatch` es with texts sorted by token length (texts longer
-    than the model's context cut to it with a note: docs/inputs.md)."""
+    than the model's context cut to it with a note, or with ``past_context`` run past it
+    on rotary models: docs/inputs.md)."""
     from cwlens.batching import context_cap, pad_batch, token_ids
 
     rows = [(s.id, token_ids(model, s.text, truncate=False)) for s in samples]
-    cap = context_cap(model, max_tokens, [len(r[1]) for r in rows])
+    cap = context_cap(model, max_tokens, [len(r[1]) for r in rows], past_context=past_context)
     rows = [(i, ids[:cap]) for i, ids in rows]
     rows.sort(key=lambda r: len(r[1]))
     out = []
@@ -131,10 +134,11 @@ def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool 
         raise EmptyInputError("No samples to analyse: pass at least one text.")
     _check_model(model, cfg.intervention)
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in RAW_PARTS}
-    todo = batches(model, samples, cfg.max_tokens, cfg.batch_size)
-    for bi, batch in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
-        for k, v in analyse_batch(model, bi, batch, cfg).items():
-            parts[k].append(v)
+    todo = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
+    with validation.past_context_said(cfg.past_context):  # batches said it, once
+        for bi, batch in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
+            for k, v in analyse_batch(model, bi, batch, cfg).items():
+                parts[k].append(v)
     return derive(parts, cfg.eps)
 
 
@@ -200,12 +204,13 @@ def run_to_folder(model, samples, out_dir, config: SinkConfig | None = None, *, 
     _check_model(model, cfg.intervention)
     distributed.require_session()
     samples = list({s.id: s for s in reversed(samples)}.values())[::-1]  # one per id
-    plan = batches(model, samples, cfg.max_tokens, cfg.batch_size)
+    plan = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
     record = {"model": model_name or wrap(model).name or "model",
               "samples": [s.id for s in samples], **cfg.record()}
     spec = JobSpec("sinks configuration", record, Path(out_dir), resume, len(plan), "sinks",
                    "batch", progress)
-    return run_job(SinkJob(model, plan, cfg, spec, on_batch))
+    with validation.past_context_said(cfg.past_context):  # batches said it, once
+        return run_job(SinkJob(model, plan, cfg, spec, on_batch))
 
 
 def _layer_tables(geo, layer, batch: SinkBatch, eps, swept, causal=True) -> dict[str, pd.DataFrame]:
