@@ -21,6 +21,9 @@ COMMANDS = {
     "faithfulness": ["faithfulness", "--dataset", "fineweb_edu", "--samples", "1", "--metrics",
                      "attention", "--rates", "0.5", "--max-tokens", "300", "--out", "{p}/past-f",
                      "--figures", "", "--no-progress"],
+    "faithfulness-file": ["faithfulness", "--file", "{p}/long.txt", "--metrics", "attention",
+                          "--rates", "0.5", "--max-tokens", "300", "--out", "{p}/past-ff",
+                          "--figures", "", "--no-progress"],
     "sinks": ["sinks", "--dataset", "fineweb_edu", "--samples", "2", "--max-tokens", "300",
               "--scales", "0", "--out", "{p}/past-s", "--figures", "{p}/past-fig", "--no-png"],
 }
@@ -29,6 +32,7 @@ COMMANDS = {
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory):
     base = tmp_path_factory.mktemp("past")
+    (base / "long.txt").write_text(LONG)
     rotary, learned = save_tiny("llama", base), save_tiny("gpt2", base)
     return {"base": base, "rotary": rotary, "learned": learned,
             "model": cwlens.load_model(str(rotary), device="cpu"),
@@ -131,3 +135,23 @@ def test_the_api_refuses_past_context_on_learned_positions(ctx):
         run_faithfulness(ctx["gpt2"], [TextSample("a", "the cat", "toy")],
                          FaithfulnessConfig(metrics=("attention",), past_context=True), progress=False)
     assert check_past_context(ctx["gpt2"], False) is False
+
+
+def test_faithfulness_scores_one_file_as_one_document(ctx, capsys, monkeypatch):
+    """``cwlens faithfulness --file``: the whole file, one document (past n_ctx with the flag)."""
+    import json
+
+    monkeypatch.chdir(ctx["base"])
+    argv = COMMANDS["faithfulness-file"] + ["--past-context", "--out", "{p}/one-file"]
+    assert _main(argv, ctx, "rotary") == 0, capsys.readouterr().err
+    rows = [json.loads(x) for x in (ctx["base"] / "one-file" / "file_long.jsonl").read_text().splitlines()]
+    assert {r["sample_id"] for r in rows} == {"file_long-0000"}
+    assert {r["dataset"] for r in rows} == {"file_long"}
+    clean = [r["value"] for r in rows if r["mode"] == "clean" and r["measure"] == "nll"]
+    model = ctx["model"]  # the clean NLL of all 241 tokens, past the context of 128
+    tokens = model.to_tokens(LONG, truncate=False)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", CwlensWarning)
+        logp = torch.log_softmax(model(tokens)[0].double(), -1)
+    want = -logp[:-1].gather(-1, tokens[0, 1:, None]).mean()
+    assert len(clean) == 1 and clean[0] == pytest.approx(float(want), abs=1e-4)

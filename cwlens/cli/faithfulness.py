@@ -62,9 +62,14 @@ def register(sub) -> None:
     add_model_args(p)
     add_placement_args(p)
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", default="gsm8k", type=arg_types.dataset_list(),
-                   help="comma-separated: gsm8k, fineweb_edu, mmlu, winogrande, boolq, and the "
-                   "circuit tasks ioi, induction, capitals (default: %(default)s)")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--dataset", default="gsm8k", type=arg_types.dataset_list(),
+                     help="comma-separated: gsm8k, fineweb_edu, mmlu, winogrande, boolq, and the "
+                     "circuit tasks ioi, induction, capitals (default: %(default)s)")
+    src.add_argument("--file", type=arg_types.text_file, default=None,
+                     help="instead of --dataset: one UTF-8 text file scored as one language-"
+                     "modelling document ('-': standard input), e.g. a long text with "
+                     "--max-tokens 16384 (results in <out>/file_<name>.jsonl)")
     g.add_argument("--samples", default="50", type=arg_types.samples_spec,
                    help="samples per dataset: one number, or name=N,... (default: %(default)s)")
     g.add_argument("--num-fewshot", type=int, default=0, choices=range(6), metavar="{0..5}",
@@ -145,7 +150,7 @@ def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> li
     paths = []
     for d in datasets:
         shots = args.num_fewshot if d == "mmlu" else 0
-        if not args.report_only:
+        if not args.report_only and args.file is None:
             load_dataset(d, n=counts[d], num_fewshot=shots)  # too many samples: fails here
         paths.append(out / f"{d}{f'_{shots}shot' if shots else ''}.jsonl")
     if args.report_only:
@@ -164,7 +169,31 @@ def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> li
     return paths
 
 
+def _file_dataset(path: str) -> str:
+    """The dataset name of a ``--file`` run: ``file_<file name>`` (``file_stdin`` for -)."""
+    import re
+
+    stem = "stdin" if path == "-" else Path(path).stem
+    return "file_" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", stem) or "text")
+
+
+def _file_samples(args) -> list:
+    """``--file``: the file as one :class:`~cwlens.datasets.TextSample`."""
+    from cwlens.datasets import TextSample
+    from cwlens.errors import EmptyInputError
+
+    text = arg_types.read_text(args.file)
+    if not text.strip():
+        raise EmptyInputError(f"--file {args.file}: the text is empty; pass a non-empty text file")
+    name = _file_dataset(args.file)
+    return [TextSample(f"{name}-0000", text, name)]
+
+
 def run(args) -> int:
+    if args.file is not None:
+        args.samples = 1  # one document
+        args.file_samples = _file_samples(args)
+        args.dataset = (_file_dataset(args.file),)
     datasets = args.dataset
     counts = _samples(args.samples, datasets)
     if args.num_fewshot and "mmlu" not in datasets:
@@ -198,10 +227,11 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
         from cwlens.faithfulness import run_faithfulness
 
         shots = args.num_fewshot if d == "mmlu" else 0
-        if args.require_above_chance:
+        if args.require_above_chance and args.file is None:
             _check_chance(model, d, counts[d], shots, cfg, world)
+        source = args.file_samples if args.file is not None else d
         result = run_faithfulness(
-            model, d, cfg, n=counts[d], num_fewshot=shots, out=path, resume=not args.no_resume,
+            model, source, cfg, n=counts[d], num_fewshot=shots, out=path, resume=not args.no_resume,
             model_name=args.model, progress=not args.no_progress,
         )
         s = result.stats
