@@ -138,13 +138,25 @@ ITEMS = [ChoiceItem("t-0", ("the cat sat on the",) * 3, (" mat", " dog ran", " r
                     (" france .", " france ."), 0, "toy")]
 
 
-@pytest.mark.parametrize("data", ["docs", "items"])
-def test_the_sweep_scores_the_same_in_chunks(monkeypatch, data):
-    """The whole harness (clean streamed pass + masked passes) on the chunked path."""
+@pytest.mark.parametrize("data, attention", [("docs", "eager"), ("items", "eager"),
+                                             ("docs", "blockwise")])
+def test_the_sweep_scores_the_same_in_chunks(monkeypatch, data, attention):
+    """The whole harness (clean streamed pass + masked passes) on the chunked path, with
+    the model's attention or blockwise (as every input above the threshold runs)."""
+    import cwlens.streaming
+
     model = tiny_model("llama")
     cfg = FaithfulnessConfig(metrics=("contribution", "random"), rates=(0.3, 1.0), batch_tokens=60)
     samples = DOCS if data == "docs" else ITEMS
     full = run_faithfulness(model, samples, cfg, progress=False).table
+    blockwise_runs = []
+    if attention == "blockwise":  # attention="auto" then runs blockwise at every length
+        from cwlens import adapter
+
+        monkeypatch.setattr(cwlens.streaming, "AUTO_THRESHOLD", 0)
+        real_context = adapter.blockwise_attention
+        monkeypatch.setattr(adapter, "blockwise_attention",
+                            lambda *a, **k: blockwise_runs.append(1) or real_context(*a, **k))
     monkeypatch.setattr(lm, "CHUNKED_ABOVE", 0)
     monkeypatch.setattr(lm, "CHUNK", 3)
     seen = []
@@ -157,6 +169,7 @@ def test_the_sweep_scores_the_same_in_chunks(monkeypatch, data):
     monkeypatch.setattr(lm.Unembedded, "logits", spy)
     chunked = run_faithfulness(model, samples, cfg, progress=False).table
     assert seen and max(seen) <= 3  # the sweep went the chunked way
+    assert bool(blockwise_runs) == (attention == "blockwise")  # clean + masked passes
     keys = ["metric", "mode", "rate", "sample_id", "measure"]
     a, b = full.set_index(keys)["value"].sort_index(), chunked.set_index(keys)["value"].sort_index()
     assert a.index.equals(b.index)
