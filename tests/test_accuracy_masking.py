@@ -223,3 +223,31 @@ def test_accuracy_cells_have_the_exact_interval_of_the_clean_check(model):
     # other measures (a log-likelihood) keep the bootstrap-t interval of the mean
     ll = summary[(summary.measure == "gold_ll") & (summary["mode"] == "clean")].iloc[0]
     assert ll.ci_low < ll["mean"] < ll.ci_high
+
+
+def test_markdown_rows_keep_their_columns_with_a_pipe_in_a_label():
+    """``|attn×grad| (sup.)`` in a table cell split its row into extra columns."""
+    import random
+    import re
+
+    import pandas as pd
+
+    from cwlens.faithfulness import aopc
+    from cwlens.faithfulness.report import markdown_tables
+    from cwlens.faithfulness.results import summarize
+
+    rng = random.Random(0)
+    rows = [{"model": "m", "dataset": "toy", "metric": metric, "mode": mode, "rate": rate,
+             "layers": "all", "sample_id": f"s{i}", "measure": "acc", "value": float(rng.random() < 0.6)}
+            for metric in ("contribution", "attention_gradient_abs") for mode in ("comprehensiveness", "sufficiency")
+            for rate in (0.1, 0.3, 0.5) for i in range(12)]
+    rows += [{**rows[i], "metric": "none", "mode": "clean", "rate": 0.0, "value": 1.0} for i in range(12)]
+    table = pd.DataFrame(rows)
+    per_sample = aopc.aopc(aopc.damages(table, "acc"))
+    texts = [markdown_tables(summarize(table), table),
+             aopc.markdown(aopc.aopc_summary(per_sample), "acc", aopc.verdicts(per_sample))]
+    for text in texts:
+        lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+        assert any("attn×grad" in ln for ln in lines)
+        breaks = {len(re.findall(r"(?<!\\)\|", ln)) for ln in lines}
+        assert len(breaks) == 1, lines

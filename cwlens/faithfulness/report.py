@@ -252,7 +252,7 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
         f"{'comp' if m == 'comprehensiveness' else 'suff'} {r:g}" for m, r in cols) + " |"
     lines += [head, "|" + "---|" * (len(cols) + 1)]
     for metric in [m for m in SHORT if m in set(cells.metric)]:
-        row = [SHORT[metric]]
+        row = [SHORT[metric].replace("|", "\\|")]  # |attn×grad|: not a column break
         for mode, rate in cols:
             hit = cells[(cells.metric == metric) & (cells["mode"] == mode) & (cells.rate == rate)]
             row.append(_fmt(hit.iloc[0], meas) if len(hit) else "")
