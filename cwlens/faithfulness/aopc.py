@@ -251,7 +251,7 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
              f"every Δ of this table)", "",
              "| metric | comp AOPC | comp Δ | suff AOPC | suff Δ |", "|---|---|---|---|---|"]
     for metric in [m for m in REGISTRY if m in set(summary["metric"])]:
-        cells = [REGISTRY[metric].short.replace("|", "\\|")]  # not a column break
+        cells = [REGISTRY[metric].short]
         for mode in MODES:
             hit = summary[(summary["metric"] == metric) & (summary["mode"] == mode)]
             if not len(hit):
