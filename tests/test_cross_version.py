@@ -15,7 +15,7 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens.batching import pad_batch
+from cwlens.engine.batching import pad_batch
 from cwlens.testing import ARCHITECTURES, save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]

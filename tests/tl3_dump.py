@@ -10,7 +10,7 @@ import sys
 import torch
 
 import cwlens
-from cwlens.batching import pad_batch
+from cwlens.engine.batching import pad_batch
 
 TEXTS = ["the cat sat on the mat", "mary gave john a bottle of milk ."]
 

@@ -176,8 +176,8 @@ def dataset_list(kinds: tuple[str, ...] = ("text", "choice")):
 
 def device(text: str) -> str:
     """cpu, cuda, cuda:N or mps, available on this machine (checked before any load)."""
+    from cwlens.engine.models.loading import check_device
     from cwlens.errors import DeviceNotAvailableError
-    from cwlens.models.loading import check_device
 
     try:
         check_device(text)

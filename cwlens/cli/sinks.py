@@ -60,7 +60,7 @@ def model_label(name: str) -> str:
     """The model name for titles; offline GGUF models say that they are quantised."""
     import re
 
-    from cwlens.models.registry import MODELS
+    from cwlens.engine.models.registry import MODELS
 
     entry = MODELS.get(name)
     if entry is None or entry.offline is None:
@@ -74,7 +74,7 @@ def model_label(name: str) -> str:
 def run(args) -> int:
     from pathlib import Path
 
-    from cwlens.results_io import results_lock
+    from cwlens.runs.results_io import results_lock
     from cwlens.sinks import run as sink_run
 
     if args.plot_only and not Path(args.out).is_dir():
@@ -82,7 +82,7 @@ def run(args) -> int:
             f"--plot-only: no results folder {args.out}; run `cwlens sinks` without --plot-only first.")
     if not args.plot_only:
         arg_types.output_dir(args.out)  # before the lock creates it
-    from cwlens import distributed
+    from cwlens.runs import distributed
 
     if args.plot_only:  # under torchrun, rank 0 alone redraws
         env = distributed.launched()

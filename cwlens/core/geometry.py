@@ -34,7 +34,7 @@ from functools import cached_property
 
 import torch
 
-from cwlens._types import (
+from cwlens.core._types import (
     KINDS,
     Kind,
     PairWeights,
@@ -379,8 +379,8 @@ class AttentionGeometry:
     def measure(self, metric: str, kind: Kind = "inter") -> PairWeights:
         """One of this class's per-entry measures by name (:data:`MEASURES`, the methods
         of those names; ``kind`` goes to those that take it). cwlens' metric registry
-        (:mod:`cwlens.metrics`) holds these and any other metric
-        (:func:`cwlens.metrics.from_geometry`); this class does not read it."""
+        (:mod:`cwlens.core.metrics`) holds these and any other metric
+        (:func:`cwlens.core.metrics.from_geometry`); this class does not read it."""
         if metric not in MEASURES:
             raise UnknownOptionError(
                 f"Unknown metric={metric!r}. Valid metrics: {', '.join(map(repr, MEASURES))}."

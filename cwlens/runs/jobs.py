@@ -8,14 +8,14 @@ items merge; :func:`run_job` does the choreography they share:
 1. **plan** -- the study fixes its items (batches) from the samples and the
    configuration before anything runs, so a resumed run computes the numbers of an
    uninterrupted one;
-2. **lock** -- :func:`cwlens.results_io.results_lock` on the results folder;
+2. **lock** -- :func:`cwlens.runs.results_io.results_lock` on the results folder;
 3. **agree** -- in a torchrun job every rank checks that all computed the same
-   configuration (:func:`cwlens.distributed.agree`);
+   configuration (:func:`cwlens.runs.distributed.agree`);
 4. **resume** -- rank 0 opens the store first (``resume=False`` starts it afresh; it
    repairs what a kill left) and tells every rank what is finished; the other ranks then
    open theirs, resuming;
 5. **shard** -- the items left are dealt round-robin over the ranks
-   (:func:`cwlens.distributed.shard`);
+   (:func:`cwlens.runs.distributed.shard`);
 6. **progress** -- one bar on rank 0 that counts every rank's output as it lands;
 7. **merge** -- after a barrier, the study merges (rank 0 writes, every rank returns).
 
@@ -85,8 +85,8 @@ class Job(ABC):
 def run_job(job: Job) -> Any:
     """Run ``job`` through plan -> lock -> agree -> resume -> shard -> progress -> merge
     (see the module docstring); return :meth:`Job.merge`."""
-    from cwlens import distributed
-    from cwlens.results_io import results_lock
+    from cwlens.runs import distributed
+    from cwlens.runs.results_io import results_lock
 
     spec = job.spec
     if spec.folder is None:
@@ -114,7 +114,7 @@ def run_job(job: Job) -> Any:
 
 
 def _work(job: Job) -> None:
-    from cwlens import distributed
+    from cwlens.runs import distributed
 
     spec = job.spec
     todo = job.todo()

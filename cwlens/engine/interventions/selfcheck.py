@@ -20,9 +20,9 @@ from collections.abc import Iterable
 
 import torch
 
-from cwlens import hook_names
+from cwlens.engine import hook_names
+from cwlens.engine.handle import wrap
 from cwlens.errors import InterventionNotAppliedError
-from cwlens.handle import wrap
 
 
 def kinds_of(hook_point_names: Iterable[str]) -> set[str]:
@@ -75,7 +75,7 @@ def ensure_edits_act(model, kinds: Iterable[str]) -> None:
     """Raise :class:`InterventionNotAppliedError` unless edits of ``kinds`` change the run.
 
     ``kinds``: ``"pattern"`` and/or ``"values"``. Enables the pattern seam of delegating
-    bridge attentions first (:mod:`cwlens.models.pattern_seam`). Cached per model.
+    bridge attentions first (:mod:`cwlens.engine.models.pattern_seam`). Cached per model.
     """
     handle = wrap(model)
     done = handle.verified_edits

@@ -12,29 +12,29 @@ from typing import Any, cast
 
 import torch
 
-from cwlens import hook_names
-from cwlens._types import Cache
-from cwlens._types import Layers as Layers  # re-exported: measures and users import it here
-from cwlens._types import TLModel as TLModel  # re-exported
 from cwlens.core import AttentionGeometry
+from cwlens.core._types import Cache
+from cwlens.core._types import Layers as Layers  # re-exported: measures and users import it here
+from cwlens.core._types import TLModel as TLModel  # re-exported
+from cwlens.engine import hook_names
+from cwlens.engine.handle import ModelInfo as ModelInfo  # re-exported
+from cwlens.engine.handle import wrap
 from cwlens.errors import (
     LayerOutOfRangeError,
     MissingHookError,
     ShapeMismatchError,
     UnsupportedModelError,
 )
-from cwlens.handle import ModelInfo as ModelInfo  # re-exported
-from cwlens.handle import wrap
 
 
 def is_encoder(model: TLModel) -> bool:
-    """Bidirectional attention (BERT-like): see :attr:`cwlens.handle.ModelHandle.is_encoder`."""
+    """Bidirectional attention (BERT-like): see :attr:`cwlens.engine.handle.ModelHandle.is_encoder`."""
     return wrap(model).is_encoder
 
 
 def attention_window(model: TLModel, layer: int) -> int | None:
     """The sliding-window size of ``layer``, or None (see
-    :meth:`cwlens.handle.ModelHandle.attention_window`)."""
+    :meth:`cwlens.engine.handle.ModelHandle.attention_window`)."""
     return wrap(model).attention_window(layer)
 
 
@@ -60,7 +60,7 @@ def vocab_size(model: TLModel) -> int | None:
 def text_length(model: TLModel, text: str) -> int:
     """How many tokens ``model`` makes of ``text`` (with its BOS / [CLS] ... [SEP]), not cut
     at the context as ``model.to_tokens`` and ``model(text)`` silently do."""
-    from cwlens.batching import token_ids
+    from cwlens.engine.batching import token_ids
 
     return len(token_ids(model, text, truncate=False))
 
@@ -259,7 +259,7 @@ def heads_output(cache: Cache, model: TLModel, layer: int) -> torch.Tensor:
 
 
 def closure_hook(model: TLModel, layer: int) -> str:
-    """The hook holding what the heads wrote (see :func:`cwlens.hook_names.closure_target`)."""
+    """The hook holding what the heads wrote (see :func:`cwlens.engine.hook_names.closure_target`)."""
     info = ModelInfo.of(model)
     return hook_names.closure_target(layer, info.generation, info.post_attn_norm)
 
@@ -271,23 +271,23 @@ def heads_output_from(model: TLModel, layer: int, out: torch.Tensor) -> torch.Te
     return out.float() - b_O(model, layer).float().to(out.device)
 
 
-# -- blockwise attention (cwlens.models.blockwise): the one door to it ------------------
-from cwlens.models.blockwise import AUTO_THRESHOLD as BLOCKWISE_AUTO_THRESHOLD  # noqa: E402,F401
-from cwlens.models.blockwise import block_rows as block_rows  # noqa: E402,F401
-from cwlens.models.blockwise import current_block as current_block  # noqa: E402,F401
+# -- blockwise attention (cwlens.engine.models.blockwise): the one door to it ------------------
+from cwlens.engine.models.blockwise import AUTO_THRESHOLD as BLOCKWISE_AUTO_THRESHOLD  # noqa: E402,F401
+from cwlens.engine.models.blockwise import block_rows as block_rows  # noqa: E402,F401
+from cwlens.engine.models.blockwise import current_block as current_block  # noqa: E402,F401
 
 
 def supports_blockwise(model: TLModel) -> bool:
     """Whether :func:`blockwise_attention` applies to ``model`` (TransformerLens 4.x bridges)."""
-    from cwlens.models.blockwise import supports_blockwise as supports
+    from cwlens.engine.models.blockwise import supports_blockwise as supports
 
     return supports(model)
 
 
 def blockwise_attention(model: TLModel, block: int):
     """Context manager: forward passes inside compute attention in query blocks of
-    ``block`` rows (:mod:`cwlens.models.blockwise`)."""
-    from cwlens.models.blockwise import blockwise_attention as context
+    ``block`` rows (:mod:`cwlens.engine.models.blockwise`)."""
+    from cwlens.engine.models.blockwise import blockwise_attention as context
 
     return context(model, block)
 

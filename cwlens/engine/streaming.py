@@ -20,7 +20,7 @@ Three levels, from the most general to the most convenient:
     ``query_block`` rows, so the memory beyond the forward pass is a few blocks of
     ``[batch, head, query_block, key]``, whatever ``n`` and the number of layers.
 
-Results equal those from ``run_with_cache`` + :mod:`cwlens.measures` (same math, the same
+Results equal those from ``run_with_cache`` + :mod:`cwlens.engine.measures` (same math, the same
 float32 rounding up to the order of the sums; tested on every tiny architecture).
 """
 
@@ -31,13 +31,13 @@ from typing import Any
 
 import torch
 
-from cwlens import adapter, hook_names, validation
-from cwlens import metrics as _metrics
-from cwlens._types import Kind
-from cwlens.adapter import Layers, TLModel
+from cwlens.core import metrics as _metrics
+from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
+from cwlens.engine import adapter, hook_names, validation
+from cwlens.engine.adapter import Layers, TLModel
+from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError, EmptyInputError, InvalidArgumentError, UnknownOptionError
-from cwlens.handle import wrap
 
 DEFAULT_QUERY_BLOCK = 256
 AUTO_THRESHOLD = adapter.BLOCKWISE_AUTO_THRESHOLD  # attention="auto": blockwise above this
@@ -63,7 +63,7 @@ def pass_options(where: str, options: dict[str, Any], allowed, forward_rest: boo
 
 
 def check_metric(metric: str) -> str:
-    """``metric`` if the streaming engine computes it (:data:`cwlens.metrics.GEOMETRY`)."""
+    """``metric`` if the streaming engine computes it (:data:`cwlens.core.metrics.GEOMETRY`)."""
     return _metrics.get(metric, _metrics.GEOMETRY).name
 
 
@@ -71,7 +71,7 @@ class _Taps:
     """Catches ``hook_v`` and ``hook_pattern`` of each layer; calls ``on_layer`` once both
     are in (in whichever order the model fires them), then drops them.
 
-    Under blockwise attention (:mod:`cwlens.models.blockwise`) ``hook_pattern`` fires once
+    Under blockwise attention (:mod:`cwlens.engine.models.blockwise`) ``hook_pattern`` fires once
     per query block: each block goes to ``on_block(layer, block, rows, v)`` (``block``
     says where the rows sit), after ``hook_v`` (which fires first, with all keys)."""
 
@@ -184,7 +184,7 @@ class _Stop(Exception):
 
 
 def _tokens(model: TLModel, input, attention_mask=None) -> torch.Tensor | Any:
-    """``input`` checked (:func:`cwlens.validation.model_input`: empty, malformed, out of the
+    """``input`` checked (:func:`cwlens.engine.validation.model_input`: empty, malformed, out of the
     vocabulary, longer than a learned-position context; texts past a rotary context are
     tokenized whole, with a warning); 1-d token ids get a batch axis."""
     input = validation.run_input(model, input, attention_mask)
@@ -215,11 +215,11 @@ def stream_geometry(
     keys masked by ``attention_mask``). It must not be kept after ``fn`` returns (it
     holds the layer's pattern): keep what ``fn`` computes from it. Returns
     ``(logits, [fn(...) for each layer, in layer order])``, and with ``closure=True`` a
-    third item, the :class:`~cwlens.measures.Closure` check of each layer (the heads x keys
+    third item, the :class:`~cwlens.engine.measures.Closure` check of each layer (the heads x keys
     rebuild against what the heads wrote, caught by one more hook per layer).
 
     ``attention``: ``"eager"`` (the model's own attention), ``"blockwise"`` (attention in
-    query blocks, :mod:`cwlens.models.blockwise`) or ``"auto"`` (blockwise above
+    query blocks, :mod:`cwlens.engine.models.blockwise`) or ``"auto"`` (blockwise above
     :data:`AUTO_THRESHOLD` tokens). ``fn`` gets a whole layer either way, so a blockwise
     run still holds one layer's ``[batch, head, n, n]`` pattern at a time (but no
     ``n x n`` scores in the forward pass): :func:`stream_reduce` never does.
@@ -293,7 +293,7 @@ class _Engine:
     def rebuilt_output(self, layer: int, output: torch.Tensor) -> None:
         """What the heads x keys rebuild for ``layer`` ([batch, pos, d_model]): checked
         against the model's own output of the heads, whichever comes first."""
-        from cwlens.measures import closure_errors
+        from cwlens.engine.measures import closure_errors
 
         if layer in self.targets:
             self.errors[layer] = closure_errors(output, self.targets.pop(layer), self.attention_mask)
@@ -301,7 +301,7 @@ class _Engine:
             self.rebuilt[layer] = output
 
     def _check(self, layer: int):
-        from cwlens.measures import closure_errors
+        from cwlens.engine.measures import closure_errors
 
         # the heads' output usually fires after the pattern; where the pattern hook fires
         # after the attention module returns (the bridge's BERT), it comes first
@@ -319,7 +319,7 @@ class _Engine:
             forward_kwargs: dict) -> tuple[bool, tuple[Any, ...]]:
         """Run the forward; ``fn(layer, geometry)`` for whole layers, or ``on_block(layer,
         block, rows, v)`` for blockwise runs where given. Returns ``(blockwise, outputs)``."""
-        from cwlens.measures import Closure
+        from cwlens.engine.measures import Closure
 
         model, resolved = self.model, self.layers  # input: checked by _tokens
         blockwise = use_blockwise(model, input, attention)
@@ -398,7 +398,7 @@ def stream(
     """Call ``fn(layer, weights)`` with each layer's ``[batch, head, query, key]`` float32
     tensor of ``metric`` while the model runs; return ``[fn(...) for each layer]``.
 
-    ``metric``: any geometry metric of :mod:`cwlens.metrics` (``attention``,
+    ``metric``: any geometry metric of :mod:`cwlens.core.metrics` (``attention``,
     ``value_weighted``, ``value_weighted_output_normalized``, ``contribution`` (signed),
     ``contribution_abs``, ``alti``); ``kind`` picks ``o`` (``"inter"``:
     the layer's output, ``"intra"``: the head's). Only one layer's weights exist at a time;
@@ -445,7 +445,7 @@ def stream(
 def _named_reducers(reducers: object) -> dict[str, Any]:
     """``{name: reducer}`` from a dict or a list (named by ``reducer.name``), each a
     :class:`cwlens.reducers.Reducer` and each name once."""
-    from cwlens.reducers import Reducer
+    from cwlens.engine.reducers import Reducer
 
     if isinstance(reducers, Reducer):
         reducers = [reducers]
@@ -500,7 +500,7 @@ class StreamResult:
     Attributes:
         logits: the model's logits (None when run with ``logits=False``).
         results: ``{reducer name: its result}``; ``result[name]`` reads one.
-        closure: a :class:`~cwlens.measures.Closure` with ``closure=True``, else None.
+        closure: a :class:`~cwlens.engine.measures.Closure` with ``closure=True``, else None.
 
     Examples:
         >>> import cwlens, torch
@@ -513,7 +513,7 @@ class StreamResult:
 
     logits: torch.Tensor | None  # None when run with logits=False
     results: dict[str, Any] = field(default_factory=dict)
-    closure: Any = None  # a cwlens.measures.Closure when asked for (closure=True)
+    closure: Any = None  # a cwlens.engine.measures.Closure when asked for (closure=True)
 
     def __getitem__(self, name: str) -> Any:
         return self.results[name]
@@ -541,7 +541,7 @@ def stream_reduce(
     ``attention="blockwise"`` (or ``"auto"`` above :data:`AUTO_THRESHOLD` tokens) runs the
     model's attention itself in blocks of ``query_block`` queries and hands each block to
     the reducers as it is computed: no ``[batch, head, n, n]`` tensor exists at any point
-    (:mod:`cwlens.models.blockwise`). ``logits=False`` stops the forward pass after the
+    (:mod:`cwlens.engine.models.blockwise`). ``logits=False`` stops the forward pass after the
     last layer streamed (``result.logits`` is then None).
 
 

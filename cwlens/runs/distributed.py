@@ -110,7 +110,7 @@ def require_session() -> None:
         raise DistributedError(
             "This process was started by torchrun (WORLD_SIZE="
             f"{env.size}) but the process group is not initialised: wrap the run in "
-            "`with cwlens.distributed.session():` (the cwlens command does this)."
+            "`with cwlens.runs.distributed.session():` (the cwlens command does this)."
         )
 
 

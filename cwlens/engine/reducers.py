@@ -17,7 +17,7 @@ reducer                result                                                  s
 =====================  ======================================================  ==========================
 
 Every reducer's result equals the same reduction of the full tensors from
-:mod:`cwlens.measures` (tested). ``layers`` in a result lists the layers in the order of
+:mod:`cwlens.engine.measures` (tested). ``layers`` in a result lists the layers in the order of
 its leading axis.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from cwlens import validation
+from cwlens.engine import validation
 from cwlens.errors import CwlensError, InvalidArgumentError, LayerOutOfRangeError
 
 
@@ -69,7 +69,7 @@ def _check_positive(value: object, what: str) -> int:
 
 
 def _check_metric(metric: object, what: str = "metric") -> str:
-    from cwlens.streaming import check_metric
+    from cwlens.engine.streaming import check_metric
 
     if not isinstance(metric, str):
         raise InvalidArgumentError(f"{what} must be a metric name such as 'contribution'; got {metric!r}.")
@@ -370,7 +370,7 @@ class FullMatrices(Reducer):
 
 def _pairs(pairs: object) -> list[tuple[int, int]]:
     """A non-empty list of ``(layer, head)`` int pairs, each once."""
-    from cwlens.adapter import _layer_index
+    from cwlens.engine.adapter import _layer_index
 
     example = "e.g. [(0, 1), (1, 3)]"
     if isinstance(pairs, str | bytes) or not hasattr(pairs, "__iter__"):

@@ -14,7 +14,7 @@ Three sources of scores:
     kind)``.
 ``"gradient"``
     needs a forward *and* a backward pass with the loss on the sample's own tokens
-    (:mod:`cwlens.gradients`): supervised (it reads the targets), not streamable.
+    (:mod:`cwlens.engine.gradients`): supervised (it reads the targets), not streamable.
     ``compute(scores, kind)`` maps the signed ``-a * dL/da`` scores of one layer.
 ``"random"``
     the seeded control of the faithfulness test (no scores from a model).
@@ -140,7 +140,7 @@ REGISTRY: dict[str, Metric] = registry(
            look=Look("random", "random", "#7f7f7f"), source="random", default=True),
 )
 
-# The options of the measures and the masking protocol, listed here only (cwlens._types
+# The options of the measures and the masking protocol, listed here only (cwlens.core._types
 # re-exports the types): the output o a value-aware metric projects on (the head's own or
 # the layer's), what a mask removes (the top- or the bottom-ranked entries) and the unit
 # a rate applies in.
@@ -197,7 +197,7 @@ def get(name: str, allowed: tuple[str, ...] | None = None) -> Metric:
         hint = ""
         if name in GRADIENT:
             hint = (" Gradient metrics need a backward pass with the loss on the targets: "
-                    "use cwlens.gradients.attention_gradient or the faithfulness harness.")
+                    "use cwlens.engine.gradients.attention_gradient or the faithfulness harness.")
         elif name == "random":
             hint = " 'random' is the faithfulness test's control, not a measure."
         raise UnknownOptionError(
@@ -212,7 +212,7 @@ def from_geometry(geometry, name: str, kind: str = "inter") -> torch.Tensor:
     if compute is None:
         raise UnknownOptionError(
             f"metric {name!r} is registered without a compute function, so it cannot be "
-            "read from a geometry: register it with compute=... (cwlens.metrics)."
+            "read from a geometry: register it with compute=... (cwlens.core.metrics)."
         )
     return compute(geometry, kind)
 

@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from cwlens import hook_names
-from cwlens.adapter import Layers, TLModel, block_rows, current_block, resolve_layers
 from cwlens.core.sinks import scale_position, set_sink_rate
-from cwlens.handle import wrap
-from cwlens.interventions.selfcheck import ensure_edits_act, kinds_of
+from cwlens.engine import hook_names
+from cwlens.engine.adapter import Layers, TLModel, block_rows, current_block, resolve_layers
+from cwlens.engine.handle import wrap
+from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
 
 Hook = tuple[str, Callable[[torch.Tensor, Any], torch.Tensor]]
 
@@ -100,7 +100,7 @@ def applied(model: TLModel, fwd_hooks: list[Hook]) -> Iterator[TLModel]:
 
     Uses the model's own ``hooks`` context (TransformerLens 3.x and 4.x), so hooks that
     were already on the model stay untouched. The edits are first checked to act on this
-    model (:func:`~cwlens.interventions.selfcheck.ensure_edits_act`, once per model).
+    model (:func:`~cwlens.engine.interventions.selfcheck.ensure_edits_act`, once per model).
     """
     ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
     with wrap(model).hooks(fwd_hooks):

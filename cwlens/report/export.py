@@ -1,6 +1,6 @@
 """Streamed reductions as tidy tables (pandas, Parquet) and a CircuitsVis view.
 
-:func:`reduction_tables` turns a :class:`~cwlens.streaming.StreamResult` of one text into
+:func:`reduction_tables` turns a :class:`~cwlens.engine.streaming.StreamResult` of one text into
 long tables, one row per number, with the model, the text id and the token strings:
 
 =================  ==========================================================================
@@ -24,9 +24,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from cwlens import batching, reducers
+from cwlens.engine import batching, reducers
+from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError
-from cwlens.handle import wrap
 
 TABLES = ("topk", "column_sums", "token_level", "heads")
 
@@ -153,7 +153,7 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
 
     ``reduce``: the options of :func:`default_reducers` (``metrics``, ``k``,
     ``token_layers``)."""
-    from cwlens.streaming import stream_reduce
+    from cwlens.engine.streaming import stream_reduce
 
     texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
     tables: dict[str, list[pd.DataFrame]] = {}
@@ -166,7 +166,7 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
             tables.setdefault(name, []).append(df)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    from cwlens.results_io import atomic_write
+    from cwlens.runs.results_io import atomic_write
 
     paths = {}
     for name, frames in tables.items():
@@ -181,8 +181,9 @@ def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict
     """Every argument of :func:`export_texts`, before any model work: ``(texts, ids,
     reduce)`` (``reduce`` with every option of :func:`default_reducers`, negative
     ``token_layers`` counted from the end)."""
-    from cwlens import validation
     from cwlens.cli.arg_types import output_dir
+    from cwlens.engine import validation
+    from cwlens.engine.streaming import check_metric
     from cwlens.errors import (
         EmptyInputError,
         InvalidArgumentError,
@@ -190,7 +191,6 @@ def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict
         ShapeMismatchError,
         UnknownOptionError,
     )
-    from cwlens.streaming import check_metric
 
     if fmt not in ("parquet", "csv"):
         raise UnknownOptionError(f"fmt must be 'parquet' or 'csv'; got {fmt!r}.")

@@ -3,7 +3,7 @@
 ``value_masking``: remove chosen terms ``a_ij^h v~_j^h`` from head outputs (faithfulness).
 """
 
-from cwlens.interventions.value_masking import (
+from cwlens.engine.interventions.value_masking import (
     hooks_applied,
     masking_hooks,
     pattern_mask_hook,

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from cwlens import hook_names
-from cwlens._types import ModelGeneration
+from cwlens.core._types import ModelGeneration
+from cwlens.engine import hook_names
 
 _ATTRIBUTE = "_cwlens_handle"
 
@@ -222,8 +222,8 @@ class ModelHandle:
 
     def enable_pattern_edits(self) -> None:
         """Route delegating bridge attentions through the pattern seam
-        (:mod:`cwlens.models.pattern_seam`), so ``hook_pattern`` edits act."""
-        from cwlens.models.pattern_seam import enable_pattern_edits
+        (:mod:`cwlens.engine.models.pattern_seam`), so ``hook_pattern`` edits act."""
+        from cwlens.engine.models.pattern_seam import enable_pattern_edits
 
         enable_pattern_edits(self.model)
 

@@ -6,7 +6,7 @@ The names are the same on ``HookedTransformer`` (TransformerLens 3.x) and
 
 from collections.abc import Callable, Iterable
 
-from cwlens._types import ModelGeneration
+from cwlens.core._types import ModelGeneration
 
 
 def pattern(layer: int) -> str:

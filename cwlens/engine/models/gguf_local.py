@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from cwlens.engine.models.registry import OfflineDir, OfflineGGUF
 from cwlens.errors import ModelNotAvailableError
-from cwlens.models.registry import OfflineDir, OfflineGGUF
 
 CACHE_ENV = "CWLENS_CACHE"
 
@@ -42,7 +42,7 @@ def _package_dir(module: str) -> Path | None:
 
 def packaged_dir(spec) -> Path:
     """The Hugging Face directory inside an installed package (an
-    :class:`~cwlens.models.registry.OfflineDir`), or a clear error."""
+    :class:`~cwlens.engine.models.registry.OfflineDir`), or a clear error."""
     where = _package_dir(spec.module)
     if where is None:
         raise _not_installed(spec, spec.module)

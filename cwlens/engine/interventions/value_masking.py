@@ -22,13 +22,13 @@ from contextlib import contextmanager
 
 import torch
 
-from cwlens import hook_names
-from cwlens._types import Pattern
-from cwlens.adapter import block_rows, current_block
+from cwlens.core._types import Pattern
 from cwlens.core.bitmask import PackedMask
+from cwlens.engine import hook_names
+from cwlens.engine.adapter import block_rows, current_block
+from cwlens.engine.handle import wrap
+from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
 from cwlens.errors import MissingHookError, ShapeMismatchError
-from cwlens.handle import wrap
-from cwlens.interventions.selfcheck import ensure_edits_act, kinds_of
 
 HookFn = Callable[..., torch.Tensor]
 Masks = Mapping[int, "torch.Tensor | PackedMask"]  # PackedMask: unpacked only while its layer runs
@@ -87,7 +87,7 @@ def hooks_applied(model, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[ob
 
     Only the hooks added here are removed (others, e.g. permanent ones, are left alone),
     and they are removed even if the block raises. Edits of ``hook_pattern``/``hook_v`` are
-    first checked to act on this model (:func:`~cwlens.interventions.selfcheck.ensure_edits_act`,
+    first checked to act on this model (:func:`~cwlens.engine.interventions.selfcheck.ensure_edits_act`,
     once per model).
     """
     handle = wrap(model)
@@ -127,7 +127,7 @@ def run_masked(
     ``attention``: ``"eager"``, ``"blockwise"`` (the masks act on each query block's
     probabilities before the value product) or ``"auto"`` (blockwise on long inputs),
     as in :func:`cwlens.stream_geometry`."""
-    from cwlens.streaming import attention_context
+    from cwlens.engine.streaming import attention_context
 
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask

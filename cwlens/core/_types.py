@@ -27,9 +27,9 @@ from typing import Any, Literal, Protocol, SupportsIndex, runtime_checkable
 import torch
 from jaxtyping import Bool, Float, Int
 
-from cwlens.metrics import GEOMETRY, HIERARCHY, KINDS, Kind, Mode, Scope
+from cwlens.core.metrics import GEOMETRY, HIERARCHY, KINDS, Kind, Mode, Scope
 
-__all__ = ["KINDS", "Kind", "Mode", "Scope"]  # re-exported from cwlens.metrics
+__all__ = ["KINDS", "Kind", "Mode", "Scope"]  # re-exported from cwlens.core.metrics
 
 Pattern = Float[torch.Tensor, "batch head_index query_pos key_pos"]
 Values = Float[torch.Tensor, "batch key_pos kv_head d_head"]
@@ -48,11 +48,11 @@ KeyNorms = Float[torch.Tensor, "batch head_index key_pos"]
 PositionMask = Bool[torch.Tensor, "batch pos"] | Int[torch.Tensor, "batch pos"]
 
 # -- the option strings (checked at run time too: a bad value raises UnknownOptionError) --
-# metric names are plain strings: cwlens.metrics.REGISTRY lists them (one entry each)
+# metric names are plain strings: cwlens.core.metrics.REGISTRY lists them (one entry each)
 Generation = Literal["auto", "bridge", "hooked"]
 ModelGeneration = Literal["bridge", "hooked"]  # what a loaded model is
 
-# the paper's four metrics (cwlens.importance); the registry is cwlens.metrics
+# the paper's four metrics (cwlens.importance); the registry is cwlens.core.metrics
 METRICS: tuple[str, ...] = HIERARCHY
 # every per-entry measure the streaming engine computes (METRICS, |contribution|, alti)
 STREAM_METRICS: tuple[str, ...] = GEOMETRY

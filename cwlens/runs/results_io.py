@@ -64,7 +64,7 @@ def _holder_text(lock_path: Path) -> str:
 def results_lock(folder, what: str | None = None):
     """Hold the results folder for this run (see the module docstring).
 
-    In a torchrun job (:func:`cwlens.distributed.is_distributed`) every rank calls it at
+    In a torchrun job (:func:`cwlens.runs.distributed.is_distributed`) every rank calls it at
     the same point: rank 0 takes the lock (its file records the job: master address and
     port, run id, number of processes), the other ranks join it, and if rank 0 cannot
     take it every rank raises the same error at once. Each rank checks that it sees rank
@@ -84,7 +84,7 @@ def results_lock(folder, what: str | None = None):
         finally:
             _held[key][1] -= 1
         return
-    from cwlens import distributed
+    from cwlens.runs import distributed
 
     if distributed.is_distributed():
         with _job_lock(folder, key, what):
@@ -139,7 +139,7 @@ def _job_lock(folder: Path, key: str, what: str | None):
     """:func:`results_lock` for every rank of a torchrun job (rank 0 holds the flock)."""
     from contextlib import ExitStack
 
-    from cwlens import distributed
+    from cwlens.runs import distributed
 
     w = distributed.world()
     with ExitStack() as stack:

@@ -44,11 +44,11 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from cwlens import adapter
-from cwlens._types import Kind
+from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind, safe_divide
+from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError
-from cwlens.handle import wrap
 
 CLASSES = ("cls", "sep", "punctuation", "other")
 CLS, SEP, PUNCT, OTHER = range(4)
@@ -81,7 +81,7 @@ def token_classes(model, tokens: torch.Tensor, mask: torch.Tensor | None = None)
     if real.shape != tokens.shape:
         raise InvalidArgumentError(
             f"mask has shape {tuple(real.shape)} but tokens {tuple(tokens.shape)}: pass the "
-            "attention mask from cwlens.batching.pad_batch with its tokens."
+            "attention mask from cwlens.engine.batching.pad_batch with its tokens."
         )
     tok = wrap(model).tokenizer
     out = torch.full_like(tokens, OTHER)
@@ -190,13 +190,13 @@ def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int 
 
     ``texts``: strings or ``(id, text)`` pairs (as :func:`cwlens.faithfulness.encoder.sentences`
     gives). Each text is cut to its first ``max_tokens`` tokens; batches of ``batch_size``
-    (padded as :func:`cwlens.batching.pad_batch` does) run through the streaming engine, so
+    (padded as :func:`cwlens.engine.batching.pad_batch` does) run through the streaming engine, so
     no layer's pattern outlives its layer. ``kind`` is the projection of the contribution
     and of the relative norm and cosine (``||o_i||``: the layer output for ``"inter"``, the
     head's own for ``"intra"``).
     """
-    from cwlens.batching import context_cap, pad_batch, token_ids
-    from cwlens.streaming import stream_geometry
+    from cwlens.engine.batching import context_cap, pad_batch, token_ids
+    from cwlens.engine.streaming import stream_geometry
 
     check_kind(kind)
     for name, value in (("max_tokens", max_tokens), ("batch_size", batch_size)):

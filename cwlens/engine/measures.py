@@ -5,7 +5,7 @@ Every function takes ``(cache, model, layer)`` like TransformerLens' own analysi
 or ``None`` for all layers (result with a leading ``layer`` axis). Results are float32.
 
 ``attention_mask`` (``[batch, pos]``, 1 on real tokens) is the mask the batch was run
-with; pad positions then get weight 0. Shapes: see :mod:`cwlens._types`.
+with; pad positions then get weight 0. Shapes: see :mod:`cwlens.core._types`.
 """
 
 from collections.abc import Callable
@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens import adapter, hook_names, metrics
-from cwlens._types import Cache, Kind, LayerPairWeights, LayerTokenWeights
-from cwlens.adapter import Layers, TLModel
+from cwlens.core import metrics
+from cwlens.core._types import Cache, Kind, LayerPairWeights, LayerTokenWeights
 from cwlens.core.geometry import check_kind
-from cwlens.handle import wrap
-from cwlens.metrics import get as get_metric
+from cwlens.core.metrics import get as get_metric
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.adapter import Layers, TLModel
+from cwlens.engine.handle import wrap
 
 
 def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
@@ -118,7 +119,7 @@ def importance(
 
     ``metric``: ``"attention"`` (a), ``"value_weighted"`` (a ||v~||, Kobayashi et al. 2020),
     ``"value_weighted_output_normalized"`` (a ||v~|| / ||o||) or ``"contribution"``
-    (a ||v~|| / ||o|| cos(o, v~)), or any other geometry metric of :mod:`cwlens.metrics`
+    (a ||v~|| / ||o|| cos(o, v~)), or any other geometry metric of :mod:`cwlens.core.metrics`
     (``"contribution_abs"``, ``"alti"``). ``kind`` picks ``o`` where the metric uses one.
 
     Args:
@@ -408,7 +409,7 @@ def run_with_cache(
         layers: an int, a list of ints, or ``None`` for every layer: the layers to keep.
         closure: also keep what :func:`closure` needs.
         attention_mask: ``[batch, pos]``, 1 on real tokens (see
-            :func:`cwlens.batching.pad_batch`).
+            :func:`cwlens.engine.batching.pad_batch`).
         residual: also keep what :mod:`cwlens.circuits` reads (:func:`names_filter`).
         **kwargs: passed on to ``model.run_with_cache``.
 
@@ -443,8 +444,8 @@ def run_with_cache(
 
 def _check_input(model: TLModel, input: object, attention_mask: torch.Tensor | None) -> object:
     """Refuse empty, malformed or too long input, and a mask that does not match the
-    tokens, before any compute (:func:`cwlens.validation.run_input`); return the input
+    tokens, before any compute (:func:`cwlens.engine.validation.run_input`); return the input
     to run."""
-    from cwlens import validation
+    from cwlens.engine import validation
 
     return validation.run_input(model, input, attention_mask)

@@ -28,11 +28,11 @@ from contextlib import contextmanager
 
 import torch
 
-from cwlens import adapter, hook_names
-from cwlens.adapter import Layers
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.adapter import Layers
+from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError
 from cwlens.faithfulness.lm import token_nll
-from cwlens.handle import wrap
 
 
 @contextmanager
@@ -68,7 +68,7 @@ def attention_gradient(
     ``L = sum_b L_b`` (see the module docstring); pad queries and keys get 0. One forward
     and one backward pass with gradients (the only cwlens metric that needs them).
     """
-    from cwlens.interventions.value_masking import hooks_applied
+    from cwlens.engine.interventions.value_masking import hooks_applied
 
     adapter.require_next_token_model(
         model, "attention_gradient", "Use a decoder (the gradient is of the next-token loss)."

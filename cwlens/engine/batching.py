@@ -8,10 +8,10 @@ mask to ``run_with_cache`` *and* to cwlens' measures: pad positions then get wei
 
 import torch
 
-from cwlens import validation
-from cwlens.adapter import is_encoder
+from cwlens.engine import validation
+from cwlens.engine.adapter import is_encoder
+from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
-from cwlens.handle import wrap
 
 __all__ = ["fit_context", "is_encoder", "pad_batch", "token_ids"]
 
@@ -52,7 +52,7 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
 
     Examples:
         >>> import cwlens, torch
-        >>> from cwlens.batching import pad_batch
+        >>> from cwlens.engine.batching import pad_batch
         >>> from cwlens.testing import tiny_model
         >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
         >>> tokens, mask = pad_batch(model, ["the cat sat on the mat", "a dog ran"])
@@ -106,7 +106,7 @@ def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str) 
     :class:`~cwlens.errors.CwlensWarning` when the text is longer (docs/inputs.md)."""
     import warnings
 
-    from cwlens.adapter import context_length
+    from cwlens.engine.adapter import context_length
     from cwlens.errors import CwlensWarning
 
     validation.max_tokens(max_tokens)
@@ -127,7 +127,7 @@ def context_cap(model, max_tokens: int | None, lengths, what: str = "texts") -> 
     (the texts' token counts) would exceed it (docs/inputs.md)."""
     import warnings
 
-    from cwlens.adapter import context_length
+    from cwlens.engine.adapter import context_length
     from cwlens.errors import CwlensWarning
 
     limit = context_length(model)

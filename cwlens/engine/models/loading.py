@@ -12,17 +12,17 @@ from pathlib import Path
 
 import torch
 
-from cwlens._types import Generation
+from cwlens.core._types import Generation
+from cwlens.engine.handle import wrap
+from cwlens.engine.models.gguf_local import dequantized_dir, packaged_dir
+from cwlens.engine.models.pattern_seam import enable_pattern_edits
+from cwlens.engine.models.registry import MODELS, describe_models
 from cwlens.errors import (
     CwlensError,
     DeviceNotAvailableError,
     ModelNotAvailableError,
     UnknownOptionError,
 )
-from cwlens.handle import wrap
-from cwlens.models.gguf_local import dequantized_dir, packaged_dir
-from cwlens.models.pattern_seam import enable_pattern_edits
-from cwlens.models.registry import MODELS, describe_models
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -83,7 +83,7 @@ def load_model(
         generation: ``"bridge"`` (TransformerLens 4.x), ``"hooked"`` (3.x
             ``HookedTransformer``) or ``"auto"`` (bridge on 4.x, hooked on 3.x).
         n_devices: split the model over this many CUDA GPUs (``0..n-1``; TransformerBridge
-            only). Under torchrun, :func:`cwlens.distributed.placement` gives each rank its
+            only). Under torchrun, :func:`cwlens.runs.distributed.placement` gives each rank its
             own group of GPUs instead (a ``device_map`` strategy with ``max_memory``).
         device_map: a Hugging Face device map (``"auto"``, ``"balanced"``,
             ``"sequential"``, or ``{module: device}``); exclusive with ``device``.
@@ -113,7 +113,7 @@ def load_model(
         raise UnknownOptionError(
             f"generation must be 'auto', 'bridge' or 'hooked'; got {generation!r}"
         )
-    from cwlens.distributed import PlacementError, check_device_map
+    from cwlens.runs.distributed import PlacementError, check_device_map
 
     check_device_map(device_map, torch.cuda.device_count() if torch.cuda.is_available() else 0,
                      "device_map")
@@ -157,7 +157,7 @@ def load_model(
             raise PlacementError(
                 "n_devices / device_map need the TransformerBridge (TransformerLens 4.x); "
                 "the 3.x HookedTransformer loads on one device here.")
-        from cwlens.models.hooked import load_hooked
+        from cwlens.engine.models.hooked import load_hooked
 
         model = load_hooked(source, hub_id, device=placed_device, dtype=dtype)
         wrap(model)  # the bound handle, made once

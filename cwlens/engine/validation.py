@@ -65,7 +65,7 @@ def label(value: object, name: str) -> str:
 
 def int_list(value: object, name: str, allow_empty: bool = False) -> list[int]:
     """A list (or tuple, 1-d array) of ints, each once; a bare int, a string or floats refused."""
-    from cwlens.adapter import _layer_index
+    from cwlens.engine.adapter import _layer_index
 
     if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
         raise InvalidArgumentError(f"{name} must be a list of integers, e.g. [0, 1]; got {value!r}.")
@@ -107,9 +107,9 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
 
     import torch
 
-    from cwlens import adapter
+    from cwlens.engine import adapter
+    from cwlens.engine.handle import wrap
     from cwlens.errors import CwlensWarning, InputTooLongError, ShapeMismatchError
-    from cwlens.handle import wrap
 
     if isinstance(input, list | tuple) and not input:
         raise EmptyInputError(f"The {what} is an empty list of texts: pass at least one text.")
@@ -126,7 +126,7 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
                 # several texts: the mask comes from pad_batch, which returns the tokens too
                 raise ShapeMismatchError(
                     "An attention_mask needs tokens, not texts: pass the tokens it belongs to "
-                    "(tokens, mask = cwlens.batching.pad_batch(model, texts))."
+                    "(tokens, mask = cwlens.engine.batching.pad_batch(model, texts))."
                 )
             tokens = wrap(model).to_tokens(texts[0])
     elif isinstance(input, torch.Tensor):
@@ -147,7 +147,7 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
             raise ShapeMismatchError(
                 f"attention_mask is {tuple(attention_mask.shape)} but the tokens are "
                 f"{tuple(tokens.shape)}: the mask must be [batch, pos] like the tokens it was "
-                "made with (cwlens.batching.pad_batch returns both)."
+                "made with (cwlens.engine.batching.pad_batch returns both)."
             )
         if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
             raise InvalidArgumentError("attention_mask must hold 0 (padding) and 1 (real token) only.")
@@ -176,8 +176,8 @@ def run_input(model, input: object, attention_mask=None, what: str = "input") ->
     """``input`` checked by :func:`model_input`, as the forward pass should get it: texts
     past the context (rotary positions, with the warning) tokenized whole, since
     ``model(text)`` would cut them at ``n_ctx``."""
-    from cwlens import adapter
-    from cwlens.handle import wrap
+    from cwlens.engine import adapter
+    from cwlens.engine.handle import wrap
 
     n = model_input(model, input, attention_mask, what)
     limit = adapter.context_length(model)
@@ -195,7 +195,7 @@ def _short(value: object) -> str:
 def _check_token_ids(model, tokens, what: str) -> None:
     import torch
 
-    from cwlens import adapter
+    from cwlens.engine import adapter
     from cwlens.errors import ShapeMismatchError
 
     if tokens.ndim not in (1, 2):
