@@ -82,7 +82,7 @@ def test_seam_leaves_the_clean_encoder_unchanged():
     from transformer_lens.model_bridge import TransformerBridge
 
     from cwlens.engine.models.loading import load_model
-    from cwlens.engine.models.pattern_seam import ATTN_IMPLEMENTATION
+    from cwlens.engine.pattern_seam import ATTN_IMPLEMENTATION
     from cwlens.testing import save_tiny
 
     path = save_tiny("bert", tempfile.mkdtemp(prefix="cwlens-test-"))
@@ -104,8 +104,8 @@ def test_self_check_refuses_a_model_that_drops_pattern_edits():
 
     from transformer_lens.model_bridge import TransformerBridge
 
+    from cwlens.engine import pattern_seam
     from cwlens.engine.interventions.selfcheck import ensure_edits_act
-    from cwlens.engine.models import pattern_seam
     from cwlens.errors import InterventionNotAppliedError
     from cwlens.testing import save_tiny
 

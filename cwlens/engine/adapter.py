@@ -60,9 +60,9 @@ def vocab_size(model: TLModel) -> int | None:
 def text_length(model: TLModel, text: str) -> int:
     """How many tokens ``model`` makes of ``text`` (with its BOS / [CLS] ... [SEP]), not cut
     at the context as ``model.to_tokens`` and ``model(text)`` silently do."""
-    from cwlens.engine.batching import token_ids
+    from cwlens.engine.tokens import text_length
 
-    return len(token_ids(model, text, truncate=False))
+    return text_length(model, text)
 
 
 def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:

@@ -11,22 +11,10 @@ import torch
 from cwlens.engine import validation
 from cwlens.engine.adapter import is_encoder
 from cwlens.engine.handle import wrap
+from cwlens.engine.tokens import token_ids as token_ids  # re-exported: callers import it here
 from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
 
 __all__ = ["fit_context", "is_encoder", "pad_batch", "token_ids"]
-
-
-def token_ids(model, text: str, truncate: bool = True) -> torch.Tensor:
-    """1-D token ids of one text, as the model itself would tokenize it. Decoders cut the
-    text at the model's context length (``n_ctx``) unless ``truncate=False`` (texts longer
-    than the model was trained on, for long-context runs); encoders never cut it here."""
-    handle = wrap(model)
-    if handle.is_encoder:  # [CLS] ... [SEP] from the tokenizer (to_tokens differs by version)
-        return torch.tensor(handle.tokenizer(text)["input_ids"])
-    # truncate=True is to_tokens' own default: only the non-default is passed (models and
-    # stubs whose to_tokens has no such keyword still work)
-    extra = {} if truncate else {"truncate": False}
-    return handle.to_tokens(text, move_to_device=False, **extra)[0].cpu()
 
 
 def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | None = None):

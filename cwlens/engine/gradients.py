@@ -1,7 +1,7 @@
 """Attention x gradient: the supervised reference metric of the faithfulness test.
 
 For a language model with next-token loss on the sample's own tokens (``L_b``: the mean
-NLL of document ``b``'s targets, :func:`cwlens.faithfulness.lm.token_nll`), the score of
+NLL of document ``b``'s targets, :func:`cwlens.core.scoring.token_nll`), the score of
 the entry ``(layer, head h, query i, key j)`` is::
 
     g_ij^h = -a_ij^h * dL_b / da_ij^h
@@ -28,11 +28,11 @@ from contextlib import contextmanager
 
 import torch
 
+from cwlens.core.scoring import token_nll
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.adapter import Layers
 from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError
-from cwlens.faithfulness.lm import token_nll
 
 
 @contextmanager
@@ -51,7 +51,7 @@ def _frozen(model) -> Iterator[None]:
 def document_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None) -> torch.Tensor:
     """``sum_b L_b``, ``L_b`` the mean next-token NLL of document ``b`` (so each document's
     gradient is its own loss's, whatever the batch it is in), from
-    :func:`cwlens.faithfulness.lm.token_nll` in float32 (float64 for a float64 model)."""
+    :func:`cwlens.core.scoring.token_nll` in float32 (float64 for a float64 model)."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     nll, is_target = token_nll(logits, tokens, attention_mask, dtype)
     return (nll.sum(-1) / is_target.sum(-1).clamp_min(1)).sum()

@@ -222,8 +222,8 @@ class ModelHandle:
 
     def enable_pattern_edits(self) -> None:
         """Route delegating bridge attentions through the pattern seam
-        (:mod:`cwlens.engine.models.pattern_seam`), so ``hook_pattern`` edits act."""
-        from cwlens.engine.models.pattern_seam import enable_pattern_edits
+        (:mod:`cwlens.engine.pattern_seam`), so ``hook_pattern`` edits act."""
+        from cwlens.engine.pattern_seam import enable_pattern_edits
 
         enable_pattern_edits(self.model)
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from cwlens.core import metrics as _metrics
 from cwlens.engine import validation
 from cwlens.errors import CwlensError, InvalidArgumentError, LayerOutOfRangeError
 
@@ -69,11 +70,9 @@ def _check_positive(value: object, what: str) -> int:
 
 
 def _check_metric(metric: object, what: str = "metric") -> str:
-    from cwlens.engine.streaming import check_metric
-
     if not isinstance(metric, str):
         raise InvalidArgumentError(f"{what} must be a metric name such as 'contribution'; got {metric!r}.")
-    return check_metric(metric)
+    return _metrics.get(metric, _metrics.GEOMETRY).name  # what the streaming engine computes
 
 
 def _resolve(layer: int, n_layers: int, name: str, what: str) -> int:

@@ -162,8 +162,8 @@ class EncoderDamageJob(RowsJob):
 
 def sinks(model, name, folder: Path, cfg: ReplicationConfig, log: Log, progress: bool):
     """The sink analysis on GSM8K texts; the sink-norm intervention on decoders only."""
-    from cwlens.cli.sinks import model_label
     from cwlens.datasets import load_dataset
+    from cwlens.engine.models.registry import model_label
     from cwlens.sinks import run as sink_run
 
     intervention = not adapter.is_encoder(model)

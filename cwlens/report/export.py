@@ -181,7 +181,6 @@ def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict
     """Every argument of :func:`export_texts`, before any model work: ``(texts, ids,
     reduce)`` (``reduce`` with every option of :func:`default_reducers`, negative
     ``token_layers`` counted from the end)."""
-    from cwlens.cli.arg_types import output_dir
     from cwlens.engine import validation
     from cwlens.engine.streaming import check_metric
     from cwlens.errors import (
@@ -191,6 +190,7 @@ def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict
         ShapeMismatchError,
         UnknownOptionError,
     )
+    from cwlens.runs.paths import output_dir
 
     if fmt not in ("parquet", "csv"):
         raise UnknownOptionError(f"fmt must be 'parquet' or 'csv'; got {fmt!r}.")

@@ -75,7 +75,7 @@ def ensure_edits_act(model, kinds: Iterable[str]) -> None:
     """Raise :class:`InterventionNotAppliedError` unless edits of ``kinds`` change the run.
 
     ``kinds``: ``"pattern"`` and/or ``"values"``. Enables the pattern seam of delegating
-    bridge attentions first (:mod:`cwlens.engine.models.pattern_seam`). Cached per model.
+    bridge attentions first (:mod:`cwlens.engine.pattern_seam`). Cached per model.
     """
     handle = wrap(model)
     done = handle.verified_edits

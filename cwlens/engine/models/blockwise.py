@@ -392,7 +392,7 @@ def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropo
     """A Hugging Face attention function (delegating bridges: BERT) running :func:`attend`."""
     state = _ACTIVE.get()
     if state is None:  # outside blockwise_attention: plain eager with the pattern seam
-        from cwlens.engine.models.pattern_seam import eager_with_pattern_fn
+        from cwlens.engine.pattern_seam import eager_with_pattern_fn
 
         return eager_with_pattern_fn(module, query, key, value, attention_mask, scaling, dropout,
                                      pattern_fn, **kwargs)
@@ -455,7 +455,7 @@ def blockwise_attention(model, block: int = DEFAULT_BLOCK) -> Iterator[None]:
         PositionEmbeddingsAttentionBridge,
     )
 
-    from cwlens.engine.models.pattern_seam import enable_pattern_edits
+    from cwlens.engine.pattern_seam import enable_pattern_edits
 
     if not supports_blockwise(model):
         raise UnsupportedModelError(

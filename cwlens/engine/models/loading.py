@@ -15,8 +15,8 @@ import torch
 from cwlens.core._types import Generation
 from cwlens.engine.handle import wrap
 from cwlens.engine.models.gguf_local import dequantized_dir, packaged_dir
-from cwlens.engine.models.pattern_seam import enable_pattern_edits
 from cwlens.engine.models.registry import MODELS, describe_models
+from cwlens.engine.pattern_seam import enable_pattern_edits
 from cwlens.errors import (
     CwlensError,
     DeviceNotAvailableError,
@@ -113,7 +113,7 @@ def load_model(
         raise UnknownOptionError(
             f"generation must be 'auto', 'bridge' or 'hooked'; got {generation!r}"
         )
-    from cwlens.runs.distributed import PlacementError, check_device_map
+    from cwlens.engine.device_map import PlacementError, check_device_map
 
     check_device_map(device_map, torch.cuda.device_count() if torch.cuda.is_available() else 0,
                      "device_map")

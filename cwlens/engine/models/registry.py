@@ -88,3 +88,16 @@ MODELS: dict[str, ModelEntry] = {
 def describe_models() -> str:
     """One line per short name, for help texts and errors."""
     return "\n".join(f"  {name:<14} {e.hub_id:<38} {e.note}" for name, e in MODELS.items())
+
+
+def model_label(name: str) -> str:
+    """The model name for titles; offline GGUF models say that they are quantised."""
+    import re
+
+    entry = MODELS.get(name)
+    if entry is None or entry.offline is None:
+        return name
+    # the quantisation type in the GGUF file name: "...Q4_1.gguf", "...-q4_k_m.gguf"
+    found = re.search(r"[.\-_]((?:i?q)\d\w*?)\.gguf$", entry.offline.filename, re.I)
+    quant = found.group(1).upper() if found else "quantised"
+    return f"{name} ({quant} GGUF, dequantized)"
