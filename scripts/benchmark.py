@@ -89,7 +89,7 @@ def stream_pass(model, tokens, query_block=None, attention="auto"):
     """All-layer contribution + 3 baselines, streamed, reduced to top-8 and column sums
     (the forward pass stops before the unembedding: no logits are wanted)."""
     import cwlens
-    from cwlens.engine import reducers
+    from cwlens import reducers
 
     rs = [reducers.TopK(8, m) for m in STREAM_METRICS] + [reducers.ColumnSums(m) for m in STREAM_METRICS]
     kw = {} if query_block is None else {"query_block": query_block}

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cwlens
+from cwlens import reducers
 from cwlens.cli.main import main
-from cwlens.engine import reducers
 from cwlens.errors import CwlensError
 from cwlens.testing import save_tiny
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import cwlens
+from cwlens import reducers
 from cwlens.cli.main import main
-from cwlens.engine import reducers
 from cwlens.errors import (
     CwlensError,
     CwlensWarning,

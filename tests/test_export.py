@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import cwlens
+from cwlens import reducers
 from cwlens.cli.main import main
-from cwlens.engine import reducers
 from cwlens.report.export import circuitsvis_heads, export_texts, read_tables, reduction_tables
 from cwlens.testing import save_tiny, tiny_model
 

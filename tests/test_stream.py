@@ -7,8 +7,8 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
+from cwlens import reducers
 from cwlens.core._types import STREAM_METRICS
-from cwlens.engine import reducers
 from cwlens.engine.batching import pad_batch
 from cwlens.errors import CwlensError, UnknownOptionError
 from cwlens.testing import ARCHITECTURES, tiny_model
