@@ -205,12 +205,12 @@ API = {
     "export-k-zero": (lambda c: _export(c, k=0), InvalidArgumentError, "k must be a positive integer"),
     "export-unknown-format": (lambda c: _export(c, fmt="xlsx"), UnknownOptionError, "xlsx"),
     "export-out-is-a-file": (lambda c: _export(c, out_dir=c["base"] / "a_file"), OutputPathError, "is a file"),
-    "tables-wrong-token-count": (lambda c: __import__("cwlens.report.export").export.reduction_tables(
+    "tables-wrong-token-count": (lambda c: __import__("cwlens.report.export").report.export.reduction_tables(
         raw(cwlens.stream_reduce)(c["model"], c["tokens"], [reducers.ColumnSums()]), ["a", "b"]),
         ShapeMismatchError, "str_tokens has 2"),
-    "read-tables-empty-folder": (lambda c: __import__("cwlens.report.export").export.read_tables(c["base"] / "empty"),
+    "read-tables-empty-folder": (lambda c: __import__("cwlens.report.export").report.export.read_tables(c["base"] / "empty"),
                                  InvalidArgumentError, "no exported tables"),
-    "circuitsvis-4d": (lambda c: __import__("cwlens.report.export").export.circuitsvis_heads(
+    "circuitsvis-4d": (lambda c: __import__("cwlens.report.export").report.export.circuitsvis_heads(
         torch.ones(1, 2, 3, 3), ["a", "b", "c"]), ShapeMismatchError, "[head, query, key]"),
     # -- circuits ----------------------------------------------------------------------------
     "ioi-zero-prompts": (lambda c: _task(c, "ioi", n_prompts=0), InvalidArgumentError, "n_prompts"),
