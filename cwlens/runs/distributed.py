@@ -39,8 +39,14 @@ from typing import Any, TypeVar
 
 from cwlens.engine.device_map import (  # re-exported: the CLI and users import them here
     DEVICE_MAP_STRATEGIES as DEVICE_MAP_STRATEGIES,
+)
+from cwlens.engine.device_map import (
     PlacementError as PlacementError,
+)
+from cwlens.engine.device_map import (
     check_device_map as check_device_map,
+)
+from cwlens.engine.device_map import (
     parse_device_map as parse_device_map,
 )
 from cwlens.errors import CwlensError
