@@ -167,11 +167,7 @@ def post_attention_layernorm(model: TLModel, layer: int):
 
     info = ModelInfo.of(model)
     if info.post_attn_norm:
-        raise UnsupportedModelError(
-            f"alti: this model normalises the attention output before the residual sum "
-            f"(layer {layer}), and the ALTI parts through that norm are not implemented. "
-            "Use metric 'alti_attention' (the attention output as the whole) instead."
-        )
+        raise _alti_refused(f"layer {layer}")
     if not is_encoder(model):
         return None
     ln, weight, bias, eps = wrap(model).post_attention_norm(layer)
@@ -183,6 +179,22 @@ def post_attention_layernorm(model: TLModel, layer: int):
     if bias is None:
         bias = torch.zeros_like(weight)
     return PostNorm(weight.detach(), bias.detach(), float(eps))
+
+
+def _alti_refused(where: str) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"alti: this model normalises the attention output before the residual sum "
+        f"({where}), and the ALTI parts through that norm are not implemented. "
+        "Use metric 'alti_attention' (the attention output as the whole) instead."
+    )
+
+
+def require_metrics(model: TLModel, metrics) -> None:
+    """Refuse, before any forward pass, a metric ``model`` cannot give: full ``alti`` where
+    a norm follows attention (:func:`post_attention_layernorm`; Gemma-2/3 on either
+    TransformerLens generation)."""
+    if "alti" in metrics and ModelInfo.of(model).post_attn_norm:
+        raise _alti_refused("a norm follows attention in its blocks")
 
 
 def read(cache: Cache, name: str, model: TLModel, closure=False):

@@ -32,7 +32,7 @@ class ModelInfo:
     d_head: int
     d_model: int
     generation: ModelGeneration  # "bridge" (TransformerLens 4.x) or "hooked" (3.x)
-    post_attn_norm: bool  # a norm between the heads and hook_attn_out (Gemma-2/3)
+    post_attn_norm: bool  # a norm between the heads and the residual sum (Gemma-2/3)
 
     @classmethod
     def of(cls, model: Any) -> "ModelInfo":
@@ -64,9 +64,16 @@ class ModelHandle:
     def info(self) -> ModelInfo:
         cfg = self._cfg
         n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-        post = bool(getattr(cfg, "use_normalization_before_and_after", False))
+        post = bool(getattr(cfg, "use_normalization_before_and_after", False)) or self._ln1_post
         return ModelInfo(cfg.n_layers, cfg.n_heads, n_kv, cfg.d_head, cfg.d_model,
                          self.generation, post)
+
+    @property
+    def _ln1_post(self) -> bool:
+        """Whether a block has a norm after attention, ``ln1_post``: TransformerLens 4.x
+        names Gemma-2/3's ``post_attention_layernorm`` so (and leaves
+        ``cfg.use_normalization_before_and_after`` False); 3.x's blocks name it the same."""
+        return any(hasattr(block, "ln1_post") for block in getattr(self.model, "blocks", None) or ())
 
     @property
     def n_layers(self) -> int:
@@ -148,7 +155,7 @@ class ModelHandle:
             problems.append("a norm after attention (Gemma-2/3) sits between the heads and the residual")
         if getattr(cfg, "parallel_attn_mlp", False):
             problems.append("attention and MLP run in parallel (no resid_mid)")
-        if self.class_name == "HookedEncoder" or "Bert" in str(getattr(cfg, "original_architecture", "")):
+        if self.is_encoder or "Bert" in str(getattr(cfg, "original_architecture", "")):
             problems.append("it is an encoder with post-norm residual blocks")
         if float(getattr(cfg, "output_logits_soft_cap", 0.0) or 0.0) > 0:
             problems.append("its logits are soft-capped (not linear in the residual)")

@@ -242,7 +242,8 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
     n = int(sub["n"].max()) if len(sub) else 0
     scope = ", ".join(sorted(map(str, sub.scope.unique())))
     extra = _describe(setting, varying)
-    lines.append(f"**{ds}** — {unit}, mean [95% bootstrap CI], n = {n}, scope = {scope}"
+    ci = "exact 95% CI (Clopper–Pearson)" if meas in ("acc", "acc_norm") else "95% bootstrap CI"
+    lines.append(f"**{ds}** — {unit}, mean [{ci}], n = {n}, scope = {scope}"
                  + (f", {extra}" if extra else ""))
     if len(clean):
         lines.append(f"(clean {clean_measure}: {_fmt(clean.iloc[0], clean_measure)})")
@@ -251,7 +252,7 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
         f"{'comp' if m == 'comprehensiveness' else 'suff'} {r:g}" for m, r in cols) + " |"
     lines += [head, "|" + "---|" * (len(cols) + 1)]
     for metric in [m for m in SHORT if m in set(cells.metric)]:
-        row = [SHORT[metric]]
+        row = [SHORT[metric].replace("|", "\\|")]  # |attn×grad|: not a column break
         for mode, rate in cols:
             hit = cells[(cells.metric == metric) & (cells["mode"] == mode) & (cells.rate == rate)]
             row.append(_fmt(hit.iloc[0], meas) if len(hit) else "")

@@ -164,6 +164,7 @@ def run_faithfulness(
     )
     cfg = config or FaithfulnessConfig()
     require_causal(cfg.scope, cfg.causal_only, "the next-token faithfulness test (ΔNLL)")
+    adapter.require_metrics(model, cfg.metrics)
     t0 = time.perf_counter()
     num_fewshot = load.get("num_fewshot", 0)
     samples = load_dataset(dataset, **load) if isinstance(dataset, str) else list(dataset)

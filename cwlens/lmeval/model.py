@@ -81,6 +81,7 @@ class CwlensMaskedLM(LM):
         from cwlens.engine import adapter
 
         adapter.require_next_token_model(model, "lm-eval scoring", "Use a decoder model.")
+        adapter.require_metrics(model, self.config.metrics)
         adapter.resolve_layers(model, list(self.config.layers) if self.config.layers else None)
         self.model = model
         handle = wrap(model)

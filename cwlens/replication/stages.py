@@ -62,11 +62,11 @@ def supported_metrics(model, names) -> tuple[str, ...]:
 def faithfulness_config(cfg: ReplicationConfig, model=None, **changes):
     from cwlens.faithfulness import FaithfulnessConfig
 
-    base = dict(metrics=supported_metrics(model, cfg.decoder_metrics), rates=cfg.rates,
-                max_tokens=cfg.max_tokens,
+    base = dict(metrics=cfg.decoder_metrics, rates=cfg.rates, max_tokens=cfg.max_tokens,
                 batch_tokens=cfg.batch_tokens if model is None else batch_tokens(model, cfg),
                 seed=cfg.seed)
-    return FaithfulnessConfig(**{**base, **changes})
+    merged = {**base, **changes}  # the per-layer stage's own metrics are filtered too
+    return FaithfulnessConfig(**{**merged, "metrics": supported_metrics(model, merged["metrics"])})
 
 
 def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
@@ -92,7 +92,7 @@ def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progres
     fc = faithfulness_config(cfg, model, metrics=plan.PER_LAYER_METRICS, rates=(cfg.per_layer_rate,),
                              per_layer=True)
     log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {wrap(model).n_layers} "
-        f"layers x {len(plan.PER_LAYER_METRICS)} metrics, rate {cfg.per_layer_rate:g} -> {path}")
+        f"layers x {len(fc.metrics)} metrics, rate {cfg.per_layer_rate:g} -> {path}")
     run_faithfulness(model, "fineweb_edu", fc, n=cfg.per_layer_samples, out=path, model_name=name,
                      progress=progress)
 
