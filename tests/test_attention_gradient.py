@@ -88,8 +88,8 @@ def test_refused_on_encoders():
 
 
 def test_peers_run_in_the_faithfulness_harness(model):
-    from cwlens.adapter import ModelInfo
     from cwlens.datasets import TextSample
+    from cwlens.engine.adapter import ModelInfo
     from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 
     samples = [TextSample(id=f"toy-{k:04d}", text=t, dataset="toy") for k, t in enumerate(TEXTS)]

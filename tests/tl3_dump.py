@@ -27,7 +27,7 @@ def dump(directory: str) -> dict:
         "inter": cwlens.contribution_weights(cache, model, attention_mask=mask),
         "intra": cwlens.contribution_weights(cache, model, kind="intra", attention_mask=mask),
         "value_weighted": cwlens.importance(cache, model, metric="value_weighted", attention_mask=mask),
-        "post_attn_norm": cwlens.adapter.ModelInfo.of(model).post_attn_norm,
+        "post_attn_norm": cwlens.engine.adapter.ModelInfo.of(model).post_attn_norm,
         "residual_problems": cwlens.wrap(model).residual_problems(),
     }
 
