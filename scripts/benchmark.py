@@ -56,7 +56,7 @@ def sync(device):
 
 def cwlens_pass(model, tokens, intra=False):
     import cwlens
-    from cwlens import adapter
+    from cwlens.engine import adapter
 
     _, cache = cwlens.run_with_cache(model, tokens)
     kept = 0
@@ -98,7 +98,7 @@ def stream_pass(model, tokens, query_block=None, attention="auto"):
 
 def blockwise_forward(model, tokens, query_block=None):
     """The plain forward pass with cwlens's blockwise attention (no hooks: SDPA blocks)."""
-    from cwlens.streaming import attention_context
+    from cwlens.engine.streaming import attention_context
 
     with attention_context(model, tokens, "blockwise", query_block):
         return model(tokens)
@@ -109,7 +109,7 @@ def load(model_name, device, dtype, random_config):
 
     if random_config is None:
         return cwlens.load_model(model_name, device=device, dtype=dtype)
-    from cwlens.models.random_init import random_model
+    from cwlens.engine.models.random_init import random_model
 
     return random_model(random_config, device=device, dtype=dtype)
 

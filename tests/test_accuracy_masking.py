@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from cwlens import hook_names
-from cwlens.adapter import ModelInfo
 from cwlens.core.proportion import above_chance, clopper_pearson
 from cwlens.datasets import ChoiceItem, TextSample
+from cwlens.engine import hook_names
+from cwlens.engine.adapter import ModelInfo
 from cwlens.errors import CwlensError, InvalidArgumentError
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.faithfulness.accuracy import (

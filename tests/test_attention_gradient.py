@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from cwlens import hook_names
-from cwlens.batching import pad_batch
+from cwlens.engine import hook_names
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.gradients import attention_gradient, document_loss
 from cwlens.errors import UnsupportedModelError
-from cwlens.gradients import attention_gradient, document_loss
 from cwlens.testing import tiny_model
 
 TEXTS = ["the cat sat on the mat", "paris is the capital of france"]
@@ -88,8 +88,8 @@ def test_refused_on_encoders():
 
 
 def test_peers_run_in_the_faithfulness_harness(model):
-    from cwlens.adapter import ModelInfo
     from cwlens.datasets import TextSample
+    from cwlens.engine.adapter import ModelInfo
     from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 
     samples = [TextSample(id=f"toy-{k:04d}", text=t, dataset="toy") for k, t in enumerate(TEXTS)]

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import cwlens
-from cwlens.models.random_init import random_model
+from cwlens.engine.models.random_init import random_model
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
 

@@ -1,4 +1,4 @@
-"""Blockwise attention (cwlens.models.blockwise) equals the model's eager attention: logits,
+"""Blockwise attention (cwlens.engine.models.blockwise) equals the model's eager attention: logits,
 every streamed metric, the reducers, masked and sink-intervened forwards, on every tiny
 architecture with a padded batch; user hooks keep working (hook_pattern: a clear error).
 
@@ -10,13 +10,13 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens import adapter, reducers, streaming
-from cwlens._types import STREAM_METRICS
-from cwlens.batching import pad_batch
+from cwlens.core._types import STREAM_METRICS
 from cwlens.core.bitmask import PackedMask
+from cwlens.engine import adapter, reducers, streaming
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.interventions import sinks
+from cwlens.engine.interventions.value_masking import run_masked
 from cwlens.errors import BlockwiseHookError, UnknownOptionError, UnsupportedModelError
-from cwlens.interventions import sinks
-from cwlens.interventions.value_masking import run_masked
 from cwlens.testing import ARCHITECTURES, tiny_model
 
 TEXTS = [

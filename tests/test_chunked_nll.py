@@ -9,10 +9,10 @@ import torch
 from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cwlens.batching import pad_batch
 from cwlens.datasets import ChoiceItem, TextSample
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.faithfulness import FaithfulnessConfig, lm, run_faithfulness
-from cwlens.handle import wrap
 from cwlens.testing import ARCHITECTURES, tiny_model
 
 DECODERS = [a for a in ARCHITECTURES if a != "bert"]
@@ -24,7 +24,7 @@ SOFT_CAP = 0.2  # small: most logits of the tiny model are capped, so a missing 
 
 def softcap_model(directory):
     """The tiny Gemma-3 with a final logit soft cap (``cap * tanh(x / cap)``)."""
-    from cwlens.models.loading import load_model
+    from cwlens.engine.models.loading import load_model
     from cwlens.testing import tiny_hf_model
 
     hf, tok = tiny_hf_model("gemma3")
@@ -143,7 +143,7 @@ ITEMS = [ChoiceItem("t-0", ("the cat sat on the",) * 3, (" mat", " dog ran", " r
 def test_the_sweep_scores_the_same_in_chunks(monkeypatch, data, attention):
     """The whole harness (clean streamed pass + masked passes) on the chunked path, with
     the model's attention or blockwise (as every input above the threshold runs)."""
-    import cwlens.streaming
+    import cwlens.engine.streaming
 
     model = tiny_model("llama")
     cfg = FaithfulnessConfig(metrics=("contribution", "random"), rates=(0.3, 1.0), batch_tokens=60)
@@ -151,9 +151,9 @@ def test_the_sweep_scores_the_same_in_chunks(monkeypatch, data, attention):
     full = run_faithfulness(model, samples, cfg, progress=False).table
     blockwise_runs = []
     if attention == "blockwise":  # attention="auto" then runs blockwise at every length
-        from cwlens import adapter
+        from cwlens.engine import adapter
 
-        monkeypatch.setattr(cwlens.streaming, "AUTO_THRESHOLD", 0)
+        monkeypatch.setattr(cwlens.engine.streaming, "AUTO_THRESHOLD", 0)
         real_context = adapter.blockwise_attention
         monkeypatch.setattr(adapter, "blockwise_attention",
                             lambda *a, **k: blockwise_runs.append(1) or real_context(*a, **k))

@@ -4,9 +4,10 @@ token flows against a float64 composition from the definitions, and real hook_z 
 import pytest
 import torch
 
-from cwlens import adapter, circuits, hook_names
+from cwlens import circuits
 from cwlens.circuits.patching import replace_heads_hook
 from cwlens.circuits.tasks import TaskBuildError
+from cwlens.engine import adapter, hook_names
 from cwlens.errors import UnknownOptionError, UnsupportedModelError
 from cwlens.testing import naive_measures, tiny_model
 

@@ -79,7 +79,7 @@ def test_without_the_flag_the_cli_still_cuts(ctx, capsys, monkeypatch):
 
 
 def test_export_tables_cover_every_token_past_the_context(ctx, tmp_path):
-    from cwlens.export import export_texts
+    from cwlens.report.export import export_texts
 
     model = ctx["model"]
     with pytest.warns(CwlensWarning, match="241 tokens, past the model's context"):
@@ -125,7 +125,7 @@ def test_faithfulness_and_sinks_keep_documents_past_the_context(ctx):
 
 
 def test_the_api_refuses_past_context_on_learned_positions(ctx):
-    from cwlens.batching import check_past_context
+    from cwlens.engine.batching import check_past_context
     from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 
     assert check_past_context(ctx["model"], True) is True

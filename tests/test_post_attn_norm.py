@@ -12,9 +12,9 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens import adapter, hook_names
-from cwlens.batching import pad_batch
 from cwlens.datasets import TextSample
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.batching import pad_batch
 from cwlens.errors import UnsupportedModelError
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.replication import plan, stages

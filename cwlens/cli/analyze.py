@@ -4,8 +4,8 @@ import sys
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args, add_past_context_flag
+from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, LayerOutOfRangeError
-from cwlens.handle import wrap
 
 
 def register(sub) -> None:
@@ -37,7 +37,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from cwlens.models import load_model
+    from cwlens.engine.models import load_model
     from cwlens.report import analyze_text, render_report
 
     text = args.text if args.text is not None else arg_types.read_text(args.file)

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens import adapter
-from cwlens.batching import pad_batch
 from cwlens.core.proportion import above_chance, clopper_pearson
+from cwlens.engine import adapter
+from cwlens.engine.batching import pad_batch
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 
 

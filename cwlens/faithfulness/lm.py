@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from cwlens.handle import wrap
+from cwlens.core import scoring
+from cwlens.engine.handle import wrap
 
 CHUNKED_ABOVE = 2048  # sequences longer than this are scored in chunks (no [pos, vocab] logits)
 CHUNK = 256  # positions unembedded at once on the chunked path
@@ -29,7 +30,7 @@ CHUNK = 256  # positions unembedded at once on the chunked path
 class Unembedded:
     """A forward pass's output kept before the unembedding: the final residual
     ``[batch, pos, d_model]`` and ``to_logits`` (``[..., d_model] -> [..., d_vocab]``,
-    :meth:`cwlens.handle.ModelHandle.logits_of`), applied ``chunk`` positions at a time
+    :meth:`cwlens.engine.handle.ModelHandle.logits_of`), applied ``chunk`` positions at a time
     (never with gradients)."""
 
     residual: torch.Tensor
@@ -88,9 +89,7 @@ def _target_nll(logits: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype)
     return -logp.gather(-1, targets[..., None].to(logp.device)).squeeze(-1)
 
 
-def _nll(out: LMOutput, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if not isinstance(out, Unembedded):
-        return _target_nll(out[:, :-1], tokens[:, 1:], dtype)
+def _nll(out: Unembedded, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     n = out.n_positions
     parts = [_target_nll(out.logits(s, min(s + out.chunk, n - 1)), tokens[:, s + 1 : s + 1 + out.chunk], dtype)
              for s in range(0, n - 1, out.chunk)]
@@ -103,18 +102,11 @@ def token_nll(
     logits: LMOutput, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(nll, is_target)``, both ``[batch, pos - 1]``: ``nll[b, t]`` is the NLL of
-    ``tokens[b, t + 1]`` (computed in ``dtype``, 0 where not a target); ``is_target`` is
-    True where both it and its context token are real. ``logits``: logits or an
-    :class:`Unembedded` (then chunk by chunk, without gradients)."""
-    nll = _nll(logits, tokens, dtype)
-    if attention_mask is None:
-        is_target = torch.ones_like(nll, dtype=torch.bool)
-    else:
-        real = attention_mask.bool().to(nll.device)
-        is_target = real[:, 1:] & real[:, :-1]
-    # where, not a product: a pad row's NaN logits must not reach the sums (or gradients)
-    return torch.where(is_target, nll, torch.zeros_like(nll)), is_target
+    """:func:`cwlens.core.scoring.token_nll` (``(nll, is_target)``, both ``[batch, pos - 1]``)
+    of logits, or of an :class:`Unembedded` chunk by chunk (without gradients)."""
+    if not isinstance(logits, Unembedded):
+        return scoring.token_nll(logits, tokens, attention_mask, dtype)
+    return scoring.on_targets(_nll(logits, tokens, dtype), attention_mask)
 
 
 def document_scores(

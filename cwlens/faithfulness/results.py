@@ -12,7 +12,7 @@ files of different models or settings are never pooled (:func:`summarize` groups
 the setting).
 
 A sample's rows are written with one ``write``, flushed and fsynced
-(:func:`cwlens.results_io.append_text`). On resume the file is cut back to its last
+(:func:`cwlens.runs.results_io.append_text`). On resume the file is cut back to its last
 complete line and samples with fewer rows than expected (a write cut by a kill) are
 dropped (atomic rewrite) and recomputed. ``<name>.config.json`` beside the file holds the
 run's configuration; resuming with another configuration is refused.
@@ -30,10 +30,10 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from cwlens.bootstrap import bootstrap_ci  # noqa: F401  (public here since 0.1)
+from cwlens.core.bootstrap import bootstrap_ci  # noqa: F401  (public here since 0.1)
 from cwlens.errors import CwlensError
 from cwlens.faithfulness.config import PROVENANCE
-from cwlens.results_io import append_text, atomic_write_text, complete_lines
+from cwlens.runs.results_io import append_text, atomic_write_text, complete_lines
 
 SETTING = ("model", "dataset", *PROVENANCE)  # FaithfulnessConfig's provenance fields
 COLUMNS = (*SETTING, "metric", "mode", "rate", "layers", "sample_id", "measure", "value")
@@ -89,7 +89,7 @@ class ResultsWriter:
         shard: write to ``<stem>.shard-<shard>.jsonl`` instead of ``path`` (one writer per
             process of a split run); finished samples are read from all of them.
 
-    Call it under :func:`cwlens.results_io.results_lock` on the folder (as
+    Call it under :func:`cwlens.runs.results_io.results_lock` on the folder (as
     :func:`~cwlens.faithfulness.run_faithfulness` does): it repairs its own file on open.
     """
 

@@ -20,7 +20,7 @@ def text_units(model, samples, max_tokens, past_context: bool = False) -> list[U
     """One unit per document, cut to ``max_tokens`` and to the model's context (with one
     note when some document is longer; ``past_context``: not cut at the context, rotary
     models only: docs/inputs.md)."""
-    from cwlens.batching import context_cap, token_ids
+    from cwlens.engine.batching import context_cap, token_ids
 
     def score(output, rows, offsets, tokens, mask):
         row = rows[0]
@@ -56,7 +56,7 @@ def choice_units(model, items) -> list[Unit]:
 def _fits_context(model, item_id, inputs) -> None:
     """A choice prompt cannot be cut without losing its question: refuse one longer than
     the model's context (docs/inputs.md)."""
-    from cwlens.adapter import context_length
+    from cwlens.engine.adapter import context_length
     from cwlens.errors import InputTooLongError
 
     limit = context_length(model)
