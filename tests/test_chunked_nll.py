@@ -1,4 +1,4 @@
-"""Next-token NLL of long inputs in chunks (cwlens.faithfulness.lm): the forward stops
+"""Next-token NLL of long inputs in chunks (cwlens.engine.lm): the forward stops
 before the unembedding and the logits are made a few positions at a time. Equal to the
 NLL of the full logits (float64 reference from the definition), on every tiny decoder,
 a Gemma-3 with its final logit soft cap, padded batches and chunks of 1, 3 and n; and no
@@ -10,9 +10,10 @@ from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cwlens.datasets import ChoiceItem, TextSample
+from cwlens.engine import lm
 from cwlens.engine.batching import pad_batch
 from cwlens.engine.handle import wrap
-from cwlens.faithfulness import FaithfulnessConfig, lm, run_faithfulness
+from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.testing import ARCHITECTURES, tiny_model
 
 DECODERS = [a for a in ARCHITECTURES if a != "bert"]

@@ -7,6 +7,7 @@ from torch.testing import assert_close
 
 from cwlens.datasets import ChoiceItem, TextSample
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.lm import document_scores
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.faithfulness.choice import (
     continuation_logprob,
@@ -14,7 +15,6 @@ from cwlens.faithfulness.choice import (
     item_scores,
     unique_inputs,
 )
-from cwlens.faithfulness.lm import document_scores
 from cwlens.testing import tiny_model
 
 ITEMS = [
@@ -115,8 +115,8 @@ def test_streamed_sweep_equals_ranking_from_a_full_cache(model, scope):
     import cwlens
     from cwlens.engine import adapter
     from cwlens.engine.interventions.value_masking import run_masked
+    from cwlens.engine.lm import document_scores
     from cwlens.faithfulness.causal_scope import causal_ranking
-    from cwlens.faithfulness.lm import document_scores
     from cwlens.faithfulness.ranking import eligible_entries, metric_scores, rank_entries
 
     cfg = FaithfulnessConfig(metrics=("contribution", "value_weighted_output_normalized"),

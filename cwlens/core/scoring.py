@@ -1,5 +1,5 @@
 """Next-token scoring of a model's logits: the per-token NLL that the faithfulness test
-(:mod:`cwlens.faithfulness.lm`) and the gradient scores (:mod:`cwlens.engine.gradients`)
+(:mod:`cwlens.engine.lm`) and the gradient scores (:mod:`cwlens.engine.gradients`)
 both read. Pure torch: tensors in, tensors out."""
 
 import torch

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from cwlens.engine import lm
 from cwlens.engine.batching import token_ids
 from cwlens.errors import DatasetFormatError
-from cwlens.faithfulness import lm
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def unique_inputs(requests: list[ChoiceRequest]) -> tuple[list[tuple[int, ...]],
 
 def continuation_logprob(logits, row: int, offset: int, request: ChoiceRequest) -> float:
     """``ll`` of one request from logits ``[batch, pos, vocab]`` of a (left-)padded batch
-    (or their :class:`~cwlens.faithfulness.lm.Unembedded` residual); ``offset`` is the
+    (or their :class:`~cwlens.engine.lm.Unembedded` residual); ``offset`` is the
     position of the input's first token in that row."""
     n = len(request.continuation_ids)
     pos = offset + request.start + torch.arange(n)

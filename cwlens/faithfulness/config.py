@@ -44,7 +44,7 @@ class FaithfulnessConfig:
         past_context: run documents past the model's context (``n_ctx``) up to
             ``max_tokens`` instead of cutting them at ``n_ctx`` (default False; rotary
             models only, see docs/inputs.md). Long documents are scored without
-            ``[pos, vocab]`` logits (:mod:`cwlens.faithfulness.lm`).
+            ``[pos, vocab]`` logits (:mod:`cwlens.engine.lm`).
         batch_tokens: padded tokens per forward pass (default 2048).
         reuse: share forward passes between conditions with identical masks (default True).
     """

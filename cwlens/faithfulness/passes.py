@@ -15,12 +15,11 @@ import torch
 from cwlens.core import metrics
 from cwlens.core._types import Mode
 from cwlens.core.bitmask import PackedMask
-from cwlens.engine import adapter
+from cwlens.engine import adapter, lm
 from cwlens.engine.batching import pad_batch
 from cwlens.engine.gradients import attention_gradient
 from cwlens.engine.interventions.value_masking import run_masked, value_masking
 from cwlens.engine.streaming import attention_context, stream_geometry
-from cwlens.faithfulness import lm
 from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.ranking import (
@@ -167,7 +166,7 @@ def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
 def masked_output(model, tokens: torch.Tensor, masks: dict, renormalize: bool,
                   attention_mask: torch.Tensor, chunk: int | None) -> "lm.LMOutput":
     """:func:`~cwlens.engine.interventions.value_masking.run_masked`'s logits, or with ``chunk``
-    its :class:`~cwlens.faithfulness.lm.Unembedded` final residual (no logits made; the
+    its :class:`~cwlens.engine.lm.Unembedded` final residual (no logits made; the
     unembedding is skipped inside the masking context, after its one-off self-check)."""
     if chunk is None:
         return run_masked(model, tokens, masks, renormalize, attention_mask=attention_mask)
@@ -183,8 +182,8 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
 
     One streamed clean pass gives the clean scores and, layer by layer, every mask the
     conditions need; then one masked pass per distinct mask. Above
-    :data:`cwlens.faithfulness.lm.CHUNKED_ABOVE` positions no pass makes logits: the units
-    score the final residual chunk by chunk (:class:`~cwlens.faithfulness.lm.Unembedded`).
+    :data:`cwlens.engine.lm.CHUNKED_ABOVE` positions no pass makes logits: the units
+    score the final residual chunk by chunk (:class:`~cwlens.engine.lm.Unembedded`).
     """
     seqs: list = []
     rows_of: list[list[int]] = []

@@ -4,7 +4,8 @@ them), and the fixed plan of batches over the units."""
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cwlens.faithfulness import choice, lm
+from cwlens.engine import lm
+from cwlens.faithfulness import choice
 
 
 @dataclass

@@ -28,17 +28,16 @@ from cwlens.core.sinks import (
     query_after_sink,
     random_non_sink_index,
 )
-from cwlens.engine import adapter
+from cwlens.engine import adapter, lm
 from cwlens.engine.interventions.sinks import applied, sink_value_hooks
 from cwlens.engine.streaming import stream_geometry
-from cwlens.faithfulness import lm
 
 LOW_NORM_QUANTILE = 0.25  # heads below this quantile of their layer's clean output norm are low-norm
 
 
 def nll_per_row(logits: "lm.LMOutput", tokens: torch.Tensor, attention_mask=None):
     """``(nll_sum [batch], n_tokens [batch])`` of next-token prediction on real positions
-    (float32, :func:`cwlens.faithfulness.lm.token_nll`; ``logits``: logits or, for long
+    (float32, :func:`cwlens.engine.lm.token_nll`; ``logits``: logits or, for long
     inputs, the final residual unembedded in chunks)."""
     nll, keep = lm.token_nll(logits, tokens, attention_mask)
     return nll.sum(-1), keep.sum(-1)
