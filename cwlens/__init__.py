@@ -7,21 +7,21 @@ transformer_lens nor plotly; ``cwlens.core`` is the pure-torch math.
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "contribution_weights": "cwlens.measures",
-    "token_contributions": "cwlens.measures",
-    "importance": "cwlens.measures",
-    "decompose": "cwlens.measures",
-    "Decomposition": "cwlens.measures",
-    "closure": "cwlens.measures",
-    "Closure": "cwlens.measures",
-    "names_filter": "cwlens.measures",
-    "run_with_cache": "cwlens.measures",
-    "load_model": "cwlens.models",
-    "wrap": "cwlens.handle",
-    "stream": "cwlens.streaming",
-    "stream_geometry": "cwlens.streaming",
-    "stream_reduce": "cwlens.streaming",
-    "StreamResult": "cwlens.streaming",
+    "contribution_weights": "cwlens.engine.measures",
+    "token_contributions": "cwlens.engine.measures",
+    "importance": "cwlens.engine.measures",
+    "decompose": "cwlens.engine.measures",
+    "Decomposition": "cwlens.engine.measures",
+    "closure": "cwlens.engine.measures",
+    "Closure": "cwlens.engine.measures",
+    "names_filter": "cwlens.engine.measures",
+    "run_with_cache": "cwlens.engine.measures",
+    "load_model": "cwlens.engine.models",
+    "wrap": "cwlens.engine.handle",
+    "stream": "cwlens.engine.streaming",
+    "stream_geometry": "cwlens.engine.streaming",
+    "stream_reduce": "cwlens.engine.streaming",
+    "StreamResult": "cwlens.engine.streaming",
     "AttentionGeometry": "cwlens.core",
 }
 
@@ -32,7 +32,7 @@ def __getattr__(name: str):
     import importlib
 
     if name == "reducers":
-        return importlib.import_module("cwlens.reducers")
+        return importlib.import_module("cwlens.engine.reducers")
     if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'cwlens' has no attribute {name!r}")

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from cwlens._types import Generation
+from cwlens.core._types import Generation
 
 
 def _projected(pattern, v, W_O, position_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,7 +233,7 @@ def tiny_model(arch: str, generation: Generation = "auto", seed: int = 0, direct
     """
     import tempfile
 
-    from cwlens.models.loading import load_model
+    from cwlens.engine.models.loading import load_model
 
     if directory is not None:
         path = save_tiny(arch, directory, seed)

@@ -56,7 +56,7 @@ def sync(device):
 
 def cwlens_pass(model, tokens, intra=False):
     import cwlens
-    from cwlens import adapter
+    from cwlens.engine import adapter
 
     _, cache = cwlens.run_with_cache(model, tokens)
     kept = 0
@@ -98,7 +98,7 @@ def stream_pass(model, tokens, query_block=None, attention="auto"):
 
 def blockwise_forward(model, tokens, query_block=None):
     """The plain forward pass with cwlens's blockwise attention (no hooks: SDPA blocks)."""
-    from cwlens.streaming import attention_context
+    from cwlens.engine.streaming import attention_context
 
     with attention_context(model, tokens, "blockwise", query_block):
         return model(tokens)
@@ -109,7 +109,7 @@ def load(model_name, device, dtype, random_config):
 
     if random_config is None:
         return cwlens.load_model(model_name, device=device, dtype=dtype)
-    from cwlens.models.random_init import random_model
+    from cwlens.engine.models.random_init import random_model
 
     return random_model(random_config, device=device, dtype=dtype)
 
@@ -118,18 +118,27 @@ LONG = 4096  # rows longer than this run once, without warm-up (CPU minutes each
 
 
 def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_block=None,
-               attention="auto"):
-    if n > LONG and not str(device).startswith("cuda"):
+               attention="auto", eager=True):
+    """Times of the plain eager forward (unless ``eager`` is False: it does not fit), the
+    plain blockwise forward and the streamed pass, interleaved. A one-shot row (CPU, n > LONG)
+    runs the streamed pass first and also reports its peak memory above the loaded model
+    (``stream_peak_mb``), so that the long pass is not run twice."""
+    one_shot = n > LONG and not str(device).startswith("cuda")
+    if one_shot:
         repeats = 1
     model = load(model_name, device, dtype, random_config)
     torch.manual_seed(0)
     tokens = random_tokens(model, n, device)
-    runs = [("forward", lambda: model(tokens)),
+    base = peak_rss_mb()
+    runs = [("stream", lambda: stream_pass(model, tokens, query_block, attention)),
             ("forward_blockwise", lambda: blockwise_forward(model, tokens, query_block)),
-            ("stream", lambda: stream_pass(model, tokens, query_block, attention))]
+            ("forward", lambda: model(tokens))]
     if attention == "eager":
         runs = [runs[0], runs[2]]
+    if not eager:
+        runs = [r for r in runs if r[0] != "forward"]
     times: dict[str, list] = {name: [] for name, _ in runs}
+    stream_peak = None
     with torch.no_grad():
         if repeats > 1:  # warm-up (skipped for one-shot long runs)
             for _, fn in runs:
@@ -141,11 +150,17 @@ def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_
                 fn()
                 sync(device)
                 times[name].append(time.perf_counter() - t0)
-    fwd, st = statistics.median(times["forward"]), statistics.median(times["stream"])
-    row = {"n": n, "forward_s": fwd, "stream_s": st, "ratio": st / fwd, "attention": attention}
+                if one_shot and name == "stream":
+                    stream_peak = peak_rss_mb() - base
+    st = statistics.median(times["stream"])
+    fwd = statistics.median(times["forward"]) if "forward" in times else None
+    row = {"n": n, "forward_s": fwd, "stream_s": st, "ratio": None if fwd is None else st / fwd,
+           "attention": attention}
     if "forward_blockwise" in times:
         fb = statistics.median(times["forward_blockwise"])
         row |= {"forward_blockwise_s": fb, "ratio_blockwise": st / fb}
+    if stream_peak is not None:
+        row["stream_peak_mb"] = stream_peak
     return row
 
 
@@ -205,6 +220,21 @@ def one_row(model_name, device, n, repeats, dtype):
             "ratio_with_intra": both / fwd, "peak_extra_mb": peak}
 
 
+def _memory_cap(args):
+    """A row's address-space cap (CPU): an eager forward too big for this machine fails with
+    an allocation error (its fields become null) instead of waking the kernel's OOM killer."""
+    if str(args.device).startswith("cuda") or not args.memory_limit_gb:
+        return None
+    limit = int(args.memory_limit_gb * 2**30)
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _default_memory_limit_gb() -> float:
+    import os
+
+    return round(0.85 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+
+
 def _sub(args, *extra, env=None, allow_failure=False) -> dict | None:
     cmd = [sys.executable, __file__, "--model", args.model, "--device", args.device,
            "--dtype", args.dtype, "--repeats", str(args.repeats), *extra]
@@ -213,7 +243,8 @@ def _sub(args, *extra, env=None, allow_failure=False) -> dict | None:
     if args.query_block:
         cmd += ["--query-block", str(args.query_block)]
     cmd += ["--attention", args.attention]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                         preexec_fn=_memory_cap(args))
     if out.returncode != 0:
         if allow_failure:
             return None
@@ -241,6 +272,10 @@ def main():
                     "<!-- stream-benchmark:start --> ... end)")
     ap.add_argument("--marker", default=None, help="the page block's marker name (default: "
                     "benchmark, or stream-benchmark with --stream)")
+    ap.add_argument("--memory-limit-gb", type=float, default=_default_memory_limit_gb(),
+                    help="CPU: each row's address-space cap (default: 85%% of this machine's "
+                    "memory); a forward that needs more is reported as not fitting (0: no cap)")
+    ap.add_argument("--no-eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--row", type=int, help=argparse.SUPPRESS)  # internal: one row, JSON out
     ap.add_argument("--stream-row", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--memory-row", nargs=2, help=argparse.SUPPRESS)  # n, forward|stream
@@ -251,7 +286,8 @@ def main():
         return
     if args.stream_row is not None:
         print(json.dumps(stream_row(args.model, args.device, args.stream_row, args.repeats, dtype,
-                                    args.random_config, args.query_block, args.attention)))
+                                    args.random_config, args.query_block, args.attention,
+                                    eager=not args.no_eager)))
         return
     if args.memory_row is not None:
         n, what = int(args.memory_row[0]), args.memory_row[1]
@@ -288,31 +324,43 @@ def stream_main(args) -> None:
         print(f"model {args.random_config or args.model}, device {args.device}, dtype {args.dtype}, "
               f"torch threads {torch.get_num_threads()}; streamed = contribution + 3 baselines "
               "-> top-8 and column sums, every layer")
-        print(f"{'n':>6} {'forward s':>10} {'stream s':>10} {'ratio':>7} {'fwd peak MB':>12} "
-              f"{'peak extra MB':>14} {'stream peak MB':>15}   (attention={args.attention})")
-    md = ["| n | forward (s) | streamed (s) | ratio | forward peak (MB) | peak extra memory (MB) "
-          "| streamed peak (MB) |", "|---|---|---|---|---|---|---|"]
+        print(f"{'n':>6} {'eager s':>9} {'blockw s':>9} {'stream s':>9} {'/eager':>7} "
+              f"{'/blockw':>7} {'eager peak MB':>13} {'extra MB':>9} {'stream peak MB':>15}"
+              f"   (attention={args.attention})")
+    md = ["| n | eager forward (s) | blockwise forward (s) | streamed (s) | streamed / eager "
+          "| streamed / blockwise | eager forward peak (MB) | peak extra memory (MB) "
+          "| streamed peak (MB) |", "|---|---|---|---|---|---|---|---|---|"]
     for n in args.lengths:
-        r = _sub(args, "--stream-row", str(n))
-        assert r is not None
+        # the eager forward's peak first, under a memory cap: where it cannot fit, its fields
+        # are null and the timing row leaves it out (--memory-limit-gb)
         fwd_row = _sub(args, "--memory-row", str(n), "forward", env=env, allow_failure=True)
-        st_row = _sub(args, "--memory-row", str(n), "stream", env=env)
+        r = _sub(args, "--stream-row", str(n), *([] if fwd_row else ["--no-eager"]), env=env)
+        assert r is not None
+        if "stream_peak_mb" in r:  # a one-shot long row measured it in the same run
+            st_row = {"peak_mb": r.pop("stream_peak_mb")}
+        else:
+            st_row = _sub(args, "--memory-row", str(n), "stream", env=env)
         assert st_row is not None
         st = st_row["peak_mb"]
         fwd = None if fwd_row is None else fwd_row["peak_mb"]  # None: the eager forward did not fit
         r["forward_peak_mb"] = None if fwd is None else round(fwd, 1)
         r["peak_extra_mb"] = None if fwd is None else round(st - fwd, 1)
         r["stream_peak_mb"] = round(st, 1)
-        fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
+        def fmt(x, spec=".0f"):
+            return "-" if x is None else format(x, spec)
+
+        cells = [fmt(r.get("forward_s"), ".2f"), fmt(r.get("forward_blockwise_s"), ".2f"),
+                 fmt(r["stream_s"], ".2f"), fmt(r.get("ratio"), ".2f"),
+                 fmt(r.get("ratio_blockwise"), ".2f"), fmt(fwd), fmt(r["peak_extra_mb"]), fmt(st)]
         if args.json:
             keys = ("n", "forward_s", "stream_s", "ratio", "peak_extra_mb", "forward_peak_mb",
                     "attention", "stream_peak_mb", "forward_blockwise_s", "ratio_blockwise")
             print(json.dumps({k: r.get(k) for k in keys}), flush=True)
         else:
-            print(f"{n:>6} {r['forward_s']:>10.3f} {r['stream_s']:>10.3f} {r['ratio']:>7.2f} "
-                  f"{fmt(fwd):>12} {fmt(r['peak_extra_mb']):>14} {st:>15.0f}", flush=True)
-        md.append(f"| {n} | {r['forward_s']:.2f} | {r['stream_s']:.2f} | {r['ratio']:.2f} | "
-                  f"{fmt(fwd)} | {fmt(r['peak_extra_mb'])} | {st:.0f} |")
+            widths = (9, 9, 9, 7, 7, 13, 9, 15)
+            print(f"{n:>6} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)),
+                  flush=True)
+        md.append(f"| {n} | " + " | ".join(cells) + " |")
     if args.docs:
         write_block(args.docs, "\n".join(md), args, marker=args.marker or "stream-benchmark")
 

@@ -47,9 +47,9 @@ def worker(args) -> None:
     """One process of the ``--nproc`` comparison (under torchrun or alone)."""
     torch.set_num_threads(1)
     import cwlens
-    from cwlens import distributed
     from cwlens.datasets import load_dataset
     from cwlens.faithfulness import run_faithfulness
+    from cwlens.runs import distributed
 
     with distributed.session() as world:
         model = cwlens.load_model(args.model, device=args.device)
@@ -140,8 +140,8 @@ def main() -> None:
         return compare(args)
 
     import cwlens
-    from cwlens.batching import pad_batch
     from cwlens.datasets import load_dataset
+    from cwlens.engine.batching import pad_batch
     from cwlens.faithfulness import run_faithfulness
     from cwlens.faithfulness.units import plan_batches, text_units
 

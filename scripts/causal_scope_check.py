@@ -23,7 +23,7 @@ def main(argv=None) -> None:
 
     import cwlens
     import cwlens.faithfulness.sweep as sweep
-    from cwlens.batching import token_ids
+    from cwlens.engine.batching import token_ids
     from cwlens.lmeval.requests import token_request
     from cwlens.lmeval.scoring import score_requests
     from cwlens.lmeval.settings import masking_config

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 import cwlens
-from cwlens.bootstrap import bootstrap_ci, paired_bootstrap
+from cwlens.core.bootstrap import bootstrap_ci, paired_bootstrap
+from cwlens.core.metrics import REGISTRY
 from cwlens.faithfulness import aopc as A
 from cwlens.faithfulness.encoder import embedding_damage, sentences
-from cwlens.metrics import REGISTRY
 
 METRICS = ("attention", "value_weighted", "value_weighted_output_normalized", "contribution",
            "contribution_abs", "alti", "random")

@@ -3,7 +3,7 @@ attention but carry little norm-weighted contribution. Per layer and token class
 attention share, norm-weighted share (sum ||a v~|| over the class / over the row),
 signed and |.| contribution shares, the uniform baseline (key_frac), and the factor split
 c = a * (||v~|| / ||o||) * cos(o, v~) averaged per key of the class
-(cwlens.token_classes). Texts: shipped FineWeb-Edu sentences.
+(cwlens.sinks.token_classes). Texts: shipped FineWeb-Edu sentences.
 
     OMP_NUM_THREADS=1 python scripts/kobayashi.py --sentences 64
     OMP_NUM_THREADS=1 python scripts/kobayashi.py --sentences 64 --model smollm2-135m
@@ -20,9 +20,9 @@ import time
 import numpy as np
 
 import cwlens
-from cwlens.bootstrap import bootstrap_ci
+from cwlens.core.bootstrap import bootstrap_ci
 from cwlens.faithfulness.encoder import sentences
-from cwlens.token_classes import CLASSES, COLUMNS, class_shares, format_summary, summary
+from cwlens.sinks.token_classes import CLASSES, COLUMNS, class_shares, format_summary, summary
 
 
 def markdown(df) -> str:

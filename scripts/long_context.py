@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 import cwlens
-from cwlens import adapter, reducers
-from cwlens.batching import token_ids
 from cwlens.cli.arg_types import positive_int
-from cwlens.cli.sinks import model_label
 from cwlens.datasets import load_dataset
+from cwlens.engine import adapter, reducers
+from cwlens.engine.batching import token_ids
+from cwlens.engine.models.registry import model_label
 from cwlens.errors import CwlensError
 from cwlens.sinks.by_position import per_layer_means, position_curves, range_means
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite (what CI runs): lint, type check (mypy), the TransformerLens 4.x
+# The whole test suite (what CI runs): lint, type check (mypy), the import layers
+# (import-linter: pyproject.toml [tool.importlinter]), the TransformerLens 4.x
 # suite in .venv (unit, integration, the real offline model, notebooks; every cwlens
 # function type- and shape-checked at run time by jaxtyping + beartype), then the
 # architecture tests again under TransformerLens 3.x in .venv-tl3 (the API examples run as
@@ -10,6 +11,7 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONWARNINGS=ignore
 echo "== ruff" && .venv/bin/ruff check cwlens tests scripts notebooks
 echo "== mypy (config: pyproject.toml [tool.mypy])" && .venv/bin/mypy
+echo "== import-linter" && .venv/bin/lint-imports --no-cache
 echo "== docs site (mkdocs build --strict)"
 site=$(mktemp -d) && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site" && rm -rf "$site"
 echo "== TransformerLens 4.x (TransformerBridge)"

@@ -1,7 +1,7 @@
 """The run-time type checker that the test suite applies to every function in cwlens.
 
 ``pytest`` runs with ``--jaxtyping-packages=cwlens,tests._typecheck.typechecker``
-(pyproject.toml): jaxtyping checks the tensor shapes of :mod:`cwlens._types` (``batch``,
+(pyproject.toml): jaxtyping checks the tensor shapes of :mod:`cwlens.core._types` (``batch``,
 ``head_index``... must agree between arguments and results) and beartype the other
 annotations. Models are duck-typed (``TLModel`` is a static Protocol). User-facing option strings (``Kind``, ``Metric``...) and ``Layers`` are
 checked as plain ``str`` / ``object`` here, because cwlens validates them itself with an
@@ -9,7 +9,7 @@ error that names the valid choices (:class:`~cwlens.errors.UnknownOptionError`,
 :class:`~cwlens.errors.LayerOutOfRangeError`), and that is what the tests check; mypy
 still sees the ``Literal`` types.
 
-It lives outside cwlens (the package it instruments) and reads cwlens._types on first
+It lives outside cwlens (the package it instruments) and reads cwlens.core._types on first
 use, so that instrumenting ``cwlens/__init__`` does not import itself.
 """
 
@@ -24,7 +24,7 @@ def typechecker(fn: Any) -> Any:
     global _checker
     if _checker is None:
         try:
-            from cwlens._types import (
+            from cwlens.core._types import (
                 Generation,
                 Kind,
                 Layers,
@@ -34,7 +34,7 @@ def typechecker(fn: Any) -> Any:
                 Scope,
                 TLModel,
             )
-        except ImportError:  # the Protocol stubs of cwlens._types itself, while it loads
+        except ImportError:  # the Protocol stubs of cwlens.core._types itself, while it loads
             return fn
         overrides = {Kind: str, Metric: str, RankingMetric: str, Scope: str, Mode: str,
                      Generation: str, Layers: object, TLModel: object}

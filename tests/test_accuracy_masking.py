@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from cwlens import hook_names
-from cwlens.adapter import ModelInfo
 from cwlens.core.proportion import above_chance, clopper_pearson
 from cwlens.datasets import ChoiceItem, TextSample
+from cwlens.engine import hook_names
+from cwlens.engine.adapter import ModelInfo
 from cwlens.errors import CwlensError, InvalidArgumentError
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.faithfulness.accuracy import (
@@ -187,3 +187,67 @@ def test_accuracy_command_and_the_faithfulness_gate(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "clean accuracy: capitals:" in captured.out and "at chance" in captured.err
     assert not (tmp_path / "runs" / "capitals.jsonl").exists()
+
+
+def test_accuracy_cells_have_the_exact_interval_of_the_clean_check(model):
+    """A cell of per-item 0/1 accuracies is a proportion: its interval is Clopper–Pearson
+    (k of n), the one the clean check prints, always inside [0, 1]. The bootstrap-t of 0/1
+    values left it (SmolLM2, capitals, 18/20: [79.6, 100.4]) and was [1, 1] at n of n."""
+    import pandas as pd
+
+    from cwlens.faithfulness.report import markdown_tables
+    from cwlens.faithfulness.results import summarize
+
+    cfg = FaithfulnessConfig(metrics=("attention", "contribution"), rates=(0.3,), batch_tokens=40)
+    test = run_accuracy_test(model, ITEMS, cfg, allow_chance=True, progress=False)
+    table = test.result.table
+    summary = summarize(table)
+    acc = summary[summary.measure == "acc"]
+    assert len(acc) == 1 + 2 * 2  # clean, 2 metrics x 2 modes
+    for _, cell in acc.iterrows():
+        rows = table[(table.measure == "acc") & (table.metric == cell.metric) & (table["mode"] == cell["mode"])]
+        k = int(rows.value.sum())
+        assert (cell.ci_low, cell.ci_high) == clopper_pearson(k, len(ITEMS))
+        assert 0 <= cell.ci_low <= cell["mean"] <= cell.ci_high <= 1
+    clean = acc[acc["mode"] == "clean"].iloc[0]
+    assert (clean.ci_low, clean.ci_high) == (test.clean.low, test.clean.high)
+    md = markdown_tables(summary, table)
+    assert "accuracy, %, mean [exact 95% CI (Clopper–Pearson)]" in md
+    # all correct / all wrong: the one-sided exact ends, not a point
+    rows = [{"model": "m", "dataset": "toy", "metric": "attention", "mode": "comprehensiveness",
+             "rate": 0.3, "layers": "all", "sample_id": f"s{i}", "measure": "acc", "value": v}
+            for v in (0.0, 1.0) for i in range(20)]
+    for v in (0.0, 1.0):
+        cell = summarize(pd.DataFrame([r for r in rows if r["value"] == v])).iloc[0]
+        assert (cell.ci_low, cell.ci_high) == clopper_pearson(int(20 * v), 20)
+    # other measures (a log-likelihood) keep the bootstrap-t interval of the mean
+    ll = summary[(summary.measure == "gold_ll") & (summary["mode"] == "clean")].iloc[0]
+    assert ll.ci_low < ll["mean"] < ll.ci_high
+
+
+def test_markdown_rows_keep_their_columns_with_a_pipe_in_a_label():
+    """``|attn×grad| (sup.)`` in a table cell split its row into extra columns."""
+    import random
+    import re
+
+    import pandas as pd
+
+    from cwlens.faithfulness import aopc
+    from cwlens.faithfulness.report import markdown_tables
+    from cwlens.faithfulness.results import summarize
+
+    rng = random.Random(0)
+    rows = [{"model": "m", "dataset": "toy", "metric": metric, "mode": mode, "rate": rate,
+             "layers": "all", "sample_id": f"s{i}", "measure": "acc", "value": float(rng.random() < 0.6)}
+            for metric in ("contribution", "attention_gradient_abs") for mode in ("comprehensiveness", "sufficiency")
+            for rate in (0.1, 0.3, 0.5) for i in range(12)]
+    rows += [{**rows[i], "metric": "none", "mode": "clean", "rate": 0.0, "value": 1.0} for i in range(12)]
+    table = pd.DataFrame(rows)
+    per_sample = aopc.aopc(aopc.damages(table, "acc"))
+    texts = [markdown_tables(summarize(table), table),
+             aopc.markdown(aopc.aopc_summary(per_sample), "acc", aopc.verdicts(per_sample))]
+    for text in texts:
+        lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+        assert any("attn×grad" in ln for ln in lines)
+        breaks = {len(re.findall(r"(?<!\\)\|", ln)) for ln in lines}
+        assert len(breaks) == 1, lines

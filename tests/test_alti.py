@@ -114,8 +114,8 @@ def test_full_alti_streamed_on_a_model_equals_the_definition_on_its_hooks(arch):
     """The streamed ALTI of a tiny model equals the float64 definition on its cached
     resid_pre / pattern / v, and the definition's whole is what the model computes:
     resid_mid (pre-LN llama) or the post-attention LayerNorm's output (BERT)."""
-    from cwlens import adapter, hook_names
-    from cwlens.streaming import stream_geometry
+    from cwlens.engine import adapter, hook_names
+    from cwlens.engine.streaming import stream_geometry
     from cwlens.testing import tiny_model
 
     model = tiny_model(arch, "bridge")

@@ -9,8 +9,8 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens import adapter
-from cwlens.batching import is_encoder, pad_batch
+from cwlens.engine import adapter
+from cwlens.engine.batching import is_encoder, pad_batch
 from cwlens.testing import ARCHITECTURES, naive_measures, tiny_model
 
 TEXTS = [

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import cwlens
-from cwlens._types import METRICS
+from cwlens.core._types import METRICS
 from cwlens.errors import (
     CwlensError,
     DeviceNotAvailableError,
@@ -79,7 +79,7 @@ def test_zero_length_input_is_refused(llama, make):
 
 
 def test_empty_batch_of_texts_is_refused(llama):
-    from cwlens.batching import pad_batch
+    from cwlens.engine.batching import pad_batch
 
     model, _, _ = llama
     with pytest.raises(EmptyInputError):
@@ -191,7 +191,7 @@ def test_unknown_device(device):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_without_a_gpu_fails_before_loading(monkeypatch):
-    from cwlens.models import loading
+    from cwlens.engine.models import loading
 
     monkeypatch.setattr(loading, "resolve", lambda *a: pytest.fail("resolved the model first"))
     with pytest.raises(DeviceNotAvailableError, match="cuda.*--device cpu"):
@@ -211,8 +211,8 @@ def test_tiny_model_leaves_no_temp_dir(tmp_path, monkeypatch):
 KILLED_CONVERSION = """
 import os, signal, sys
 from pathlib import Path
-from cwlens.models import gguf_local
-from cwlens.models.registry import OfflineGGUF
+from cwlens.engine.models import gguf_local
+from cwlens.engine.models.registry import OfflineGGUF
 
 def convert(gguf_path, out):
     (Path(out) / "model.safetensors").write_bytes(b"x" * 1000)
@@ -227,8 +227,8 @@ gguf_local.dequantized_dir("tiny", OfflineGGUF("m", "f.gguf", "pip install m"))
 def test_killed_conversion_leaves_no_orphan(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from cwlens.models import gguf_local
-    from cwlens.models.registry import OfflineGGUF
+    from cwlens.engine.models import gguf_local
+    from cwlens.engine.models.registry import OfflineGGUF
 
     monkeypatch.setenv("CWLENS_CACHE", str(tmp_path))
     gguf = tmp_path / "f.gguf"
@@ -250,7 +250,7 @@ def test_killed_conversion_leaves_no_orphan(tmp_path, monkeypatch):
 
 
 def test_a_running_conversion_is_not_cleaned(tmp_path):
-    from cwlens.models import gguf_local
+    from cwlens.engine.models import gguf_local
 
     live = gguf_local.temp_dir_for(tmp_path / "tiny")
     gguf_local.clean_stale_temp_dirs(tmp_path / "tiny")

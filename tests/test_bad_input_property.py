@@ -162,7 +162,7 @@ def test_stream_reduce_refuses_malformed_arguments(tiny, case):
     st.tuples(st.just("text_ids"), st.sampled_from([[], ["a", "b"], ["a", "a", "b"]])),
 ))
 def test_export_refuses_malformed_arguments(tiny, tmp_path_factory, case):
-    from cwlens.export import export_texts
+    from cwlens.report.export import export_texts
 
     model = tiny[0]
     name, value = case

@@ -67,7 +67,7 @@ def _fn(layer, w):
 
 
 def _export(ctx, **kw):
-    from cwlens.export import export_texts
+    from cwlens.report.export import export_texts
 
     export_texts = raw(export_texts)
     args = {"texts": ["the cat sat"], "out_dir": ctx["base"] / "export", "fmt": "csv", **kw}
@@ -205,12 +205,12 @@ API = {
     "export-k-zero": (lambda c: _export(c, k=0), InvalidArgumentError, "k must be a positive integer"),
     "export-unknown-format": (lambda c: _export(c, fmt="xlsx"), UnknownOptionError, "xlsx"),
     "export-out-is-a-file": (lambda c: _export(c, out_dir=c["base"] / "a_file"), OutputPathError, "is a file"),
-    "tables-wrong-token-count": (lambda c: __import__("cwlens.export").export.reduction_tables(
+    "tables-wrong-token-count": (lambda c: __import__("cwlens.report.export").report.export.reduction_tables(
         raw(cwlens.stream_reduce)(c["model"], c["tokens"], [reducers.ColumnSums()]), ["a", "b"]),
         ShapeMismatchError, "str_tokens has 2"),
-    "read-tables-empty-folder": (lambda c: __import__("cwlens.export").export.read_tables(c["base"] / "empty"),
+    "read-tables-empty-folder": (lambda c: __import__("cwlens.report.export").report.export.read_tables(c["base"] / "empty"),
                                  InvalidArgumentError, "no exported tables"),
-    "circuitsvis-4d": (lambda c: __import__("cwlens.export").export.circuitsvis_heads(
+    "circuitsvis-4d": (lambda c: __import__("cwlens.report.export").report.export.circuitsvis_heads(
         torch.ones(1, 2, 3, 3), ["a", "b", "c"]), ShapeMismatchError, "[head, query, key]"),
     # -- circuits ----------------------------------------------------------------------------
     "ioi-zero-prompts": (lambda c: _task(c, "ioi", n_prompts=0), InvalidArgumentError, "n_prompts"),
@@ -314,7 +314,7 @@ def test_rotary_tokens_past_the_context_warn_in_every_stream_function(ctx):
 
 
 def test_export_cuts_a_text_longer_than_the_context_with_a_warning(ctx):
-    from cwlens.export import read_tables
+    from cwlens.report.export import read_tables
 
     with pytest.warns(CwlensWarning, match="241 tokens and the model's context .* is 128"):
         paths = _export(ctx, texts=[LONG], out_dir=ctx["base"] / "long", max_tokens=None)
@@ -333,7 +333,7 @@ NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has 
     ({"model": "gpu"}, 0, "which is not a device"),
 ], ids=["gpu-index-on-cpu", "cuda-3-of-1", "not-a-device"])
 def test_device_map_naming_an_absent_gpu_names_the_option(device_map, cuda_count, words):
-    from cwlens.distributed import World, placement
+    from cwlens.runs.distributed import World, placement
 
     with pytest.raises(CwlensError) as info:
         placement(device_map=device_map, env=World(), cuda_count=cuda_count)
@@ -348,7 +348,7 @@ def test_load_model_with_a_gpu_device_map_on_a_cpu_machine(ctx):
 
 @pytest.mark.parametrize("value", ["abc", "-5", "0", "nan", "inf"])
 def test_distributed_timeout_must_be_a_number_of_seconds(monkeypatch, value):
-    from cwlens import distributed
+    from cwlens.runs import distributed
 
     monkeypatch.setenv("CWLENS_DIST_TIMEOUT_S", value)
     with pytest.raises(distributed.DistributedError, match="CWLENS_DIST_TIMEOUT_S"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import cwlens
-from cwlens.models.random_init import random_model
+from cwlens.engine.models.random_init import random_model
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
 
@@ -81,3 +81,25 @@ def test_docs_flag_writes_the_table_into_a_docs_page_not_the_readme(tmp_path):
     assert "| 16 |" in text and "old" not in text and text.endswith("<!-- stream-benchmark:end -->\nafter\n")
     old = subprocess.run(args + ["--readme", str(page)], capture_output=True, text=True)
     assert old.returncode == 2 and "unrecognized arguments: --readme" in old.stderr
+
+
+def test_stream_row_without_the_eager_forward_reports_null_eager_fields():
+    """Where the eager forward cannot fit (its memory row failed under the cap), the timing
+    row leaves it out: its time and ratio are null, the blockwise ones are still there."""
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--stream-row", "16", "--no-eager", "--repeats", "1",
+         "--random-config", "tiny-llama", "--attention", "blockwise"],
+        capture_output=True, text=True, check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["forward_s"] is None and r["ratio"] is None
+    assert r["ratio_blockwise"] == r["stream_s"] / r["forward_blockwise_s"]
+
+
+def test_a_forward_over_the_memory_cap_fails_instead_of_waking_the_oom_killer():
+    """--memory-limit-gb caps each row's address space: a row that needs more fails."""
+    code = ("import sys, runpy; sys.argv = ['benchmark.py', '--memory-limit-gb', '0.001']; "
+            f"ns = runpy.run_path({str(SCRIPT)!r}); import argparse; "
+            "cap = ns['_memory_cap'](argparse.Namespace(device='cpu', memory_limit_gb=0.5)); "
+            "cap(); x = bytearray(2**30)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and "MemoryError" in out.stderr

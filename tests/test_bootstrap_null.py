@@ -8,7 +8,7 @@ resolved stays at most 5%. Vectorised: every data set is resampled at once."""
 import numpy as np
 import pytest
 
-from cwlens.bootstrap import holm, holm_reject, paired_bootstrap, studentized
+from cwlens.core.bootstrap import holm, holm_reject, paired_bootstrap, studentized
 
 N_SETS, N_BOOT = 1500, 399
 # Holm over 30 layers tests at 0.05 / 30: the Monte Carlo p-value (>= 1 / (1 + B)) needs

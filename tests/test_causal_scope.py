@@ -98,7 +98,7 @@ def tiny():
 
 
 def _whole_and_stepwise(model, cfg):
-    from cwlens.batching import token_ids
+    from cwlens.engine.batching import token_ids
     from cwlens.lmeval.requests import token_request
     from cwlens.lmeval.scoring import score_requests
 

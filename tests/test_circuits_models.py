@@ -4,9 +4,10 @@ token flows against a float64 composition from the definitions, and real hook_z 
 import pytest
 import torch
 
-from cwlens import adapter, circuits, hook_names
+from cwlens import circuits
 from cwlens.circuits.patching import replace_heads_hook
 from cwlens.circuits.tasks import TaskBuildError
+from cwlens.engine import adapter, hook_names
 from cwlens.errors import UnknownOptionError, UnsupportedModelError
 from cwlens.testing import naive_measures, tiny_model
 
@@ -130,9 +131,10 @@ def test_token_flow_equals_naive_composition(model, run, rule):
 def test_unsupported_model_is_refused():
     gemma = tiny_model("gemma3")
     logits, cache = circuits.run_with_cache(gemma, TOKENS)
-    with pytest.raises(UnsupportedModelError, match="pre-norm residual blocks"):
+    # refused up front, naming the norm after attention (on TransformerLens 4.x too, issue 17)
+    with pytest.raises(UnsupportedModelError, match="a norm after attention"):
         circuits.direct_logit_attribution(cache, gemma, logits, [3], torch.tensor([[5], [6]]))
-    with pytest.raises(UnsupportedModelError, match="pre-norm residual blocks"):
+    with pytest.raises(UnsupportedModelError, match="a norm after attention"):
         circuits.token_flow(cache, gemma)
 
 

@@ -41,7 +41,7 @@ def test_unknown_model_exits_1_with_a_clear_message():
 
 
 def test_demo_on_a_tiny_model(tmp_path, capsys):
-    from cwlens.demo import run_demo
+    from cwlens.report.demo import run_demo
     from cwlens.testing import tiny_model
 
     result = run_demo(model=tiny_model("llama"), model_name="tiny-llama", out_dir=tmp_path, png=False, n_heads=2)

@@ -223,7 +223,7 @@ def _make_read_only(monkeypatch, folder):
             return _real(path, *args, **kwargs)
 
         monkeypatch.setattr(os, name, guarded)
-    import cwlens.cli.arg_types as arg_types
+    import cwlens.runs.paths as arg_types
 
     real_writable = arg_types._writable
     monkeypatch.setattr(arg_types, "_writable", lambda p: not inside(p) and real_writable(p))

@@ -13,10 +13,10 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens import adapter, hook_names
-from cwlens.batching import pad_batch
 from cwlens.core import AttentionGeometry
-from cwlens.models.loading import load_model
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.models.loading import load_model
 from cwlens.testing import save_tiny
 
 TEXTS = ["the cat sat on the mat", "mary gave john a bottle of milk"]

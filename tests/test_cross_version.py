@@ -15,7 +15,7 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens.batching import pad_batch
+from cwlens.engine.batching import pad_batch
 from cwlens.testing import ARCHITECTURES, save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,3 +55,6 @@ def test_hooked_transformer_and_bridge_give_the_same_weights(tmp_path):
             assert_close(got, ref[kind], rtol=1e-4, atol=2e-5, msg=f"{d} {kind}")
         got = cwlens.importance(cache, model, metric="value_weighted", attention_mask=mask)
         assert_close(got, ref["value_weighted"], rtol=1e-4, atol=2e-5, msg=d)
+        # the same model facts: a norm after attention (Gemma-3), post-norm blocks (BERT)
+        assert cwlens.engine.adapter.ModelInfo.of(model).post_attn_norm == ref["post_attn_norm"], d
+        assert cwlens.wrap(model).residual_problems() == ref["residual_problems"], d

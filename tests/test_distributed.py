@@ -4,7 +4,7 @@
   byte-identical to a one-process run (the same batches, the same numbers);
 - a rank killed with kill -9 loses nothing already written, and a rerun with another
   number of processes computes only the missing batches and ends with the same files;
-- the glue (:mod:`cwlens.distributed`): round-robin shards, rank 0's errors raised on
+- the glue (:mod:`cwlens.runs.distributed`): round-robin shards, rank 0's errors raised on
   every rank, ranks that disagree refused, the job-wide folder lock;
 - device placement (``--n-devices``, ``--device-map``): bad combinations are clear errors
   before any model loads (no GPU here: the GPU paths are checked as arguments only).
@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cwlens import distributed
 from cwlens.cli.main import main
-from cwlens.distributed import PlacementError, World, parse_device_map, placement
 from cwlens.faithfulness import read_results
+from cwlens.runs import distributed
+from cwlens.runs.distributed import PlacementError, World, parse_device_map, placement
 from cwlens.sinks.run import RAW_DIR, TABLES
 from cwlens.testing import save_tiny
 
@@ -189,8 +189,8 @@ def test_sinks_rank_killed_then_one_process_finishes_the_same_tables(tiny, refer
 
 PROBE = textwrap.dedent("""
     import json, os, sys
-    from cwlens import distributed as d
-    from cwlens.results_io import LOCK_NAME, ResultsLockedError, holds_lock, results_lock
+    from cwlens.runs import distributed as d
+    from cwlens.runs.results_io import LOCK_NAME, ResultsLockedError, holds_lock, results_lock
 
     held, free = sys.argv[1], sys.argv[2]
     out = {}
@@ -231,7 +231,7 @@ PROBE = textwrap.dedent("""
 
 
 def test_glue_under_torchrun(tmp_path):
-    from cwlens.results_io import results_lock
+    from cwlens.runs.results_io import results_lock
 
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
@@ -256,7 +256,7 @@ def test_glue_under_torchrun(tmp_path):
 
 
 def test_a_folder_held_by_a_torchrun_job_is_named_as_such(tmp_path):
-    from cwlens.results_io import LOCK_NAME, _holder_text
+    from cwlens.runs.results_io import LOCK_NAME, _holder_text
 
     (tmp_path / LOCK_NAME).write_text(json.dumps({
         "pid": 12, "host": "node1", "started": 0, "command": "cwlens faithfulness",

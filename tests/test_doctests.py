@@ -13,11 +13,11 @@ API_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
 
 def _public():
-    """Every public call: the names of ``cwlens.__all__`` and ``cwlens.batching.pad_batch``."""
-    import cwlens.batching
+    """Every public call: the names of ``cwlens.__all__`` and ``cwlens.engine.batching.pad_batch``."""
+    import cwlens.engine.batching
 
     names = {n: getattr(cwlens, n) for n in cwlens.__all__ if n not in ("__version__", "reducers")}
-    names["pad_batch"] = cwlens.batching.pad_batch
+    names["pad_batch"] = cwlens.engine.batching.pad_batch
     return names
 
 

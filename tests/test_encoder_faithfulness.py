@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from cwlens import hook_names
-from cwlens.batching import pad_batch
+from cwlens.engine import hook_names
+from cwlens.engine.batching import pad_batch
 from cwlens.errors import UnsupportedModelError
 from cwlens.faithfulness.encoder import embedding_damage, mean_pooled, sentences
 from cwlens.testing import tiny_model

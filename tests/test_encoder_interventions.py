@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from cwlens import hook_names
-from cwlens.batching import pad_batch
-from cwlens.interventions import run_masked, sinks
+from cwlens.engine import hook_names
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.interventions import run_masked, sinks
 from cwlens.testing import tiny_model
 
 TEXTS = ["the cat sat on the mat", "mary gave john a bottle of milk ."]
@@ -58,7 +58,7 @@ def test_encoder_masking_one_entry_removes_exactly_its_term(bert):
         a = seen[names[0]][0, head, i, j]
         v = seen[names[1]][0, j, head]
         clean_out = seen[names[2]][0, i]
-        from cwlens.interventions import value_masking
+        from cwlens.engine.interventions import value_masking
         with value_masking(model, {layer: m}):
             model.run_with_hooks(tokens, attention_mask=mask,
                                  fwd_hooks=[(names[2], keep(names[2]))])
@@ -81,8 +81,8 @@ def test_seam_leaves_the_clean_encoder_unchanged():
 
     from transformer_lens.model_bridge import TransformerBridge
 
-    from cwlens.models.loading import load_model
-    from cwlens.models.pattern_seam import ATTN_IMPLEMENTATION
+    from cwlens.engine.models.loading import load_model
+    from cwlens.engine.pattern_seam import ATTN_IMPLEMENTATION
     from cwlens.testing import save_tiny
 
     path = save_tiny("bert", tempfile.mkdtemp(prefix="cwlens-test-"))
@@ -104,9 +104,9 @@ def test_self_check_refuses_a_model_that_drops_pattern_edits():
 
     from transformer_lens.model_bridge import TransformerBridge
 
+    from cwlens.engine import pattern_seam
+    from cwlens.engine.interventions.selfcheck import ensure_edits_act
     from cwlens.errors import InterventionNotAppliedError
-    from cwlens.interventions.selfcheck import ensure_edits_act
-    from cwlens.models import pattern_seam
     from cwlens.testing import save_tiny
 
     path = save_tiny("bert", tempfile.mkdtemp(prefix="cwlens-test-"))

@@ -2,8 +2,8 @@
 
 import pytest
 
-from cwlens import adapter
 from cwlens.datasets import TextSample
+from cwlens.engine import adapter
 from cwlens.errors import CwlensError, UnsupportedModelError
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.sinks import sink_norm_intervention

@@ -90,7 +90,7 @@ def test_unknown_model_lists_short_names():
 def test_missing_offline_package_says_how_to_install(monkeypatch, tmp_path):
     import importlib.util
 
-    from cwlens.models import gguf_local
+    from cwlens.engine.models import gguf_local
 
     monkeypatch.setenv("CWLENS_CACHE", str(tmp_path))
     real = importlib.util.find_spec

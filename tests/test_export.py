@@ -7,7 +7,7 @@ import torch
 import cwlens
 from cwlens import reducers
 from cwlens.cli.main import main
-from cwlens.export import circuitsvis_heads, export_texts, read_tables, reduction_tables
+from cwlens.report.export import circuitsvis_heads, export_texts, read_tables, reduction_tables
 from cwlens.testing import save_tiny, tiny_model
 
 TEXTS = ["the cat sat on the mat", "paris is the capital of france ."]

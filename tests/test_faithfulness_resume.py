@@ -18,7 +18,7 @@ from cwlens.testing import save_tiny
 
 SCRIPT = textwrap.dedent("""
     import sys, time
-    from cwlens.models.loading import load_model
+    from cwlens.engine.models.loading import load_model
     from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
     CONFIG = FaithfulnessConfig(metrics=("attention", "contribution", "random"), rates=(0.3,),
                                 max_tokens=16, batch_tokens=32)

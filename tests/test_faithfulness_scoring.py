@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from cwlens.batching import pad_batch
 from cwlens.datasets import ChoiceItem, TextSample
+from cwlens.engine.batching import pad_batch
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.faithfulness.choice import (
     continuation_logprob,
@@ -113,11 +113,11 @@ def test_streamed_sweep_equals_ranking_from_a_full_cache(model, scope):
     """The sweep ranks inside the streamed clean pass; the same masks built from a full
     ``run_with_cache`` give bit-identical masked logits, hence the same table."""
     import cwlens
-    from cwlens import adapter
+    from cwlens.engine import adapter
+    from cwlens.engine.interventions.value_masking import run_masked
     from cwlens.faithfulness.causal_scope import causal_ranking
     from cwlens.faithfulness.lm import document_scores
     from cwlens.faithfulness.ranking import eligible_entries, metric_scores, rank_entries
-    from cwlens.interventions.value_masking import run_masked
 
     cfg = FaithfulnessConfig(metrics=("contribution", "value_weighted_output_normalized"),
                              rates=(0.3,), modes=("comprehensiveness", "sufficiency"),

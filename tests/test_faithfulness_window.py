@@ -7,8 +7,8 @@ makes every ranking end in a block of ties and dilutes the removal rate.
 import torch
 
 import cwlens
-from cwlens import adapter, hook_names
-from cwlens.batching import pad_batch
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.batching import pad_batch
 from cwlens.faithfulness.passes import SweepStats, _layer_masks
 from cwlens.faithfulness.ranking import eligible_entries
 from cwlens.faithfulness.sweep import FaithfulnessConfig

@@ -8,9 +8,9 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens import adapter
-from cwlens.batching import pad_batch
 from cwlens.datasets import load_dataset
+from cwlens.engine import adapter
+from cwlens.engine.batching import pad_batch
 from cwlens.testing import naive_alti, naive_measures
 
 pytestmark = pytest.mark.slow
@@ -83,3 +83,22 @@ def test_sliding_window_beyond_512_tokens(gemma3):
     assert (c[1][..., outside] != 0).any()
     assert_close(c.sum((2, 4)), torch.ones_like(c.sum((2, 4))), rtol=0, atol=1e-4)
     assert cwlens.closure(cache, gemma3, [SLIDING, GLOBAL]).worst_relative_error < 1e-5
+
+
+def test_full_alti_is_refused_as_on_transformerlens_3(gemma3, gsm8k_run):
+    """Issue 17: the norm after attention (post_attention_layernorm) is seen on the bridge
+    too, so full ALTI is refused, here and in a run, and the replication leaves it out."""
+    from cwlens.errors import UnsupportedModelError
+    from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
+    from cwlens.replication import plan, stages
+
+    _, mask, cache = gsm8k_run
+    assert adapter.ModelInfo.of(gemma3).post_attn_norm is True
+    assert any("a norm after attention" in p for p in cwlens.wrap(gemma3).residual_problems())
+    for layer in (SLIDING, GLOBAL):
+        with pytest.raises(UnsupportedModelError, match="alti_attention"):
+            adapter.geometry(cache, gemma3, layer, mask).alti()
+    with pytest.raises(UnsupportedModelError, match="alti_attention"):
+        run_faithfulness(gemma3, "gsm8k", FaithfulnessConfig(metrics=("alti",)), n=1, progress=False)
+    fc = stages.faithfulness_config(plan.ReplicationConfig(), gemma3, metrics=plan.PER_LAYER_METRICS)
+    assert "alti" not in fc.metrics and "contribution" in fc.metrics

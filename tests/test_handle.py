@@ -1,6 +1,6 @@
 """The bound model handle: the one place that knows TransformerLens models.
 
-Outside :mod:`cwlens.handle` and :mod:`cwlens.models`, no module reads ``model.cfg``,
+Outside :mod:`cwlens.engine.handle` and :mod:`cwlens.engine.models`, no module reads ``model.cfg``,
 checks ``type(model).__name__``, adds hooks with the model's own ``hooks(...)`` or reads
 ``hook_dict``; ``run_with_cache`` and ``names_filter`` are defined once.
 """
@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import cwlens
-from cwlens import adapter, hook_names
-from cwlens.handle import ModelHandle, wrap
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.testing import tiny_model
 
 PACKAGE = Path(cwlens.__file__).parent
-HANDLE_MODULES = {PACKAGE / "handle.py"}
+HANDLE_MODULES = {PACKAGE / "engine" / "handle.py"}
 FORBIDDEN = {
     "model.cfg": re.compile(r"\bmodel\.cfg\b"),
     "type(model).__name__": re.compile(r"type\(\s*model\s*\)\.__name__"),
@@ -30,7 +30,7 @@ FORBIDDEN = {
 
 def _package_files():
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path in HANDLE_MODULES or (PACKAGE / "models") in path.parents:
+        if path in HANDLE_MODULES or (PACKAGE / "engine" / "models") in path.parents:
             continue
         yield path
 
@@ -41,7 +41,7 @@ def test_no_model_internals_outside_the_handle():
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             found += [f"{path.relative_to(PACKAGE)}:{number}: {what}"
                       for what, pattern in FORBIDDEN.items() if pattern.search(line)]
-    assert found == [], "ask cwlens.handle.wrap(model) instead:\n" + "\n".join(found)
+    assert found == [], "ask cwlens.engine.handle.wrap(model) instead:\n" + "\n".join(found)
 
 
 def _definitions(name: str) -> list[str]:
@@ -64,11 +64,11 @@ def _definitions(name: str) -> list[str]:
 
 @pytest.mark.parametrize("name", ["run_with_cache", "names_filter"])
 def test_run_with_cache_and_names_filter_are_defined_once(name):
-    assert _definitions(name) == [f"measures.py:{_line_of(name)}"]
+    assert _definitions(name) == [f"engine/measures.py:{_line_of(name)}"]
 
 
 def _line_of(name: str) -> int:
-    source = (PACKAGE / "measures.py").read_text(encoding="utf-8").splitlines()
+    source = (PACKAGE / "engine" / "measures.py").read_text(encoding="utf-8").splitlines()
     return next(i for i, line in enumerate(source, 1) if line.startswith(f"def {name}("))
 
 

@@ -10,8 +10,8 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens import adapter, hook_names, reducers
-from cwlens.batching import pad_batch
+from cwlens.engine import adapter, hook_names, reducers
+from cwlens.engine.batching import pad_batch
 from cwlens.errors import CwlensError
 from cwlens.testing import ARCHITECTURES, naive_measures, tiny_model
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cwlens.batching import token_ids
+from cwlens.engine.batching import token_ids
 from cwlens.testing import save_tiny, tiny_model
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "long_context.py"

@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from cwlens import hook_names
-from cwlens.batching import pad_batch
+from cwlens.engine import hook_names
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.interventions import hooks_applied, pattern_mask_hook, run_masked, value_masking
 from cwlens.errors import ShapeMismatchError
-from cwlens.interventions import hooks_applied, pattern_mask_hook, run_masked, value_masking
 from cwlens.testing import tiny_model
 
 TEXTS = ["the cat sat on the mat", "mary gave john a bottle of milk when they went to the store ."]

@@ -1,10 +1,10 @@
-"""One registry (cwlens.metrics) feeds every list of metrics: a metric added there is
+"""One registry (cwlens.core.metrics) feeds every list of metrics: a metric added there is
 known to the measures, the stream, the rankings, the report, the figures and the CLI."""
 
 import pytest
 
-from cwlens import metrics
-from cwlens._types import METRICS, STREAM_METRICS
+from cwlens.core import metrics
+from cwlens.core._types import METRICS, STREAM_METRICS
 from cwlens.errors import UnknownOptionError
 
 
@@ -26,7 +26,7 @@ def test_every_list_reads_the_registry():
 
 
 def test_unknown_and_misplaced_metrics_explain_themselves():
-    from cwlens.streaming import check_metric
+    from cwlens.engine.streaming import check_metric
 
     with pytest.raises(UnknownOptionError, match="Valid metrics"):
         check_metric("contrib")

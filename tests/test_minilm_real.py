@@ -8,8 +8,8 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens import adapter
-from cwlens.batching import pad_batch
+from cwlens.engine import adapter
+from cwlens.engine.batching import pad_batch
 from cwlens.testing import naive_alti, naive_measures
 
 pytestmark = pytest.mark.slow
@@ -29,8 +29,8 @@ def test_loads_the_real_encoder_with_right_padding(minilm, run):
     """The bridge's last residual stream is the packaged BertModel's last_hidden_state."""
     from transformers import AutoModel
 
-    from cwlens.models.gguf_local import packaged_dir
-    from cwlens.models.registry import MODELS
+    from cwlens.engine.models.gguf_local import packaged_dir
+    from cwlens.engine.models.registry import MODELS
 
     tokens, mask, _ = run
     assert adapter.is_encoder(minilm) and (minilm.cfg.n_layers, minilm.cfg.n_heads) == (6, 12)

@@ -2,9 +2,9 @@
 
 import pytest
 
+from cwlens.engine.models.loading import resolve
+from cwlens.engine.models.registry import MODELS, describe_models
 from cwlens.errors import ModelNotAvailableError
-from cwlens.models.loading import resolve
-from cwlens.models.registry import MODELS, describe_models
 from cwlens.testing import save_tiny
 
 

@@ -1,4 +1,4 @@
-"""A new metric is one registry entry (cwlens.metrics): registered, the measures, the
+"""A new metric is one registry entry (cwlens.core.metrics): registered, the measures, the
 stream and the faithfulness harness know it; unregistered, they refuse it again."""
 
 import pandas as pd
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import cwlens
-from cwlens import metrics
+from cwlens.core import metrics
 from cwlens.errors import UnknownOptionError
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.testing import tiny_model
@@ -37,7 +37,7 @@ def test_a_registered_metric_runs_through_the_harness(model):
         _, streamed = cwlens.stream_geometry(
             model, tokens, lambda ly, geo: metrics.from_geometry(geo, "attention_copy"))
         for ly, w in enumerate(streamed):
-            torch.testing.assert_close(w, cache[cwlens.hook_names.pattern(ly)], rtol=0, atol=0)
+            torch.testing.assert_close(w, cache[cwlens.engine.hook_names.pattern(ly)], rtol=0, atol=0)
     masked = table[table["mode"] != "clean"]
     key = ["sample_id", "mode", "rate", "measure"]
     copy = masked[masked.metric == "attention_copy"].set_index(key)["value"].sort_index()

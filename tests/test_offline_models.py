@@ -6,9 +6,9 @@ import hashlib
 import pytest
 
 import cwlens
+from cwlens.engine.models import gguf_local
+from cwlens.engine.models.registry import OfflineGGUF
 from cwlens.errors import ModelNotAvailableError
-from cwlens.models import gguf_local
-from cwlens.models.registry import OfflineGGUF
 
 
 def _spec(tmp_path, sha):

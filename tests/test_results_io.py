@@ -13,9 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from cwlens.bootstrap import paired_bootstrap
+from cwlens.core.bootstrap import paired_bootstrap
 from cwlens.errors import CwlensError
-from cwlens.results_io import (
+from cwlens.runs.results_io import (
     LOCK_NAME,
     TEMP_PREFIX,
     ResultsLockedError,
@@ -27,7 +27,7 @@ from cwlens.results_io import (
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from cwlens.results_io import results_lock, atomic_write_text
+    from cwlens.runs.results_io import results_lock, atomic_write_text
     with results_lock(sys.argv[1], what="holder-test"):
         print("locked", flush=True)
         if sys.argv[2] == "write":

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from cwlens.engine.reducers import KeySetResult
 from cwlens.errors import CwlensError
-from cwlens.reducers import KeySetResult
 from cwlens.sinks.by_position import (
     binned,
     layer_groups,

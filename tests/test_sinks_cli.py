@@ -48,6 +48,6 @@ def test_core_sinks_imports_only_torch():
     ("gpt2", "gpt2"), ("/some/local/dir", "/some/local/dir"),
 ])
 def test_model_label_names_the_quantisation_of_every_offline_model(name, label):
-    from cwlens.cli.sinks import model_label
+    from cwlens.engine.models.registry import model_label
 
     assert model_label(name) == label

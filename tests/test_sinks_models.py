@@ -5,10 +5,10 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens import adapter, hook_names
-from cwlens.batching import pad_batch
 from cwlens.core.sinks import SinkGeometry, first_real_index
-from cwlens.interventions import sinks as hooks
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.interventions import sinks as hooks
 from cwlens.sinks import (
     alignment_statistics,
     cosine_histograms,

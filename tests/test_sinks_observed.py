@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import cwlens
-from cwlens import adapter
-from cwlens.batching import pad_batch
 from cwlens.core.sinks import SinkGeometry, first_real_index
+from cwlens.engine import adapter
+from cwlens.engine.batching import pad_batch
 from cwlens.sinks import observed
 from cwlens.testing import tiny_model
 

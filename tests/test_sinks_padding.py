@@ -10,9 +10,9 @@ import torch
 from pandas.testing import assert_frame_equal
 
 import cwlens
-from cwlens import adapter
-from cwlens.batching import pad_batch
 from cwlens.core.sinks import SinkGeometry, first_real_index, random_non_sink_index
+from cwlens.engine import adapter
+from cwlens.engine.batching import pad_batch
 from cwlens.sinks import alignment_statistics, sink_statistics
 from cwlens.testing import tiny_model
 

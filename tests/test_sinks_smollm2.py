@@ -5,11 +5,11 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens import adapter, hook_names
-from cwlens.batching import pad_batch
 from cwlens.core.sinks import SinkGeometry, first_real_index
 from cwlens.datasets import load_dataset
-from cwlens.interventions import sinks as hooks
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.interventions import sinks as hooks
 
 pytestmark = pytest.mark.slow
 

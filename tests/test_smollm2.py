@@ -5,9 +5,9 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens import adapter
-from cwlens.batching import pad_batch
 from cwlens.datasets import load_dataset
+from cwlens.engine import adapter
+from cwlens.engine.batching import pad_batch
 from cwlens.testing import naive_measures
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ from torch.testing import assert_close
 
 import cwlens
 from cwlens import reducers
-from cwlens._types import STREAM_METRICS
-from cwlens.batching import pad_batch
+from cwlens.core._types import STREAM_METRICS
+from cwlens.engine.batching import pad_batch
 from cwlens.errors import CwlensError, UnknownOptionError
 from cwlens.testing import ARCHITECTURES, tiny_model
 
@@ -40,7 +40,7 @@ def cached(cache, model, metric, kind, mask):
 @pytest.mark.parametrize("metric", STREAM_METRICS)
 def test_stream_equals_cached(run, metric, kind):
     model, tokens, mask, cache, _ = run
-    if metric == "alti" and cwlens.adapter.ModelInfo.of(model).post_attn_norm:
+    if metric == "alti" and cwlens.engine.adapter.ModelInfo.of(model).post_attn_norm:
         # issue 17: ALTI through a post-attention norm (Gemma-3) is refused, on both paths
         from cwlens.errors import UnsupportedModelError
 
@@ -139,7 +139,7 @@ def test_stream_leaves_no_hooks(run):
         cwlens.stream(model, tokens, boom, attention_mask=mask)
     assert n_hooks() == before
     with torch.no_grad():
-        again = model(tokens, **cwlens.adapter.forward_kwargs(model, mask))
+        again = model(tokens, **cwlens.engine.adapter.forward_kwargs(model, mask))
     assert_close(again, logits)
 
 
@@ -163,7 +163,7 @@ def test_topk_of_every_metric_in_blocks(run, kind):
     k = 4
     # full ALTI is refused where a norm follows attention (test_every_metric... above)
     metrics = [m for m in STREAM_METRICS
-               if not (m == "alti" and cwlens.adapter.ModelInfo.of(model).post_attn_norm)]
+               if not (m == "alti" and cwlens.engine.adapter.ModelInfo.of(model).post_attn_norm)]
     res = cwlens.stream_reduce(
         model, tokens, [reducers.TopK(k, m, by_abs=m == "contribution") for m in metrics],
         kind=kind, attention_mask=mask, query_block=2,

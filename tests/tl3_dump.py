@@ -10,7 +10,7 @@ import sys
 import torch
 
 import cwlens
-from cwlens.batching import pad_batch
+from cwlens.engine.batching import pad_batch
 
 TEXTS = ["the cat sat on the mat", "mary gave john a bottle of milk ."]
 
@@ -27,6 +27,8 @@ def dump(directory: str) -> dict:
         "inter": cwlens.contribution_weights(cache, model, attention_mask=mask),
         "intra": cwlens.contribution_weights(cache, model, kind="intra", attention_mask=mask),
         "value_weighted": cwlens.importance(cache, model, metric="value_weighted", attention_mask=mask),
+        "post_attn_norm": cwlens.engine.adapter.ModelInfo.of(model).post_attn_norm,
+        "residual_problems": cwlens.wrap(model).residual_problems(),
     }
 
 

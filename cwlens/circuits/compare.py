@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cwlens import validation
 from cwlens.circuits.direct import DirectLogitAttribution, direct_logit_attribution
 from cwlens.circuits.heads import head_scores
 from cwlens.circuits.patching import MODES, patch_heads
 from cwlens.circuits.results import Agreement, HeadScores, agreement
 from cwlens.circuits.tasks import CircuitTask
+from cwlens.engine import validation
+from cwlens.engine.measures import run_with_cache
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
-from cwlens.measures import run_with_cache
 
 
 @dataclass(frozen=True)

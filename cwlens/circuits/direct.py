@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens import adapter, hook_names
 from cwlens.circuits import direct_math
 from cwlens.circuits.results import HeadScores
-from cwlens.handle import wrap
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.handle import wrap
 
 
 @dataclass(frozen=True)

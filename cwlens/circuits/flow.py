@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cwlens import adapter, hook_names
 from cwlens.circuits import flow_math
-from cwlens.handle import wrap
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.handle import wrap
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
 
     Checks first that the residual stream is the plain sum of the blocks' outputs and that
     what attention added (minus ``b_O``) is what the heads' ``a_ij v~_j`` terms rebuild
-    (relative error ``<= closure_tolerance``, :func:`~cwlens.adapter.check_residual_sum`);
+    (relative error ``<= closure_tolerance``, :func:`~cwlens.engine.adapter.check_residual_sum`);
     otherwise the shares would not describe the contribution weights' output.
     """
     flow_math.check_rule(rule)

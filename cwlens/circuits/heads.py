@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
-from cwlens import adapter
 from cwlens.circuits.results import HeadScores
-from cwlens.handle import wrap
+from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 
 
 def _at_queries(weights: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:

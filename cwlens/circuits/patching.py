@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import torch
 
-from cwlens import hook_names
 from cwlens.circuits.results import HeadScores
+from cwlens.engine import hook_names
+from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
-from cwlens.handle import wrap
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, vocab] -> [batch]
 MODES = ("corrupt", "mean")
@@ -69,7 +69,7 @@ def patch_heads(
         raise UnknownOptionError(f"Unknown patching mode={mode!r}. Valid modes: 'corrupt', 'mean'.")
     if not callable(metric):
         raise InvalidArgumentError(f"metric must be a function logits -> [batch]; got {metric!r}.")
-    from cwlens.adapter import resolve_layers
+    from cwlens.engine.adapter import resolve_layers
 
     chosen, _ = resolve_layers(model, layers)
     if mode == "corrupt":

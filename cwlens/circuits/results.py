@@ -52,7 +52,7 @@ class HeadScores:
 
     def top(self, k: int = 10, absolute: bool = False) -> list[tuple[str, float]]:
         """The ``k`` highest heads as ``(label, value)``, by value (or by ``|value|``)."""
-        from cwlens import validation
+        from cwlens.engine import validation
 
         validation.positive_int(k, "k")
         flat = self.flat()
@@ -107,7 +107,7 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def top_k_overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> float:
     """``|top_k(a) ∩ top_k(b)| / k`` with the top k taken by value (highest first)."""
-    from cwlens import validation
+    from cwlens.engine import validation
 
     validation.positive_int(k, "k")
     k = min(k, a.numel())
@@ -139,7 +139,7 @@ class Agreement:
 
 def agreement(score: HeadScores, reference: HeadScores, k: int = 10) -> Agreement:
     """Spearman correlation and top-``k`` overlap of two head scores over all heads."""
-    from cwlens import validation
+    from cwlens.engine import validation
 
     validation.positive_int(k, "k")
     if score.values.shape != reference.values.shape:

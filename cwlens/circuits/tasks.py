@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from cwlens import validation
 from cwlens.circuits.direct_math import logit_difference
+from cwlens.engine import validation
+from cwlens.engine.handle import wrap
 from cwlens.errors import InputTooLongError, InvalidArgumentError, UnknownOptionError
-from cwlens.handle import wrap
 
 
 class TaskBuildError(UnknownOptionError):
@@ -103,7 +103,7 @@ def _words(value: object, name: str, at_least: int = 1) -> list[str]:
 
 
 def _fits(model, length: int, what: str, fix: str) -> None:
-    from cwlens.adapter import context_length
+    from cwlens.engine.adapter import context_length
 
     limit = context_length(model)
     if limit is not None and length > limit:

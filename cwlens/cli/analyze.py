@@ -4,8 +4,8 @@ import sys
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
+from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, LayerOutOfRangeError
-from cwlens.handle import wrap
 
 
 def register(sub) -> None:
@@ -36,7 +36,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from cwlens.models import load_model
+    from cwlens.engine.models import load_model
     from cwlens.report import analyze_text, render_report
 
     text = args.text if args.text is not None else arg_types.read_text(args.file)

@@ -8,11 +8,11 @@ the nearest existing ancestor must be a folder we may write into.
 
 import argparse
 import math
-import os
-import tempfile
 from pathlib import Path
 
-from cwlens.errors import OutputPathError
+# the path checks (OutputPathError, exit 1) live a layer down: the exports use them too
+from cwlens.runs.paths import output_dir as output_dir
+from cwlens.runs.paths import output_file as output_file
 
 Error = argparse.ArgumentTypeError
 
@@ -176,8 +176,8 @@ def dataset_list(kinds: tuple[str, ...] = ("text", "choice")):
 
 def device(text: str) -> str:
     """cpu, cuda, cuda:N or mps, available on this machine (checked before any load)."""
+    from cwlens.engine.models.loading import check_device
     from cwlens.errors import DeviceNotAvailableError
-    from cwlens.models.loading import check_device
 
     try:
         check_device(text)
@@ -261,62 +261,3 @@ def samples_spec(text: str) -> int | dict[str, int]:
             raise Error(f"{name}: {err}") from None
     return counts
 
-
-# -- paths (checked before the model loads; they raise OutputPathError: exit 1) ------------
-def _nearest_existing(path: Path) -> Path:
-    p = path
-    while not p.exists():
-        if p.parent == p:
-            break
-        p = p.parent
-    return p
-
-
-def _writable(folder: Path) -> bool:
-    """Whether a file can be created in ``folder`` (permissions *and* read-only mounts,
-    which ``os.access`` misses for root): an anonymous temp file, deleted at once."""
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return False
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            return True
-    except OSError:
-        return False
-
-
-def _check_ancestors(path: Path, flag: str) -> None:
-    """No ancestor of ``path`` is a file, and the nearest existing one is writable."""
-    base = _nearest_existing(path.parent)
-    if not base.is_dir():
-        raise OutputPathError(f"{flag} {str(path)!r}: {str(base)!r} is a file, not a folder; "
-                              "pass a path inside a folder")
-    if not _writable(base):
-        raise OutputPathError(f"{flag} {str(path)!r}: no permission to write into {str(base)!r}; "
-                              "pass a writable location")
-
-
-def output_dir(path: str | Path, flag: str = "--out", must_write: bool = True) -> Path:
-    """A folder to write into: not a file, under folders, writable (if ``must_write``)."""
-    p = Path(path).expanduser()
-    if p.exists() and not p.is_dir():
-        raise OutputPathError(f"{flag} {str(p)!r} is a file; pass a folder (it is created if "
-                              "missing)")
-    base = _nearest_existing(p)
-    if not base.is_dir():
-        raise OutputPathError(f"{flag} {str(p)!r}: {str(base)!r} is a file, not a folder")
-    if must_write and not _writable(base):
-        raise OutputPathError(f"{flag} {str(p)!r}: no permission to write into {str(base)!r}; "
-                              "pass a writable folder")
-    return p
-
-
-def output_file(path: str | Path, flag: str = "--out") -> Path:
-    """A file to (over)write: not a folder, its folder creatable and writable."""
-    p = Path(path).expanduser()
-    if p.is_dir() or str(path).endswith(("/", os.sep)):
-        raise OutputPathError(f"{flag} {str(p)!r} is a folder; pass a file name, e.g. "
-                              f"{str(p / 'report.html')!r}")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise OutputPathError(f"{flag} {str(p)!r} exists and is read-only; pass another file")
-    _check_ancestors(p, flag)
-    return p

@@ -3,7 +3,7 @@ and activation patching on a templated task, their agreement, and the token-flow
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
-from cwlens.handle import wrap
+from cwlens.engine.handle import wrap
 
 
 def register(sub) -> None:

@@ -2,8 +2,8 @@
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
+from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError
-from cwlens.handle import wrap
 
 
 def register(sub) -> None:
@@ -30,7 +30,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import cwlens
     from cwlens.datasets import load_dataset
-    from cwlens.demo import run_demo
+    from cwlens.report.demo import run_demo
 
     n = len(load_dataset("gsm8k"))
     if args.sample >= n:

@@ -1,10 +1,10 @@
 """``cwlens export``: streamed reductions of texts as tidy Parquet (or CSV) tables."""
 
-from cwlens._types import STREAM_METRICS
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
+from cwlens.core._types import STREAM_METRICS
+from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, LayerOutOfRangeError
-from cwlens.handle import wrap
 
 
 def register(sub) -> None:
@@ -17,7 +17,7 @@ def register(sub) -> None:
         "gives, summed over queries), heads.parquet (sink rate, sink contribution, entropy, "
         "output share per head) and, with --token-layers, token_level.parquet (heads summed, "
         "full query x key). Read them back with pandas.read_parquet or "
-        "cwlens.export.read_tables.",
+        "cwlens.report.export.read_tables.",
     )
     add_model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
@@ -61,8 +61,8 @@ def _texts(args) -> tuple[list[str], list[str]]:
 
 
 def run(args) -> int:
-    from cwlens.export import export_texts
-    from cwlens.models import load_model
+    from cwlens.engine.models import load_model
+    from cwlens.report.export import export_texts
 
     texts, ids = _texts(args)
     if not texts:

@@ -7,10 +7,10 @@ from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args
 from cwlens.cli.placement import HELP as PLACEMENT_HELP
 from cwlens.cli.placement import add_placement_args, load_kwargs
+from cwlens.core.metrics import KINDS
 from cwlens.errors import InvalidArgumentError
 from cwlens.faithfulness.config import FaithfulnessConfig
 from cwlens.faithfulness.ranking import ALL_RANKINGS, MODES, RANKINGS, SCOPES
-from cwlens.metrics import KINDS
 
 DEFAULT = FaithfulnessConfig()  # the flags' defaults are the configuration's
 
@@ -46,7 +46,7 @@ def _csv(text: str) -> list[str]:
 
 
 def _metrics_help() -> str:
-    from cwlens import metrics
+    from cwlens.core import metrics
 
     extra = [m for m in metrics.NAMES if m not in metrics.DEFAULT]
     return (f"comma-separated metrics or 'all' (default: all = {', '.join(metrics.DEFAULT)}); "
@@ -170,14 +170,14 @@ def run(args) -> int:
         raise InvalidArgumentError("--num-fewshot applies to mmlu only, and --dataset has no mmlu")
     cfg = _config(args)
     paths = _check_inputs(args, datasets, counts)
-    from cwlens import distributed
+    from cwlens.runs import distributed
 
     if args.report_only:  # under torchrun, rank 0 alone reports
         env = distributed.launched()
         return report(paths, args) if env is None or env.main else 0
     placed = load_kwargs(args)
     with distributed.session() as world:  # torchrun: one process group for the command
-        from cwlens.results_io import results_lock
+        from cwlens.runs.results_io import results_lock
 
         with results_lock(paths[0].parent):  # one run per results folder (torchrun: per job)
             return _run(args, datasets, counts, cfg, paths, placed, world)
@@ -191,7 +191,7 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
 
             model = cwlens.load_model(args.model, **placed)
             if cfg.layers is not None:  # before any compute
-                from cwlens.adapter import resolve_layers
+                from cwlens.engine.adapter import resolve_layers
 
                 resolve_layers(model, list(cfg.layers))
         from cwlens.faithfulness import run_faithfulness

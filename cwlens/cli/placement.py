@@ -1,5 +1,5 @@
 """``--n-devices`` / ``--device-map`` and the torchrun path of ``cwlens faithfulness`` and
-``cwlens sinks`` (see :mod:`cwlens.distributed` and docs/distributed.md)."""
+``cwlens sinks`` (see :mod:`cwlens.runs.distributed` and docs/distributed.md)."""
 
 import argparse
 
@@ -22,7 +22,7 @@ def _positive(text: str) -> int:
 
 
 def _device_map(text: str):
-    from cwlens.distributed import PlacementError, parse_device_map
+    from cwlens.runs.distributed import PlacementError, parse_device_map
 
     try:
         return parse_device_map(text)
@@ -42,7 +42,7 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
 
 def load_kwargs(args) -> dict:
     """``load_model`` keywords for this process (checked before anything loads)."""
-    from cwlens.distributed import check_environment, placement
+    from cwlens.runs.distributed import check_environment, placement
 
     check_environment()
     return placement(args.device, getattr(args, "n_devices", None), getattr(args, "device_map", None))

@@ -56,25 +56,10 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def model_label(name: str) -> str:
-    """The model name for titles; offline GGUF models say that they are quantised."""
-    import re
-
-    from cwlens.models.registry import MODELS
-
-    entry = MODELS.get(name)
-    if entry is None or entry.offline is None:
-        return name
-    # the quantisation type in the GGUF file name: "...Q4_1.gguf", "...-q4_k_m.gguf"
-    found = re.search(r"[.\-_]((?:i?q)\d\w*?)\.gguf$", entry.offline.filename, re.I)
-    quant = found.group(1).upper() if found else "quantised"
-    return f"{name} ({quant} GGUF, dequantized)"
-
-
 def run(args) -> int:
     from pathlib import Path
 
-    from cwlens.results_io import results_lock
+    from cwlens.runs.results_io import results_lock
     from cwlens.sinks import run as sink_run
 
     if args.plot_only and not Path(args.out).is_dir():
@@ -82,7 +67,7 @@ def run(args) -> int:
             f"--plot-only: no results folder {args.out}; run `cwlens sinks` without --plot-only first.")
     if not args.plot_only:
         arg_types.output_dir(args.out)  # before the lock creates it
-    from cwlens import distributed
+    from cwlens.runs import distributed
 
     if args.plot_only:  # under torchrun, rank 0 alone redraws
         env = distributed.launched()
@@ -97,6 +82,7 @@ def run(args) -> int:
 
 
 def _run(args, placed=None, world=None) -> int:
+    from cwlens.engine.models.registry import model_label
     from cwlens.sinks import run as sink_run
 
     label = model_label(args.model)

@@ -51,6 +51,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cwlens.core.numerics import check_kind, safe_divide
+
 DEFAULT_MAX_ELEMENTS = 1 << 24  # 64 MB of float32 per block of differences
 
 
@@ -101,8 +103,6 @@ def alti_attention_weights(geometry, kind: str = "inter",
     """``alti_attention`` shares ``[batch, head_index, query_pos, key_pos]`` of one layer's
     :class:`~cwlens.core.AttentionGeometry` (the whole = the attention output; see the
     module docstring)."""
-    from cwlens.core.geometry import check_kind, safe_divide
-
     check_kind(kind)
     if kind == "inter":
         whole = geometry.layer_output[:, None]  # [b, 1, q, m]
@@ -117,8 +117,6 @@ def alti_parts(geometry, max_elements: int = DEFAULT_MAX_ELEMENTS) -> tuple[torc
     """``(entries [batch, head_index, query_pos, key_pos], residual [batch, query_pos])``:
     ALTI shares of every (head, key) term and of the residual stream (they sum to 1 per
     query, or are all 0). Needs the geometry's residual stream (``geometry.residual``)."""
-    from cwlens.core.geometry import safe_divide
-
     residual, b_O, norm = geometry.require_residual("alti")
     a = geometry.pattern
     v_tilde = _projected_values(geometry)

@@ -34,11 +34,12 @@ from functools import cached_property
 
 import torch
 
-from cwlens._types import (
-    KINDS,
+from cwlens.core._types import (
     Kind,
     PairWeights,
 )
+from cwlens.core.numerics import check_kind as check_kind  # re-exported: callers import it here
+from cwlens.core.numerics import safe_divide as safe_divide  # re-exported
 from cwlens.errors import (
     EmptyInputError,
     MissingHookError,
@@ -46,22 +47,6 @@ from cwlens.errors import (
     ShapeMismatchError,
     UnknownOptionError,
 )
-
-
-def check_kind(kind: str) -> Kind:
-    if kind not in KINDS:
-        raise UnknownOptionError(
-            f"Unknown kind={kind!r}. Valid kinds: 'intra' (project on the head's own output, "
-            f"rows sum to 1 per head) or 'inter' (project on the layer's multi-head output, "
-            f"sums to 1 over heads and keys)."
-        )
-    return kind  # narrowed to Kind by the check above
-
-
-def safe_divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """``num / den`` where ``den > 0``, else 0 (never NaN or inf)."""
-    ok = den > 0
-    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -379,8 +364,8 @@ class AttentionGeometry:
     def measure(self, metric: str, kind: Kind = "inter") -> PairWeights:
         """One of this class's per-entry measures by name (:data:`MEASURES`, the methods
         of those names; ``kind`` goes to those that take it). cwlens' metric registry
-        (:mod:`cwlens.metrics`) holds these and any other metric
-        (:func:`cwlens.metrics.from_geometry`); this class does not read it."""
+        (:mod:`cwlens.core.metrics`) holds these and any other metric
+        (:func:`cwlens.core.metrics.from_geometry`); this class does not read it."""
         if metric not in MEASURES:
             raise UnknownOptionError(
                 f"Unknown metric={metric!r}. Valid metrics: {', '.join(map(repr, MEASURES))}."

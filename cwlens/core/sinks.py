@@ -26,7 +26,7 @@ from functools import cached_property
 
 import torch
 
-from cwlens._types import Pattern, PositionMask, Values
+from cwlens.core._types import Pattern, PositionMask, Values
 from cwlens.core.geometry import AttentionGeometry, safe_divide
 from cwlens.errors import ShapeMismatchError
 
@@ -146,7 +146,7 @@ def random_non_sink_index(
     return index.to(sink_index.device)
 
 
-# -- interventions as tensor maps (the hooks in cwlens.interventions.sinks call these) ----
+# -- interventions as tensor maps (the hooks in cwlens.engine.interventions.sinks call these) ----
 def set_sink_rate(
     pattern: Pattern,
     s,

@@ -269,8 +269,9 @@ def choice_item(item_id: str, row: Mapping[str, Any], dataset: str) -> ChoiceIte
 
 
 if __name__ == "__main__":  # regenerate the shipped files
-    from .registry import DATA_DIR
+    from pathlib import Path
 
+    data_dir = Path(__file__).resolve().parent / "data"  # registry.DATA_DIR (the registry imports us)
     for name in TASK_NAMES:
-        (DATA_DIR / f"{name}.jsonl").write_text(jsonl_text(name), encoding="utf-8")
+        (data_dir / f"{name}.jsonl").write_text(jsonl_text(name), encoding="utf-8")
         print(name, len(rows(name)))

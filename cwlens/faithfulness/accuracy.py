@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens import adapter
-from cwlens.batching import pad_batch
 from cwlens.core.proportion import above_chance, clopper_pearson
+from cwlens.engine import adapter
+from cwlens.engine.batching import pad_batch
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 
 
@@ -142,6 +142,7 @@ def run_accuracy_test(model, dataset, config=None, *, n: int | None = None,
 
     items = load_dataset(dataset, n) if isinstance(dataset, str) else list(dataset)
     cfg = config or FaithfulnessConfig()
+    adapter.require_metrics(model, cfg.metrics)  # before the clean pass
     check = clean_accuracy(model, items, level, cfg.batch_tokens)
     if not allow_chance:
         require_above_chance(check)

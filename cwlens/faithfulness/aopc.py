@@ -25,7 +25,7 @@ A run's AOPC uses the bins among its rates (all five where the run has them; the
 bins used are part of the result). The
 *faithfulness score* is ``+AOPC`` for comprehensiveness and ``-AOPC`` for sufficiency, so
 that "higher = more faithful" in both; differences between metrics are paired by sample
-(:func:`cwlens.bootstrap.paired_bootstrap`) and a difference is resolved when its 95%
+(:func:`cwlens.core.bootstrap.paired_bootstrap`) and a difference is resolved when its 95%
 interval excludes 0.
 
 Damage per measure (``D``, bigger = more harm):
@@ -48,8 +48,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from cwlens.core.metrics import MODES
 from cwlens.errors import InvalidArgumentError
-from cwlens.metrics import MODES
 
 DAMAGE_MEASURES = ("delta_nll", "delta_ppl", "acc", "acc_norm", "gold_ll", "embedding_damage")
 KEYS = ("metric", "mode", "sample_id")
@@ -158,7 +158,7 @@ def aopc(damage: pd.DataFrame, rates: Sequence[float] | None = None) -> pd.DataF
 def curve_summary(damage: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per ``(metric, mode, rate)``: ``n``, ``mean``, ``ci_low``, ``ci_high`` of the damage
     (percentile bootstrap of the mean): the points of the perturbation curves."""
-    from cwlens.bootstrap import bootstrap_ci
+    from cwlens.core.bootstrap import bootstrap_ci
 
     rows = []
     for (metric, mode, rate), g in damage.groupby(["metric", "mode", "rate"], sort=True):
@@ -174,7 +174,7 @@ def aopc_summary(per_sample: pd.DataFrame, reference: str = "contribution", n_bo
     faithfulness score of the metric minus ``reference``'s (``delta``, ``delta_low``,
     ``delta_high``; positive = more faithful than ``reference``; NaN for the reference
     itself or when it is absent)."""
-    from cwlens.bootstrap import bootstrap_ci, holm, paired_frame_difference
+    from cwlens.core.bootstrap import bootstrap_ci, holm, paired_frame_difference
 
     rows: list[dict] = []
     tests: dict = {}
@@ -214,7 +214,7 @@ def verdicts(per_sample: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dic
 def ranking_line(summary: pd.DataFrame, mode: str, metrics: Sequence[str] | None = None) -> str:
     """The metrics of one mode from most to least faithful by mean AOPC score, e.g.
     ``"attn×grad (sup.) > contrib > alti > ..."`` (means only; the table has the CIs)."""
-    from cwlens.metrics import REGISTRY
+    from cwlens.core.metrics import REGISTRY
 
     sub = summary[summary["mode"] == mode]
     if metrics is not None:
@@ -234,7 +234,7 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
     faithfulness score against ``reference`` (+ = more faithful than it); then the
     hierarchy verdicts. ``parameterisation`` (:data:`PARAMETERISATIONS`) and
     ``bins_used`` (``{mode: "0.1,0.5"}``) are stated in the caption."""
-    from cwlens.metrics import REGISTRY
+    from cwlens.core.metrics import REGISTRY
 
     short = REGISTRY[reference].short
     param = ""
@@ -296,7 +296,7 @@ def mask_share_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 def shares_markdown(shares: pd.DataFrame) -> str:
     """The share table: metric x (mode, removal rate), ``tied % / first-token %``."""
-    from cwlens.metrics import REGISTRY
+    from cwlens.core.metrics import REGISTRY
 
     if not len(shares):
         return ""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens.batching import token_ids
+from cwlens.engine.batching import token_ids
 from cwlens.errors import DatasetFormatError
 
 

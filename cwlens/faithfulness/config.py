@@ -7,9 +7,10 @@ derived from it. :class:`Condition` is one (metric, mode, rate, layer set) of a 
 
 from dataclasses import dataclass, field, fields
 
-from cwlens import metrics, validation
-from cwlens._types import Kind, Mode, Scope
+from cwlens.core import metrics
+from cwlens.core._types import Kind, Mode, Scope
 from cwlens.core.geometry import check_kind
+from cwlens.engine import validation
 from cwlens.errors import InvalidArgumentError, LayerOutOfRangeError
 from cwlens.faithfulness.ranking import MODES, RANKINGS, SCOPES, check_option
 
@@ -113,7 +114,7 @@ class FaithfulnessConfig:
 
 @dataclass(frozen=True)
 class Condition:
-    metric: str  # a name of cwlens.metrics.REGISTRY
+    metric: str  # a name of cwlens.core.metrics.REGISTRY
     mode: Mode
     rate: float
     layers_label: str

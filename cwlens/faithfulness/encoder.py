@@ -21,10 +21,14 @@ import re
 
 import torch
 
-from cwlens import adapter, hook_names, metrics
-from cwlens._types import Kind, Scope
-from cwlens.batching import pad_batch
+from cwlens.core import metrics
+from cwlens.core._types import Kind, Scope
 from cwlens.core.bitmask import PackedMask
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
+from cwlens.engine.interventions.value_masking import hooks_applied, masking_hooks
+from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import UnsupportedModelError
 from cwlens.faithfulness.ranking import (
     MODES,
@@ -37,9 +41,6 @@ from cwlens.faithfulness.ranking import (
     rank_entries,
     tiebreak_scores,
 )
-from cwlens.handle import wrap
-from cwlens.interventions.value_masking import hooks_applied, masking_hooks
-from cwlens.streaming import stream_geometry
 
 
 def sentences(dataset: str = "fineweb_edu", n: int = 64, min_words: int = 6,
@@ -73,7 +74,7 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
                      seed: int = 0, mask_first_token: bool = True) -> list[dict]:
     """Rows ``{sample_id, metric, mode, rate, damage, tied_share, first_token_share}``
     (``damage = 1 - cos``) for ``texts`` (``[(id, text)]``) on an encoder ``model``, in
-    both modes (:data:`~cwlens.metrics.MODES`), :data:`BATCH_SIZE` sentences per pass.
+    both modes (:data:`~cwlens.core.metrics.MODES`), :data:`BATCH_SIZE` sentences per pass.
 
     Ties are broken by the seeded random order of the decoder task; ``tied_share`` and
     ``first_token_share`` are the removed entries chosen by it and those on [CLS]

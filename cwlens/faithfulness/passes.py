@@ -12,10 +12,14 @@ from typing import NamedTuple
 
 import torch
 
-from cwlens import adapter, metrics
-from cwlens._types import Mode
-from cwlens.batching import pad_batch
+from cwlens.core import metrics
+from cwlens.core._types import Mode
 from cwlens.core.bitmask import PackedMask
+from cwlens.engine import adapter
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.gradients import attention_gradient
+from cwlens.engine.interventions.value_masking import run_masked
+from cwlens.engine.streaming import stream_geometry
 from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.ranking import (
@@ -29,9 +33,6 @@ from cwlens.faithfulness.ranking import (
     tiebreak_scores,
 )
 from cwlens.faithfulness.units import Unit
-from cwlens.gradients import attention_gradient
-from cwlens.interventions.value_masking import run_masked
-from cwlens.streaming import stream_geometry
 
 
 @dataclass
@@ -47,7 +48,7 @@ class MaskJob(NamedTuple):
     """One distinct mask of a batch: ranked by ``metric`` (None: every eligible entry,
     rate 1), removing ``rate`` of the entries in ``mode`` in each of ``layers``."""
 
-    metric: str | None  # a name of cwlens.metrics.REGISTRY; None: every eligible entry
+    metric: str | None  # a name of cwlens.core.metrics.REGISTRY; None: every eligible entry
     mode: Mode
     rate: float
     layers: tuple[int, ...]
@@ -187,7 +188,7 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
 
     gradients = None
     if any(job.metric in metrics.GRADIENT for job in jobs.values()):
-        # supervised references: a separate forward + backward pass (cwlens.gradients)
+        # supervised references: a separate forward + backward pass (cwlens.engine.gradients)
         t = time.perf_counter()
         gradients = attention_gradient(model, tokens, mask, layers)
         stats.ranking_seconds += time.perf_counter() - t

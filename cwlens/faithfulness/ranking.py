@@ -13,7 +13,7 @@ so that at ``r = 1`` both masks are every eligible entry, and at ``r = 0`` nothi
 Parameters (with defaults, also used by :mod:`cwlens.faithfulness.sweep`):
 
 ``metric``
-    any of :mod:`cwlens.metrics`: ``attention`` (a), ``value_weighted`` (a ||v~||),
+    any of :mod:`cwlens.core.metrics`: ``attention`` (a), ``value_weighted`` (a ||v~||),
     ``value_weighted_output_normalized`` (a ||v~|| / ||o||), ``contribution`` (signed c:
     a strongly negative entry ranks *least* important), ``contribution_abs`` (|c|),
     ``random`` (seeded control); the peers' ``alti`` (L1 proximity, Ferrando et al. 2022)
@@ -54,11 +54,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens import metrics
-from cwlens._types import Kind, Mode, Scope
+from cwlens.core import metrics
+from cwlens.core._types import Kind, Mode, Scope
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 
-# every metric a ranking can use (the registry, cwlens.metrics: at import; metrics.NAMES
+# every metric a ranking can use (the registry, cwlens.core.metrics: at import; metrics.NAMES
 # follows metrics.registered), the default sweep's, and the protocol's options
 ALL_RANKINGS: tuple[str, ...] = metrics.NAMES
 RANKINGS: tuple[str, ...] = metrics.DEFAULT
@@ -90,7 +90,7 @@ def eligible_entries(
     """bool ``[batch, 1, query_pos, key_pos]``: entries that a mask may remove.
 
     ``position_mask``: ``[batch, pos]``, True (1) on real tokens. ``window``: a sliding-
-    window layer's size (:func:`cwlens.adapter.attention_window`): keys with
+    window layer's size (:func:`cwlens.engine.adapter.attention_window`): keys with
     ``i - j >= window`` are outside it (alpha = 0 there), so not eligible.
     """
     real = position_mask.bool()
@@ -291,13 +291,13 @@ def metric_scores(geometry, metric: str, kind: Kind = "inter",
                   gradient_scores=None) -> torch.Tensor:
     """Scores of one non-random metric: a geometry metric from an
     :class:`~cwlens.core.AttentionGeometry`, a gradient metric from this layer's signed
-    ``-a * dL/da`` (``gradient_scores``, see :mod:`cwlens.gradients`)."""
+    ``-a * dL/da`` (``gradient_scores``, see :mod:`cwlens.engine.gradients`)."""
     entry = metrics.get(metric)
     if entry.source == "random" or entry.compute is None:
         raise ValueError("metric='random' has no geometry; use random_scores().")
     if entry.source == "gradient":
         if gradient_scores is None:
             raise ValueError(f"metric={metric!r} needs this layer's gradient scores "
-                             "(cwlens.gradients.attention_gradient).")
+                             "(cwlens.engine.gradients.attention_gradient).")
         return entry.compute(gradient_scores, kind)
     return entry.compute(geometry, kind)

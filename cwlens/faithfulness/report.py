@@ -5,10 +5,10 @@ output-normalised < contribution, i.e. for comprehensiveness the damage (ΔPPL u
 accuracy down) grows along that order, and for sufficiency it shrinks.
 """
 
-from cwlens import metrics as _metrics
+from cwlens.core import metrics as _metrics
 
 HIERARCHY = _metrics.HIERARCHY
-# table labels of every metric (the registry: cwlens.metrics); supervised ones say so
+# table labels of every metric (the registry: cwlens.core.metrics); supervised ones say so
 SHORT = {name: m.short for name, m in _metrics.REGISTRY.items()}
 LM_MEASURE, CHOICE_MEASURE = "delta_ppl", "acc"
 
@@ -69,7 +69,7 @@ def cell_comparisons(cell, order: tuple[str, ...] = HIERARCHY, n_boot: int = 200
     """``{(a, b): PairedDifference}`` of ``b`` minus ``a`` for every pair of ``order``
     present in ``cell`` (rows ``metric, sample_id, value``; ``value``: a faithfulness
     score, higher = more faithful), paired by sample."""
-    from cwlens.bootstrap import paired_frame_difference
+    from cwlens.core.bootstrap import paired_frame_difference
 
     present = [m for m in order if (cell.metric == m).any()]
     return {(a, b): paired_frame_difference(cell, "metric", a, b, n_boot=n_boot, level=level, seed=seed)
@@ -106,9 +106,9 @@ def table_verdicts(cells: dict, order: tuple[str, ...] = HIERARCHY, n_boot: int 
                    level: float = 0.95, seed: int = 0) -> dict:
     """``{key: verdict}`` of the cells of one table (``{key: cell}``, see
     :func:`cell_verdict`): every pair of every cell is one test of one family, resolved
-    by Holm's correction at ``1 - level`` (:func:`cwlens.bootstrap.holm`), so that the
+    by Holm's correction at ``1 - level`` (:func:`cwlens.core.bootstrap.holm`), so that the
     chance of any false "<" or "does not hold" in the table stays below ``1 - level``."""
-    from cwlens.bootstrap import holm
+    from cwlens.core.bootstrap import holm
 
     tests = {(key, pair): d for key, cell in cells.items()
              for pair, d in cell_comparisons(cell, order, n_boot, level, seed).items()}
@@ -156,7 +156,7 @@ def _verdict_text(pairs: dict, order: tuple[str, ...]) -> str:
 
 
 def _negated(d):
-    from cwlens.bootstrap import PairedDifference
+    from cwlens.core.bootstrap import PairedDifference
 
     return PairedDifference(-d.mean, -d.high, -d.low, d.n, d.identical, d.p, d.resolved)
 
@@ -242,7 +242,8 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
     n = int(sub["n"].max()) if len(sub) else 0
     scope = ", ".join(sorted(map(str, sub.scope.unique())))
     extra = _describe(setting, varying)
-    lines.append(f"**{ds}** — {unit}, mean [95% bootstrap CI], n = {n}, scope = {scope}"
+    ci = "exact 95% CI (Clopper–Pearson)" if meas in ("acc", "acc_norm") else "95% bootstrap CI"
+    lines.append(f"**{ds}** — {unit}, mean [{ci}], n = {n}, scope = {scope}"
                  + (f", {extra}" if extra else ""))
     if len(clean):
         lines.append(f"(clean {clean_measure}: {_fmt(clean.iloc[0], clean_measure)})")
@@ -251,7 +252,7 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
         f"{'comp' if m == 'comprehensiveness' else 'suff'} {r:g}" for m, r in cols) + " |"
     lines += [head, "|" + "---|" * (len(cols) + 1)]
     for metric in [m for m in SHORT if m in set(cells.metric)]:
-        row = [SHORT[metric]]
+        row = [SHORT[metric].replace("|", "\\|")]  # |attn×grad|: not a column break
         for mode, rate in cols:
             hit = cells[(cells.metric == metric) & (cells["mode"] == mode) & (cells.rate == rate)]
             row.append(_fmt(hit.iloc[0], meas) if len(hit) else "")
@@ -290,7 +291,7 @@ def write_block(path, text: str, start: str = START, end: str = END) -> None:
     marker. The file is replaced atomically."""
     from pathlib import Path
 
-    from cwlens.results_io import atomic_write_text
+    from cwlens.runs.results_io import atomic_write_text
 
     p = Path(path)
     block = f"{start}\n{text.rstrip()}\n{end}\n"

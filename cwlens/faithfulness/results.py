@@ -12,7 +12,7 @@ files of different models or settings are never pooled (:func:`summarize` groups
 the setting).
 
 A sample's rows are written with one ``write``, flushed and fsynced
-(:func:`cwlens.results_io.append_text`). On resume the file is cut back to its last
+(:func:`cwlens.runs.results_io.append_text`). On resume the file is cut back to its last
 complete line and samples with fewer rows than expected (a write cut by a kill) are
 dropped (atomic rewrite) and recomputed. ``<name>.config.json`` beside the file holds the
 run's configuration; resuming with another configuration is refused.
@@ -30,15 +30,16 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from cwlens.bootstrap import bootstrap_ci  # noqa: F401  (public here since 0.1)
+from cwlens.core.bootstrap import bootstrap_ci  # noqa: F401  (public here since 0.1)
 from cwlens.errors import CwlensError
 from cwlens.faithfulness.config import PROVENANCE
-from cwlens.results_io import append_text, atomic_write_text, complete_lines
+from cwlens.runs.results_io import append_text, atomic_write_text, complete_lines
 
 SETTING = ("model", "dataset", *PROVENANCE)  # FaithfulnessConfig's provenance fields
 COLUMNS = (*SETTING, "metric", "mode", "rate", "layers", "sample_id", "measure", "value")
 KEY = tuple(c for c in COLUMNS if c != "value")
 CELL = (*SETTING, "metric", "mode", "rate", "layers", "measure")
+ACCURACY = ("acc", "acc_norm")  # per-item 0/1 measures: exact intervals (summarize)
 
 
 class ConfigMismatchError(CwlensError, ValueError):
@@ -88,7 +89,7 @@ class ResultsWriter:
         shard: write to ``<stem>.shard-<shard>.jsonl`` instead of ``path`` (one writer per
             process of a split run); finished samples are read from all of them.
 
-    Call it under :func:`cwlens.results_io.results_lock` on the folder (as
+    Call it under :func:`cwlens.runs.results_io.results_lock` on the folder (as
     :func:`~cwlens.faithfulness.run_faithfulness` does): it repairs its own file on open.
     """
 
@@ -164,9 +165,21 @@ def read_results(paths: str | Path | Iterable[str | Path]):
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+def _interval(measure, values, n_boot: int, level: float, seed: int) -> tuple[float, float]:
+    """The exact (Clopper–Pearson) interval of an accuracy (0/1 per item: a proportion,
+    as ``cwlens accuracy`` reports the clean one; a bootstrap-t of 0/1 values leaves
+    [0, 1] and is degenerate at 0 or n correct), else the bootstrap-t of the mean."""
+    from cwlens.core.proportion import clopper_pearson
+
+    if measure in ACCURACY and len(values) and set(values.tolist()) <= {0.0, 1.0}:
+        return clopper_pearson(int(values.sum()), len(values), level)
+    return bootstrap_ci(values, n_boot, level, seed)
+
+
 def summarize(df, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
-    """Mean and bootstrap CI per cell (:data:`CELL`: the setting, the condition and the
-    measure), over the de-duplicated rows."""
+    """Mean and 95% interval per cell (:data:`CELL`: the setting, the condition and the
+    measure), over the de-duplicated rows: exact (Clopper–Pearson) for accuracies,
+    bootstrap-t for every other measure."""
     import pandas as pd
 
     df = df.drop_duplicates(subset=[c for c in KEY if c in df.columns])
@@ -176,7 +189,7 @@ def summarize(df, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
     out = []
     for key, group in df.groupby(list(CELL), sort=True, dropna=False):
         values = group.sort_values("sample_id")["value"].to_numpy(dtype=float)
-        low, high = bootstrap_ci(values, n_boot, level, seed)
+        low, high = _interval(key[CELL.index("measure")], values, n_boot, level, seed)
         out.append({**dict(zip(CELL, key, strict=True)), "n": len(values),
                     "mean": float(values.mean()), "ci_low": low, "ci_high": high})
     return pd.DataFrame(out, columns=[*CELL, "n", "mean", "ci_low", "ci_high"])

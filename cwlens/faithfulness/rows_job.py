@@ -1,4 +1,4 @@
-"""A :class:`~cwlens.jobs.Job` whose store is a faithfulness results file: per-sample
+"""A :class:`~cwlens.runs.jobs.Job` whose store is a faithfulness results file: per-sample
 rows appended by :class:`~cwlens.faithfulness.results.ResultsWriter` (a torchrun rank
 appends to its own shard; the shards are merged at the end, in plan order), or, without
 a folder, rows kept in memory and gathered from every rank."""
@@ -6,7 +6,7 @@ a folder, rows kept in memory and gathered from every rank."""
 from pathlib import Path
 
 from cwlens.faithfulness.results import ResultsWriter
-from cwlens.jobs import Job, JobSpec
+from cwlens.runs.jobs import Job, JobSpec
 
 
 class MemoryWriter:
@@ -64,7 +64,7 @@ class RowsJob(Job):
         """File: rank 0 folds the shards into the file (as a one-process run writes it);
         None. Memory: every rank's rows, in plan order (a DataFrame of
         :data:`~cwlens.faithfulness.results.COLUMNS`)."""
-        from cwlens import distributed
+        from cwlens.runs import distributed
 
         if isinstance(self.writer, ResultsWriter):
             if distributed.world().main:

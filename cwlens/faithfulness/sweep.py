@@ -11,20 +11,20 @@ while the model runs, every metric's ranking (:mod:`~cwlens.faithfulness.ranking
 masks the conditions need, kept bit-packed (:class:`~cwlens.core.bitmask.PackedMask`):
 memory is one layer's scores and ranks plus ``layers x n^2 / 8`` bytes per distinct mask,
 never a cache of every layer's pattern. Each condition is then one ``run_masked``
-(:mod:`~cwlens.interventions.value_masking`). Conditions whose masks are provably
+(:mod:`~cwlens.engine.interventions.value_masking`). Conditions whose masks are provably
 identical share one forward pass (``reuse=True``): rate 0 (nothing masked = clean), rate 1
 (every eligible entry, whatever the metric or mode), and value_weighted_output_normalized
 with ``scope="row"``, which orders every row exactly as value_weighted (``||o||`` is
 constant along a row). Batches are fixed by the sample list and the configuration
 (:func:`~cwlens.faithfulness.units.plan_batches`), so a resumed run computes bit-identical
 numbers; the run itself (lock, resume, shards over torchrun ranks, progress, merge) is a
-:class:`cwlens.jobs.Job`.
+:class:`cwlens.runs.jobs.Job`.
 
 Peers' metrics: ``alti`` is a geometry metric and is ranked inside the streamed pass like
 the others (at ``O(n^2 d_model)`` per layer instead of ``O(n^2 d_head)``). The supervised
 ``attention_gradient`` / ``attention_gradient_abs`` need gradients, which the no-grad
 streamed pass cannot give: when asked for, each batch first runs one more forward +
-backward pass (:func:`cwlens.gradients.attention_gradient`, about 3x a forward and the
+backward pass (:func:`cwlens.engine.gradients.attention_gradient`, about 3x a forward and the
 memory of a training step, every layer's scores kept until the clean pass ranks them).
 """
 
@@ -34,15 +34,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from cwlens import adapter
+from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError
 from cwlens.faithfulness.causal_scope import require_causal
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.passes import SweepStats, batch_outputs
 from cwlens.faithfulness.rows_job import RowsJob
 from cwlens.faithfulness.units import Unit, choice_units, plan_batches, text_units
-from cwlens.handle import wrap
-from cwlens.jobs import JobSpec, run_job
+from cwlens.runs.jobs import JobSpec, run_job
 
 __all__ = ["Condition", "FaithfulnessConfig", "FaithfulnessResult", "SweepStats", "run_faithfulness"]
 
@@ -92,7 +92,7 @@ class SweepRun(NamedTuple):
 
 
 class SweepJob(RowsJob):
-    """The sweep as a :class:`~cwlens.jobs.Job`: items are batches of the plan that hold
+    """The sweep as a :class:`~cwlens.runs.jobs.Job`: items are batches of the plan that hold
     an unfinished sample; the whole batch is computed (so each sample gets exactly the
     numbers of an uninterrupted run) and the rows of its unfinished samples are appended,
     one sample at a time."""
@@ -126,7 +126,7 @@ class SweepJob(RowsJob):
 
 def _job_stats(stats: SweepStats) -> SweepStats:
     """Counts and seconds summed over the ranks of a torchrun job (wall: the longest)."""
-    from cwlens import distributed
+    from cwlens.runs import distributed
 
     every = distributed.gather(asdict(stats))
     total = SweepStats(**{k: sum(s[k] for s in every) for k in every[0]})
@@ -154,8 +154,8 @@ def run_faithfulness(
     with the same configuration resumes (``resume=False`` starts afresh). None keeps
     the rows in memory only. ``on_sample(sample_id)`` is called after each sample.
     """
-    from cwlens import distributed
     from cwlens.datasets import ChoiceItem, load_dataset
+    from cwlens.runs import distributed
 
     adapter.require_next_token_model(
         model, "The faithfulness test",
@@ -164,6 +164,7 @@ def run_faithfulness(
     )
     cfg = config or FaithfulnessConfig()
     require_causal(cfg.scope, cfg.causal_only, "the next-token faithfulness test (ΔNLL)")
+    adapter.require_metrics(model, cfg.metrics)
     t0 = time.perf_counter()
     num_fewshot = load.get("num_fewshot", 0)
     samples = load_dataset(dataset, **load) if isinstance(dataset, str) else list(dataset)

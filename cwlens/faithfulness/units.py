@@ -19,7 +19,7 @@ class Unit:
 def text_units(model, samples, max_tokens) -> list[Unit]:
     """One unit per document, cut to ``max_tokens`` and to the model's context (with one
     note when some document is longer: docs/inputs.md)."""
-    from cwlens.batching import context_cap, token_ids
+    from cwlens.engine.batching import context_cap, token_ids
 
     def score(logits, rows, offsets, tokens, mask):
         row = rows[0]
@@ -55,7 +55,7 @@ def choice_units(model, items) -> list[Unit]:
 def _fits_context(model, item_id, inputs) -> None:
     """A choice prompt cannot be cut without losing its question: refuse one longer than
     the model's context (docs/inputs.md)."""
-    from cwlens.adapter import context_length
+    from cwlens.engine.adapter import context_length
     from cwlens.errors import InputTooLongError
 
     limit = context_length(model)

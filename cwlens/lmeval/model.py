@@ -19,11 +19,11 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from cwlens.batching import token_ids
+from cwlens.engine.batching import token_ids
+from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError
 from cwlens.faithfulness.config import LMEVAL_OPTIONS
 from cwlens.faithfulness.passes import SweepStats
-from cwlens.handle import wrap
 from cwlens.lmeval.requests import encode_request, prefix_token_id, token_request
 from cwlens.lmeval.scoring import score_requests
 from cwlens.lmeval.settings import describe, masking_config
@@ -73,14 +73,15 @@ class CwlensMaskedLM(LM):
                 raise CwlensError("cwlens-masked needs pretrained=<name or directory> in model_args.")
             import torch
 
-            from cwlens.models.loading import load_model
+            from cwlens.engine.models.loading import load_model
 
             if device and str(device).startswith("cuda") and not torch.cuda.is_available():
                 device = "cpu"  # lm-eval's CLI passes cuda:0 by default
             model = load_model(str(pretrained), device=device, dtype=getattr(torch, str(dtype)))
-        from cwlens import adapter
+        from cwlens.engine import adapter
 
         adapter.require_next_token_model(model, "lm-eval scoring", "Use a decoder model.")
+        adapter.require_metrics(model, self.config.metrics)
         adapter.resolve_layers(model, list(self.config.layers) if self.config.layers else None)
         self.model = model
         handle = wrap(model)

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 
 import torch
 
-from cwlens.batching import token_ids
+from cwlens.engine.batching import token_ids
+from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError
 from cwlens.faithfulness import choice
-from cwlens.handle import wrap
 
 
 def prefix_token_id(model) -> int:

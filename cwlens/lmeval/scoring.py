@@ -14,11 +14,11 @@ log-likelihood it gets token by token. At rate 0
 
 from collections.abc import Sequence
 
+from cwlens.engine.handle import wrap
 from cwlens.faithfulness.causal_scope import require_causal
 from cwlens.faithfulness.config import FaithfulnessConfig
 from cwlens.faithfulness.passes import SweepStats, batch_outputs
 from cwlens.faithfulness.units import plan_batches
-from cwlens.handle import wrap
 from cwlens.lmeval.requests import group_units
 
 

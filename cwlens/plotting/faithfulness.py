@@ -2,9 +2,9 @@
 comprehensiveness and sufficiency side by side, each with its own y scale (plotly,
 imported lazily)."""
 
-from cwlens import metrics as _metrics
+from cwlens.core import metrics as _metrics
 
-# one colour and legend label per metric (the registry: cwlens.metrics)
+# one colour and legend label per metric (the registry: cwlens.core.metrics)
 COLORS = {name: m.color for name, m in _metrics.REGISTRY.items()}
 LABELS = {name: m.label for name, m in _metrics.REGISTRY.items()}
 YLABEL = {"delta_ppl": "ΔPPL (masked − clean)", "acc": "accuracy", "acc_norm": "accuracy (length-norm.)",

@@ -6,7 +6,7 @@ set, one column per layer group; per metric a line (the bin means) and a band (t
 quantile interval over the bin's queries). Query positions on a log axis.
 """
 
-from cwlens import metrics as _metrics
+from cwlens.core import metrics as _metrics
 from cwlens.errors import InvalidArgumentError
 
 COLORS = {name: m.color for name, m in _metrics.REGISTRY.items()}

@@ -127,7 +127,7 @@ def _delta(res: ModelResults, metric: str, param: str = "removed", first_masked:
 
 def _ranking(res: ModelResults) -> str:
     """The label-free metrics (random excluded) from most to least faithful by mean AOPC."""
-    from cwlens.metrics import REGISTRY
+    from cwlens.core.metrics import REGISTRY
 
     if res.aopc is None:
         return NA + " (not run)"
@@ -225,7 +225,7 @@ def _intervention(res: ModelResults) -> str:
     sink, rnd = s["ppl"].get("sink@0"), s["ppl"].get("random@0")
     text = f"ΔPPL sink value zeroed {sink[1]:+.2f} vs random position {rnd[1]:+.2f}"
     if res.sink_ppl is not None:
-        from cwlens.bootstrap import paired_bootstrap
+        from cwlens.core.bootstrap import paired_bootstrap
 
         p = res.sink_ppl[res.sink_ppl["scale"] == 0.0].assign(
             nll=lambda f: f["nll_sum"] / f["n_tokens"]).pivot(index="sample", columns="target",
@@ -256,7 +256,7 @@ def _token_classes(res: ModelResults, cls: str) -> str:
 def _layer_wins(comp: pd.DataFrame, a: str, b: str) -> tuple[int, int, int]:
     """``(b more damaging, b less, layers)``: per layer, the paired comparison of ``b``
     against ``a`` (per-sample damage), Holm-corrected across the layers at 5%."""
-    from cwlens.bootstrap import holm, paired_frame_difference
+    from cwlens.core.bootstrap import holm, paired_frame_difference
 
     layers = sorted(set(comp["layers"]), key=int)
     tests = {ly: paired_frame_difference(comp[comp["layers"] == ly].rename(columns={"damage": "value"}),

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cwlens import metrics
+from cwlens.core import metrics
 
 DEFAULT_MODELS = ("smollm2-135m", "gemma-3-270m", "all-minilm-l6-v2")
 # ERASER's bins read both ways (removed 0.01..0.5; sufficiency also kept 0.01..0.5 =

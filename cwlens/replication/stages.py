@@ -8,9 +8,9 @@ table is written atomically once computed; a rerun skips what is on disk.
 from collections.abc import Callable
 from pathlib import Path
 
-from cwlens import adapter
+from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 from cwlens.faithfulness.rows_job import RowsJob
-from cwlens.handle import wrap
 from cwlens.replication import plan
 from cwlens.replication.plan import ReplicationConfig
 
@@ -53,7 +53,7 @@ def batch_tokens(model, cfg: ReplicationConfig) -> int:
 def supported_metrics(model, names) -> tuple[str, ...]:
     """``names`` without ``alti`` where the model normalises the attention output before
     the residual sum (Gemma-2/3: ALTI's parts through that norm are not implemented,
-    :func:`cwlens.adapter.post_attention_layernorm`)."""
+    :func:`cwlens.engine.adapter.post_attention_layernorm`)."""
     if model is not None and adapter.ModelInfo.of(model).post_attn_norm:
         return tuple(m for m in names if m != "alti")
     return tuple(names)
@@ -62,11 +62,11 @@ def supported_metrics(model, names) -> tuple[str, ...]:
 def faithfulness_config(cfg: ReplicationConfig, model=None, **changes):
     from cwlens.faithfulness import FaithfulnessConfig
 
-    base = dict(metrics=supported_metrics(model, cfg.decoder_metrics), rates=cfg.rates,
-                max_tokens=cfg.max_tokens,
+    base = dict(metrics=cfg.decoder_metrics, rates=cfg.rates, max_tokens=cfg.max_tokens,
                 batch_tokens=cfg.batch_tokens if model is None else batch_tokens(model, cfg),
                 seed=cfg.seed)
-    return FaithfulnessConfig(**{**base, **changes})
+    merged = {**base, **changes}  # the per-layer stage's own metrics are filtered too
+    return FaithfulnessConfig(**{**merged, "metrics": supported_metrics(model, merged["metrics"])})
 
 
 def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
@@ -92,7 +92,7 @@ def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progres
     fc = faithfulness_config(cfg, model, metrics=plan.PER_LAYER_METRICS, rates=(cfg.per_layer_rate,),
                              per_layer=True)
     log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {wrap(model).n_layers} "
-        f"layers x {len(plan.PER_LAYER_METRICS)} metrics, rate {cfg.per_layer_rate:g} -> {path}")
+        f"layers x {len(fc.metrics)} metrics, rate {cfg.per_layer_rate:g} -> {path}")
     run_faithfulness(model, "fineweb_edu", fc, n=cfg.per_layer_samples, out=path, model_name=name,
                      progress=progress)
 
@@ -103,10 +103,10 @@ def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: L
     on ``cfg.sentences`` FineWeb-Edu sentences, written in the faithfulness results format
     (``measure = "embedding_damage"``, ``tied_share``, ``first_token_share``) one sample at
     a time; batches are fixed by the sentence order, so a resumed run computes the numbers
-    of an uninterrupted one (a :class:`~cwlens.jobs.Job`: :class:`EncoderDamageJob`)."""
+    of an uninterrupted one (a :class:`~cwlens.runs.jobs.Job`: :class:`EncoderDamageJob`)."""
     from cwlens.faithfulness.encoder import BATCH_SIZE, sentences
     from cwlens.faithfulness.ranking import MODES
-    from cwlens.jobs import JobSpec, run_job
+    from cwlens.runs.jobs import JobSpec, run_job
 
     texts = sentences("fineweb_edu", cfg.sentences)
     metrics, rates = cfg.encoder_metrics, cfg.rates
@@ -162,8 +162,8 @@ class EncoderDamageJob(RowsJob):
 
 def sinks(model, name, folder: Path, cfg: ReplicationConfig, log: Log, progress: bool):
     """The sink analysis on GSM8K texts; the sink-norm intervention on decoders only."""
-    from cwlens.cli.sinks import model_label
     from cwlens.datasets import load_dataset
+    from cwlens.engine.models.registry import model_label
     from cwlens.sinks import run as sink_run
 
     intervention = not adapter.is_encoder(model)
@@ -183,9 +183,9 @@ def token_classes(model, path: Path, cfg: ReplicationConfig, log: Log):
     """Attention vs norm-weighted share of [CLS]/BOS, [SEP]/EOS, punctuation, other tokens."""
     if path.exists():
         return
-    from cwlens import token_classes as tc
     from cwlens.faithfulness.encoder import sentences
-    from cwlens.results_io import atomic_write_text
+    from cwlens.runs.results_io import atomic_write_text
+    from cwlens.sinks import token_classes as tc
 
     log(f"[token classes] {cfg.sentences} FineWeb-Edu sentences -> {path}")
     df = tc.class_shares(model, sentences("fineweb_edu", cfg.sentences), max_tokens=cfg.max_tokens)

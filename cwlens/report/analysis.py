@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cwlens import reducers, validation
 from cwlens.core.geometry import AttentionGeometry
-from cwlens.handle import wrap
-from cwlens.streaming import pass_options, stream_reduce
+from cwlens.engine import reducers, validation
+from cwlens.engine.handle import wrap
+from cwlens.engine.streaming import pass_options, stream_reduce
 
 FACTORS = ("attention", "relative_norm", "cosine", "contribution")
 DEFAULT_WINDOW = 64
@@ -186,7 +186,7 @@ def analyze_text(
     validation.text(text)
     if max_tokens is not None:
         validation.max_tokens(max_tokens)
-    from cwlens.batching import fit_context
+    from cwlens.engine.batching import fit_context
 
     tokens = fit_context(model, wrap(model).to_tokens(text, truncate=False), max_tokens, "the text")
     n = tokens.shape[1]

@@ -1,6 +1,6 @@
 """Attention-sink analysis (tables with pandas): statistics, anti-alignment, the sink-rate
 sweep and sink-norm interventions. The math is in :mod:`cwlens.core.sinks`, the hooks in
-:mod:`cwlens.interventions.sinks`, the figures in :mod:`cwlens.plotting.sinks`.
+:mod:`cwlens.engine.interventions.sinks`, the figures in :mod:`cwlens.plotting.sinks`.
 
 The sink of each sequence is its first real token (with left padding, the first
 position where ``attention_mask`` is 1).

@@ -16,8 +16,8 @@ counts (add them over batches) for the distribution figure.
 import pandas as pd
 import torch
 
-from cwlens import adapter
 from cwlens.core.sinks import SinkGeometry, first_real_index
+from cwlens.engine import adapter
 
 MEASURES = ("value", "output", "tail_mix")
 BINS = torch.linspace(-1, 1, 41)

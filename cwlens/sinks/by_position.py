@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from cwlens.engine.reducers import KeySetResult
 from cwlens.errors import InvalidArgumentError
-from cwlens.reducers import KeySetResult
 
 GROUPS = ("early", "middle", "late")
 

@@ -8,7 +8,7 @@ fields as keywords.
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from cwlens import validation
+from cwlens.engine import validation
 from cwlens.errors import InvalidArgumentError
 
 EPS_GU = 0.3  # Gu et al.'s sink threshold: a sink head's mean sink rate exceeds it

@@ -22,15 +22,15 @@ Measured against the clean run:
 import pandas as pd
 import torch
 
-from cwlens import adapter
 from cwlens.core.sinks import (
     SinkGeometry,
     first_real_index,
     query_after_sink,
     random_non_sink_index,
 )
-from cwlens.interventions.sinks import applied, sink_value_hooks
-from cwlens.streaming import stream_geometry
+from cwlens.engine import adapter
+from cwlens.engine.interventions.sinks import applied, sink_value_hooks
+from cwlens.engine.streaming import stream_geometry
 
 LOW_NORM_QUANTILE = 0.25  # heads below this quantile of their layer's clean output norm are low-norm
 

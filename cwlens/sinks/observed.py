@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cwlens import adapter
 from cwlens.core.sinks import SinkGeometry, first_real_index
+from cwlens.engine import adapter
 from cwlens.sinks.observed_shape import RULE, SHAPES, bin_means, shape_of
 
 N_BINS = 10

@@ -11,8 +11,8 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
-from cwlens.handle import wrap
-from cwlens.jobs import Job, JobSpec, run_job
+from cwlens.engine.handle import wrap
+from cwlens.runs.jobs import Job, JobSpec, run_job
 from cwlens.sinks import alignment, norm_intervention, observed, statistics, sweep
 from cwlens.sinks.config import SinkConfig
 from cwlens.sinks.store import (
@@ -45,7 +45,7 @@ class SinkBatch(NamedTuple):
 def batches(model, samples, max_tokens: int | None, batch_size: int) -> list[SinkBatch]:
     """The plan: :class:`SinkBatch` es with texts sorted by token length (texts longer
     than the model's context cut to it with a note: docs/inputs.md)."""
-    from cwlens.batching import context_cap, pad_batch, token_ids
+    from cwlens.engine.batching import context_cap, pad_batch, token_ids
 
     rows = [(s.id, token_ids(model, s.text, truncate=False)) for s in samples]
     cap = context_cap(model, max_tokens, [len(r[1]) for r in rows])
@@ -65,8 +65,8 @@ def analyse_batch(model, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str
 
     One streamed forward pass: each layer's geometry is built once and every analysis reads
     it while the model runs (no cache of every layer's pattern)."""
-    from cwlens import adapter
-    from cwlens.streaming import stream_geometry
+    from cwlens.engine import adapter
+    from cwlens.engine.streaming import stream_geometry
 
     ids, tokens, mask = batch
     causal = not adapter.is_encoder(model)
@@ -89,7 +89,7 @@ def analyse_batch(model, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str
 def _check_model(model, intervention: bool) -> None:
     """Fail before any compute, not at the first intervention."""
     if intervention:
-        from cwlens import adapter
+        from cwlens.engine import adapter
 
         adapter.require_next_token_model(
             model, "The sink-norm intervention",
@@ -139,7 +139,7 @@ def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool 
 
 
 class SinkJob(Job):
-    """The sink analysis as a :class:`~cwlens.jobs.Job`: items are the batches missing
+    """The sink analysis as a :class:`~cwlens.runs.jobs.Job`: items are the batches missing
     from the :class:`RawStore` (files of separate batches never collide, so the ranks of
     a torchrun job share the folder); the merge derives the tables from every batch, and
     rank 0 writes them."""
@@ -173,7 +173,7 @@ class SinkJob(Job):
         return 1
 
     def merge(self):
-        from cwlens import distributed
+        from cwlens.runs import distributed
 
         tables = derive(self.store.load(len(self.plan)), self.cfg.eps)
         if distributed.world().main:
@@ -187,14 +187,14 @@ def run_to_folder(model, samples, out_dir, config: SinkConfig | None = None, *, 
     """:func:`analyse` with every batch saved as it finishes (:class:`RawStore`), resumed
     on a rerun, and the derived tables written atomically from the store at the end
     (:func:`save_tables`), all under the folder lock
-    (:func:`cwlens.results_io.results_lock`). ``on_batch(bi)`` runs after each saved batch.
+    (:func:`cwlens.runs.results_io.results_lock`). ``on_batch(bi)`` runs after each saved batch.
 
-    In a torchrun job (:mod:`cwlens.distributed`) every rank checks that all computed the
+    In a torchrun job (:mod:`cwlens.runs.distributed`) every rank checks that all computed the
     same configuration, rank 0 opens the store (``resume=False`` empties it) and says
     which batches are missing, those are dealt round-robin over the ranks (each batch is
     the batch of a one-process run), and after a barrier rank 0 writes the tables; every
-    rank returns them (:func:`cwlens.jobs.run_job`)."""
-    from cwlens import distributed
+    rank returns them (:func:`cwlens.runs.jobs.run_job`)."""
+    from cwlens.runs import distributed
 
     cfg = SinkConfig.of(config, **settings)
     _check_model(model, cfg.intervention)

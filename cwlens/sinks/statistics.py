@@ -23,10 +23,10 @@ Columns:
 import pandas as pd
 import torch
 
-from cwlens import adapter
-from cwlens._types import Kind
+from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.sinks import first_real_index, key_onehot, query_after_sink
+from cwlens.engine import adapter
 from cwlens.sinks.config import EPS_GU as EPS_GU  # Gu et al.'s sink threshold
 
 FACTORS = ("attention", "relative_norm", "cosine", "contribution")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from cwlens.errors import CwlensError
-from cwlens.results_io import atomic_write, atomic_write_text
+from cwlens.runs.results_io import atomic_write, atomic_write_text
 
 TABLES = {
     "stats": "sink_stats.csv",  # per sample, layer, head

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cwlens.results_io import atomic_write_text
+from cwlens.runs.results_io import atomic_write_text
 from cwlens.sinks import observed, statistics
 
 

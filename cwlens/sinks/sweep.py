@@ -5,7 +5,7 @@ the pattern is changed as :func:`cwlens.core.sinks.set_sink_rate` does (sink att
 ``s``, tail scaled by ``(1 - s)/(1 - a_i0)``), and ``||o(s)||`` is
 
 - *swept*: recomputed from the changed pattern on :data:`SWEPT_GRID` (what the
-  :func:`cwlens.interventions.sinks.sink_rate_hook` does to that layer's output), and
+  :func:`cwlens.engine.interventions.sinks.sink_rate_hook` does to that layer's output), and
 - *closed form*: ``||s A + (1 - s) B||`` with its minimiser ``s*`` (``METHOD.md`` s. 5).
 
 :func:`sweep_statistics` returns one row per ``(sample, layer, head)``:
@@ -28,7 +28,6 @@ the pattern is changed as :func:`cwlens.core.sinks.set_sink_rate` does (sink att
 import pandas as pd
 import torch
 
-from cwlens import adapter
 from cwlens.core.geometry import AttentionGeometry
 from cwlens.core.sinks import (
     SinkGeometry,
@@ -38,6 +37,7 @@ from cwlens.core.sinks import (
     first_real_index,
     set_sink_rate,
 )
+from cwlens.engine import adapter
 
 GRID = torch.linspace(0, 1, 21)
 #: The swept check uses every other point of :data:`GRID`.

@@ -1,0 +1,351 @@
+"""The one place that knows TransformerLens models and caches.
+
+Works with anything that looks like a TransformerLens model (``HookedTransformer``,
+``HookedEncoder`` from 3.x, ``TransformerBridge`` from 4.x): a ``cfg`` with ``n_layers``,
+``n_heads``, ``d_head``, ``d_model`` and per-block ``attn.W_O``. It turns a cache into the
+tensors that :mod:`cwlens.core` takes, and raises a clear error when something is off.
+"""
+
+import operator
+from collections.abc import Iterable
+from typing import Any, cast
+
+import torch
+
+from cwlens.core import AttentionGeometry
+from cwlens.core._types import Cache
+from cwlens.core._types import Layers as Layers  # re-exported: measures and users import it here
+from cwlens.core._types import TLModel as TLModel  # re-exported
+from cwlens.engine import hook_names
+from cwlens.engine.handle import ModelInfo as ModelInfo  # re-exported
+from cwlens.engine.handle import wrap
+from cwlens.errors import (
+    LayerOutOfRangeError,
+    MissingHookError,
+    ShapeMismatchError,
+    UnsupportedModelError,
+)
+
+
+def is_encoder(model: TLModel) -> bool:
+    """Bidirectional attention (BERT-like): see :attr:`cwlens.engine.handle.ModelHandle.is_encoder`."""
+    return wrap(model).is_encoder
+
+
+def attention_window(model: TLModel, layer: int) -> int | None:
+    """The sliding-window size of ``layer``, or None (see
+    :meth:`cwlens.engine.handle.ModelHandle.attention_window`)."""
+    return wrap(model).attention_window(layer)
+
+
+def context_length(model: TLModel) -> int | None:
+    """The context length the model was configured with (``cfg.n_ctx``; the Hugging Face
+    ``max_position_embeddings``), or None where the config has none. Texts longer than
+    this run past what the model was trained on."""
+    return wrap(model).context_length()
+
+
+def rotary_positions(model: TLModel) -> bool:
+    """Whether positions enter through rotary embeddings (RoPE: Llama, Mistral, Qwen,
+    Gemma), so the model runs past its configured context, rather than learned absolute
+    position embeddings (GPT-2, BERT), which have no row past ``context_length``."""
+    return wrap(model).rotary_positions
+
+
+def vocab_size(model: TLModel) -> int | None:
+    """The number of token ids the embedding holds (``cfg.d_vocab``), or None if unknown."""
+    return wrap(model).vocab_size()
+
+
+def text_length(model: TLModel, text: str) -> int:
+    """How many tokens ``model`` makes of ``text`` (with its BOS / [CLS] ... [SEP]), not cut
+    at the context as ``model.to_tokens`` and ``model(text)`` silently do."""
+    from cwlens.engine.tokens import text_length
+
+    return text_length(model, text)
+
+
+def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
+    """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
+
+    Next-token NLL / perplexity read ``logits[:, t]`` as ``P(t_{t+1} | t_<=t)``: a
+    bidirectional masked-LM's logits are not that, and the scores would be meaningless.
+    """
+    if is_encoder(model):
+        raise UnsupportedModelError(
+            f"{what} scores next-token loss, but this model is an encoder (bidirectional "
+            f"attention, masked-LM logits), so the numbers would be meaningless. {alternative}"
+        )
+
+
+def _layer_index(item: object) -> int | None:
+    """``item`` as a Python int if it is an integer (int, NumPy integer, 0-d integer
+    tensor), else None. Bools are not layers, although Python counts them as ints."""
+    if isinstance(item, torch.Tensor):
+        if item.ndim != 0 or item.dtype == torch.bool or item.is_floating_point() or item.is_complex():
+            return None
+        return int(item.item())
+    if isinstance(item, bool) or type(item).__name__ == "bool_":  # Python and NumPy bools
+        return None
+    if isinstance(item, int):
+        return int(item)
+    if hasattr(item, "__index__") and not isinstance(item, str):
+        try:
+            return operator.index(item)  # NumPy integers
+        except TypeError:
+            return None
+    return None
+
+
+def resolve_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
+    """``(layers, single)``: the layer list, and whether one int was asked for.
+
+    Accepts an int, a NumPy integer or a 0-d integer tensor (one layer), an iterable of
+    those (a list, a 1-d array or tensor), or None (all layers). Negative indices count
+    from the end. Floats, bools and strings raise :class:`LayerOutOfRangeError`.
+    """
+    n = wrap(model).n_layers
+    single = layer is not None and _layer_index(layer) is not None
+    if layer is None:
+        items: list[Any] = list(range(n))
+    elif single:
+        items = [layer]
+    elif isinstance(layer, str | bytes) or (isinstance(layer, torch.Tensor) and layer.ndim != 1):
+        items = [layer]  # refused below
+    else:
+        try:
+            items = list(cast(Iterable[Any], layer))
+        except TypeError:
+            items = [layer]  # a float or other scalar: refused below
+    layers = []
+    for item in items:
+        index = _layer_index(item)
+        if index is None:
+            raise LayerOutOfRangeError(
+                f"Layers must be ints (or NumPy / 0-d torch integers); got {item!r}. "
+                f"Pass an int in 0..{n - 1}, a list of them, or None for all layers."
+            )
+        if not -n <= index < n:
+            raise LayerOutOfRangeError(
+                f"Layer {index} is out of range: this model has {n} layers (0..{n - 1}); "
+                "pass layer=None for all of them."
+            )
+        layers.append(index % n)
+    return layers, single
+
+
+def forward_kwargs(model: TLModel, attention_mask: torch.Tensor | None) -> dict[str, Any]:
+    """The keyword that passes ``attention_mask`` to this model's forward (or nothing)."""
+    return wrap(model).forward_kwargs(attention_mask)
+
+
+def has_hook(model: TLModel, name: str) -> bool:
+    """Whether ``model`` has a hook point called ``name`` (aliases included)."""
+    return wrap(model).has_hook(name)
+
+
+def W_O(model: TLModel, layer: int) -> torch.Tensor:
+    """``[head_index, d_head, d_model]`` output projection of one layer (detached)."""
+    return wrap(model).W_O(layer)
+
+
+def b_O(model: TLModel, layer: int) -> torch.Tensor:
+    """``[d_model]`` output bias of one layer (zeros where the model has none)."""
+    return wrap(model).b_O(layer)
+
+
+def post_attention_layernorm(model: TLModel, layer: int):
+    """The LayerNorm applied to the residual stream right after ``layer``'s attention, as
+    a :class:`~cwlens.core.alti.PostNorm`, or None for pre-LN models (the norm sits
+    before the values and the residual sum is the whole).
+
+    Encoders are BERT-like post-LN (``LN(resid_pre + attn_out)``: the block's ``ln1``).
+    Models with a norm between the heads and the residual (Gemma-2/3) raise
+    :class:`~cwlens.errors.UnsupportedModelError`: ALTI's parts are not defined there yet.
+    """
+    from cwlens.core.alti import PostNorm
+
+    info = ModelInfo.of(model)
+    if info.post_attn_norm:
+        raise _alti_refused(f"layer {layer}")
+    if not is_encoder(model):
+        return None
+    ln, weight, bias, eps = wrap(model).post_attention_norm(layer)
+    if weight is None or eps is None:
+        raise UnsupportedModelError(
+            f"alti: cannot read the post-attention LayerNorm of encoder layer {layer} "
+            f"({ln} has no weight/eps). Use metric 'alti_attention' instead."
+        )
+    if bias is None:
+        bias = torch.zeros_like(weight)
+    return PostNorm(weight.detach(), bias.detach(), float(eps))
+
+
+def _alti_refused(where: str) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"alti: this model normalises the attention output before the residual sum "
+        f"({where}), and the ALTI parts through that norm are not implemented. "
+        "Use metric 'alti_attention' (the attention output as the whole) instead."
+    )
+
+
+def require_metrics(model: TLModel, metrics) -> None:
+    """Refuse, before any forward pass, a metric ``model`` cannot give: full ``alti`` where
+    a norm follows attention (:func:`post_attention_layernorm`; Gemma-2/3 on either
+    TransformerLens generation)."""
+    if "alti" in metrics and ModelInfo.of(model).post_attn_norm:
+        raise _alti_refused("a norm follows attention in its blocks")
+
+
+def read(cache: Cache, name: str, model: TLModel, closure=False):
+    if name in cache.keys():
+        return cache[name]
+    layer = int(name.split(".")[1])
+    raise MissingHookError(
+        f"The cache has no {name!r}. cwlens needs {ModelInfo.of(model).hooks([layer], closure)}. "
+        "Run the model with `cwlens.run_with_cache(model, tokens)`, or pass "
+        "`names_filter=cwlens.names_filter(model)` to `model.run_with_cache`."
+    )
+
+
+def geometry(
+    cache: Cache,
+    model: TLModel,
+    layer: int,
+    attention_mask: torch.Tensor | None = None,
+) -> AttentionGeometry:
+    """The :class:`~cwlens.core.AttentionGeometry` of one layer of a cached run."""
+    pattern = read(cache, hook_names.pattern(layer), model)
+    v = read(cache, hook_names.values(layer), model)
+    resid = hook_names.resid_pre(layer)
+    residual = cache[resid] if resid in cache.keys() else None  # for ALTI, where cached
+    return layer_geometry(model, layer, pattern, v, attention_mask, residual)
+
+
+def layer_geometry(
+    model: TLModel,
+    layer: int,
+    pattern: torch.Tensor,
+    v: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> AttentionGeometry:
+    """The geometry of one layer from its ``hook_pattern`` and ``hook_v`` tensors
+    (from a cache or caught by hooks during a forward pass), checked against the model.
+    ``residual`` (``hook_resid_pre``), where given, is attached for ALTI
+    (:meth:`~cwlens.core.AttentionGeometry.attach_residual`; the norm is read lazily)."""
+    handle = wrap(model)
+    info = handle.info
+    # hook_v holds the model's kv heads. TransformerLens 3.x with
+    # cfg.ungroup_grouped_query_attention repeats them to one per query head: only then
+    # is a cache with n_heads value heads on a GQA model what this model made.
+    value_heads = handle.value_heads()
+    if pattern.shape[1] != info.n_heads or v.shape[2] not in value_heads:
+        raise ShapeMismatchError(
+            f"Layer {layer}: the cache has {pattern.shape[1]} query heads and {v.shape[2]} "
+            f"value heads, but the model has {info.n_heads} query heads and "
+            f"{info.n_kv_heads} kv heads. Was the cache made by another model (an MHA "
+            "cache on a GQA model)? Rerun this model with cwlens.run_with_cache."
+        )
+    if v.shape[-1] != info.d_head:
+        raise ShapeMismatchError(
+            f"Layer {layer}: hook_v has d_head={v.shape[-1]}, the model {info.d_head}. "
+            "Was the cache made by another model?"
+        )
+    mask = None if attention_mask is None else attention_mask.bool()
+    geo = AttentionGeometry(pattern, v, W_O(model, layer), position_mask=mask, layer=layer)
+    if residual is not None:
+        geo.attach_residual(residual.detach(), b_O(model, layer),
+                            lambda: post_attention_layernorm(model, layer))
+    return geo
+
+
+def heads_output(cache: Cache, model: TLModel, layer: int) -> torch.Tensor:
+    """What the model's heads wrote in this layer, without b_O: ``[batch, pos, d_model]``.
+
+    Read from :func:`closure_hook` (for models with a norm after attention on
+    TransformerLens 3.x, rebuilt from ``hook_z`` and W_O).
+    """
+    name = closure_hook(model, layer)
+    return heads_output_from(model, layer, read(cache, name, model, closure=True))
+
+
+def closure_hook(model: TLModel, layer: int) -> str:
+    """The hook holding what the heads wrote (see :func:`cwlens.engine.hook_names.closure_target`)."""
+    info = ModelInfo.of(model)
+    return hook_names.closure_target(layer, info.generation, info.post_attn_norm)
+
+
+def heads_output_from(model: TLModel, layer: int, out: torch.Tensor) -> torch.Tensor:
+    """The heads' summed output without b_O, from the tensor at :func:`closure_hook`."""
+    if closure_hook(model, layer) == hook_names.z(layer):
+        return torch.einsum("bqhd,hdm->bqm", out.float(), W_O(model, layer).float())
+    return out.float() - b_O(model, layer).float().to(out.device)
+
+
+# -- blockwise attention (cwlens.engine.models.blockwise): the one door to it ------------------
+from cwlens.engine.models.blockwise import AUTO_THRESHOLD as BLOCKWISE_AUTO_THRESHOLD  # noqa: E402,F401
+from cwlens.engine.models.blockwise import block_rows as block_rows  # noqa: E402,F401
+from cwlens.engine.models.blockwise import current_block as current_block  # noqa: E402,F401
+
+
+def supports_blockwise(model: TLModel) -> bool:
+    """Whether :func:`blockwise_attention` applies to ``model`` (TransformerLens 4.x bridges)."""
+    from cwlens.engine.models.blockwise import supports_blockwise as supports
+
+    return supports(model)
+
+
+def blockwise_attention(model: TLModel, block: int):
+    """Context manager: forward passes inside compute attention in query blocks of
+    ``block`` rows (:mod:`cwlens.engine.models.blockwise`)."""
+    from cwlens.engine.models.blockwise import blockwise_attention as context
+
+    return context(model, block)
+
+
+def n_tokens(model: TLModel, text: str) -> int:
+    """How many tokens ``model(text)`` runs on."""
+    return int(model.to_tokens(text).shape[-1])
+
+
+def check_residual_model(model: TLModel, what: str) -> ModelInfo:
+    """Refuse (:class:`UnsupportedModelError`) a model that is not a pre-norm decoder
+    whose residual stream is the plain sum ``embedding + sum_l (attention_l + mlp_l)``
+    with logits ``LN_final(x) W_U + b_U``, which the circuit tools assume."""
+    handle = wrap(model)
+    problems = handle.residual_problems()
+    if problems:
+        raise UnsupportedModelError(
+            f"{what} needs a pre-norm decoder whose residual stream is a plain sum of the "
+            f"blocks' outputs, but for this model {'; '.join(problems)}. Use Llama-, "
+            "Mistral-, Qwen- or GPT-2-style models (e.g. smollm2-135m, gpt2)."
+        )
+    return handle.info
+
+
+def check_residual_sum(cache: Cache, model: TLModel, what: str, tolerance: float = 1e-3) -> None:
+    """Check, per layer, that the residual stream is the plain sum the circuit tools assume:
+    ``resid_mid - resid_pre = sum_h sum_j a_ij v~_j + b_O`` and ``next resid - resid_mid = mlp_out``
+    (relative error ``<= tolerance``). A norm after attention or after the MLP (Gemma-2/3)
+    or a post-norm block fails it."""
+    n = wrap(model).n_layers
+    for layer in range(n):
+        pre = read(cache, hook_names.resid_pre(layer), model).double()
+        mid = read(cache, hook_names.resid_mid(layer), model).double()
+        nxt = hook_names.resid_pre(layer + 1) if layer + 1 < n else hook_names.resid_post(layer)
+        post = read(cache, nxt, model).double()
+        heads = geometry(cache, model, layer).layer_output.double()
+        attn = heads + b_O(model, layer).double().to(heads.device)
+        mlp = read(cache, hook_names.mlp_out(layer), model).double()
+        parts = (("attention", "the heads' a_ij v~_j + b_O", mid - pre, attn),
+                 ("MLP", "hook_mlp_out", post - mid, mlp))
+        for part, hook, added, rebuilt in parts:
+            err = float((added - rebuilt).norm() / added.norm().clamp_min(1e-30))
+            if err > tolerance:
+                raise UnsupportedModelError(
+                    f"{what}: in layer {layer}, what the {part} block added to the residual "
+                    f"stream differs from {hook} "
+                    f"by {err:.1e} (relative). It needs pre-norm residual blocks without a norm "
+                    "after attention or MLP (Llama-, Mistral-, Qwen- or GPT-2-style models)."
+                )

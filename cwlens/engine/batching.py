@@ -1,0 +1,128 @@
+"""Batches of texts of different lengths: padded tokens plus the attention mask.
+
+Each text is tokenized alone (so BOS handling is exactly the model's own), then padded:
+on the left for decoders (the last token of every row is real, as generation expects;
+TransformerLens derives position ids from the mask), on the right for encoders. Pass the
+mask to ``run_with_cache`` *and* to cwlens' measures: pad positions then get weight 0.
+"""
+
+import torch
+
+from cwlens.engine import validation
+from cwlens.engine.adapter import is_encoder
+from cwlens.engine.handle import wrap
+from cwlens.engine.tokens import token_ids as token_ids  # re-exported: callers import it here
+from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
+
+__all__ = ["fit_context", "is_encoder", "pad_batch", "token_ids"]
+
+
+def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | None = None):
+    """``(tokens [batch, pos], attention_mask [batch, pos])`` for a list of texts or id lists.
+
+    ``padding_side`` defaults to ``"left"`` for decoders and ``"right"`` for encoders;
+    ``max_tokens`` truncates each sequence (keeping its start).
+
+    Args:
+        model: the TransformerLens model (its tokenizer and pad token are used).
+        texts: a list of texts, or of token id lists.
+        padding_side: ``"left"``, ``"right"`` or ``None`` (by the model, as above).
+        max_tokens: keep at most this many tokens of each text (``None``: all).
+
+    Returns:
+        ``(tokens, attention_mask)``, both ``[batch, pos]`` on the model's device; the
+        mask is 1 on real tokens.
+
+    Raises:
+        EmptyInputError: no texts, or a text without tokens.
+        UnknownOptionError: a ``padding_side`` other than ``"left"`` or ``"right"``.
+        InvalidArgumentError: a ``max_tokens`` below 1.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.engine.batching import pad_batch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> tokens, mask = pad_batch(model, ["the cat sat on the mat", "a dog ran"])
+        >>> mask.tolist()  # left-padded: the last token of every row is real
+        [[1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]]
+        >>> logits, cache = cwlens.run_with_cache(model, tokens, attention_mask=mask)
+        >>> c = cwlens.contribution_weights(cache, model, 0, attention_mask=mask)
+        >>> alone = cwlens.contribution_weights(cwlens.run_with_cache(model, "a dog ran")[1], model, 0)
+        >>> torch.allclose(c[1, :, 3:, 3:], alone[0], atol=1e-5)  # as if run alone
+        True
+    """
+    side = padding_side or ("right" if is_encoder(model) else "left")
+    if side not in ("left", "right"):
+        raise UnknownOptionError(f"padding_side must be 'left' or 'right'; got {side!r}.")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or max_tokens < 1):
+        raise InvalidArgumentError(
+            f"max_tokens must be a positive number of tokens, or None for whole texts; "
+            f"got {max_tokens!r}."
+        )
+    texts = list(texts)
+    if not texts:
+        raise EmptyInputError("No texts to batch: pass at least one text.")
+    rows = [
+        token_ids(model, t) if isinstance(t, str) else torch.as_tensor(t).flatten().cpu()
+        for t in texts
+    ]
+    empty = [i for i, r in enumerate(rows) if len(r) == 0]
+    if empty:
+        raise EmptyInputError(
+            f"text {empty[0]} of the batch has no tokens: pass texts with at least one token."
+        )
+    if max_tokens is not None:
+        rows = [r[:max_tokens] for r in rows]
+    tok = wrap(model).tokenizer
+    pad_id = getattr(tok, "pad_token_id", None)
+    if pad_id is None:
+        pad_id = getattr(tok, "eos_token_id", None) or 0
+    n = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), n), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(rows), n), dtype=torch.long)
+    for i, r in enumerate(rows):
+        sl = slice(n - len(r), n) if side == "left" else slice(0, len(r))
+        tokens[i, sl] = r
+        mask[i, sl] = 1
+    device = wrap(model).device
+    return tokens.to(device), mask.to(device)
+
+
+def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str) -> torch.Tensor:
+    """``tokens[:, :max_tokens]``, cut further to the model's context (``n_ctx``) with a
+    :class:`~cwlens.errors.CwlensWarning` when the text is longer (docs/inputs.md)."""
+    import warnings
+
+    from cwlens.engine.adapter import context_length
+    from cwlens.errors import CwlensWarning
+
+    validation.max_tokens(max_tokens)
+    n = tokens.shape[-1]
+    if max_tokens is not None:
+        tokens = tokens[:, :max_tokens]
+    limit = context_length(model)
+    if limit is not None and tokens.shape[-1] > limit:
+        warnings.warn(f"{what} has {n} tokens and the model's context (n_ctx) is {limit}: using "
+                      f"its first {limit} tokens", CwlensWarning, stacklevel=3)
+        tokens = tokens[:, :limit]
+    return tokens
+
+
+def context_cap(model, max_tokens: int | None, lengths, what: str = "texts") -> int | None:
+    """The truncation length to use: ``max_tokens``, lowered to the model's context
+    (``n_ctx``) with one :class:`~cwlens.errors.CwlensWarning` when some of ``lengths``
+    (the texts' token counts) would exceed it (docs/inputs.md)."""
+    import warnings
+
+    from cwlens.engine.adapter import context_length
+    from cwlens.errors import CwlensWarning
+
+    limit = context_length(model)
+    if limit is None or (max_tokens is not None and max_tokens <= limit):
+        return max_tokens
+    long = sum(1 for n in lengths if n > limit)
+    if long:
+        warnings.warn(f"{long} of the {what} are longer than the model's context (n_ctx) of "
+                      f"{limit} tokens: using their first {limit}", CwlensWarning, stacklevel=3)
+    return limit

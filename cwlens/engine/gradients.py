@@ -1,0 +1,112 @@
+"""Attention x gradient: the supervised reference metric of the faithfulness test.
+
+For a language model with next-token loss on the sample's own tokens (``L_b``: the mean
+NLL of document ``b``'s targets, :func:`cwlens.core.scoring.token_nll`), the score of
+the entry ``(layer, head h, query i, key j)`` is::
+
+    g_ij^h = -a_ij^h * dL_b / da_ij^h
+
+the first-order estimate of how much ``L_b`` rises when the entry's term ``a_ij v~_j``
+is removed (``a_ij -> 0``, the value-masking intervention without renormalisation:
+``L(a - a_ij e_ij) ~ L(a) - a_ij dL/da_ij``). ``attention_gradient_abs`` is ``|g|``. It
+reads the targets, so it is a *supervised* reference beside the label-free metrics (as
+the gradient-based scores of AttnLRP / Grad-SAM are), not an attribution one could
+compute without knowing what the model should predict.
+
+How: one forward pass with a zero tensor ``delta`` added to every layer's
+``hook_pattern`` (``a + delta``, so the pattern's own graph, and every later layer's
+dependence on it, stays intact) and one backward pass for ``dL/d delta = dL/da``. The
+model's parameters are frozen for the pass, so no parameter gradient is computed. Cost:
+a forward and a backward with the autograd graph of every layer kept (the backward
+needs each layer's ``[batch, head, n, n]`` pattern and more): about 3x a forward in
+time, and the memory of a training step, ``O(layers * heads * n^2)`` -- unlike the
+streamed metrics, it cannot be computed inside the no-grad streaming pass.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from cwlens.core.scoring import token_nll
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.adapter import Layers
+from cwlens.engine.handle import wrap
+from cwlens.errors import CwlensError
+
+
+@contextmanager
+def _frozen(model) -> Iterator[None]:
+    """Parameters with ``requires_grad=False`` for the block (restored after)."""
+    was = wrap(model).trainable_parameters()
+    for p in was:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in was:
+            p.requires_grad_(True)
+
+
+def document_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None) -> torch.Tensor:
+    """``sum_b L_b``, ``L_b`` the mean next-token NLL of document ``b`` (so each document's
+    gradient is its own loss's, whatever the batch it is in), from
+    :func:`cwlens.core.scoring.token_nll` in float32 (float64 for a float64 model)."""
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    nll, is_target = token_nll(logits, tokens, attention_mask, dtype)
+    return (nll.sum(-1) / is_target.sum(-1).clamp_min(1)).sum()
+
+
+def attention_gradient(
+    model,
+    tokens: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    layers: Layers = None,
+) -> dict[int, torch.Tensor]:
+    """``{layer: -a * dL/da}``, float32 ``[batch, head_index, query_pos, key_pos]``.
+
+    ``L = sum_b L_b`` (see the module docstring); pad queries and keys get 0. One forward
+    and one backward pass with gradients (the only cwlens metric that needs them).
+    """
+    from cwlens.engine.interventions.value_masking import hooks_applied
+
+    adapter.require_next_token_model(
+        model, "attention_gradient", "Use a decoder (the gradient is of the next-token loss)."
+    )
+    resolved, _ = adapter.resolve_layers(model, layers)
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    deltas: dict[int, torch.Tensor] = {}
+    patterns: dict[int, torch.Tensor] = {}
+
+    def tap(layer: int):
+        def add_delta(pattern: torch.Tensor, hook) -> torch.Tensor:
+            delta = torch.zeros_like(pattern, requires_grad=True)
+            deltas[layer], patterns[layer] = delta, pattern.detach()
+            return pattern + delta
+
+        add_delta.__name__ = f"cwlens_gradient_delta_{layer}"
+        return add_delta
+
+    hooks = [(hook_names.pattern(ly), tap(ly)) for ly in resolved]
+    kwargs = adapter.forward_kwargs(model, attention_mask)
+    with _frozen(model), torch.enable_grad(), hooks_applied(model, hooks):
+        logits = model(tokens, **kwargs)
+        loss = document_loss(logits, tokens.to(logits.device), attention_mask)
+        missing = [ly for ly in resolved if ly not in deltas]
+        if missing:
+            raise CwlensError(f"{hook_names.pattern(missing[0])!r} did not fire: no gradient.")
+        grads = torch.autograd.grad(loss, [deltas[ly] for ly in resolved], allow_unused=True)
+    out = {}
+    for ly, grad in zip(resolved, grads, strict=True):
+        if grad is None:
+            raise CwlensError(
+                f"The loss does not depend on {hook_names.pattern(ly)!r} on this model: the "
+                "pattern hook's output is not the one the heads use, so no gradient exists."
+            )
+        score = -(patterns[ly].float() * grad.float())
+        if attention_mask is not None:
+            m = attention_mask.bool().to(score.device)
+            score = score * (m[:, None, :, None] & m[:, None, None, :])
+        out[ly] = score
+    return out

@@ -1,0 +1,324 @@
+"""The bound model handle: the one object that knows what a TransformerLens model is.
+
+Users pass their model (``HookedTransformer``, ``HookedEncoder`` from 3.x,
+``TransformerBridge`` from 4.x) to every cwlens function; cwlens turns it once into a
+:class:`ModelHandle` (:func:`wrap`, called by :func:`cwlens.load_model` and cached on
+the model) and asks the handle everything it needs: the shape, encoder or decoder, the
+generation, tokenizing, adding hooks, W_O/b_O, the unembedding and final norm, and the
+attention seam. Nothing else in cwlens reads ``model.cfg`` or the model's class name.
+
+The handle reads the model's config on every question (nothing is frozen at wrap time),
+so a config edited after wrapping is seen as it is.
+"""
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cwlens.core._types import ModelGeneration
+from cwlens.engine import hook_names
+
+_ATTRIBUTE = "_cwlens_handle"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    generation: ModelGeneration  # "bridge" (TransformerLens 4.x) or "hooked" (3.x)
+    post_attn_norm: bool  # a norm between the heads and the residual sum (Gemma-2/3)
+
+    @classmethod
+    def of(cls, model: Any) -> "ModelInfo":
+        return wrap(model).info
+
+    def hooks(self, layers: list[int], closure: bool = False) -> list[str]:
+        return hook_names.needed(layers, closure, self.generation, self.post_attn_norm)
+
+
+class ModelHandle:
+    """Everything cwlens asks of one model. Made by :func:`wrap` (once per model)."""
+
+    def __init__(self, model: Any):
+        self.model: Any = model
+        self.verified_edits: set[str] = set()  # hook kinds whose edits were seen to act
+
+    def __repr__(self) -> str:
+        return f"ModelHandle({self.class_name}, {self.n_layers} layers x {self.n_heads} heads)"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    # -- shape -----------------------------------------------------------------------
+    @property
+    def _cfg(self) -> Any:
+        return self.model.cfg
+
+    @property
+    def info(self) -> ModelInfo:
+        cfg = self._cfg
+        n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+        post = bool(getattr(cfg, "use_normalization_before_and_after", False)) or self._ln1_post
+        return ModelInfo(cfg.n_layers, cfg.n_heads, n_kv, cfg.d_head, cfg.d_model,
+                         self.generation, post)
+
+    @property
+    def _ln1_post(self) -> bool:
+        """Whether a block has a norm after attention, ``ln1_post``: TransformerLens 4.x
+        names Gemma-2/3's ``post_attention_layernorm`` so (and leaves
+        ``cfg.use_normalization_before_and_after`` False); 3.x's blocks name it the same."""
+        return any(hasattr(block, "ln1_post") for block in getattr(self.model, "blocks", None) or ())
+
+    @property
+    def n_layers(self) -> int:
+        return int(self._cfg.n_layers)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self._cfg.n_heads)
+
+    @property
+    def d_vocab(self) -> int:
+        return int(self._cfg.d_vocab)
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self._cfg.n_ctx)
+
+    @property
+    def name(self) -> str | None:
+        """The config's ``model_name`` (None where it has none)."""
+        return getattr(self._cfg, "model_name", None)
+
+    @property
+    def device(self) -> Any:
+        """The config's device, or ``"cpu"``."""
+        return getattr(self._cfg, "device", None) or "cpu"
+
+    @property
+    def class_name(self) -> str:
+        return type(self.model).__name__
+
+    @property
+    def generation(self) -> ModelGeneration:
+        return "bridge" if self.class_name == "TransformerBridge" else "hooked"
+
+    @property
+    def is_encoder(self) -> bool:
+        """Bidirectional attention (BERT-like): ``HookedEncoder`` or a bridge with
+        ``attention_dir``. The one place cwlens decides "encoder"."""
+        if self.class_name == "HookedEncoder":
+            return True
+        return getattr(self._cfg, "attention_dir", "causal") == "bidirectional"
+
+    def attention_window(self, layer: int) -> int | None:
+        """The sliding-window size of ``layer`` (query ``i`` sees keys ``i - w < j <= i``),
+        or None where the layer attends to the whole context.
+
+        TransformerLens 4.x: ``cfg.layer_types`` (``"sliding_attention"``) with the window
+        from ``cfg.sliding_window`` or the wrapped Hugging Face config; 3.x:
+        ``cfg.attn_types`` (``"local"``) with ``cfg.window_size``.
+        """
+        cfg = self._cfg
+        hf_cfg = getattr(getattr(self.model, "original_model", None), "config", None)
+        layer_types = getattr(cfg, "layer_types", None) or getattr(hf_cfg, "layer_types", None)
+        if layer_types is not None:
+            if layer_types[layer] != "sliding_attention":
+                return None
+            window = getattr(cfg, "sliding_window", None) or getattr(hf_cfg, "sliding_window", None)
+            return None if window is None else int(window)
+        attn_types = getattr(cfg, "attn_types", None)
+        if getattr(cfg, "use_local_attn", False) and attn_types is not None:
+            return int(cfg.window_size) if attn_types[layer] == "local" else None
+        return None
+
+    def value_heads(self) -> set[int]:
+        """How many value heads a cache of this model may hold per layer: the kv heads,
+        and also one per query head where TransformerLens 3.x ungroups GQA
+        (``cfg.ungroup_grouped_query_attention``)."""
+        info = self.info
+        ungrouped = bool(getattr(self._cfg, "ungroup_grouped_query_attention", False))
+        return {info.n_kv_heads, info.n_heads} if ungrouped else {info.n_kv_heads}
+
+    def residual_problems(self) -> list[str]:
+        """Why the residual stream is not the plain sum of the blocks' outputs that the
+        circuit tools assume (empty for a pre-norm decoder)."""
+        cfg = self._cfg
+        problems = []
+        if self.info.post_attn_norm:
+            problems.append("a norm after attention (Gemma-2/3) sits between the heads and the residual")
+        if getattr(cfg, "parallel_attn_mlp", False):
+            problems.append("attention and MLP run in parallel (no resid_mid)")
+        if self.is_encoder or "Bert" in str(getattr(cfg, "original_architecture", "")):
+            problems.append("it is an encoder with post-norm residual blocks")
+        if float(getattr(cfg, "output_logits_soft_cap", 0.0) or 0.0) > 0:
+            problems.append("its logits are soft-capped (not linear in the residual)")
+        return problems
+
+    # -- running -----------------------------------------------------------------------
+    def forward_kwargs(self, attention_mask: torch.Tensor | None) -> dict[str, Any]:
+        """The keyword that passes ``attention_mask`` to this model's forward (or nothing).
+
+        TransformerLens 3.x's ``HookedEncoder`` names it ``one_zero_attention_mask``.
+        """
+        if attention_mask is None:
+            return {}
+        key = "one_zero_attention_mask" if self.class_name == "HookedEncoder" else "attention_mask"
+        return {key: attention_mask}
+
+    def cached_run(self, input: Any, names_filter: Any, **kwargs: Any) -> Any:
+        """``(logits, cache)`` from the model's own ``run_with_cache``."""
+        return self.model.run_with_cache(input, names_filter=names_filter, **kwargs)
+
+    def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: list, **kwargs: Any) -> Any:
+        return self.model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, **kwargs)
+
+    def has_hook(self, name: str) -> bool:
+        """Whether the model has a hook point called ``name`` (aliases included)."""
+        try:
+            return name in self.model.hook_dict
+        except AttributeError:
+            return False
+
+    def context_length(self) -> int | None:
+        """The context length the model was configured with (``cfg.n_ctx``), or None."""
+        n_ctx = getattr(self._cfg, "n_ctx", None)
+        return int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+    def vocab_size(self) -> int | None:
+        """The number of token ids the embedding holds (``cfg.d_vocab``), or None."""
+        n = getattr(self._cfg, "d_vocab", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
+
+    @property
+    def rotary_positions(self) -> bool:
+        """Whether positions are rotary (RoPE: Llama, Mistral, Qwen, Gemma; the model runs
+        past ``context_length``), not learned absolute embeddings (GPT-2, BERT; no
+        position exists past ``context_length``)."""
+        return getattr(self._cfg, "positional_embedding_type", None) == "rotary"
+
+    def post_attention_norm(self, layer: int) -> tuple[str, Any, Any, Any]:
+        """``(class name, weight, bias, eps)`` of block ``layer``'s ``ln1`` (the
+        post-attention LayerNorm of a BERT-like encoder); None where one is absent."""
+        ln = self.model.blocks[layer].ln1
+        weight = getattr(ln, "w", None)
+        if weight is None:
+            weight = getattr(ln, "weight", None)
+        bias = getattr(ln, "b", None)
+        if bias is None:
+            bias = getattr(ln, "bias", None)
+        eps = getattr(ln, "eps", None) or getattr(ln, "variance_epsilon", None) or getattr(self._cfg, "eps", None)
+        return type(ln).__name__, weight, bias, eps
+
+    @contextmanager
+    def hooks(self, fwd_hooks: Sequence[tuple[str, Any]]) -> Iterator[Any]:
+        """The model's own ``hooks`` context: adds ``fwd_hooks`` and removes exactly
+        those on exit (also on exceptions); hooks already on the model stay."""
+        with self.model.hooks(fwd_hooks=list(fwd_hooks)):
+            yield self.model
+
+    def n_hooks(self) -> int:
+        """How many forward hooks are attached to the model's hook points (0 when clean)."""
+        return sum(len(getattr(hp, "fwd_hooks", [])) for hp in self.model.hook_dict.values())
+
+    def enable_pattern_edits(self) -> None:
+        """Route delegating bridge attentions through the pattern seam
+        (:mod:`cwlens.engine.pattern_seam`), so ``hook_pattern`` edits act."""
+        from cwlens.engine.pattern_seam import enable_pattern_edits
+
+        enable_pattern_edits(self.model)
+
+    # -- tokenizing --------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    def to_tokens(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.model.to_tokens(*args, **kwargs)
+
+    def to_str_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model.to_str_tokens(*args, **kwargs)
+
+    # -- weights -----------------------------------------------------------------------
+    def W_O(self, layer: int) -> torch.Tensor:
+        """``[head_index, d_head, d_model]`` output projection of one layer (detached)."""
+        return self.model.blocks[layer].attn.W_O.detach()
+
+    def b_O(self, layer: int) -> torch.Tensor:
+        """``[d_model]`` output bias of one layer (zeros where the model has none)."""
+        try:
+            bias = self.model.blocks[layer].attn.b_O
+        except AttributeError:
+            bias = None
+        if bias is None:
+            w = self.W_O(layer)
+            return torch.zeros(w.shape[-1], dtype=w.dtype, device=w.device)
+        return bias.detach()
+
+    def unembed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W_U [d_model, d_vocab], b_U [d_vocab])`` (zeros where the model has no b_U)."""
+        W_U = self.model.W_U.detach()
+        b_U = getattr(self.model, "b_U", None)
+        b_U = torch.zeros(W_U.shape[1], dtype=W_U.dtype, device=W_U.device) if b_U is None else b_U.detach()
+        return W_U, b_U
+
+    def final_norm(self) -> tuple[torch.Tensor | None, torch.Tensor | None, bool]:
+        """``(weight, bias, centres)`` of the final norm: ``centres`` is True for LayerNorm
+        (subtract the mean before scaling), False for RMSNorm. ``None`` = absent (folded)."""
+        ln = self.model.ln_final
+        weight = getattr(ln, "w", None)
+        bias = getattr(ln, "b", None)
+        centres = not str(getattr(self._cfg, "normalization_type", "LN") or "").startswith("RMS")
+        weight = None if weight is None else weight.detach()
+        bias = None if bias is None else bias.detach()
+        return weight, bias, centres
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def wrap(model: Any) -> ModelHandle:
+    """The :class:`ModelHandle` of ``model`` (made once, then cached on the model).
+
+    Every cwlens function takes the TransformerLens model itself and asks its handle what
+    it needs; :func:`cwlens.load_model` wraps the models it loads, and a model you built
+    yourself is wrapped on first use (or here).
+
+    Args:
+        model: a TransformerLens model (``HookedTransformer``, ``HookedEncoder``,
+            ``TransformerBridge``), or a handle (returned as it is).
+
+    Returns:
+        The model's :class:`ModelHandle`: the same object on every call.
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> handle = cwlens.wrap(model)
+        >>> handle.n_layers, handle.n_heads, handle.is_encoder
+        (2, 4, False)
+        >>> cwlens.wrap(model) is handle
+        True
+    """
+    if isinstance(model, ModelHandle):
+        return model
+    handle = getattr(model, "__dict__", {}).get(_ATTRIBUTE)
+    if handle is None:
+        handle = ModelHandle(model)
+        try:  # past nn.Module.__setattr__: the handle is no submodule, parameter or buffer
+            object.__setattr__(model, _ATTRIBUTE, handle)
+        except (AttributeError, TypeError):
+            pass  # no instance dict (slots): an uncached handle answers the same
+    return handle
+
+
+def unwrap(model: Any) -> Any:
+    """The model itself, given the model or its handle."""
+    return model.model if isinstance(model, ModelHandle) else model

@@ -1,0 +1,451 @@
+"""Public entry points: contribution weights, baselines, factors and closure from a cache.
+
+Every function takes ``(cache, model, layer)`` like TransformerLens' own analysis tools:
+``layer`` is an int (result ``[batch, head_index, query_pos, key_pos]``), a list of ints
+or ``None`` for all layers (result with a leading ``layer`` axis). Results are float32.
+
+``attention_mask`` (``[batch, pos]``, 1 on real tokens) is the mask the batch was run
+with; pad positions then get weight 0. Shapes: see :mod:`cwlens.core._types`.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from cwlens.core import metrics
+from cwlens.core._types import Cache, Kind, LayerPairWeights, LayerTokenWeights
+from cwlens.core.geometry import check_kind
+from cwlens.core.metrics import get as get_metric
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.adapter import Layers, TLModel
+from cwlens.engine.handle import wrap
+
+
+def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
+    layers, single = adapter.resolve_layers(model, layer)
+    outs = [fn(adapter.geometry(cache, model, ly, attention_mask)) for ly in layers]
+    return outs[0] if single else torch.stack(outs)
+
+
+def contribution_weights(
+    cache: Cache,
+    model: TLModel,
+    layer: Layers = None,
+    kind: Kind = "inter",
+    attention_mask: torch.Tensor | None = None,
+) -> LayerPairWeights:
+    """Signed contribution weights ``c_ij^h = <o_i, a_ij^h v~_j^h> / ||o_i||^2``.
+
+    ``kind="inter"``: ``o_i`` is the layer's multi-head output (b_O excluded); the weights
+    sum to 1 over heads and keys. ``kind="intra"``: ``o_i`` is head ``h``'s own output;
+    each head's row sums to 1 over keys.
+
+    Args:
+        cache: the cache of :func:`run_with_cache` (or any cache holding ``hook_pattern``
+            and ``hook_v`` of the layers asked for).
+        model: the TransformerLens model the cache comes from.
+        layer: an int, a list of ints, or ``None`` for every layer.
+        kind: ``"inter"`` (the layer's output) or ``"intra"`` (the head's own output).
+        attention_mask: ``[batch, pos]``, 1 on real tokens: the mask the batch was run
+            with (pad queries and keys get 0).
+
+    Returns:
+        ``[batch, head_index, query_pos, key_pos]`` float32 weights for one layer;
+        ``[layer, batch, head_index, query_pos, key_pos]`` for a list or ``None``.
+
+    Raises:
+        LayerOutOfRangeError: a layer the model does not have.
+        UnknownOptionError: a ``kind`` other than ``"inter"`` or ``"intra"``.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> c = cwlens.contribution_weights(cache, model, layer=0)
+        >>> c.shape  # [batch, head, query, key]
+        torch.Size([1, 4, 7, 7])
+        >>> torch.allclose(c.sum((1, 3)), torch.ones(1, 7), atol=1e-5)  # rows sum to 1
+        True
+        >>> cwlens.contribution_weights(cache, model).shape  # every layer
+        torch.Size([2, 1, 4, 7, 7])
+    """
+    check_kind(kind)
+    return _per_layer(cache, model, layer, attention_mask, lambda g: g.contribution(kind))
+
+
+def token_contributions(
+    cache: Cache,
+    model: TLModel,
+    layer: Layers = None,
+    attention_mask: torch.Tensor | None = None,
+) -> LayerTokenWeights:
+    """Token-level weights ``c_ij = sum_h c_ij^h`` (inter-head weights summed over heads).
+
+    Args:
+        cache: the cache of :func:`run_with_cache`.
+        model: the TransformerLens model the cache comes from.
+        layer: an int, a list of ints, or ``None`` for every layer.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
+
+    Returns:
+        ``[batch, query_pos, key_pos]`` float32 (``[layer, ...]`` for several layers);
+        each row sums to 1.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> tok = cwlens.token_contributions(cache, model, layer=1)
+        >>> tok.shape  # [batch, query, key]
+        torch.Size([1, 7, 7])
+        >>> torch.allclose(tok.sum(-1), torch.ones(1, 7), atol=1e-5)
+        True
+    """
+    return contribution_weights(cache, model, layer, "inter", attention_mask).sum(-3)
+
+
+def importance(
+    cache: Cache,
+    model: TLModel,
+    layer: Layers = None,
+    metric: str = "contribution",
+    kind: Kind = "inter",
+    attention_mask: torch.Tensor | None = None,
+) -> LayerPairWeights:
+    """One importance measure by name, per head: ``[batch, head_index, query_pos, key_pos]``.
+
+    ``metric``: ``"attention"`` (a), ``"value_weighted"`` (a ||v~||, Kobayashi et al. 2020),
+    ``"value_weighted_output_normalized"`` (a ||v~|| / ||o||) or ``"contribution"``
+    (a ||v~|| / ||o|| cos(o, v~)), or any other geometry metric of :mod:`cwlens.core.metrics`
+    (``"contribution_abs"``, ``"alti"``). ``kind`` picks ``o`` where the metric uses one.
+
+    Args:
+        cache: the cache of :func:`run_with_cache`.
+        model: the TransformerLens model the cache comes from.
+        layer: an int, a list of ints, or ``None`` for every layer.
+        metric: the metric's name (see above).
+        kind: ``"inter"`` or ``"intra"``: which output ``o`` the metric normalises by.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
+
+    Returns:
+        ``[batch, head_index, query_pos, key_pos]`` float32 (``[layer, ...]`` for several
+        layers).
+
+    Raises:
+        UnknownOptionError: a metric name cwlens does not know (the message lists them).
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> att = cwlens.importance(cache, model, 0, metric="attention")
+        >>> torch.allclose(att.sum(-1), torch.ones(1, 4, 7))  # each head's row sums to 1
+        True
+        >>> vw = cwlens.importance(cache, model, 0, metric="value_weighted")
+        >>> bool((vw >= 0).all())  # a ||v~||: never negative, unlike the contribution
+        True
+    """
+    get_metric(metric, metrics.GEOMETRY)
+    check_kind(kind)
+    return _per_layer(cache, model, layer, attention_mask,
+                      lambda g: metrics.from_geometry(g, metric, kind))
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """``contribution = attention * relative_norm * cosine``, each ``[(layer,) batch, head, query, key]``.
+
+    ``relative_norm`` is ``||v~_j|| / ||o_i||`` and ``cosine`` is ``cos(o_i, v~_j)``, with
+    ``o`` chosen by ``kind``. ``max_product_error`` is how far the product of the factors
+    is from the weight (float rounding only).
+
+    Attributes:
+        attention: the attention weights ``a_ij``.
+        relative_norm: ``||v~_j|| / ||o_i||``.
+        cosine: ``cos(o_i, v~_j)``.
+        contribution: the contribution weights ``c_ij``.
+        kind: ``"inter"`` or ``"intra"``: the output ``o`` of the split.
+        layers: the layers, in the order of the leading axis (one layer: no axis).
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> parts = cwlens.decompose(cache, model, 1)
+        >>> parts.max_product_error < 1e-5
+        True
+        >>> parts.to_dataframe(query=-1).columns.tolist()
+        ['layer', 'head', 'query', 'key', 'attention', 'relative_norm', 'cosine', 'contribution']
+    """
+
+    attention: torch.Tensor
+    relative_norm: torch.Tensor
+    cosine: torch.Tensor
+    contribution: torch.Tensor
+    kind: Kind
+    layers: tuple[int, ...]
+
+    @property
+    def max_product_error(self) -> float:
+        product = self.attention * self.relative_norm * self.cosine
+        return float((product - self.contribution).abs().max())
+
+    def to_dataframe(self, batch: int = 0, query: int = -1, str_tokens=None):
+        """Long table (layer, head, key, token, attention, relative_norm, cosine, contribution) for one query.
+
+        Args:
+            batch: the batch row.
+            query: the query position (negative counts from the end).
+            str_tokens: the tokens' strings, for a ``token`` column (optional).
+
+        Returns:
+            A ``pandas.DataFrame`` with one row per (layer, head, key).
+        """
+        import pandas as pd
+
+        fields = ("attention", "relative_norm", "cosine", "contribution")
+        tensors = {f: getattr(self, f) for f in fields}
+        if self.attention.ndim == 4:  # one layer: add the layer axis back
+            tensors = {f: t[None] for f, t in tensors.items()}
+        rows = []
+        n_layers, _, n_heads, n_q, n_k = tensors["attention"].shape
+        q = query % n_q
+        for li, layer in enumerate(self.layers):
+            for h in range(n_heads):
+                for k in range(q + 1 if n_q == n_k else n_k):
+                    row = {"layer": layer, "head": h, "query": q, "key": k}
+                    if str_tokens is not None:
+                        row["token"] = str_tokens[k]
+                    for f in fields:
+                        row[f] = float(tensors[f][li, batch, h, q, k])
+                    rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def decompose(
+    cache: Cache,
+    model: TLModel,
+    layer: Layers = None,
+    kind: Kind = "inter",
+    attention_mask: torch.Tensor | None = None,
+) -> Decomposition:
+    """The factor split of the contribution weights (see :class:`Decomposition`).
+
+    Args:
+        cache: the cache of :func:`run_with_cache`.
+        model: the TransformerLens model the cache comes from.
+        layer: an int, a list of ints, or ``None`` for every layer.
+        kind: ``"inter"`` or ``"intra"``: the output ``o`` the factors are taken against.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
+
+    Returns:
+        A :class:`Decomposition` whose ``attention * relative_norm * cosine`` equals its
+        ``contribution``.
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> parts = cwlens.decompose(cache, model, 0)
+        >>> product = parts.attention * parts.relative_norm * parts.cosine
+        >>> torch.allclose(product, parts.contribution, atol=1e-6)
+        True
+    """
+    check_kind(kind)
+    layers, single = adapter.resolve_layers(model, layer)
+    parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
+    for ly in layers:
+        geo = adapter.geometry(cache, model, ly, attention_mask)
+        parts["attention"].append(geo.attention())
+        parts["relative_norm"].append(geo.relative_norm(kind).contiguous())
+        parts["cosine"].append(geo.cosine(kind).contiguous())
+        parts["contribution"].append(geo.contribution(kind))
+    stacked = {f: (v[0] if single else torch.stack(v)) for f, v in parts.items()}
+    return Decomposition(**stacked, kind=kind, layers=tuple(layers))
+
+
+@dataclass(frozen=True)
+class Closure:
+    """How far ``sum_h sum_j a_ij v~_j`` rebuilds the model's own attention output.
+
+    Per layer: ``max_abs_error`` and ``relative_error`` = ||rebuilt - target|| / ||target||
+    over all real positions, where target is the output projection's output minus b_O. Small values (float rounding) mean the
+    cached pattern and values are exactly what the model mixed, so the weights are
+    complete: they sum to 1 *and* explain the real output. A large value means a hook
+    reads something else than the model computes (e.g. a norm after attention).
+
+    Attributes:
+        layers: the layers checked.
+        max_abs_error: per layer, the largest absolute difference.
+        relative_error: per layer, ``||rebuilt - target|| / ||target||``.
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat", closure=True)
+        >>> check = cwlens.closure(cache, model)
+        >>> check.layers, check.worst_relative_error < 1e-5
+        ((0, 1), True)
+    """
+
+    layers: tuple[int, ...]
+    max_abs_error: tuple[float, ...]
+    relative_error: tuple[float, ...]
+
+    @property
+    def worst_relative_error(self) -> float:
+        return max(self.relative_error)
+
+
+def closure(
+    cache: Cache,
+    model: TLModel,
+    layer: Layers = None,
+    attention_mask: torch.Tensor | None = None,
+) -> Closure:
+    """Check the weights against what the heads wrote (see :class:`Closure`).
+
+    Needs the cache from ``run_with_cache(..., closure=True)``.
+
+    Args:
+        cache: the cache of ``run_with_cache(model, input, closure=True)``.
+        model: the TransformerLens model the cache comes from.
+        layer: an int, a list of ints, or ``None`` for every layer.
+        attention_mask: ``[batch, pos]``, 1 on real tokens: only real positions count.
+
+    Returns:
+        A :class:`Closure` with the per-layer errors.
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat", closure=True)
+        >>> cwlens.closure(cache, model, layer=1).relative_error[0] < 1e-5
+        True
+    """
+    layers, _ = adapter.resolve_layers(model, layer)
+    errors = [
+        closure_errors(adapter.geometry(cache, model, ly, attention_mask).layer_output,
+                       adapter.heads_output(cache, model, ly), attention_mask)
+        for ly in layers
+    ]
+    return Closure(tuple(layers), tuple(e[0] for e in errors), tuple(e[1] for e in errors))
+
+
+def closure_errors(rebuilt: torch.Tensor, target: torch.Tensor,
+                   attention_mask: torch.Tensor | None = None) -> tuple[float, float]:
+    """``(max_abs_error, relative_error)`` of ``rebuilt`` against ``target`` on real positions."""
+    target = target.to(rebuilt.dtype)
+    diff = rebuilt - target
+    if attention_mask is not None:
+        keep = attention_mask.bool().to(diff.device)[..., None]
+        diff, target = diff * keep, target * keep
+    return float(diff.abs().max()), float(diff.norm() / target.norm().clamp_min(1e-30))
+
+
+def names_filter(model: TLModel, layers: Layers = None, closure: bool = False,
+                 residual: bool = False):
+    """A ``names_filter`` for ``model.run_with_cache`` that keeps only what cwlens reads.
+
+    Args:
+        model: the TransformerLens model.
+        layers: an int, a list of ints, or ``None`` for every layer.
+        closure: also keep the hook :func:`closure` compares against.
+        residual: also the residual stream before and after each attention, the MLP
+            outputs and the final norm's scale (what :mod:`cwlens.circuits` reads).
+
+    Returns:
+        A function of a hook name, True for the hooks cwlens reads (each layer's pattern
+        and values).
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> logits, cache = model.run_with_cache("the cat sat", names_filter=cwlens.names_filter(model))
+        >>> cwlens.contribution_weights(cache, model, layer=0).shape
+        torch.Size([1, 4, 4, 4])
+    """
+    resolved, _ = adapter.resolve_layers(model, layers)
+    info = adapter.ModelInfo.of(model)
+    extra: list[str] = []
+    if residual:
+        n = info.n_layers
+        for layer in range(n):
+            extra += [hook_names.resid_pre(layer), hook_names.resid_mid(layer), hook_names.mlp_out(layer)]
+        extra += [hook_names.resid_post(n - 1), hook_names.final_scale()]
+    return hook_names.names_filter_for(
+        resolved, closure, generation=info.generation, post_attn_norm=info.post_attn_norm,
+        extra=extra,
+    )
+
+
+def run_with_cache(
+    model: TLModel,
+    input,
+    layers: Layers = None,
+    closure: bool = False,
+    attention_mask: torch.Tensor | None = None,
+    residual: bool = False,
+    **kwargs,
+):
+    """``model.run_with_cache`` keeping only the hooks cwlens needs: returns ``(logits, cache)``.
+
+    ``input``: a text, a list of texts or tokens ``[batch, pos]``. ``attention_mask``
+    (``[batch, pos]``, 1 on real tokens) must have the tokens' shape. ``residual=True``
+    keeps what :mod:`cwlens.circuits` reads too (see :func:`names_filter`).
+
+    Args:
+        model: the TransformerLens model.
+        input: a text, a list of texts or tokens ``[batch, pos]``.
+        layers: an int, a list of ints, or ``None`` for every layer: the layers to keep.
+        closure: also keep what :func:`closure` needs.
+        attention_mask: ``[batch, pos]``, 1 on real tokens (see
+            :func:`cwlens.engine.batching.pad_batch`).
+        residual: also keep what :mod:`cwlens.circuits` reads (:func:`names_filter`).
+        **kwargs: passed on to ``model.run_with_cache``.
+
+    Returns:
+        ``(logits, cache)``: the model's logits and an ``ActivationCache`` holding only
+        the hooks cwlens reads.
+
+    Raises:
+        EmptyInputError: an empty text, an empty list or zero tokens.
+        ShapeMismatchError: a mask whose shape differs from the tokens'.
+        InvalidArgumentError: token ids that are not integers or outside the vocabulary.
+        InputTooLongError: more tokens than the model's context where its positions are
+            learned (GPT-2, BERT); rotary models run on with a ``CwlensWarning``
+            (docs/inputs.md).
+
+    Examples:
+        >>> import cwlens, torch
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+        >>> logits.shape[:2]  # [batch, pos]
+        torch.Size([1, 7])
+        >>> len(cache) < 10  # pattern and values of 2 layers, nothing else
+        True
+    """
+    input = _check_input(model, input, attention_mask)
+    kwargs.update(adapter.forward_kwargs(model, attention_mask))
+    return wrap(model).cached_run(
+        input, names_filter(model, layers, closure, residual), **kwargs
+    )
+
+
+def _check_input(model: TLModel, input: object, attention_mask: torch.Tensor | None) -> object:
+    """Refuse empty, malformed or too long input, and a mask that does not match the
+    tokens, before any compute (:func:`cwlens.engine.validation.run_input`); return the input
+    to run."""
+    from cwlens.engine import validation
+
+    return validation.run_input(model, input, attention_mask)

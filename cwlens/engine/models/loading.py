@@ -1,0 +1,243 @@
+"""``load_model``: a TransformerLens model from a short name, a local directory or a hub id.
+
+TransformerLens 4.x gives a ``TransformerBridge`` (raw Hugging Face weights unless
+``compatibility_mode=True``, which folds LayerNorm and centres the writing weights: that
+changes W_O and so the norms and cosines, not the model's function; the value biases
+stay unfolded, in ``hook_v``, so the heads' outputs keep their b_V term). TransformerLens 3.x
+gives a ``HookedTransformer`` loaded without weight processing (same raw geometry).
+"""
+
+import os
+from pathlib import Path
+
+import torch
+
+from cwlens.core._types import Generation
+from cwlens.engine.handle import wrap
+from cwlens.engine.models.gguf_local import dequantized_dir, packaged_dir
+from cwlens.engine.models.registry import MODELS, describe_models
+from cwlens.engine.pattern_seam import enable_pattern_edits
+from cwlens.errors import (
+    CwlensError,
+    DeviceNotAvailableError,
+    ModelNotAvailableError,
+    UnknownOptionError,
+)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def resolve(name_or_path: str) -> tuple[str, str]:
+    """``(source, hub_id)``: source is a local directory or a hub id to load from."""
+    entry = MODELS.get(name_or_path.lower())
+    if entry is not None:
+        if entry.offline is not None:
+            return str(dequantized_dir(name_or_path.lower(), entry.offline)), entry.hub_id
+        if entry.offline_dir is not None:
+            return str(packaged_dir(entry.offline_dir)), entry.hub_id
+        return entry.hub_id, entry.hub_id
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotAvailableError(
+                f"{path} is a file, not a model directory: pass the Hugging Face model "
+                "directory that holds config.json and the weights (as written by "
+                "save_pretrained), a hub id, or one of:\n" + describe_models()
+            )
+        if not (path / "config.json").is_file():
+            raise ModelNotAvailableError(
+                f"{path} exists but has no config.json: pass a Hugging Face model directory "
+                "(as written by save_pretrained), a hub id, or one of:\n" + describe_models()
+            )
+        return str(path), str(path)
+    if "/" not in name_or_path and name_or_path not in ("gpt2",):
+        raise ModelNotAvailableError(
+            f"Unknown model {name_or_path!r}: not a short name, not a local directory. "
+            "Pass a hub id such as 'meta-llama/Llama-3.1-8B' (needs network), a local "
+            "directory, or one of:\n" + describe_models()
+        )
+    return name_or_path, name_or_path
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    compatibility_mode: bool = False,
+    generation: Generation = "auto",
+    n_devices: int | None = None,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+):
+    """Load a TransformerLens model.
+
+    Args:
+        name_or_path: a short name (``"smollm2-135m"`` works offline; ``"llama-3.1-8b"``,
+            ``"mistral-7b"``, ``"qwen3-8b"``, ``"deepseek-7b"``, ``"gpt2"``,
+            ``"gemma-3-270m"`` load from the hub), a local HF directory or a hub id.
+        device: ``"cpu"``, ``"cuda"``... (default: cuda if available).
+        dtype: weights dtype; cwlens computes its measures in float32 anyway.
+        compatibility_mode: TransformerBridge only: fold LayerNorm and centre weights
+            (value biases are kept in the heads: ``fold_value_biases=False``).
+        generation: ``"bridge"`` (TransformerLens 4.x), ``"hooked"`` (3.x
+            ``HookedTransformer``) or ``"auto"`` (bridge on 4.x, hooked on 3.x).
+        n_devices: split the model over this many CUDA GPUs (``0..n-1``; TransformerBridge
+            only). Under torchrun, :func:`cwlens.runs.distributed.placement` gives each rank its
+            own group of GPUs instead (a ``device_map`` strategy with ``max_memory``).
+        device_map: a Hugging Face device map (``"auto"``, ``"balanced"``,
+            ``"sequential"``, or ``{module: device}``); exclusive with ``device``.
+        max_memory: per-device budget for the device map (``{gpu index: bytes}``).
+
+    Returns:
+        A ``TransformerBridge`` (TransformerLens 4.x) or a ``HookedTransformer`` (3.x), in
+        eval mode, on ``device``.
+
+    Raises:
+        PlacementError: ``device`` with ``device_map``, ``n_devices < 1`` or more than the
+            visible GPUs, or multi-device loading on TransformerLens 3.x.
+        ModelNotAvailableError: a broken model directory, a hub id while offline, or a
+            short name whose package is not installed (the message says what to install).
+
+    Examples:
+        >>> import tempfile
+        >>> import cwlens
+        >>> from cwlens.testing import save_tiny
+        >>> with tempfile.TemporaryDirectory() as tmp:  # a local Hugging Face directory
+        ...     model = cwlens.load_model(str(save_tiny("llama", tmp)), device="cpu")
+        >>> logits, cache = cwlens.run_with_cache(model, "the cat sat")
+        >>> logits.shape[:2]
+        torch.Size([1, 4])
+    """
+    if generation not in ("auto", "bridge", "hooked"):
+        raise UnknownOptionError(
+            f"generation must be 'auto', 'bridge' or 'hooked'; got {generation!r}"
+        )
+    from cwlens.engine.device_map import PlacementError, check_device_map
+
+    check_device_map(device_map, torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                     "device_map")
+    multi = device_map is not None or (n_devices or 1) > 1 or max_memory is not None
+    if device_map is not None and device is not None:
+        raise PlacementError(f"device={device!r} and device_map are exclusive: pass one.")
+    if n_devices is not None:
+        if n_devices < 1:
+            raise PlacementError(f"n_devices must be at least 1; got {n_devices}.")
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n_devices > 1 and n_devices > visible:
+            raise PlacementError(f"n_devices={n_devices} needs {n_devices} CUDA GPUs; "
+                                 f"{visible} are visible. Lower n_devices.")
+        if n_devices > 1 and device is not None and str(device) != "cuda":
+            raise PlacementError(f"n_devices={n_devices} picks the GPUs itself; pass device=None "
+                                 f"or 'cuda', not {device!r}.")
+    # multi-device: the bridge places the model (device and device_map are exclusive)
+    placed_device = None if multi else str(check_device(device))
+    source, hub_id = resolve(name_or_path)
+    if os.path.isdir(source):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory needs no network
+    if generation == "auto":
+        generation = "bridge" if _has_bridge() else "hooked"
+    try:
+        if generation == "bridge":
+            from transformer_lens.model_bridge import TransformerBridge
+
+            placed = {k: v for k, v in (("n_devices", n_devices), ("device_map", device_map),
+                                        ("max_memory", max_memory)) if v is not None}
+            model = TransformerBridge.boot_transformers(source, device=placed_device, dtype=dtype,
+                                                        **placed)
+            if compatibility_mode:
+                # TL 4.3 folds b_V into b_O by default: hook_v would lose b_V and every head
+                # output its term sum_j a_ij b_V = b_V. Keep it in the heads (as raw mode and
+                # TL 3.x without processing do); W_O is still centred.
+                model.enable_compatibility_mode(fold_value_biases=False)
+            enable_pattern_edits(model)  # hook_pattern edits act on wrapped (BERT) attention too
+            wrap(model)  # the bound handle, made once
+            return model
+        if multi:
+            raise PlacementError(
+                "n_devices / device_map need the TransformerBridge (TransformerLens 4.x); "
+                "the 3.x HookedTransformer loads on one device here.")
+        from cwlens.engine.models.hooked import load_hooked
+
+        model = load_hooked(source, hub_id, device=placed_device, dtype=dtype)
+        wrap(model)  # the bound handle, made once
+        return model
+    except CwlensError:
+        raise
+    except Exception as err:  # transformers/torch/hub errors: one explained error
+        raise ModelNotAvailableError(_load_failure(source, err)) from err
+
+
+def _load_failure(source: str, err: Exception) -> str:
+    """What went wrong loading ``source`` and what to do about it."""
+    detail = (str(err).strip().splitlines() or [""])[0][:300]
+    what = f"Could not load the model {source!r} ({type(err).__name__}: {detail})."
+    if os.path.isdir(source):
+        return (
+            f"{what} The directory is not a complete Hugging Face model: it needs a valid "
+            "config.json, the weights (*.safetensors or pytorch_model.bin) and the tokenizer "
+            "files, as written by save_pretrained. Re-save or re-download it."
+        )
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    return (
+        f"{what} It is not a local directory, so it is fetched from the Hugging Face hub: "
+        "check the id"
+        + (", and unset HF_HUB_OFFLINE (it is set, so nothing is downloaded)" if offline
+           else ", your network, and for gated models `huggingface-cli login`")
+        + ". Or pass a local directory or one of:\n" + describe_models()
+    )
+
+
+def check_device(device: str | torch.device | None) -> torch.device:
+    """The device to load on (default: cuda if available), refusing unknown strings and
+    devices this machine does not have, before anything is loaded."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, torch.device):
+        dev = device
+    else:
+        try:
+            dev = torch.device(str(device))
+        except (RuntimeError, ValueError) as err:
+            raise DeviceNotAvailableError(
+                f"Unknown device {device!r}: pass cpu, cuda, cuda:N (N a GPU index) or mps."
+            ) from err
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build of torch" if torch.version.cuda is None else "no GPU visible"
+            raise DeviceNotAvailableError(
+                f"device {str(device)!r} asked for a CUDA GPU, but this machine has none "
+                f"({build}). Pass --device cpu (device='cpu'), or install a CUDA build of torch."
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise DeviceNotAvailableError(
+                f"device {str(device)!r}: this machine has {count} CUDA GPU(s), cuda:0.."
+                f"cuda:{count - 1}."
+            )
+        return dev
+    if dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise DeviceNotAvailableError(
+                f"device {str(device)!r}: Apple MPS is not available here; pass cpu or cuda."
+            )
+        return dev
+    raise DeviceNotAvailableError(
+        f"Unsupported device {str(device)!r}: pass cpu, cuda, cuda:N or mps."
+    )
+
+
+def _has_bridge() -> bool:
+    """TransformerLens >= 4 (where HookedTransformer is gone and the bridge is the API).
+
+    3.x releases ship an early bridge too, but their main API is HookedTransformer.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major = int(version("transformer-lens").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        return False
+    return major >= 4

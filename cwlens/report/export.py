@@ -1,0 +1,298 @@
+"""Streamed reductions as tidy tables (pandas, Parquet) and a CircuitsVis view.
+
+:func:`reduction_tables` turns a :class:`~cwlens.engine.streaming.StreamResult` of one text into
+long tables, one row per number, with the model, the text id and the token strings:
+
+=================  ==========================================================================
+table              columns (besides ``model, text_id``)
+=================  ==========================================================================
+``topk``           ``metric, layer, head, query, rank, key, value, query_token, key_token``
+``column_sums``    ``metric, layer, head, key, value, key_token`` (``head = -1``: heads summed)
+``token_level``    ``metric, layer, query, key, value, query_token, key_token``
+``heads``          ``layer, head, sink_rate, sink_contribution, entropy, output_share``
+=================  ==========================================================================
+
+:func:`export_texts` runs the streaming engine on texts (one at a time: no padding) and
+writes one Parquet file per table (``pip install pyarrow``); :func:`read_tables` reads them
+back. :func:`circuitsvis_heads` shows contribution weights (or any ``[head, query, key]``
+weights) in ``circuitsvis.attention.attention_heads`` (``pip install circuitsvis``).
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from cwlens.engine import batching, reducers
+from cwlens.engine.handle import wrap
+from cwlens.errors import CwlensError
+
+TABLES = ("topk", "column_sums", "token_level", "heads")
+
+
+def _topk_rows(res: reducers.TopKResult, tokens: list[str]) -> pd.DataFrame:
+    idx, val = res.indices[:, 0].long(), res.values[:, 0]  # [layer, head, query, k]
+    n_l, n_h, n_q, k = idx.shape
+    grid = torch.meshgrid(torch.arange(n_l), torch.arange(n_h), torch.arange(n_q), torch.arange(k),
+                          indexing="ij")
+    layer, head, query, rank = (g.flatten() for g in grid)
+    key = idx.flatten()
+    keep = key < len(tokens)  # zero entries past the end of a causal block are not tokens
+    df = pd.DataFrame({
+        "metric": res.metric,
+        "layer": torch.tensor(res.layers)[layer].numpy(),
+        "head": head.numpy() if n_h > 1 else -1,
+        "query": query.numpy(), "rank": rank.numpy(), "key": key.numpy(),
+        "value": val.flatten().float().numpy(),
+    })[keep.numpy()]
+    df["query_token"] = [tokens[i] for i in df["query"]]
+    df["key_token"] = [tokens[i] for i in df["key"]]
+    return df.reset_index(drop=True)
+
+
+def _column_rows(res: reducers.LayerTensor, tokens: list[str]) -> pd.DataFrame:
+    t = res.tensor[:, 0]  # [layer, head, key] or [layer, key]
+    if t.ndim == 2:
+        t = t[:, None]
+        heads = [-1]
+    else:
+        heads = list(range(t.shape[1]))
+    n_l, n_h, n_k = t.shape
+    layer, head, key = (g.flatten() for g in torch.meshgrid(
+        torch.arange(n_l), torch.arange(n_h), torch.arange(n_k), indexing="ij"))
+    return pd.DataFrame({
+        "metric": res.metric, "layer": torch.tensor(res.layers)[layer].numpy(),
+        "head": torch.tensor(heads)[head].numpy(), "key": key.numpy(),
+        "value": t.flatten().float().numpy(), "key_token": [tokens[i] for i in key.tolist()],
+    })
+
+
+def _token_rows(res: reducers.LayerTensor, tokens: list[str]) -> pd.DataFrame:
+    t = res.tensor[:, 0]  # [layer, query, key]
+    n_l, n_q, n_k = t.shape
+    layer, query, key = (g.flatten() for g in torch.meshgrid(
+        torch.arange(n_l), torch.arange(n_q), torch.arange(n_k), indexing="ij"))
+    return pd.DataFrame({
+        "metric": res.metric, "layer": torch.tensor(res.layers)[layer].numpy(),
+        "query": query.numpy(), "key": key.numpy(), "value": t.flatten().float().numpy(),
+        "query_token": [tokens[i] for i in query.tolist()],
+        "key_token": [tokens[i] for i in key.tolist()],
+    })
+
+
+def reduction_tables(result, str_tokens: Sequence[str], model: str = "model",
+                     text_id: str = "0") -> dict[str, pd.DataFrame]:
+    """Tidy tables (see the module docstring) of a one-text :class:`StreamResult`."""
+    tokens = [str(t) for t in str_tokens]
+    _check_one_text(result, len(tokens))
+    parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
+    for value in result.results.values():
+        if isinstance(value, reducers.TopKResult):
+            parts["topk"].append(_topk_rows(value, tokens))
+        elif isinstance(value, reducers.LayerTensor) and value.tensor.ndim == 4 and \
+                value.tensor.shape[-1] == value.tensor.shape[-2] == len(tokens):
+            parts["token_level"].append(_token_rows(value, tokens))
+        elif isinstance(value, reducers.LayerTensor):
+            parts["column_sums"].append(_column_rows(value, tokens))
+        elif isinstance(value, reducers.HeadSummaryResult):
+            parts["heads"].append(value.to_dataframe().drop(columns=["sample"]))
+    out = {}
+    for name, frames in parts.items():
+        if frames:
+            df = pd.concat(frames, ignore_index=True)
+            df.insert(0, "text_id", str(text_id))
+            df.insert(0, "model", model)
+            out[name] = df
+    return out
+
+
+def _check_one_text(result, n_tokens: int) -> None:
+    from cwlens.errors import InvalidArgumentError, ShapeMismatchError
+
+    values = getattr(result, "results", None)
+    if not isinstance(values, dict):
+        raise InvalidArgumentError(f"result must be a StreamResult from cwlens.stream_reduce; got "
+                                   f"{type(result).__name__}.")
+    for name, value in values.items():
+        if isinstance(value, reducers.TopKResult):
+            batch, n = value.indices.shape[1], value.indices.shape[3]
+        elif isinstance(value, reducers.LayerTensor):
+            batch, n = value.tensor.shape[1], value.tensor.shape[-1]
+        elif isinstance(value, reducers.HeadSummaryResult):
+            batch, n = value.sink_rate.shape[1], n_tokens
+        else:
+            continue
+        if batch != 1:
+            raise ShapeMismatchError(f"{name!r} holds {batch} texts: reduction_tables takes the "
+                                     "result of one text (stream them one at a time).")
+        if n != n_tokens:
+            raise ShapeMismatchError(f"{name!r} covers {n} tokens but str_tokens has {n_tokens}: "
+                                     "pass the str_tokens of the streamed tokens "
+                                     "(model.to_str_tokens(tokens[0])).")
+
+
+def default_reducers(metrics: Sequence[str] = ("contribution", "attention"), k: int = 8,
+                     token_layers: Sequence[int] = ()) -> list:
+    """Per-row top-``k`` and column sums of each metric, head summaries, and the
+    token-level matrices of ``token_layers``."""
+    rs: list = []
+    for m in metrics:
+        rs += [reducers.TopK(k, m, by_abs=m == "contribution"), reducers.ColumnSums(m)]
+    rs.append(reducers.HeadSummary())
+    if token_layers:
+        rs.append(reducers.TokenLevel(token_layers))
+    return rs
+
+
+def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model",
+                 text_ids: Sequence[str] | None = None, max_tokens: int | None = None,
+                 fmt: str = "parquet", **reduce) -> dict[str, Path]:
+    """Stream each text, reduce it, and write the tables to ``out_dir/<table>.<fmt>``
+    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``.
+
+    ``reduce``: the options of :func:`default_reducers` (``metrics``, ``k``,
+    ``token_layers``)."""
+    from cwlens.engine.streaming import stream_reduce
+
+    texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
+    tables: dict[str, list[pd.DataFrame]] = {}
+    for text, tid in zip(texts, ids, strict=True):
+        tokens = batching.fit_context(model, wrap(model).to_tokens(text, truncate=False),
+                                      max_tokens, f"text {tid}")
+        res = stream_reduce(model, tokens, default_reducers(**reduce))
+        str_tokens = wrap(model).to_str_tokens(tokens[0])
+        for name, df in reduction_tables(res, str_tokens, model_name, tid).items():
+            tables.setdefault(name, []).append(df)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from cwlens.runs.results_io import atomic_write
+
+    paths = {}
+    for name, frames in tables.items():
+        df = pd.concat(frames, ignore_index=True)
+        path = out / f"{name}.{fmt}"
+        atomic_write(path, _writer(df, fmt))
+        paths[name] = path
+    return paths
+
+
+def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict):
+    """Every argument of :func:`export_texts`, before any model work: ``(texts, ids,
+    reduce)`` (``reduce`` with every option of :func:`default_reducers`, negative
+    ``token_layers`` counted from the end)."""
+    from cwlens.engine import validation
+    from cwlens.engine.streaming import check_metric
+    from cwlens.errors import (
+        EmptyInputError,
+        InvalidArgumentError,
+        LayerOutOfRangeError,
+        ShapeMismatchError,
+        UnknownOptionError,
+    )
+    from cwlens.runs.paths import output_dir
+
+    if fmt not in ("parquet", "csv"):
+        raise UnknownOptionError(f"fmt must be 'parquet' or 'csv'; got {fmt!r}.")
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise InvalidArgumentError(
+            f"texts must be a list of strings; got {type(texts).__name__} (a single text: "
+            "pass [text]).")
+    if not texts:
+        raise EmptyInputError("texts is empty: pass at least one text to export.")
+    for i, t in enumerate(texts):
+        validation.text(t, f"text {i}")
+    ids = [str(i) for i in range(len(texts))] if text_ids is None else [str(i) for i in text_ids]
+    if len(ids) != len(texts):
+        raise ShapeMismatchError(f"text_ids has {len(ids)} ids for {len(texts)} texts: give one "
+                                 "id per text (or None for 0, 1, ...).")
+    if len(set(ids)) != len(ids):
+        raise InvalidArgumentError("text_ids lists an id twice: the tables could not tell those "
+                                   "texts apart; give each text its own id.")
+    unknown = sorted(set(reduce) - {"metrics", "k", "token_layers"})
+    if unknown:
+        raise InvalidArgumentError(f"export_texts got an unknown option {unknown[0]!r}: the "
+                                   "reduction options are metrics, k and token_layers.")
+    metrics = reduce.get("metrics", ("contribution", "attention"))
+    k, token_layers = reduce.get("k", 8), reduce.get("token_layers", ())
+    if isinstance(metrics, str) or not list(metrics):
+        raise InvalidArgumentError(f"metrics must be a non-empty list of metric names, e.g. "
+                                   f"('contribution', 'attention'); got {metrics!r}.")
+    for m in metrics:
+        check_metric(m)
+    if len(set(metrics)) != len(list(metrics)):
+        raise InvalidArgumentError(f"metrics lists a metric twice: {metrics!r}; give each once.")
+    validation.positive_int(k, "k")
+    validation.max_tokens(max_tokens)
+    n_layers = wrap(model).n_layers
+    layers = validation.int_list(token_layers, "token_layers", allow_empty=True)
+    bad = [ly for ly in layers if not -n_layers <= ly < n_layers]
+    if bad:
+        raise LayerOutOfRangeError(f"token_layers {bad} out of range: the model has layers "
+                                   f"0..{n_layers - 1}.")
+    output_dir(out_dir, "out_dir")
+    if fmt == "parquet":
+        _require("pyarrow", "Parquet export", "pip install pyarrow (or cwlens[export])")
+    reduce = {"metrics": tuple(metrics), "k": k, "token_layers": [ly % n_layers for ly in layers]}
+    return list(texts), ids, reduce
+
+
+def _writer(df: pd.DataFrame, fmt: str):
+    def write(tmp: Path) -> None:
+        if fmt == "parquet":
+            df.to_parquet(tmp, index=False)
+        else:
+            df.to_csv(tmp, index=False)
+
+    return write
+
+
+def read_tables(out_dir) -> dict[str, pd.DataFrame]:
+    """The tables :func:`export_texts` wrote (Parquet or CSV)."""
+    from cwlens.errors import InvalidArgumentError
+
+    out = {}
+    for name in TABLES:
+        for fmt, reader in (("parquet", pd.read_parquet), ("csv", pd.read_csv)):
+            path = Path(out_dir) / f"{name}.{fmt}"
+            if path.exists():
+                out[name] = reader(path)
+    if not out:
+        raise InvalidArgumentError(
+            f"{str(out_dir)!r} holds no exported tables ({', '.join(TABLES)} .parquet/.csv): pass "
+            "the out_dir of export_texts (or cwlens export --out).")
+    return out
+
+
+def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: bool = True):
+    """``circuitsvis.attention.attention_heads`` of ``[head, query, key]`` weights (e.g.
+    contribution weights of one text and layer), for notebook users who know that widget.
+
+    The widget expects non-negative weights; signed contribution weights are shown as
+    ``|c|`` (``signed=True`` passes them as they are, which the widget draws with negative
+    cells clipped)."""
+    from cwlens.errors import InvalidArgumentError, ShapeMismatchError
+
+    if not isinstance(weights, torch.Tensor):
+        raise InvalidArgumentError(f"weights must be a [head, query, key] tensor; got "
+                                   f"{type(weights).__name__}.")
+    w = weights.detach().float().cpu()
+    if w.ndim == 2:
+        w = w[None]
+    if w.ndim != 3:
+        raise ShapeMismatchError(f"weights must be [head, query, key] or [query, key]; got "
+                                 f"{tuple(weights.shape)}.")
+    if not w.shape[1] == w.shape[2] == len(str_tokens):
+        raise ShapeMismatchError(f"weights are {tuple(weights.shape)} but str_tokens has "
+                                 f"{len(str_tokens)} tokens: pass the tokens of those queries and keys.")
+    _require("circuitsvis", "The CircuitsVis view", "pip install circuitsvis")
+    from circuitsvis.attention import attention_heads
+
+    return attention_heads(attention=w if signed else w.abs(), tokens=[str(t) for t in str_tokens])
+
+
+def _require(module: str, what: str, fix: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise CwlensError(f"{what} needs the optional package {module!r}: {fix}.")

@@ -1,0 +1,70 @@
+"""Output folder and file checks (:class:`~cwlens.errors.OutputPathError`), made before a
+model loads: they look at the file system without changing it, and the nearest existing
+ancestor must be a folder we may write into. The CLI's flags (:mod:`cwlens.cli.arg_types`)
+and the exports (:mod:`cwlens.report.export`) use them.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+from cwlens.errors import OutputPathError
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists():
+        if p.parent == p:
+            break
+        p = p.parent
+    return p
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be created in ``folder`` (permissions *and* read-only mounts,
+    which ``os.access`` misses for root): an anonymous temp file, deleted at once."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def _check_ancestors(path: Path, flag: str) -> None:
+    """No ancestor of ``path`` is a file, and the nearest existing one is writable."""
+    base = _nearest_existing(path.parent)
+    if not base.is_dir():
+        raise OutputPathError(f"{flag} {str(path)!r}: {str(base)!r} is a file, not a folder; "
+                              "pass a path inside a folder")
+    if not _writable(base):
+        raise OutputPathError(f"{flag} {str(path)!r}: no permission to write into {str(base)!r}; "
+                              "pass a writable location")
+
+
+def output_dir(path: str | Path, flag: str = "--out", must_write: bool = True) -> Path:
+    """A folder to write into: not a file, under folders, writable (if ``must_write``)."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise OutputPathError(f"{flag} {str(p)!r} is a file; pass a folder (it is created if "
+                              "missing)")
+    base = _nearest_existing(p)
+    if not base.is_dir():
+        raise OutputPathError(f"{flag} {str(p)!r}: {str(base)!r} is a file, not a folder")
+    if must_write and not _writable(base):
+        raise OutputPathError(f"{flag} {str(p)!r}: no permission to write into {str(base)!r}; "
+                              "pass a writable folder")
+    return p
+
+
+def output_file(path: str | Path, flag: str = "--out") -> Path:
+    """A file to (over)write: not a folder, its folder creatable and writable."""
+    p = Path(path).expanduser()
+    if p.is_dir() or str(path).endswith(("/", os.sep)):
+        raise OutputPathError(f"{flag} {str(p)!r} is a folder; pass a file name, e.g. "
+                              f"{str(p / 'report.html')!r}")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise OutputPathError(f"{flag} {str(p)!r} exists and is read-only; pass another file")
+    _check_ancestors(p, flag)
+    return p
