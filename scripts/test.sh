@@ -15,7 +15,9 @@ echo "== import-linter" && .venv/bin/lint-imports --no-cache
 echo "== docs site (mkdocs build --strict)"
 site=$(mktemp -d) && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site" && rm -rf "$site"
 echo "== TransformerLens 4.x (TransformerBridge)"
-.venv/bin/python -m pytest -q "$@"
+# two workers on two cores, one torch thread each (tests/conftest.py); the tests of one real
+# offline model share a worker (--dist loadgroup), so each model loads once
+OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q -n 2 --dist loadgroup "$@"
 if [ -x .venv-tl3/bin/python ]; then
   echo "== TransformerLens 3.x (HookedTransformer)"
   .venv-tl3/bin/python -m pytest -q -p no:cacheprovider tests/test_architectures.py tests/test_geometry.py tests/test_stream.py \

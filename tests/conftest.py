@@ -1,4 +1,5 @@
 import os
+import sys
 import warnings
 
 import pytest
@@ -6,6 +7,26 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n 2 on two cores: one torch thread per worker, and the same for the processes a
+    # test starts (a test that compares a subprocess's floats with its own bit for bit needs
+    # both on one thread count)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+# the real offline models (fixtures below): under pytest-xdist's --dist loadgroup the tests
+# of one model share a worker, so that each model loads once per run (scripts/test.sh)
+REAL_MODELS = ("smollm2", "gemma3", "minilm")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in REAL_MODELS:
+            if name in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(name))
 
 
 @pytest.fixture(scope="session")

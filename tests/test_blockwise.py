@@ -201,7 +201,8 @@ def test_text_report_equals_eager(run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, n", [("smollm2", 700), ("gemma3", 700), ("minilm", 300)])
+@pytest.mark.parametrize("name, n", [pytest.param(m, n, marks=pytest.mark.xdist_group(m))  # conftest.py
+                                     for m, n in [("smollm2", 700), ("gemma3", 700), ("minilm", 300)]])
 def test_real_models_equal_eager(name, n, request):
     """The real offline models: SmolLM2-135M, Gemma-3-270M past its 512-token sliding
     window, MiniLM (BERT): logits and streamed contribution column sums."""

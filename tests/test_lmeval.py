@@ -263,11 +263,9 @@ def test_command_line_runs_offline(tiny, tmp_path):
 @needs_lm_eval
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["boolq", "mmlu", "winogrande"])
-def test_shipped_tasks_equal_cwlens_on_smollm2(name):
+def test_shipped_tasks_equal_cwlens_on_smollm2(name, smollm2):
     """The shipped tasks' requests are cwlens's items: same scores on SmolLM2."""
-    import cwlens
-
-    model = cwlens.load_model("smollm2-135m", device="cpu")
+    model = smollm2
     items = load_dataset(name, 3)
     for metric, mode, rate in ((None, "comprehensiveness", 0.0),
                                ("contribution", "comprehensiveness", 0.3)):
