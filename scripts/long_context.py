@@ -21,7 +21,6 @@ receives from every query; :mod:`cwlens.sinks.by_position` bins the queries by p
 """
 
 import argparse
-import inspect
 import json
 import resource
 import sys
@@ -69,17 +68,9 @@ def long_text(model, n_tokens: int) -> tuple[torch.Tensor, dict]:
 
 
 def stream_kwargs(attention: str | None, query_block: int) -> dict:
-    """``attention=`` and ``logits=False`` where the installed cwlens takes them."""
-    params = inspect.signature(cwlens.stream_reduce).parameters
-    kwargs: dict = {"query_block": query_block}
-    if "logits" in params:
-        kwargs["logits"] = False  # no [n, vocab] logits: not needed here
-    if "attention" in params:
-        kwargs["attention"] = attention or "auto"
-    elif attention not in (None, "eager"):
-        raise CwlensError(f"--attention {attention} needs the blockwise attention path, which this "
-                          "cwlens does not have: run without --attention (eager attention).")
-    return kwargs
+    """The stream options: ``attention`` (auto unless given) and ``logits=False`` (no
+    ``[n, vocab]`` logits: not needed here)."""
+    return {"query_block": query_block, "logits": False, "attention": attention or "auto"}
 
 
 def markdown(table) -> str:
