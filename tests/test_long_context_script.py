@@ -81,3 +81,19 @@ def test_bad_arguments_stop_before_the_model_loads(tmp_path):
         run = subprocess.run([sys.executable, str(SCRIPT), "--model", str(tmp_path / "nowhere"), *args],
                              capture_output=True, text=True)
         assert run.returncode == 2 and message in run.stderr
+
+
+def test_blockwise_attention_gives_the_eager_curves(tmp_path):
+    """``--attention blockwise`` runs (it was refused by an out-of-date signature probe) and
+    gives the curves of the eager run."""
+    model_dir = save_tiny("llama", tmp_path / "model")
+    curves = {}
+    for attention in ("eager", "blockwise"):
+        out = tmp_path / attention
+        run = subprocess.run(
+            [sys.executable, str(SCRIPT), "--model", str(model_dir), "--tokens", "96", "--out", str(out),
+             "--no-png", "--query-block", "40", "--attention", attention],
+            capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        curves[attention] = pd.read_csv(out / "curves.csv", dtype={"keys": str, "layers": str})
+    pd.testing.assert_frame_equal(curves["eager"], curves["blockwise"], rtol=0, atol=1e-6)
