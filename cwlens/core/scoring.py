@@ -12,9 +12,15 @@ def token_nll(
     """``(nll, is_target)``, both ``[batch, pos - 1]``: ``nll[b, t]`` is the NLL of
     ``tokens[b, t + 1]`` (computed in ``dtype``, 0 where not a target); ``is_target`` is
     True where both it and its context token are real."""
-    logp = torch.log_softmax(logits[:, :-1].to(dtype), dim=-1)
-    nll = -logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
-    return on_targets(nll, attention_mask)
+    return on_targets(target_nll(logits[:, :-1], tokens[:, 1:], dtype), attention_mask)
+
+
+def target_nll(logits: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype = torch.float32
+               ) -> torch.Tensor:
+    """``-log softmax(logits)[target]`` at each position (computed in ``dtype``):
+    ``logits [..., d_vocab]``, ``targets [...]``."""
+    logp = torch.log_softmax(logits.to(dtype), dim=-1)
+    return -logp.gather(-1, targets[..., None].to(logp.device)).squeeze(-1)
 
 
 def on_targets(nll: torch.Tensor, attention_mask: torch.Tensor | None = None

@@ -84,14 +84,9 @@ def logits_at(out: LMOutput, row: int, positions: torch.Tensor) -> torch.Tensor:
     return out[row, positions.to(out.device)]
 
 
-def _target_nll(logits: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    logp = torch.log_softmax(logits.to(dtype), dim=-1)
-    return -logp.gather(-1, targets[..., None].to(logp.device)).squeeze(-1)
-
-
 def _nll(out: Unembedded, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     n = out.n_positions
-    parts = [_target_nll(out.logits(s, min(s + out.chunk, n - 1)), tokens[:, s + 1 : s + 1 + out.chunk], dtype)
+    parts = [scoring.target_nll(out.logits(s, min(s + out.chunk, n - 1)), tokens[:, s + 1 : s + 1 + out.chunk], dtype)
              for s in range(0, n - 1, out.chunk)]
     if not parts:
         return out.residual.new_zeros(out.residual.shape[0], 0, dtype=dtype)
