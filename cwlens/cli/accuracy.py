@@ -12,6 +12,10 @@ each choice, as lm-eval-harness) and prints its accuracy with an exact 95% inter
 chance" when the interval's lower end is above chance: only there can accuracy under
 masking (cwlens faithfulness --dataset <it> --require-above-chance) tell metrics apart.
 The circuit tasks ioi, induction and capitals are the ones small models solve.
+--prompt chat asks an instruction-tuned model in its own chat template: mmlu and boolq
+become one user turn (zero-shot) and the answer is the assistant's first token ("A".."D",
+"No"/"Yes"; cwlens.datasets.chat_prompts); the other datasets keep their plain prompts
+(the table says which prompt each row used).
 """
 
 EPILOG = """\
@@ -19,8 +23,10 @@ examples:
   cwlens accuracy --dataset ioi,induction,capitals
   cwlens accuracy --dataset ioi,boolq,winogrande --samples ioi=300,boolq=200,winogrande=200
   cwlens accuracy --dataset ioi,induction,capitals --summary-md docs/faithfulness.md
+  cwlens accuracy --model qwen2.5-coder-0.5b --dataset mmlu,boolq,winogrande --prompt chat
 """
 
+PROMPTS = ("plain", "chat")
 START, END = "<!-- clean-accuracy:start -->", "<!-- clean-accuracy:end -->"
 
 
@@ -35,6 +41,9 @@ def register(sub) -> None:
                    help="comma-separated multiple-choice datasets (default: %(default)s)")
     p.add_argument("--samples", default=None, type=arg_types.samples_spec,
                    help="items per dataset: one number, or name=N,... (default: all)")
+    p.add_argument("--prompt", choices=PROMPTS, default="plain",
+                   help="plain: lm-eval's prompts; chat: mmlu and boolq as a user turn of the "
+                   "model's chat template, zero-shot (default: %(default)s)")
     p.add_argument("--batch-tokens", type=arg_types.positive_int, default=2048,
                    help="padded tokens per forward pass (default: %(default)s)")
     p.add_argument("--summary-md", default=None,
@@ -54,15 +63,29 @@ def _count(spec, dataset: str) -> int | None:
     return spec[dataset]
 
 
-def markdown(checks, model: str) -> str:
-    """The clean-accuracy table of ``checks`` (:class:`~cwlens.faithfulness.accuracy.CleanAccuracy`)."""
+def markdown(checks, model: str, prompts: dict[str, str] | None = None) -> str:
+    """The clean-accuracy table of ``checks`` (:class:`~cwlens.faithfulness.accuracy.CleanAccuracy`);
+    with ``prompts`` (dataset -> "plain" / "chat") a prompt column."""
     lines = [f"Clean accuracy of {model}, exact 95% interval (Clopper–Pearson); above chance = "
-             "the interval's lower end is above chance.", "",
-             "| dataset | n | accuracy [95% CI] | chance | verdict |", "|---|---|---|---|---|"]
+             "the interval's lower end is above chance.", ""]
+    if prompts:
+        lines += ["| dataset | prompt | n | accuracy [95% CI] | chance | verdict |",
+                  "|---|---|---|---|---|---|"]
+    else:
+        lines += ["| dataset | n | accuracy [95% CI] | chance | verdict |", "|---|---|---|---|---|"]
     for c in checks:
-        lines.append(f"| {c.dataset} | {c.n} | {100 * c.accuracy:.1f}% [{100 * c.low:.1f}, "
+        prompt = f" {prompts.get(c.dataset, 'plain')} |" if prompts else ""
+        lines.append(f"| {c.dataset} |{prompt} {c.n} | {100 * c.accuracy:.1f}% [{100 * c.low:.1f}, "
                      f"{100 * c.high:.1f}] | {100 * c.chance:.1f}% | {c.verdict} |")
     return "\n".join(lines) + "\n"
+
+
+def prompt_of(dataset: str, prompt: str) -> str:
+    """The prompt ``dataset`` is scored with under ``--prompt``: chat only where it has a
+    chat form (:data:`cwlens.datasets.CHAT_DATASETS`)."""
+    from cwlens.datasets import CHAT_DATASETS
+
+    return "chat" if prompt == "chat" and dataset in CHAT_DATASETS else "plain"
 
 
 def run(args) -> int:
@@ -75,11 +98,20 @@ def run(args) -> int:
     from cwlens.faithfulness.accuracy import clean_accuracy
 
     model = cwlens.load_model(args.model, device=args.device)
+    prompts = {d: prompt_of(d, args.prompt) for d in args.dataset}
+    if "chat" in prompts.values():
+        from functools import partial
+
+        from cwlens.engine.adapter import chat_prompt
+
+        chat = partial(chat_prompt, model)
+        items.update({d: load_dataset(d, n=counts[d], chat=chat)
+                      for d, p in prompts.items() if p == "chat"})
     checks = []
     for d in args.dataset:
         checks.append(clean_accuracy(model, items[d], batch_tokens=args.batch_tokens))
         print(checks[-1].line(), flush=True)
-    text = markdown(checks, args.model)
+    text = markdown(checks, args.model, prompts if args.prompt == "chat" else None)
     print()
     print(text)
     from cwlens.faithfulness.report import write_block

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from . import circuit_tasks, tasks
+from .chat_prompts import CHAT_DATASETS, Chat, chat_item
 from .hub import fetch_rows
 from .jsonl import read_rows, validate_rows
 from .records import ChoiceItem, TextSample
@@ -38,6 +39,7 @@ def load_dataset(
     source: str = "shipped",
     num_fewshot: int = 0,
     seed: int | None = None,
+    chat: Chat | None = None,
 ) -> list[TextSample] | list[ChoiceItem]:
     """Load ``name`` as ``TextSample``s (gsm8k, fineweb_edu, fineweb_edu_substitute_wikipedia)
     or ``ChoiceItem``s (mmlu, winogrande, boolq; the circuit tasks ioi, induction,
@@ -50,6 +52,10 @@ def load_dataset(
         source: "shipped" or "hf".
         num_fewshot: MMLU only, 0-5 same-subject dev exemplars (lm-eval first_n).
         seed: shuffle rows with ``random.Random(seed)`` before taking n.
+        chat: mmlu and boolq only: build the chat form of each item
+            (:mod:`cwlens.datasets.chat_prompts`, zero-shot) with this function from a
+            user turn to the full prompt, e.g.
+            ``functools.partial(cwlens.engine.adapter.chat_prompt, model)``.
 
     Raises:
         UnknownDatasetError, DatasetFormatError, DatasetSourceError, InvalidArgumentError
@@ -57,6 +63,7 @@ def load_dataset(
     """
     spec = get_spec(name)
     _check_args(spec, n, source, num_fewshot, seed)
+    _check_chat(spec, chat, num_fewshot)
     rows = _rows(spec, n, path, source, seed)
     if seed is not None:
         random.Random(seed).shuffle(rows)
@@ -70,6 +77,9 @@ def load_dataset(
         rows = rows[:n]
     if spec.info.kind == "text":
         return [_text_sample(spec, index, row) for index, row in rows]
+    if chat is not None:
+        return [chat_item(tasks.make_id(spec.info.name, i), row, spec.info.name, chat)
+                for i, row in rows]
     return _choice_items(spec, rows, num_fewshot, path, source)
 
 
@@ -86,6 +96,21 @@ def _check_args(spec: DatasetSpec, n, source, num_fewshot, seed) -> None:
             raise InvalidArgumentError(f"mmlu supports num_fewshot 0-5, got {num_fewshot!r}")
     elif num_fewshot != 0:
         raise InvalidArgumentError(f"num_fewshot is only supported for mmlu, not {spec.info.name}")
+
+
+def _check_chat(spec: DatasetSpec, chat, num_fewshot) -> None:
+    if chat is None:
+        return
+    if spec.info.name not in CHAT_DATASETS:
+        raise InvalidArgumentError(
+            f"{spec.info.name} has no chat form (chat prompts exist for "
+            f"{', '.join(CHAT_DATASETS)}): load it without chat= (CLI: --prompt plain).")
+    if not callable(chat):
+        raise InvalidArgumentError(f"chat must be a function from a user turn to the prompt "
+                                   f"text (e.g. a model's chat template), got {chat!r}")
+    if num_fewshot:
+        raise InvalidArgumentError(f"chat prompts are zero-shot; got num_fewshot={num_fewshot}: "
+                                   "pass num_fewshot=0 or leave out chat=.")
 
 
 def _rows(spec: DatasetSpec, n, path, source, seed) -> list[tuple[int, dict[str, Any]]]:

@@ -57,6 +57,12 @@ def vocab_size(model: TLModel) -> int | None:
     return wrap(model).vocab_size()
 
 
+def chat_prompt(model: TLModel, user: str) -> str:
+    """``user`` wrapped in the model's chat template as one user turn, with the assistant
+    header after it (:meth:`cwlens.engine.handle.ModelHandle.chat_prompt`)."""
+    return wrap(model).chat_prompt(user)
+
+
 def text_length(model: TLModel, text: str) -> int:
     """How many tokens ``model`` makes of ``text`` (with its BOS / [CLS] ... [SEP]), not cut
     at the context as ``model.to_tokens`` and ``model(text)`` silently do."""

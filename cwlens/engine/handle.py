@@ -20,6 +20,7 @@ import torch
 
 from cwlens.core._types import ModelGeneration
 from cwlens.engine import hook_names
+from cwlens.errors import UnsupportedModelError
 
 _ATTRIBUTE = "_cwlens_handle"
 
@@ -238,6 +239,20 @@ class ModelHandle:
     @property
     def tokenizer(self) -> Any:
         return self.model.tokenizer
+
+    def chat_prompt(self, user: str) -> str:
+        """``user`` as one user turn of the tokenizer's chat template, followed by the
+        assistant header (``add_generation_prompt``): the text an instruction-tuned model
+        answers. Raises :class:`~cwlens.errors.UnsupportedModelError` if the tokenizer has
+        no chat template."""
+        tok = self.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise UnsupportedModelError(
+                f"{self.name or self.class_name}'s tokenizer has no chat template, so chat "
+                "prompts cannot be built: use the plain lm-eval prompts (prompt='plain', "
+                "CLI --prompt plain), or a model with a chat template (an -Instruct model).")
+        return str(tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                           add_generation_prompt=True))
 
     def to_tokens(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self.model.to_tokens(*args, **kwargs)
