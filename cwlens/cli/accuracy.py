@@ -67,7 +67,8 @@ def markdown(checks, model: str, prompts: dict[str, str] | None = None) -> str:
     """The clean-accuracy table of ``checks`` (:class:`~cwlens.faithfulness.accuracy.CleanAccuracy`);
     with ``prompts`` (dataset -> "plain" / "chat") a prompt column."""
     lines = [f"Clean accuracy of {model}, exact 95% interval (Clopper–Pearson); above chance = "
-             "the interval's lower end is above chance.", ""]
+             "the interval's lower end is above chance (chance = the better of uniform guessing and "
+             "always giving the same answer).", ""]
     if prompts:
         lines += ["| dataset | prompt | n | accuracy [95% CI] | chance | verdict |",
                   "|---|---|---|---|---|---|"]
@@ -76,7 +77,7 @@ def markdown(checks, model: str, prompts: dict[str, str] | None = None) -> str:
     for c in checks:
         prompt = f" {prompts.get(c.dataset, 'plain')} |" if prompts else ""
         lines.append(f"| {c.dataset} |{prompt} {c.n} | {100 * c.accuracy:.1f}% [{100 * c.low:.1f}, "
-                     f"{100 * c.high:.1f}] | {100 * c.chance:.1f}% | {c.verdict} |")
+                     f"{100 * c.high:.1f}] | {100 * c.chance:.1f}%{c.chance_note()} | {c.verdict} |")
     return "\n".join(lines) + "\n"
 
 
