@@ -15,6 +15,7 @@ the gold. Prints one JSON line per dataset with the exact 95% interval.
 
 import argparse
 import json
+import sys
 import time
 from collections import Counter
 
@@ -72,6 +73,8 @@ def main() -> None:
             pick = max(range(len(lls)), key=lambda c: (lls[c], -c))
             picks.append(pick)
             correct += pick == item.gold
+            if len(picks) % 10 == 0:
+                print(f"{name}: {correct}/{len(picks)}", file=sys.stderr, flush=True)
         low, high = clopper_pearson(correct, len(items), 0.95)
         print(json.dumps({"dataset": name, "prompt": "chat" if use_chat else "plain",
                           "n": len(items), "correct": correct, "accuracy": correct / len(items),
