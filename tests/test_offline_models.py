@@ -32,7 +32,8 @@ def test_chunks_are_concatenated_and_checked(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name, command", [("gemma-3-270m", "setup.sh --gemma"),
                                            ("all-minilm-l6-v2", "setup.sh --minilm"),
-                                           ("qwen2.5-coder-0.5b", "setup.sh --qwen")])
+                                           ("qwen2.5-coder-0.5b", "setup.sh --qwen"),
+                                           ("qwen2.5-coder-1.5b", "setup.sh --qwen15")])
 def test_missing_package_names_the_install(name, command, monkeypatch, tmp_path):
     monkeypatch.setattr(gguf_local, "_package_dir", lambda module: None)
     monkeypatch.setenv("CWLENS_CACHE", str(tmp_path))

