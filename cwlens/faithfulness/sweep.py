@@ -179,7 +179,9 @@ def run_faithfulness(
     check_past_context(model, cfg.past_context)
     units = choice_units(model, samples) if is_choice else \
         text_units(model, samples, cfg.max_tokens, cfg.past_context)
-    run_config = {"model": name, "dataset": ds_name, **asdict(cfg),
+    # ranking_path changes how, not what: a run resumes whichever path made its rows
+    run_config = {"model": name, "dataset": ds_name,
+                  **{k: v for k, v in asdict(cfg).items() if k != "ranking_path"},
                   "samples": [u.sample_id for u in units]}
     columns = {"model": name, "dataset": ds_name, **cfg.provenance()}
     distributed.require_session()
