@@ -41,8 +41,9 @@ class FaithfulnessConfig:
             False: the masked terms are just removed).
         seed: seed of the ``random`` control.
         max_tokens: truncate language-modelling documents to their first ``max_tokens``
-            tokens (default 512; None: whole documents -- the clean pass streams, but each
-            distinct mask keeps ``layers x n^2 / 8`` bytes and masked passes grow as n^2).
+            tokens (default 512; None: whole documents -- above 2048 tokens the passes run
+            blockwise and, at row scope, the masks are ranked per query block: see
+            ``ranking_path``).
         past_context: run documents past the model's context (``n_ctx``) up to
             ``max_tokens`` instead of cutting them at ``n_ctx`` (default False; rotary
             models only, see docs/inputs.md). Long documents are scored without
