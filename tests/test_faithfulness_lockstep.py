@@ -226,3 +226,37 @@ def test_block_draws_and_eligibility_equal_the_whole_layer_slices(pad):
                            whole_t[:, :, start : start + rows, :stop])
         assert torch.equal(ranking.eligible_rows(mask, ranking.RowBlock(start, rows, stop), True, False, window),
                            whole_e[:, :, start : start + rows, :stop])
+
+
+def test_cli_ranking_path_flag(tmp_path, capsys):
+    """--ranking-path reaches the configuration: both paths write the same rows; the
+    resumed run does not care which path wrote them; a bad value is a usage error."""
+    import json
+
+    from cwlens.cli.main import main
+    from cwlens.testing import save_tiny
+
+    model_dir = save_tiny("llama", tmp_path)
+    text = tmp_path / "doc.txt"
+    text.write_text(DOCS[1].text)
+    rows = {}
+    for path in ("whole_layer", "lockstep"):
+        out = tmp_path / path
+        argv = ["faithfulness", "--model", str(model_dir), "--device", "cpu", "--file", str(text),
+                "--rates", "0.5", "--metrics", "contribution,random", "--ranking-path", path,
+                "--out", str(out), "--figures", "", "--no-progress"]
+        assert main(argv) == 0
+        rows[path] = [json.loads(line) for line in (out / "file_doc.jsonl").read_text().splitlines()]
+    assert len(rows["lockstep"]) == len(rows["whole_layer"]) > 0
+    for a, b in zip(rows["lockstep"], rows["whole_layer"], strict=True):
+        assert {k: v for k, v in a.items() if k != "value"} == {k: v for k, v in b.items() if k != "value"}
+        assert a["value"] == pytest.approx(b["value"], rel=1e-5, abs=5e-5, nan_ok=True)
+    done = (tmp_path / "whole_layer" / "file_doc.jsonl").read_text()
+    argv[argv.index("--out") + 1] = str(tmp_path / "whole_layer")  # lockstep resumes it: nothing to do
+    assert main(argv) == 0
+    assert (tmp_path / "whole_layer" / "file_doc.jsonl").read_text() == done
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["faithfulness", "--ranking-path", "sideways"])
+    assert exit_.value.code == 2
+    assert "--ranking-path" in capsys.readouterr().err
