@@ -193,15 +193,22 @@ def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: Scope = "r
         flat, n = s.reshape(b, h * q * k), elig.sum((-3, -2, -1), keepdim=True)
     if tiebreak is None:
         order = torch.sort(flat, dim=-1, descending=True, stable=True).indices
-    else:  # a random order first, then a stable sort by score keeps it among ties
-        pre = torch.sort(_units(tiebreak.to(s.device).expand(b, h, q, k), scope), dim=-1,
-                         descending=True, stable=True).indices
-        within = torch.sort(flat.gather(-1, pre), dim=-1, descending=True, stable=True).indices
-        order = pre.gather(-1, within)
+    else:  # by score, then the random order among ties, then key order: one sort
+        ties = _units(tiebreak.to(s.device).float().expand(b, h, q, k), scope)
+        order = torch.sort(sort_key(flat) * 2**32 + sort_key(ties), dim=-1,
+                           descending=True, stable=True).indices
     rank = torch.empty(order.shape, dtype=torch.int32, device=s.device)
     positions = torch.arange(order.shape[-1], dtype=torch.int32, device=s.device)
     rank.scatter_(-1, order, positions.expand(order.shape))
     return Ranking(rank.reshape(b, h, q, k), n.to(torch.int64), scope)
+
+
+def sort_key(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys in ``[-2^31, 2^31)`` ordered as the float32 values ``x`` (``-0.0`` and
+    ``0.0`` equal, ``-inf`` lowest): ``sort_key(score) * 2^32 + sort_key(tiebreak)``
+    (tiebreak >= 0) sorts by score, then by tie-break, in one sort."""
+    bits = (x.float() + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes 0.0
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
