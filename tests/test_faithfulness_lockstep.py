@@ -198,14 +198,17 @@ def test_lockstep_refusals(models):
         FaithfulnessConfig(ranking_path="sideways")
 
 
-@pytest.mark.parametrize("pad", [0, 3])
+@pytest.mark.parametrize("pad", [0, 3, "hole"])
 def test_block_draws_and_eligibility_equal_the_whole_layer_slices(pad):
     """Pure: the tie-break, the random control and the eligible entries of a block of rows
     are the whole layer's same entries, as defined on the real positions (left padding,
     a window, the first token protected)."""
     n, b, h, window = 13, 2, 3, 5
     mask = torch.ones(b, n, dtype=torch.long)
-    mask[1, :pad] = 0
+    if pad == "hole":  # real positions not contiguous
+        mask[1, 4] = 0
+    else:
+        mask[1, :pad] = 0
     keys = ["a", "b"]
     whole_r = torch.zeros(b, h, n, n)
     whole_t = torch.zeros(b, h, n, n)

@@ -195,8 +195,11 @@ def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: Scope = "r
         order = torch.sort(flat, dim=-1, descending=True, stable=True).indices
     else:  # by score, then the random order among ties, then key order: one sort
         ties = _units(tiebreak.to(s.device).float().expand(b, h, q, k), scope)
-        order = torch.sort(sort_key(flat) * 2**32 + sort_key(ties), dim=-1,
-                           descending=True, stable=True).indices
+        key = sort_key(flat).to(torch.int64)
+        key <<= 32
+        key += sort_key(ties)
+        order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+        del key
     rank = torch.empty(order.shape, dtype=torch.int32, device=s.device)
     positions = torch.arange(order.shape[-1], dtype=torch.int32, device=s.device)
     rank.scatter_(-1, order, positions.expand(order.shape))
@@ -204,11 +207,21 @@ def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: Scope = "r
 
 
 def sort_key(x: torch.Tensor) -> torch.Tensor:
-    """int64 keys in ``[-2^31, 2^31)`` ordered as the float32 values ``x`` (``-0.0`` and
-    ``0.0`` equal, ``-inf`` lowest): ``sort_key(score) * 2^32 + sort_key(tiebreak)``
-    (tiebreak >= 0) sorts by score, then by tie-break, in one sort."""
-    bits = (x.float() + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes 0.0
-    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    """int32 keys ordered as the float32 values ``x`` (``-0.0`` and ``0.0`` equal, ``-inf``
+    lowest): ``sort_key(score) * 2^32 + sort_key(tiebreak)`` in int64 (tiebreak >= 0)
+    sorts by score, then by tie-break, in one sort."""
+    bits = (x.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: lower 31 bits flipped
+
+
+def _mix32_(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_mix32` in place (``x``: a fresh int64 tensor)."""
+    for _ in range(2):
+        x ^= x >> 16
+        x *= 0x45D9F3B
+        x &= 0xFFFFFFFF
+    x ^= x >> 16
+    return x
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -227,17 +240,26 @@ def position_uniforms(h: int, n: int, key: str) -> torch.Tensor:
     return uniforms_at(h, every, every, key)
 
 
-def uniforms_at(h: int, queries: torch.Tensor, keys: torch.Tensor, key: str) -> torch.Tensor:
-    """float64 ``[h, len(queries), len(keys)]``: the draws of :func:`position_uniforms` at
-    these (int64) query and key positions only (a counter-based hash: any block of rows
-    gets exactly the whole's values)."""
+def uniforms_at(h: int, queries: torch.Tensor, keys: torch.Tensor, key: str,
+                dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``[h, len(queries), len(keys)]`` uniforms (float64, or rounded once to ``dtype``):
+    the draws of :func:`position_uniforms` at these (int64) query and key positions only
+    (a counter-based hash: any block of rows gets exactly the whole's values). Computed
+    in pieces of ~2^15 entries, in place: the hash is bound by memory traffic."""
     base = zlib.crc32(key.encode())
     hh = torch.arange(h, dtype=torch.int64)[:, None, None]
-    ii = queries.to(torch.int64)[None, :, None]
-    jj = keys.to(torch.int64)[None, None, :]
-    x = _mix32(_mix32(_mix32((hh + base) & 0xFFFFFFFF) ^ ii) ^ jj)
-    y = _mix32(x ^ 0x5BD1E995)
-    return ((x << 21) + (y >> 11)).double() / float(2**53)
+    rows = _mix32(_mix32((hh + base) & 0xFFFFFFFF) ^ queries.to(torch.int64)[None, :, None])
+    out = torch.empty(h, len(queries), len(keys), dtype=dtype)
+    flat, jj = rows.reshape(-1, 1), keys.to(torch.int64)[None, :]
+    o = out.view(-1, len(keys))
+    step = max(1, (1 << 15) // max(len(keys), 1))
+    for a in range(0, flat.shape[0], step):
+        x = _mix32_(flat[a : a + step] ^ jj)
+        y = _mix32_(x ^ 0x5BD1E995)
+        x <<= 21
+        x += y >> 11
+        o[a : a + step] = x.double() / float(2**53)
+    return out
 
 
 def _on_real_positions(shape: Sequence[int], position_mask: torch.Tensor,
@@ -253,10 +275,18 @@ def _on_real_positions(shape: Sequence[int], position_mask: torch.Tensor,
         ordinal = real[row].long().cumsum(0) - 1  # a position's index among the real ones
         qi = (real[row, query_start : query_start + n_rows]).nonzero().flatten()
         kj = real[row, :n_keys].nonzero().flatten()
-        if len(qi) and len(kj):
-            draws = uniforms_at(h, ordinal[qi + query_start], ordinal[kj], seed).float()
+        if not (len(qi) and len(kj)):
+            continue
+        draws = uniforms_at(h, ordinal[qi + query_start], ordinal[kj], seed, torch.float32)
+        if _is_range(qi) and _is_range(kj):  # real tokens are contiguous (one-sided padding)
+            out[row, :, int(qi[0]) : int(qi[-1]) + 1, int(kj[0]) : int(kj[-1]) + 1] = draws
+        else:
             out[row, :, qi[:, None], kj[None, :]] = draws
     return out.to(position_mask.device)
+
+
+def _is_range(idx: torch.Tensor) -> bool:
+    return int(idx[-1]) - int(idx[0]) + 1 == len(idx)
 
 
 def random_scores(
