@@ -115,3 +115,18 @@ def test_batch_tokens_keep_one_batch_of_logits_within_budget():
     assert sizes[49152] == cfg.batch_tokens  # SmolLM2: unchanged
     assert sizes[262144] == 512 and sizes[262144] * 262144 <= LOGIT_BUDGET  # Gemma-3
     assert sizes[10**7] == cfg.max_tokens  # never below one document
+
+
+def test_first_token_view_runs_its_own_metrics(run):
+    """The second view (first token never masked) holds the label-free metrics of
+    ``first_token_metrics`` only; the main view holds every metric."""
+    import pandas as pd
+
+    tmp, lm, enc, _ = run
+    for model, main_path in ((lm, plan.FAITHFULNESS), (enc, plan.ENCODER_FAITHFULNESS)):
+        folder = plan.model_dir(tmp / "out", model)
+        main_metrics = set(pd.read_json(folder / main_path, lines=True)["metric"]) - {"none"}
+        view = set(pd.read_json(folder / plan.first_token_kept(main_path), lines=True)["metric"]) - {"none"}
+        assert view == main_metrics & set(plan.FIRST_TOKEN_METRICS), (model, view)
+        assert view < main_metrics or model == enc  # the decoder's view drops the gradient ones
+    assert "attention_gradient" not in view

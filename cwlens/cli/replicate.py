@@ -6,9 +6,10 @@ from cwlens.cli import arg_types
 from cwlens.cli.common import add_debug_flag
 
 DESCRIPTION = """\
-Runs, for each model, the faithfulness test at removal rates 0.01..0.5 with every metric
-(the paper's four, |contribution|, the peers' ALTI and the supervised attention x gradient,
-the random control), the sink analysis (with the sink-norm intervention on decoders), the
+Runs, for each model, the faithfulness test at removal rates 0.01..0.99 (ERASER's bins read
+as removed and as kept fractions) with every metric (the paper's four, |contribution|, the
+peers' ALTI and its attention-only variant, the supervised attention x gradient, the random
+control), again with the first token never masked (the label-free metrics), the sink analysis (with the sink-norm intervention on decoders), the
 token-class shares (attention vs norm-weighted on [CLS]/BOS, [SEP]/EOS, punctuation), and
 on one decoder the per-layer masking; then writes one table of claims x models, the AOPC
 tables and the perturbation-curve figures.
@@ -20,7 +21,7 @@ model that cannot be loaded (e.g. its package is not installed) is reported and 
 
 EPILOG = """\
 examples:
-  cwlens replicate                                   # the three offline models (~1.5 h on 2 CPU cores)
+  cwlens replicate                                   # the three offline models (hours on 2 CPU cores)
   cwlens replicate --models smollm2-135m --samples 8 # a quick look
   cwlens replicate --table-only --docs docs/replication.md
 offline models: smollm2-135m (default install), gemma-3-270m (scripts/setup.sh --gemma),

@@ -10,12 +10,16 @@ DEFAULT_MODELS = ("smollm2-135m", "gemma-3-270m", "all-minilm-l6-v2")
 # removed 0.5..0.99, cwlens.faithfulness.aopc.bins) and 0.3 for the curve's middle
 RATES = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 0.9, 0.95, 0.99)
 PER_LAYER_METRICS = ("attention", "contribution", "alti", "random")
+# the second view (first token never masked): the paper's four, |c|, the peers' ALTI and the
+# random control -- not the gradient metrics (a forward + backward per batch) or alti_attention
+FIRST_TOKEN_METRICS = ("attention", "value_weighted", "value_weighted_output_normalized",
+                       "contribution", "contribution_abs", "alti", "random")
 
 
 @dataclass(frozen=True)
 class ReplicationConfig:
-    """Every choice of ``cwlens replicate`` (defaults sized for a 2-core CPU: about 1.5 h
-    for the three default models).
+    """Every choice of ``cwlens replicate`` (defaults sized for a 2-core CPU; on 2 shared
+    cores SmolLM2-135M alone takes about 1.5 h, Gemma-3-270M about twice that).
 
     Attributes:
         samples: FineWeb-Edu documents per decoder faithfulness run (first
@@ -32,6 +36,9 @@ class ReplicationConfig:
         first_token_view: also run the faithfulness test with the first token never
             masked (``mask_first_token=False``: the BOS sink / [CLS] keeps its term in
             every row, as ferret drops [CLS]/[SEP]), into :data:`FIRST_TOKEN_KEPT`.
+        first_token_metrics: the metrics of that view (:data:`FIRST_TOKEN_METRICS`; a
+            model's own filters apply: no gradient metric on encoders, no ``alti`` where a
+            norm follows attention).
     """
 
     samples: int = 24
@@ -45,6 +52,7 @@ class ReplicationConfig:
     batch_tokens: int = 2048
     seed: int = 0
     first_token_view: bool = True
+    first_token_metrics: tuple[str, ...] = FIRST_TOKEN_METRICS
     decoder_metrics: tuple[str, ...] = metrics.NAMES
     encoder_metrics: tuple[str, ...] = field(
         default=tuple(m for m in metrics.NAMES if metrics.REGISTRY[m].source != "gradient"))

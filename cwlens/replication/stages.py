@@ -6,6 +6,7 @@ table is written atomically once computed; a rerun skips what is on disk.
 """
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from cwlens.engine import adapter
@@ -26,17 +27,24 @@ def run_model(model, name: str, out, cfg: ReplicationConfig, log: Log = print,
         encoder_faithfulness(model, name, folder / plan.ENCODER_FAITHFULNESS, cfg, log, progress)
         if cfg.first_token_view:
             encoder_faithfulness(model, name, folder / plan.first_token_kept(plan.ENCODER_FAITHFULNESS),
-                                 cfg, log, progress, mask_first_token=False)
+                                 first_token_config(cfg), log, progress, mask_first_token=False)
     else:
         decoder_faithfulness(model, name, folder / plan.FAITHFULNESS, cfg, log, progress)
         if cfg.first_token_view:
             decoder_faithfulness(model, name, folder / plan.first_token_kept(plan.FAITHFULNESS),
-                                 cfg, log, progress, mask_first_token=False)
+                                 first_token_config(cfg), log, progress, mask_first_token=False)
         if name == cfg.per_layer_model:
             per_layer(model, name, folder / plan.PER_LAYER, cfg, log, progress)
     sinks(model, name, folder / plan.SINKS, cfg, log, progress)
     token_classes(model, folder / plan.TOKEN_CLASSES, cfg, log)
     return folder
+
+
+def first_token_config(cfg: ReplicationConfig) -> ReplicationConfig:
+    """``cfg`` for the second view: its metrics limited to ``cfg.first_token_metrics``."""
+    keep = set(cfg.first_token_metrics)
+    return replace(cfg, decoder_metrics=tuple(m for m in cfg.decoder_metrics if m in keep),
+                   encoder_metrics=tuple(m for m in cfg.encoder_metrics if m in keep))
 
 
 LOGIT_BUDGET = 2**27  # batch tokens x vocabulary: 512 MB of float32 logits per batch
