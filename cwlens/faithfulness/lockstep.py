@@ -97,7 +97,6 @@ class _Lockstep:
         self.model, self.plan, self.jobs, self.b = model, plan, jobs, batch
         self.caught: dict[int, dict] = {}
         self.mask = plan.mask.bool()
-        self.first_key = first_token(self.mask)
 
     def hooks(self) -> list:
         layers = sorted({ly for _, job in self.jobs for ly in job.layers})
@@ -161,18 +160,19 @@ class _Lockstep:
         if not cfg.causal_only and key_stop < n_keys:  # keys after the block count too (a = 0)
             clean = torch.nn.functional.pad(clean, (0, n_keys - key_stop))
         width = clean.shape[-1]
+        mask = self.mask.to(clean.device)  # a model split over GPUs: this layer's device
         geo = self._geometry(layer, clean, start, n_keys)
         window = adapter.attention_window(self.model, layer)
         wanted = list(dict.fromkeys(job.metric for _, job in here if job.metric not in (None, "random")))
         scores = {m: metric_scores(geo, m, cfg.kind) for m in wanted}
         del geo
-        out = {key: torch.zeros(b, h, n_rows, width, dtype=torch.bool) for key, _ in here}
+        out = {key: torch.zeros(b, h, n_rows, width, dtype=torch.bool, device=clean.device) for key, _ in here}
         step = max(1, RANK_ENTRIES // (b * h * width))
         for a in range(0, n_rows, step):
             rows = RowBlock(start + a, min(step, n_rows - a), width)
             shape = (b, h, rows.n_rows, width)
-            elig = eligible_rows(self.mask, rows, cfg.causal_only, cfg.mask_first_token, window)
-            first_key = self.first_key[..., :width]
+            elig = eligible_rows(mask, rows, cfg.causal_only, cfg.mask_first_token, window)
+            first_key = first_token(mask)[..., :width]
             tiebreak = None
             ranked: dict = {}
             for key, job in here:
@@ -182,11 +182,11 @@ class _Lockstep:
                 else:
                     if job.metric not in ranked:
                         if job.metric == "random":
-                            s = random_scores(shape, self.mask, plan.keys, cfg.seed, layer, rows.query_start)
+                            s = random_scores(shape, mask, plan.keys, cfg.seed, layer, rows.query_start)
                         else:
                             s = scores[job.metric][:, :, a : a + rows.n_rows]
                         if tiebreak is None:
-                            tiebreak = tiebreak_scores(shape, self.mask, plan.keys, cfg.seed, layer,
+                            tiebreak = tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer,
                                                        rows.query_start)
                         ranked[job.metric] = (rank_entries(s, elig, "row", tiebreak), s)
                     ranking, s = ranked[job.metric]
