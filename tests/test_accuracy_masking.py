@@ -251,3 +251,36 @@ def test_markdown_rows_keep_their_columns_with_a_pipe_in_a_label():
         assert any("attn×grad" in ln for ln in lines)
         breaks = {len(re.findall(r"(?<!\\)\|", ln)) for ln in lines}
         assert len(breaks) == 1, lines
+
+
+def _yes_no(n_yes, n_no):
+    ctx = ("passage. question?",) * 2
+    return ([ChoiceItem(f"y-{i}", ctx, (" no", " yes"), 1, "yn") for i in range(n_yes)]
+            + [ChoiceItem(f"n-{i}", ctx, (" no", " yes"), 0, "yn") for i in range(n_no)])
+
+
+def test_chance_is_the_better_of_guessing_and_a_constant_answer():
+    """63% "yes" rows: always answering yes scores 63%, so that is the bar, not 50%; a
+    model at 65% of 500 (interval [60.6, 69.2]) is then at chance."""
+    from cwlens.faithfulness.accuracy import constant_answer, uniform_chance
+
+    items = _yes_no(315, 185)
+    assert constant_answer(items) == (" yes", 0.63) and uniform_chance(items) == 0.5
+    assert chance_level(items) == 0.63
+    low, high = clopper_pearson(325, 500)
+    assert low > 0.5  # above the uniform bar ...
+    check = CleanAccuracy("yn", 500, 325, chance_level(items), low, high, constant=" yes")
+    assert check.verdict == "at chance"  # ... but not above always-yes
+    assert "chance 63.0% (always answering 'yes'): at chance" in check.line()
+    # items with their own answers (capitals, IOI) share none: uniform guessing stays the bar
+    assert constant_answer(ITEMS) == (None, 0.0)
+    assert chance_level(ITEMS) == uniform_chance(ITEMS)
+    # an answer offered twice in an item (Winogrande's partial scoring) is no constant answer
+    twice = [ChoiceItem("w", ("a _", "b _"), (" x", " x"), 0, "w")] * 3
+    assert constant_answer(twice) == (None, 0.0) and chance_level(twice) == 0.5
+
+
+def test_clean_accuracy_reports_the_constant_answer(model):
+    items = _yes_no(7, 1)
+    check = clean_accuracy(model, items, batch_tokens=40)
+    assert check.chance == 7 / 8 and check.constant == " yes"

@@ -57,11 +57,12 @@ def _count(spec, dataset: str) -> int | None:
 def markdown(checks, model: str) -> str:
     """The clean-accuracy table of ``checks`` (:class:`~cwlens.faithfulness.accuracy.CleanAccuracy`)."""
     lines = [f"Clean accuracy of {model}, exact 95% interval (Clopper–Pearson); above chance = "
-             "the interval's lower end is above chance.", "",
+             "the interval's lower end is above chance (chance = the better of uniform guessing and "
+             "always giving the same answer).", "",
              "| dataset | n | accuracy [95% CI] | chance | verdict |", "|---|---|---|---|---|"]
     for c in checks:
         lines.append(f"| {c.dataset} | {c.n} | {100 * c.accuracy:.1f}% [{100 * c.low:.1f}, "
-                     f"{100 * c.high:.1f}] | {100 * c.chance:.1f}% | {c.verdict} |")
+                     f"{100 * c.high:.1f}] | {100 * c.chance:.1f}%{c.chance_note()} | {c.verdict} |")
     return "\n".join(lines) + "\n"
 
 

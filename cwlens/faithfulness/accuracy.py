@@ -4,8 +4,14 @@ Accuracy under comprehensiveness / sufficiency masking (the paper's multiple-cho
 says nothing about a metric when the clean model is at chance: masking cannot lower an
 accuracy that is already a coin flip. So the test first measures the clean accuracy::
 
-    acc   = (1/n) sum_items [argmax_c ll_c == gold]       (cwlens.faithfulness.choice)
-    chance = (1/n) sum_items 1 / k_item                   (k: the item's number of choices)
+    acc     = (1/n) sum_items [argmax_c ll_c == gold]     (cwlens.faithfulness.choice)
+    uniform = (1/n) sum_items 1 / k_item                  (k: the item's number of choices)
+    const   = max_s (1/n) sum_items [gold continuation == s]
+              over the answers s offered in every item (BoolQ's " yes", MMLU's " A")
+    chance  = max(uniform, const)
+
+``const`` is what a model scores by always giving the same answer: on BoolQ's 63% "yes"
+rows a model that always says yes would otherwise clear a 50% bar with no reading at all.
 
 with its exact 95% interval (:func:`cwlens.core.proportion.clopper_pearson`), and runs
 the masking sweep (:func:`~cwlens.faithfulness.run_faithfulness`) only if the interval's
@@ -39,7 +45,8 @@ class AtChanceError(InvalidArgumentError):
 @dataclass(frozen=True)
 class CleanAccuracy:
     """Clean accuracy of one dataset: ``correct`` of ``n``, its exact interval at
-    ``level``, and the chance level (mean ``1 / k`` over the items)."""
+    ``level``, and the chance level (:func:`chance_level`; ``constant``: the answer that
+    sets it when always giving that answer beats uniform guessing, else None)."""
 
     dataset: str
     n: int
@@ -48,6 +55,7 @@ class CleanAccuracy:
     low: float
     high: float
     level: float = 0.95
+    constant: str | None = None
 
     @property
     def accuracy(self) -> float:
@@ -64,14 +72,40 @@ class CleanAccuracy:
     def line(self) -> str:
         return (f"{self.dataset}: {100 * self.accuracy:.1f}% [{100 * self.low:.1f}, "
                 f"{100 * self.high:.1f}] ({self.correct}/{self.n}), chance "
-                f"{100 * self.chance:.1f}%: {self.verdict}")
+                f"{100 * self.chance:.1f}%{self.chance_note()}: {self.verdict}")
+
+    def chance_note(self) -> str:
+        return "" if self.constant is None else f" (always answering {self.constant.strip()!r})"
 
 
-def chance_level(items: Sequence) -> float:
+def uniform_chance(items: Sequence) -> float:
     """Mean over the items of ``1 / number of choices``."""
     if not items:
         raise EmptyInputError("No items: pass at least one ChoiceItem.")
     return sum(1.0 / item.num_choices for item in items) / len(items)
+
+
+def constant_answer(items: Sequence) -> tuple[str | None, float]:
+    """``(answer, accuracy)`` of the best constant answer: among the continuations that
+    every item offers exactly once, the one that is gold most often; ``(None, 0.0)`` when
+    the items share no answer (capitals, IOI: each item has its own names)."""
+    if not items:
+        raise EmptyInputError("No items: pass at least one ChoiceItem.")
+    shared = None
+    for item in items:
+        once = {c for c in item.continuations if item.continuations.count(c) == 1}
+        shared = once if shared is None else shared & once
+    if not shared:
+        return None, 0.0
+    hits = {s: sum(item.continuations[item.gold] == s for item in items) for s in sorted(shared)}
+    best = max(hits, key=lambda s: hits[s])
+    return best, hits[best] / len(items)
+
+
+def chance_level(items: Sequence) -> float:
+    """``max(uniform guessing, the best constant answer)`` (:func:`uniform_chance`,
+    :func:`constant_answer`)."""
+    return max(uniform_chance(items), constant_answer(items)[1])
 
 
 def item_accuracies(model, items: Sequence, batch_tokens: int = 2048) -> list[float]:
@@ -109,8 +143,10 @@ def clean_accuracy(model, items: Sequence, level: float = 0.95,
             f"got a {type(next(i for i in items if not isinstance(i, ChoiceItem))).__name__}.")
     correct = int(sum(item_accuracies(model, items, batch_tokens)))
     low, high = clopper_pearson(correct, len(items), level)
-    return CleanAccuracy(items[0].dataset, len(items), correct, chance_level(items), low, high,
-                         level)
+    answer, const = constant_answer(items)
+    uniform = uniform_chance(items)
+    return CleanAccuracy(items[0].dataset, len(items), correct, max(uniform, const), low, high,
+                         level, answer if const > uniform else None)
 
 
 def require_above_chance(check: CleanAccuracy) -> None:

@@ -38,6 +38,7 @@ from cwlens.engine.interventions.selfcheck import ensure_edits_act
 from cwlens.engine.interventions.value_masking import remove_entries
 from cwlens.engine.streaming import attention_context, use_blockwise
 from cwlens.errors import CwlensError, InvalidArgumentError
+from cwlens.faithfulness.cut_counts import RowCutCounts
 from cwlens.faithfulness.ranking import (
     RowBlock,
     add_counts,
@@ -188,11 +189,12 @@ class _Lockstep:
                         if tiebreak is None:
                             tiebreak = tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer,
                                                        rows.query_start)
-                        ranked[job.metric] = (rank_entries(s, elig, "row", tiebreak), s)
-                    ranking, s = ranked[job.metric]
+                        r = rank_entries(s, elig, "row", tiebreak)
+                        ranked[job.metric] = (r, None if plan.counts is None else RowCutCounts(r, s, first_key))
+                    ranking, cut = ranked[job.metric]
                     removed = ranking.mask(job.rate, job.mode)
-                    if plan.counts is not None:
-                        add_counts(plan.counts, key, mask_counts(s, elig, removed, "row", first_key))
+                    if cut is not None:
+                        add_counts(plan.counts, key, cut.counts(job.rate, job.mode))
                 out[key][:, :, a : a + rows.n_rows] = removed
             del ranked, tiebreak, elig
         return {key: m[..., :key_stop] for key, m in out.items()}

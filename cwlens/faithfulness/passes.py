@@ -22,6 +22,7 @@ from cwlens.engine.interventions.value_masking import run_masked, value_masking
 from cwlens.engine.streaming import DEFAULT_QUERY_BLOCK, attention_context, stream_geometry
 from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
+from cwlens.faithfulness.cut_counts import RowCutCounts
 from cwlens.faithfulness.lockstep import copies_per_pass, lockstep_pass, use_lockstep
 from cwlens.faithfulness.ranking import (
     add_counts,
@@ -144,13 +145,22 @@ def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> 
             ranking = rank_entries(scores, eligible, cfg.scope, tiebreak)
             if cfg.causal_only:  # head/layer scope: the mask at query i from rows <= i (causal_scope)
                 ranking = causal_ranking(ranking)
-            ranks[job.metric] = (ranking, scores if counts is not None else None)
+            kept: RowCutCounts | torch.Tensor | None
+            if counts is None:
+                kept = None
+            elif ranking.scope == "row":  # the counts from the ranked scores (cut_counts)
+                kept = RowCutCounts(ranking, scores, first_key)
+            else:
+                kept = scores
+            ranks[job.metric] = (ranking, kept)
             del scores
-        ranking, kept_scores = ranks[job.metric]
+        ranking, kept = ranks[job.metric]
         removed = ranking.mask(job.rate, job.mode)
         out[key] = PackedMask.pack(removed)
-        if counts is not None:
-            add_counts(counts, key, mask_counts(kept_scores, eligible, removed, cfg.scope, first_key))
+        if isinstance(kept, RowCutCounts):
+            add_counts(counts, key, kept.counts(job.rate, job.mode))
+        elif counts is not None:
+            add_counts(counts, key, mask_counts(kept, eligible, removed, cfg.scope, first_key))
     plan.stats.ranking_seconds += time.perf_counter() - t
     return out
 
