@@ -116,3 +116,25 @@ def test_seeded_draws_of_a_prefix_are_the_prefix_of_the_draws():
         torch.testing.assert_close(full[:, :, :5, :5], prefix, rtol=0, atol=0)
         assert full.unique().numel() == full.numel()  # no ties among the draws
         assert 0.0 <= float(full.min()) and float(full.max()) < 1.0
+
+
+@pytest.mark.parametrize("scope", ["row", "head", "layer"])
+def test_one_sort_ranking_equals_the_two_sort_definition(scope):
+    """rank_entries sorts once on (score, tie-break) keys: the order is the definition's
+    (a stable sort by the tie-break, then a stable sort by score), with many ties, -0.0
+    and 0.0, negative and ineligible entries, and tie-break values that collide."""
+    from cwlens.faithfulness.ranking import _units, rank_entries
+
+    g = torch.Generator().manual_seed(3)
+    b, h, q, k = 2, 3, 7, 7
+    scores = torch.randint(-3, 4, (b, h, q, k), generator=g).float() / 2
+    scores[scores == 0] = torch.where(torch.rand(int((scores == 0).sum()), generator=g) < 0.5, -0.0, 0.0)
+    tiebreak = torch.randint(0, 5, (b, h, q, k), generator=g).float() / 5  # collisions
+    eligible = torch.rand(b, 1, q, k, generator=g) < 0.8
+    got = rank_entries(scores, eligible, scope, tiebreak)
+    s = _units(scores.masked_fill(~eligible.expand(b, h, q, k), float("-inf")), scope)
+    pre = torch.sort(_units(tiebreak, scope), dim=-1, descending=True, stable=True).indices
+    order = pre.gather(-1, torch.sort(s.gather(-1, pre), dim=-1, descending=True, stable=True).indices)
+    want = torch.empty_like(order)
+    want.scatter_(-1, order, torch.arange(order.shape[-1]).expand(order.shape))
+    assert torch.equal(got.rank.long(), want.reshape(b, h, q, k))

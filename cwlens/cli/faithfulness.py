@@ -9,7 +9,7 @@ from cwlens.cli.placement import HELP as PLACEMENT_HELP
 from cwlens.cli.placement import add_placement_args, load_kwargs
 from cwlens.core.metrics import KINDS
 from cwlens.errors import InvalidArgumentError
-from cwlens.faithfulness.config import FaithfulnessConfig
+from cwlens.faithfulness.config import RANKING_PATHS, FaithfulnessConfig
 from cwlens.faithfulness.ranking import ALL_RANKINGS, MODES, RANKINGS, SCOPES
 
 DEFAULT = FaithfulnessConfig()  # the flags' defaults are the configuration's
@@ -99,6 +99,11 @@ def register(sub) -> None:
     g.add_argument("--renormalize", action="store_true",
                    help="give removed attention mass back to the other keys (default: no)")
     g.add_argument("--seed", type=int, default=DEFAULT.seed, help="seed of the random control (default: %(default)s)")
+    g.add_argument("--ranking-path", default=DEFAULT.ranking_path, choices=RANKING_PATHS,
+                   help="how row-scope masks are made, same results: whole_layer (rank each layer's "
+                   "n x n in the clean pass), lockstep (clean and masked copies in one pass, ranked "
+                   "per query block: long documents), auto: lockstep where attention runs blockwise "
+                   "(default: %(default)s; docs/long_context.md)")
     g = p.add_argument_group("output")
     g.add_argument("--out", default="runs/faithfulness", help="results folder (default: %(default)s)")
     g.add_argument("--batch-tokens", type=arg_types.positive_int, default=DEFAULT.batch_tokens, help="padded tokens per forward pass (default: %(default)s)")
@@ -138,6 +143,7 @@ def _config(args):
         causal_only=not args.non_causal, mask_first_token=not args.protect_first_token,
         renormalize=args.renormalize, seed=args.seed, max_tokens=args.max_tokens,
         batch_tokens=args.batch_tokens, past_context=args.past_context,
+        ranking_path=args.ranking_path,
     )
 
 

@@ -14,6 +14,8 @@ from cwlens.engine import validation
 from cwlens.errors import InvalidArgumentError, LayerOutOfRangeError
 from cwlens.faithfulness.ranking import MODES, RANKINGS, SCOPES, check_option
 
+RANKING_PATHS = ("auto", "whole_layer", "lockstep")  # cwlens.faithfulness.lockstep.use_lockstep
+
 
 def _field(default, *, provenance: bool = False, lmeval: str | None = None):
     return field(default=default, metadata={"provenance": provenance, "lmeval": lmeval})
@@ -39,14 +41,22 @@ class FaithfulnessConfig:
             False: the masked terms are just removed).
         seed: seed of the ``random`` control.
         max_tokens: truncate language-modelling documents to their first ``max_tokens``
-            tokens (default 512; None: whole documents -- the clean pass streams, but each
-            distinct mask keeps ``layers x n^2 / 8`` bytes and masked passes grow as n^2).
+            tokens (default 512; None: whole documents -- above 2048 tokens the passes run
+            blockwise and, at row scope, the masks are ranked per query block: see
+            ``ranking_path``).
         past_context: run documents past the model's context (``n_ctx``) up to
             ``max_tokens`` instead of cutting them at ``n_ctx`` (default False; rotary
             models only, see docs/inputs.md). Long documents are scored without
             ``[pos, vocab]`` logits (:mod:`cwlens.engine.lm`).
         batch_tokens: padded tokens per forward pass (default 2048).
         reuse: share forward passes between conditions with identical masks (default True).
+        ranking_path: how row-scope masks are made (the results are the same):
+            ``"whole_layer"`` ranks each layer's ``[batch, head, n, n]`` in the clean pass
+            and keeps the masks bit-packed; ``"lockstep"`` runs the clean and the masked
+            copies as one batch and ranks each query block as it is computed
+            (:mod:`cwlens.faithfulness.lockstep`; row scope, no gradient metrics);
+            ``"auto"`` (default): lockstep where attention runs blockwise (above 2048
+            tokens) at row scope without gradient metrics, else whole-layer.
     """
 
     metrics: tuple[str, ...] = RANKINGS
@@ -67,6 +77,7 @@ class FaithfulnessConfig:
     per_layer: bool = False
     batch_tokens: int = _field(2048, lmeval="int")
     reuse: bool = True
+    ranking_path: str = "auto"
 
     def __post_init__(self):
         # repeated entries would repeat conditions and count every sample twice
@@ -88,6 +99,7 @@ class FaithfulnessConfig:
         validation.positive_int(self.batch_tokens, "batch_tokens")
         validation.max_tokens(self.max_tokens)
         validation.flag(self.past_context, "past_context")
+        check_option(self.ranking_path, RANKING_PATHS, "ranking_path")
         if self.layers is not None:
             for ly in self.layers:
                 if isinstance(ly, bool) or not isinstance(ly, int) or ly < 0:

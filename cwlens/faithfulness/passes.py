@@ -19,11 +19,13 @@ from cwlens.engine import adapter, lm
 from cwlens.engine.batching import pad_batch
 from cwlens.engine.gradients import attention_gradient
 from cwlens.engine.interventions.value_masking import run_masked, value_masking
-from cwlens.engine.streaming import attention_context, stream_geometry
+from cwlens.engine.streaming import DEFAULT_QUERY_BLOCK, attention_context, stream_geometry
 from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.cut_counts import RowCutCounts
+from cwlens.faithfulness.lockstep import copies_per_pass, lockstep_pass, use_lockstep
 from cwlens.faithfulness.ranking import (
+    add_counts,
     eligible_entries,
     first_token,
     mask_counts,
@@ -131,7 +133,7 @@ def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> 
         if job.metric is None:  # rate 1: every eligible entry
             removed = eligible.expand(shape)
             out[key] = PackedMask.pack(removed)
-            _count(counts, key, mask_counts(None, eligible, removed, cfg.scope, first_key))
+            add_counts(counts, key, mask_counts(None, eligible, removed, cfg.scope, first_key))
             continue
         if job.metric not in ranks:
             if job.metric == "random":
@@ -143,6 +145,7 @@ def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> 
             ranking = rank_entries(scores, eligible, cfg.scope, tiebreak)
             if cfg.causal_only:  # head/layer scope: the mask at query i from rows <= i (causal_scope)
                 ranking = causal_ranking(ranking)
+            kept: RowCutCounts | torch.Tensor | None
             if counts is None:
                 kept = None
             elif ranking.scope == "row":  # the counts from the ranked scores (cut_counts)
@@ -155,16 +158,11 @@ def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> 
         removed = ranking.mask(job.rate, job.mode)
         out[key] = PackedMask.pack(removed)
         if isinstance(kept, RowCutCounts):
-            _count(counts, key, kept.counts(job.rate, job.mode))
+            add_counts(counts, key, kept.counts(job.rate, job.mode))
         elif counts is not None:
-            _count(counts, key, mask_counts(kept, eligible, removed, cfg.scope, first_key))
+            add_counts(counts, key, mask_counts(kept, eligible, removed, cfg.scope, first_key))
     plan.stats.ranking_seconds += time.perf_counter() - t
     return out
-
-
-def _count(counts, key, c) -> None:
-    if counts is not None:
-        counts[key] = counts[key] + c.cpu() if key in counts else c.cpu()
 
 
 def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
@@ -212,6 +210,9 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
 
     chunk = lm.chunk_for(tokens.shape[1])  # long inputs: no [batch, pos, vocab] logits
 
+    if use_lockstep(model, tokens, cfg, [job.metric for job in jobs.values()]):
+        return _finish(lockstep_outputs(model, tokens, BatchPlan(mask, jobs, cfg, keys, stats, None, {}),
+                                        evaluate, chunk), conditions, key_of, rows_of)
     gradients = None
     if any(job.metric in metrics.GRADIENT for job in jobs.values()):
         # supervised references: a separate forward + backward pass (cwlens.engine.gradients)
@@ -229,7 +230,7 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
     stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)
     stats.n_forwards += 1
     packed = dict(zip(layers, per_layer, strict=True))
-    results: dict = {None: evaluate(output(logits))}
+    clean = evaluate(output(logits))
     done: dict = {}
     for key, job in jobs.items():
         masks = {ly: packed[ly][key] for ly in job.layers}
@@ -240,6 +241,40 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
         done[key] = evaluate(masked)
         for ly in job.layers:  # free this job's masks
             del packed[ly][key]
+    return _finish((clean, done, counts), conditions, key_of, rows_of)
+
+
+def lockstep_outputs(model, tokens: torch.Tensor, plan: BatchPlan, evaluate, chunk: int | None
+                     ) -> tuple[list, dict, dict | None]:
+    """``(clean scores, {job key: scores}, counts)`` of a batch on the lockstep path
+    (:mod:`cwlens.faithfulness.lockstep`): the jobs in passes of
+    :func:`~cwlens.faithfulness.lockstep.copies_per_pass` masked copies beside the clean one."""
+    b, n = tokens.shape
+    info = adapter.ModelInfo.of(model)
+    per_pass = copies_per_pass(b, info.n_heads, n, DEFAULT_QUERY_BLOCK)
+    items = list(plan.jobs.items())
+    clean: list = []
+    done: dict = {}
+    for at in range(0, max(len(items), 1), per_pass):
+        group = items[at : at + per_pass]
+        t = time.perf_counter()
+        ranked_before = plan.stats.ranking_seconds
+        output = lockstep_pass(model, tokens, plan, group, chunk)
+        plan.stats.forward_seconds += time.perf_counter() - t - (plan.stats.ranking_seconds - ranked_before)
+        plan.stats.n_forwards += 1 + len(group)
+        if not at:
+            clean = evaluate(lm.rows(output, 0, b))
+        for j, (key, _) in enumerate(group):
+            done[key] = evaluate(lm.rows(output, b * (j + 1), b * (j + 2)))
+        del output
+    return clean, done, plan.counts
+
+
+def _finish(outputs: tuple[list, dict, dict | None], conditions, key_of, rows_of) -> dict:
+    """``{condition or None: [per-unit measures with the mask shares]}``."""
+    clean, done, counts = outputs
+    counts = counts or {}
+    results: dict = {None: clean}
     zero = torch.zeros(3, dtype=torch.int64)
     for c in conditions:
         key = key_of[c]

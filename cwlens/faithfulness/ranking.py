@@ -51,6 +51,7 @@ tie-break and how many sit on the first token.
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -93,15 +94,34 @@ def eligible_entries(
     window layer's size (:func:`cwlens.engine.adapter.attention_window`): keys with
     ``i - j >= window`` are outside it (alpha = 0 there), so not eligible.
     """
+    n = position_mask.shape[1]
+    return eligible_rows(position_mask, RowBlock(0, n, n), causal_only, mask_first_token, window)
+
+
+class RowBlock(NamedTuple):
+    """Queries ``[query_start, query_start + n_rows)`` over keys ``[0, key_stop)`` of a
+    layer: a block of query rows, ranked alone at row scope."""
+
+    query_start: int
+    n_rows: int
+    key_stop: int
+
+
+def eligible_rows(position_mask: torch.Tensor, block: RowBlock, causal_only: bool = True,
+                  mask_first_token: bool = True, window: int | None = None) -> torch.Tensor:
+    """bool ``[batch, 1, n_rows, key_stop]``: the rows of :func:`eligible_entries` of one
+    block (the same entries, without building the ``[n, n]`` whole)."""
     real = position_mask.bool()
-    elig = real[:, None, :, None] & real[:, None, None, :]
-    n = real.shape[1]
+    q0, q1 = block.query_start, block.query_start + block.n_rows
+    elig = real[:, None, q0:q1, None] & real[:, None, None, : block.key_stop]
+    i = torch.arange(q0, q1, device=real.device)[:, None]
+    j = torch.arange(block.key_stop, device=real.device)[None, :]
     if causal_only:
-        elig = elig & torch.ones(n, n, dtype=torch.bool, device=real.device).tril()
+        elig = elig & (j <= i)
     if window is not None:
-        elig = elig & torch.ones(n, n, dtype=torch.bool, device=real.device).triu(1 - window)
+        elig = elig & (i - j < window)
     if not mask_first_token:
-        elig = elig & ~first_token(real)
+        elig = elig & ~first_token(real)[..., : block.key_stop]
     return elig
 
 
@@ -173,15 +193,35 @@ def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: Scope = "r
         flat, n = s.reshape(b, h * q * k), elig.sum((-3, -2, -1), keepdim=True)
     if tiebreak is None:
         order = torch.sort(flat, dim=-1, descending=True, stable=True).indices
-    else:  # a random order first, then a stable sort by score keeps it among ties
-        pre = torch.sort(_units(tiebreak.to(s.device).expand(b, h, q, k), scope), dim=-1,
-                         descending=True, stable=True).indices
-        within = torch.sort(flat.gather(-1, pre), dim=-1, descending=True, stable=True).indices
-        order = pre.gather(-1, within)
+    else:  # by score, then the random order among ties, then key order: one sort
+        ties = _units(tiebreak.to(s.device).float().expand(b, h, q, k), scope)
+        key = sort_key(flat).to(torch.int64)
+        key <<= 32
+        key += sort_key(ties)
+        order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+        del key
     rank = torch.empty(order.shape, dtype=torch.int32, device=s.device)
     positions = torch.arange(order.shape[-1], dtype=torch.int32, device=s.device)
     rank.scatter_(-1, order, positions.expand(order.shape))
     return Ranking(rank.reshape(b, h, q, k), n.to(torch.int64), scope)
+
+
+def sort_key(x: torch.Tensor) -> torch.Tensor:
+    """int32 keys ordered as the float32 values ``x`` (``-0.0`` and ``0.0`` equal, ``-inf``
+    lowest): ``sort_key(score) * 2^32 + sort_key(tiebreak)`` in int64 (tiebreak >= 0)
+    sorts by score, then by tie-break, in one sort."""
+    bits = (x.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: lower 31 bits flipped
+
+
+def _mix32_(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_mix32` in place (``x``: a fresh int64 tensor)."""
+    for _ in range(2):
+        x ^= x >> 16
+        x *= 0x45D9F3B
+        x &= 0xFFFFFFFF
+    x ^= x >> 16
+    return x
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -196,26 +236,57 @@ def position_uniforms(h: int, n: int, key: str) -> torch.Tensor:
     seeded by ``key``: entry ``(h, i, j)`` is the same whatever ``n`` is, so a text and
     any of its prefixes get the same draws (a row's order never depends on later tokens).
     53 bits from two 32-bit hashes of (seed, head, query, key)."""
+    every = torch.arange(n, dtype=torch.int64)
+    return uniforms_at(h, every, every, key)
+
+
+def uniforms_at(h: int, queries: torch.Tensor, keys: torch.Tensor, key: str,
+                dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``[h, len(queries), len(keys)]`` uniforms (float64, or rounded once to ``dtype``):
+    the draws of :func:`position_uniforms` at these (int64) query and key positions only
+    (a counter-based hash: any block of rows gets exactly the whole's values). Computed
+    in pieces of ~2^15 entries, in place: the hash is bound by memory traffic."""
     base = zlib.crc32(key.encode())
     hh = torch.arange(h, dtype=torch.int64)[:, None, None]
-    ii = torch.arange(n, dtype=torch.int64)[None, :, None]
-    jj = torch.arange(n, dtype=torch.int64)[None, None, :]
-    x = _mix32(_mix32(_mix32((hh + base) & 0xFFFFFFFF) ^ ii) ^ jj)
-    y = _mix32(x ^ 0x5BD1E995)
-    return ((x << 21) + (y >> 11)).double() / float(2**53)
+    rows = _mix32(_mix32((hh + base) & 0xFFFFFFFF) ^ queries.to(torch.int64)[None, :, None])
+    out = torch.empty(h, len(queries), len(keys), dtype=dtype)
+    flat, jj = rows.reshape(-1, 1), keys.to(torch.int64)[None, :]
+    o = out.view(-1, len(keys))
+    step = max(1, (1 << 15) // max(len(keys), 1))
+    for a in range(0, flat.shape[0], step):
+        x = _mix32_(flat[a : a + step] ^ jj)
+        y = _mix32_(x ^ 0x5BD1E995)
+        x <<= 21
+        x += y >> 11
+        o[a : a + step] = x.double() / float(2**53)
+    return out
 
 
 def _on_real_positions(shape: Sequence[int], position_mask: torch.Tensor,
-                       seeds: Sequence[str]) -> torch.Tensor:
+                       seeds: Sequence[str], query_start: int = 0) -> torch.Tensor:
     """float32 ``shape`` zeros with each sample's :func:`position_uniforms` (seeded by
-    ``seeds[row]``) laid on its real positions (pads keep 0)."""
-    h = shape[1]
+    ``seeds[row]``) laid on its real positions (pads keep 0). ``shape``
+    ``[batch, head, rows, keys]`` may be a block of rows from ``query_start`` over keys
+    ``[0, keys)``: the draws are those of the whole layer's same entries."""
+    h, n_rows, n_keys = shape[1], shape[2], shape[3]
     out = torch.zeros(tuple(shape), dtype=torch.float32)
     real = position_mask.bool().cpu()
     for row, seed in enumerate(seeds):
-        idx = real[row].nonzero().flatten()
-        out[row, :, idx[:, None], idx[None, :]] = position_uniforms(h, len(idx), seed).float()
+        ordinal = real[row].long().cumsum(0) - 1  # a position's index among the real ones
+        qi = (real[row, query_start : query_start + n_rows]).nonzero().flatten()
+        kj = real[row, :n_keys].nonzero().flatten()
+        if not (len(qi) and len(kj)):
+            continue
+        draws = uniforms_at(h, ordinal[qi + query_start], ordinal[kj], seed, torch.float32)
+        if _is_range(qi) and _is_range(kj):  # real tokens are contiguous (one-sided padding)
+            out[row, :, int(qi[0]) : int(qi[-1]) + 1, int(kj[0]) : int(kj[-1]) + 1] = draws
+        else:
+            out[row, :, qi[:, None], kj[None, :]] = draws
     return out.to(position_mask.device)
+
+
+def _is_range(idx: torch.Tensor) -> bool:
+    return int(idx[-1]) - int(idx[0]) + 1 == len(idx)
 
 
 def random_scores(
@@ -224,6 +295,7 @@ def random_scores(
     sample_keys: Sequence[str],
     seed: int,
     layer: int,
+    query_start: int = 0,
 ) -> torch.Tensor:
     """Seeded uniform scores ``[batch, head, query, key]`` for the ``random`` control.
 
@@ -232,11 +304,12 @@ def random_scores(
     depend on the batch a sample is in, on its padding, or on tokens after a query.
     """
     return _on_real_positions(shape, position_mask,
-                              [f"{seed}:{key}:{layer}" for key in sample_keys])
+                              [f"{seed}:{key}:{layer}" for key in sample_keys], query_start)
 
 
 def tiebreak_scores(shape: Sequence[int], position_mask: torch.Tensor,
-                    sample_keys: Sequence[str], seed: int, layer: int) -> torch.Tensor:
+                    sample_keys: Sequence[str], seed: int, layer: int,
+                    query_start: int = 0) -> torch.Tensor:
     """The seeded random order that breaks ties in :func:`rank_entries`.
 
     :func:`position_uniforms` seeded by ``(seed, layer)`` only -- not by the sample -- and
@@ -245,7 +318,8 @@ def tiebreak_scores(shape: Sequence[int], position_mask: torch.Tensor,
     text in another request (lm-eval scores a continuation whole and token by token as
     different requests) break ties the same way. It is a stream apart from the ``random``
     control's (which is seeded per sample). ``sample_keys`` only sets the batch size."""
-    return _on_real_positions(shape, position_mask, [f"ties:{seed}:{layer}"] * len(sample_keys))
+    return _on_real_positions(shape, position_mask, [f"ties:{seed}:{layer}"] * len(sample_keys),
+                              query_start)
 
 
 def mask_counts(scores: torch.Tensor | None, eligible: torch.Tensor, mask: torch.Tensor,
@@ -275,6 +349,13 @@ def mask_counts(scores: torch.Tensor | None, eligible: torch.Tensor, mask: torch
     # tie across the cut is a kept entry scored like a removed one at the cut
     tied = m & (((s == lo_removed) & (lo_removed == hi_kept)) | ((s == hi_removed) & (hi_removed == lo_kept)))
     return torch.stack([removed, tied.reshape(b, -1).sum(-1), first], -1).to(torch.int64)
+
+
+def add_counts(counts: dict | None, key, c: torch.Tensor) -> None:
+    """Add one layer's (or query block's) :func:`mask_counts` to ``counts[key]`` (None:
+    not counting)."""
+    if counts is not None:
+        counts[key] = counts[key] + c.cpu() if key in counts else c.cpu()
 
 
 def mask_shares(counts: torch.Tensor) -> dict:

@@ -11,7 +11,10 @@ while the model runs, every metric's ranking (:mod:`~cwlens.faithfulness.ranking
 masks the conditions need, kept bit-packed (:class:`~cwlens.core.bitmask.PackedMask`):
 memory is one layer's scores and ranks plus ``layers x n^2 / 8`` bytes per distinct mask,
 never a cache of every layer's pattern. Each condition is then one ``run_masked``
-(:mod:`~cwlens.engine.interventions.value_masking`). Conditions whose masks are provably
+(:mod:`~cwlens.engine.interventions.value_masking`). Long texts at row scope take the
+lockstep path instead (:mod:`~cwlens.faithfulness.lockstep`, ``ranking_path``): the clean
+and the masked copies run as one batch and each query block's rows are ranked and masked
+as they are computed, with no ``[batch, head, n, n]`` tensor and no packed mask. Conditions whose masks are provably
 identical share one forward pass (``reuse=True``): rate 0 (nothing masked = clean), rate 1
 (every eligible entry, whatever the metric or mode), and value_weighted_output_normalized
 with ``scope="row"``, which orders every row exactly as value_weighted (``||o||`` is
@@ -179,7 +182,9 @@ def run_faithfulness(
     check_past_context(model, cfg.past_context)
     units = choice_units(model, samples) if is_choice else \
         text_units(model, samples, cfg.max_tokens, cfg.past_context)
-    run_config = {"model": name, "dataset": ds_name, **asdict(cfg),
+    # ranking_path changes how, not what: a run resumes whichever path made its rows
+    run_config = {"model": name, "dataset": ds_name,
+                  **{k: v for k, v in asdict(cfg).items() if k != "ranking_path"},
                   "samples": [u.sample_id for u in units]}
     columns = {"model": name, "dataset": ds_name, **cfg.provenance()}
     distributed.require_session()

@@ -61,16 +61,22 @@ def pattern_mask_hook(mask: "torch.Tensor | PackedMask", renormalize: bool = Fal
                 f"but the pattern is {tuple(pattern.shape)} [batch, head, query, key]. Build "
                 "masks from the clean run of this same batch (same tokens and padding)."
             )
-        kept = pattern * keep_mask.to(device=pattern.device, dtype=pattern.dtype)
-        if not renormalize:
-            return kept
-        before = pattern.sum(-1, keepdim=True)
-        after = kept.sum(-1, keepdim=True)
-        scale = torch.where(after > 0, before / torch.where(after > 0, after, 1.0), 0.0)
-        return kept * scale
+        return remove_entries(pattern, keep_mask, renormalize)
 
     mask_pattern.cwlens_blockwise = True  # type: ignore[attr-defined]  # takes query blocks
     return mask_pattern
+
+
+def remove_entries(pattern: Pattern, keep_mask: torch.Tensor, renormalize: bool = False) -> Pattern:
+    """``pattern`` with the entries where ``keep_mask`` is False set to 0 (and with
+    ``renormalize`` each row rescaled to its old sum; a row masked entirely stays 0)."""
+    kept = pattern * keep_mask.to(device=pattern.device, dtype=pattern.dtype)
+    if not renormalize:
+        return kept
+    before = pattern.sum(-1, keepdim=True)
+    after = kept.sum(-1, keepdim=True)
+    scale = torch.where(after > 0, before / torch.where(after > 0, after, 1.0), 0.0)
+    return kept * scale
 
 
 def masking_hooks(masks: Masks, renormalize: bool = False) -> list[tuple[str, HookFn]]:
