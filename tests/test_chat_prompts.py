@@ -96,3 +96,37 @@ def test_accuracy_command_prompt_chat(tmp_path, capsys):
     text = md.read_text()
     assert "| dataset | prompt | n |" in text
     assert "| mmlu | chat | 4 |" in text and "| ioi | plain | 6 |" in text
+
+
+def test_faithfulness_command_prompt_chat(tmp_path, capsys):
+    """``cwlens faithfulness --prompt chat`` masks the chat items (their own results file,
+    so a plain run in the same folder is never taken for it) and refuses exemplars."""
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    import cwlens
+    from cwlens.cli.main import main
+    from cwlens.engine.adapter import chat_prompt
+    from cwlens.faithfulness.accuracy import item_accuracies
+
+    model_dir = save_tiny("llama", tmp_path)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "runs"
+    base = ["faithfulness", "--model", str(model_dir), "--device", "cpu", "--dataset", "mmlu",
+            "--samples", "3", "--metrics", "contribution,random", "--rates", "0.5",
+            "--figures", "", "--no-progress", "--out", str(out)]
+    assert main(base + ["--prompt", "chat", "--num-fewshot", "2"]) == 1
+    assert "--prompt chat is zero-shot" in capsys.readouterr().err
+    assert main(base + ["--prompt", "chat"]) == 0
+    assert main(base) == 0  # plain: its own file
+    assert sorted(p.name for p in out.glob("*.jsonl")) == ["mmlu.jsonl", "mmlu_chat.jsonl"]
+    model = cwlens.load_model(str(model_dir), device="cpu")
+    chat = load_dataset("mmlu", 3, chat=partial(chat_prompt, model))
+    for name, items in (("mmlu_chat", chat), ("mmlu", load_dataset("mmlu", 3))):
+        rows = pd.read_json(out / f"{name}.jsonl", lines=True)
+        clean = rows[(rows["mode"] == "clean") & (rows["measure"] == "acc")]
+        assert dict(zip(clean.sample_id, clean.value, strict=True)) == {
+            i.id: a for i, a in zip(items, item_accuracies(model, items), strict=True)}
+    assert chat[0].contexts[0] != load_dataset("mmlu", 1)[0].contexts[0]

@@ -74,6 +74,10 @@ def register(sub) -> None:
                    help="samples per dataset: one number, or name=N,... (default: %(default)s)")
     g.add_argument("--num-fewshot", type=int, default=0, choices=range(6), metavar="{0..5}",
                    help="MMLU exemplars from the dev split, 0-5 (default: 0)")
+    g.add_argument("--prompt", choices=("plain", "chat"), default="plain",
+                   help="plain: lm-eval's prompts; chat: mmlu and boolq as a user turn of the "
+                   "model's chat template, zero-shot, results in <out>/<dataset>_chat.jsonl (see "
+                   "cwlens accuracy --prompt chat; default: %(default)s)")
     g.add_argument("--require-above-chance", action="store_true",
                    help="multiple-choice datasets: measure the clean accuracy first and refuse a "
                    "dataset whose exact 95%% interval does not clear chance (see cwlens accuracy)")
@@ -147,6 +151,26 @@ def _config(args):
     )
 
 
+def _prompt(args, dataset: str) -> str:
+    """The prompt ``dataset`` is scored with: chat only where it has a chat form."""
+    from cwlens.cli.accuracy import prompt_of
+
+    return prompt_of(dataset, getattr(args, "prompt", "plain"))
+
+
+def _source(args, model, dataset: str, n: int, shots: int):
+    """What run_faithfulness and the chance check score: the dataset's name, or under
+    ``--prompt chat`` its chat items (``cwlens.datasets.chat_prompts``)."""
+    if _prompt(args, dataset) != "chat":
+        return dataset
+    from functools import partial
+
+    from cwlens.datasets import load_dataset
+    from cwlens.engine.adapter import chat_prompt
+
+    return load_dataset(dataset, n=n, chat=partial(chat_prompt, model))
+
+
 def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> list[Path]:
     """Everything that can be checked without the model: counts, paths. Returns the
     results files."""
@@ -158,7 +182,8 @@ def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> li
         shots = args.num_fewshot if d == "mmlu" else 0
         if not args.report_only and args.file is None:
             load_dataset(d, n=counts[d], num_fewshot=shots)  # too many samples: fails here
-        paths.append(out / f"{d}{f'_{shots}shot' if shots else ''}.jsonl")
+        chat = "_chat" if _prompt(args, d) == "chat" else ""
+        paths.append(out / f"{d}{f'_{shots}shot' if shots else ''}{chat}.jsonl")
     if args.report_only:
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
@@ -204,6 +229,9 @@ def run(args) -> int:
     counts = _samples(args.samples, datasets)
     if args.num_fewshot and "mmlu" not in datasets:
         raise InvalidArgumentError("--num-fewshot applies to mmlu only, and --dataset has no mmlu")
+    if args.num_fewshot and args.prompt == "chat":
+        raise InvalidArgumentError("--prompt chat is zero-shot: leave out --num-fewshot, or use "
+                                   "--prompt plain for MMLU with exemplars")
     cfg = _config(args)
     paths = _check_inputs(args, datasets, counts)
     from cwlens.runs import distributed
@@ -233,9 +261,9 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
         from cwlens.faithfulness import run_faithfulness
 
         shots = args.num_fewshot if d == "mmlu" else 0
+        source = args.file_samples if args.file is not None else _source(args, model, d, counts[d], shots)
         if args.require_above_chance and args.file is None:
-            _check_chance(model, d, counts[d], shots, cfg, world)
-        source = args.file_samples if args.file is not None else d
+            _check_chance(model, source, counts[d], shots, cfg, world)
         result = run_faithfulness(
             model, source, cfg, n=counts[d], num_fewshot=shots, out=path, resume=not args.no_resume,
             model_name=args.model, progress=not args.no_progress,
@@ -249,11 +277,12 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
 
 
 def _check_chance(model, dataset, n, shots, cfg, world) -> None:
-    """A multiple-choice dataset: its clean accuracy must clear chance (else AtChanceError)."""
+    """A multiple-choice dataset (a name, or its items): its clean accuracy must clear
+    chance (else AtChanceError)."""
     from cwlens.datasets import ChoiceItem, load_dataset
     from cwlens.faithfulness.accuracy import clean_accuracy, require_above_chance
 
-    items = load_dataset(dataset, n=n, num_fewshot=shots)
+    items = load_dataset(dataset, n=n, num_fewshot=shots) if isinstance(dataset, str) else dataset
     if not items or not isinstance(items[0], ChoiceItem):
         return
     check = clean_accuracy(model, items, batch_tokens=cfg.batch_tokens)
