@@ -16,8 +16,9 @@ echo "== docs site (mkdocs build --strict)"
 site=$(mktemp -d) && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site" && rm -rf "$site"
 echo "== TransformerLens 4.x (TransformerBridge)"
 # two workers on two cores, one torch thread each (tests/conftest.py); the tests of one real
-# offline model share a worker (--dist loadgroup), so each model loads once
-OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q -n 2 --dist loadgroup "$@"
+# offline model share a worker (--dist loadgroup), so each model loads once; the 20 slowest
+# tests are listed at the end (CI time: keep the whole run under 20 minutes)
+OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=20 "$@"
 if [ -x .venv-tl3/bin/python ]; then
   echo "== TransformerLens 3.x (HookedTransformer)"
   .venv-tl3/bin/python -m pytest -q -p no:cacheprovider tests/test_architectures.py tests/test_geometry.py tests/test_stream.py \
