@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 
 from cwlens.cli import arg_types
+from cwlens.cli.accuracy import PROMPTS
 from cwlens.cli.common import add_model_args, add_past_context_flag
 from cwlens.cli.placement import HELP as PLACEMENT_HELP
 from cwlens.cli.placement import add_placement_args, load_kwargs
@@ -74,7 +75,7 @@ def register(sub) -> None:
                    help="samples per dataset: one number, or name=N,... (default: %(default)s)")
     g.add_argument("--num-fewshot", type=int, default=0, choices=range(6), metavar="{0..5}",
                    help="MMLU exemplars from the dev split, 0-5 (default: 0)")
-    g.add_argument("--prompt", choices=("plain", "chat"), default="plain",
+    g.add_argument("--prompt", choices=PROMPTS, default="plain",
                    help="plain: lm-eval's prompts; chat: mmlu and boolq as a user turn of the "
                    "model's chat template, zero-shot, results in <out>/<dataset>_chat.jsonl (see "
                    "cwlens accuracy --prompt chat; default: %(default)s)")
@@ -155,7 +156,7 @@ def _prompt(args, dataset: str) -> str:
     """The prompt ``dataset`` is scored with: chat only where it has a chat form."""
     from cwlens.cli.accuracy import prompt_of
 
-    return prompt_of(dataset, getattr(args, "prompt", "plain"))
+    return prompt_of(dataset, args.prompt)
 
 
 def _source(args, model, dataset: str, n: int, shots: int):
