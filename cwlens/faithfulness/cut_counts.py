@@ -39,14 +39,15 @@ class RowCutCounts:
         ranked = torch.empty(rank.shape, dtype=torch.float32, device=rank.device)
         ranked.scatter_(-1, rank, scores.float().expand(rank.shape))
         beyond = torch.arange(width, device=rank.device) >= self.n  # ineligible ranks
-        self.ranked = ranked.masked_fill(beyond, float("-inf"))
-        self.ascending = (-self.ranked).contiguous()  # for searchsorted
+        # the ranked scores negated (ascending, as searchsorted wants); ineligible ranks +inf
+        self.ascending = (-ranked).masked_fill_(beyond, float("inf")).contiguous()
         first = first_key.int().argmax(-1, keepdim=True)  # [b, 1, 1, 1]
         self.first_rank = rank.gather(-1, first.expand(*rank.shape[:-1], 1))  # [b, h, q, 1]
         self.width = width
 
     def _at(self, pos: torch.Tensor) -> torch.Tensor:
-        return self.ranked.gather(-1, pos.clamp(0, self.width - 1))
+        """The score ranked ``pos`` (-inf beyond the eligible ones)."""
+        return -self.ascending.gather(-1, pos.clamp(0, self.width - 1))
 
     def counts(self, rate: float, mode: str) -> torch.Tensor:
         """int64 ``[batch, 3]``: removed, chosen by the tie-break, on the first token."""
