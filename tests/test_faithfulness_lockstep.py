@@ -11,7 +11,14 @@ from cwlens.datasets import TextSample
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch, token_ids
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
-from cwlens.faithfulness import FaithfulnessConfig, lockstep, passes, ranking, run_faithfulness
+from cwlens.faithfulness import (
+    FaithfulnessConfig,
+    job_masks,
+    lockstep,
+    passes,
+    ranking,
+    run_faithfulness,
+)
 from cwlens.testing import tiny_model
 
 DOCS = [TextSample("d-0", "the cat sat on the mat .", "toy"),
@@ -156,12 +163,13 @@ def test_lockstep_makes_no_whole_layer_tensor(models, monkeypatch):
 
         monkeypatch.setattr(module, name, wrapped)
 
-    for name in ("rank_entries", "metric_scores", "eligible_rows", "random_scores",
-                 "tiebreak_scores", "remove_entries", "mask_counts"):
+    for name in ("metric_scores", "eligible_rows", "random_scores", "tiebreak_scores",
+                 "remove_entries"):
         spy(lockstep, name)
+    for name in ("rank_entries", "mask_counts"):  # both paths rank in job_masks
+        spy(job_masks, name)
     spy(adapter, "layer_geometry")
     spy(lockstep._Lockstep, "_geometry")
-    spy(passes, "rank_entries")
     cfg = FaithfulnessConfig(metrics=("contribution", "random"), rates=(0.3,), max_tokens=None)
     assert lockstep.use_lockstep(model, torch.zeros(1, n, dtype=torch.long), cfg, cfg.metrics)
     run_faithfulness(model, [LONG], cfg, progress=False)

@@ -38,16 +38,13 @@ from cwlens.engine.interventions.selfcheck import ensure_edits_act
 from cwlens.engine.interventions.value_masking import remove_entries
 from cwlens.engine.streaming import attention_context, use_blockwise
 from cwlens.errors import CwlensError, InvalidArgumentError
-from cwlens.faithfulness.cut_counts import RowCutCounts
+from cwlens.faithfulness.job_masks import job_masks
 from cwlens.faithfulness.ranking import (
     RowBlock,
-    add_counts,
     eligible_rows,
     first_token,
-    mask_counts,
     metric_scores,
     random_scores,
-    rank_entries,
     tiebreak_scores,
 )
 
@@ -174,29 +171,20 @@ class _Lockstep:
             shape = (b, h, rows.n_rows, width)
             elig = eligible_rows(mask, rows, cfg.causal_only, cfg.mask_first_token, window)
             first_key = first_token(mask)[..., :width]
-            tiebreak = None
-            ranked: dict = {}
-            for key, job in here:
-                if job.metric is None:  # rate 1: every eligible entry
-                    removed = elig.expand(shape)
-                    add_counts(plan.counts, key, mask_counts(None, elig, removed, "row", first_key))
-                else:
-                    if job.metric not in ranked:
-                        if job.metric == "random":
-                            s = random_scores(shape, mask, plan.keys, cfg.seed, layer, rows.query_start)
-                        else:
-                            s = scores[job.metric][:, :, a : a + rows.n_rows]
-                        if tiebreak is None:
-                            tiebreak = tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer,
-                                                       rows.query_start)
-                        r = rank_entries(s, elig, "row", tiebreak)
-                        ranked[job.metric] = (r, None if plan.counts is None else RowCutCounts(r, s, first_key))
-                    ranking, cut = ranked[job.metric]
-                    removed = ranking.mask(job.rate, job.mode)
-                    if cut is not None:
-                        add_counts(plan.counts, key, cut.counts(job.rate, job.mode))
-                out[key][:, :, a : a + rows.n_rows] = removed
-            del ranked, tiebreak, elig
+            piece = (slice(None), slice(None), slice(a, a + rows.n_rows))
+
+            def scores_of(metric: str, rows=rows, piece=piece, shape=shape) -> torch.Tensor:
+                if metric == "random":
+                    return random_scores(shape, mask, plan.keys, cfg.seed, layer, rows.query_start)
+                return scores[metric][piece]
+
+            def tiebreak_of(rows=rows, shape=shape) -> torch.Tensor:
+                return tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer, rows.query_start)
+
+            for key, removed in job_masks(here, shape, elig, "row", scores_of, tiebreak_of,
+                                          first_key, plan.counts):
+                out[key][piece] = removed
+            del elig
         return {key: m[..., :key_stop] for key, m in out.items()}
 
 

@@ -20,19 +20,15 @@ from cwlens.engine.batching import pad_batch
 from cwlens.engine.gradients import attention_gradient
 from cwlens.engine.interventions.value_masking import run_masked, value_masking
 from cwlens.engine.streaming import DEFAULT_QUERY_BLOCK, attention_context, stream_geometry
-from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
-from cwlens.faithfulness.cut_counts import RowCutCounts
+from cwlens.faithfulness.job_masks import job_masks
 from cwlens.faithfulness.lockstep import copies_per_pass, lockstep_pass, use_lockstep
 from cwlens.faithfulness.ranking import (
-    add_counts,
     eligible_entries,
     first_token,
-    mask_counts,
     mask_shares,
     metric_scores,
     random_scores,
-    rank_entries,
     tiebreak_scores,
 )
 from cwlens.faithfulness.units import Unit
@@ -121,46 +117,18 @@ def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> 
     mask = plan.mask.to(geo.pattern.device)  # a model split over GPUs: this layer's device
     eligible = eligible_entries(mask, cfg.causal_only, cfg.mask_first_token, window)
     shape = geo.pattern.shape
-    out = {}
-    ranks: dict = {}
-    tiebreak = None
-    first_key = first_token(mask)
-    counts = plan.counts
-    for key, entry in plan.jobs.items():
-        job = MaskJob(*entry)
-        if layer not in job.layers:
-            continue
-        if job.metric is None:  # rate 1: every eligible entry
-            removed = eligible.expand(shape)
-            out[key] = PackedMask.pack(removed)
-            add_counts(counts, key, mask_counts(None, eligible, removed, cfg.scope, first_key))
-            continue
-        if job.metric not in ranks:
-            if job.metric == "random":
-                scores = random_scores(shape, mask, plan.keys, cfg.seed, layer)
-            else:
-                scores = metric_scores(geo, job.metric, cfg.kind, (plan.gradients or {}).get(layer))
-            if tiebreak is None:
-                tiebreak = tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer)
-            ranking = rank_entries(scores, eligible, cfg.scope, tiebreak)
-            if cfg.causal_only:  # head/layer scope: the mask at query i from rows <= i (causal_scope)
-                ranking = causal_ranking(ranking)
-            kept: RowCutCounts | torch.Tensor | None
-            if counts is None:
-                kept = None
-            elif ranking.scope == "row":  # the counts from the ranked scores (cut_counts)
-                kept = RowCutCounts(ranking, scores, first_key)
-            else:
-                kept = scores
-            ranks[job.metric] = (ranking, kept)
-            del scores
-        ranking, kept = ranks[job.metric]
-        removed = ranking.mask(job.rate, job.mode)
-        out[key] = PackedMask.pack(removed)
-        if isinstance(kept, RowCutCounts):
-            add_counts(counts, key, kept.counts(job.rate, job.mode))
-        elif counts is not None:
-            add_counts(counts, key, mask_counts(kept, eligible, removed, cfg.scope, first_key))
+
+    def scores_of(metric: str) -> torch.Tensor:
+        if metric == "random":
+            return random_scores(shape, mask, plan.keys, cfg.seed, layer)
+        return metric_scores(geo, metric, cfg.kind, (plan.gradients or {}).get(layer))
+
+    jobs = [(key, MaskJob(*job)) for key, job in plan.jobs.items()]  # plain tuples work too
+    here = [(key, job) for key, job in jobs if layer in job.layers]
+    out = {key: PackedMask.pack(removed) for key, removed in job_masks(
+        here, shape, eligible, cfg.scope, scores_of,
+        lambda: tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer), first_token(mask),
+        plan.counts, causal=cfg.causal_only)}  # head/layer scope: from rows <= i (causal_scope)
     plan.stats.ranking_seconds += time.perf_counter() - t
     return out
 

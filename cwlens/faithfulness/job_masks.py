@@ -1,0 +1,68 @@
+"""The masks of a set of mask jobs over one piece of a layer: a whole layer
+(:func:`cwlens.faithfulness.passes.layer_masks`) or a block of query rows
+(:mod:`cwlens.faithfulness.lockstep`). One rule for both paths:
+
+- a job of rate 1 (``metric`` None) removes every eligible entry;
+- every other job ranks by its metric with the seeded tie-break
+  (:func:`~cwlens.faithfulness.ranking.rank_entries`), each metric ranked once and shared
+  by the jobs that use it; head/layer scopes are made causal where asked
+  (:func:`~cwlens.faithfulness.causal_scope.causal_ranking`);
+- the counts (removed, chosen by the tie-break, on the first token) are added to
+  ``counts[job key]``, read from the ranked scores at row scope
+  (:class:`~cwlens.faithfulness.cut_counts.RowCutCounts`), from the mask otherwise.
+"""
+
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from cwlens.core._types import Scope
+from cwlens.faithfulness.causal_scope import causal_ranking
+from cwlens.faithfulness.cut_counts import RowCutCounts
+from cwlens.faithfulness.ranking import add_counts, mask_counts, rank_entries
+
+
+def job_masks(jobs: Sequence[tuple], shape: Sequence[int], eligible: torch.Tensor, scope: Scope,
+              scores_of: Callable[[str], torch.Tensor], tiebreak_of: Callable[[], torch.Tensor],
+              first_key: torch.Tensor, counts: dict | None, causal: bool = False
+              ) -> Iterator[tuple[object, torch.Tensor]]:
+    """Yield ``(job key, bool mask [batch, head, query, key])`` for each ``(key, job)`` of
+    ``jobs`` (jobs with ``.metric``, ``.rate``, ``.mode``).
+
+    ``scores_of(metric)``: the piece's scores of a metric; ``tiebreak_of()``: its
+    tie-break scores (drawn once, on the first ranked job); ``eligible`` broadcasts to
+    ``shape``; ``first_key``: bool ``[batch, 1, 1, key]`` (:func:`~cwlens.faithfulness.ranking.first_token`);
+    ``counts`` None: nothing counted. ``causal``: head/layer scopes decided from rows
+    ``<= i``. A metric's ranking lives until the generator is exhausted.
+    """
+    ranked: dict = {}
+    tiebreak = None
+    for key, job in jobs:
+        if job.metric is None:  # rate 1: every eligible entry
+            removed = eligible.expand(shape)
+            add_counts(counts, key, mask_counts(None, eligible, removed, scope, first_key))
+            yield key, removed
+            continue
+        if job.metric not in ranked:
+            scores = scores_of(job.metric)
+            if tiebreak is None:
+                tiebreak = tiebreak_of()
+            ranking = rank_entries(scores, eligible, scope, tiebreak)
+            if causal:
+                ranking = causal_ranking(ranking)
+            kept: RowCutCounts | torch.Tensor | None
+            if counts is None:
+                kept = None
+            elif ranking.scope == "row":  # the counts from the ranked scores (cut_counts)
+                kept = RowCutCounts(ranking, scores, first_key)
+            else:
+                kept = scores
+            ranked[job.metric] = (ranking, kept)
+            del scores
+        ranking, kept = ranked[job.metric]
+        removed = ranking.mask(job.rate, job.mode)
+        if isinstance(kept, RowCutCounts):
+            add_counts(counts, key, kept.counts(job.rate, job.mode))
+        elif counts is not None:
+            add_counts(counts, key, mask_counts(kept, eligible, removed, scope, first_key))
+        yield key, removed
