@@ -385,19 +385,15 @@ def test_help_says_how_to_run_on_many_processes(command, capsys):
 
 @pytest.mark.slow
 def test_smollm2_two_processes_equal_one(tmp_path):
+    """The real model under torchrun writes the one-process file byte for byte (the sink
+    analysis under torchrun is checked on the tiny models above: same code path)."""
     faith = ["faithfulness", "--model", "smollm2-135m", "--samples", "3", "--max-tokens", "32",
              "--metrics", "attention,contribution", "--rates", "0.3", "--batch-tokens", "32",
              "--figures", "", "--no-progress", "--device", "cpu"]
-    sinks = ["sinks", "--model", "smollm2-135m", "--samples", "3", "--max-tokens", "32",
-             "--batch-size", "1", "--scales", "0", "--no-png", "--device", "cpu"]
     one_process(*faith, "--out", str(tmp_path / "f1"))
-    one_process(*sinks, "--out", str(tmp_path / "s1"), "--figures", str(tmp_path / "g1"))
-    for args in ([*faith, "--out", str(tmp_path / "f2")],
-                 [*sinks, "--out", str(tmp_path / "s2"), "--figures", str(tmp_path / "g2")]):
-        code, _, err = finish(torchrun(2, "-m", "cwlens", *args))
-        assert code == 0, err[-3000:]
+    code, _, err = finish(torchrun(2, "-m", "cwlens", *faith, "--out", str(tmp_path / "f2")))
+    assert code == 0, err[-3000:]
     assert (tmp_path / "f2" / "gsm8k.jsonl").read_bytes() == (tmp_path / "f1" / "gsm8k.jsonl").read_bytes()
-    same_sink_tables(tmp_path / "s1", tmp_path / "s2")
 
 
 # -- shard files: merge and progress (no processes needed) ------------------------------

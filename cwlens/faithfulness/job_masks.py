@@ -13,6 +13,7 @@
 """
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -22,19 +23,29 @@ from cwlens.faithfulness.cut_counts import RowCutCounts
 from cwlens.faithfulness.ranking import add_counts, mask_counts, rank_entries
 
 
-def job_masks(jobs: Sequence[tuple], shape: Sequence[int], eligible: torch.Tensor, scope: Scope,
-              scores_of: Callable[[str], torch.Tensor], tiebreak_of: Callable[[], torch.Tensor],
-              first_key: torch.Tensor, counts: dict | None, causal: bool = False
-              ) -> Iterator[tuple[object, torch.Tensor]]:
-    """Yield ``(job key, bool mask [batch, head, query, key])`` for each ``(key, job)`` of
-    ``jobs`` (jobs with ``.metric``, ``.rate``, ``.mode``).
+class Piece(NamedTuple):
+    """The entries being ranked: ``shape`` ``[batch, head, query, key]``, ``eligible``
+    (broadcasts to it), ``first_key`` (bool ``[batch, 1, 1, key]``,
+    :func:`~cwlens.faithfulness.ranking.first_token`), ``scores_of(metric)`` (its scores of
+    a metric) and ``tiebreak_of()`` (its tie-break scores, drawn once, on the first ranked
+    job)."""
 
-    ``scores_of(metric)``: the piece's scores of a metric; ``tiebreak_of()``: its
-    tie-break scores (drawn once, on the first ranked job); ``eligible`` broadcasts to
-    ``shape``; ``first_key``: bool ``[batch, 1, 1, key]`` (:func:`~cwlens.faithfulness.ranking.first_token`);
+    shape: Sequence[int]
+    eligible: torch.Tensor
+    first_key: torch.Tensor
+    scores_of: Callable[[str], torch.Tensor]
+    tiebreak_of: Callable[[], torch.Tensor]
+
+
+def job_masks(jobs: Sequence[tuple], piece: Piece, scope: Scope, counts: dict | None,
+              causal: bool = False) -> Iterator[tuple[object, torch.Tensor]]:
+    """Yield ``(job key, bool mask [batch, head, query, key])`` for each ``(key, job)`` of
+    ``jobs`` (jobs with ``.metric``, ``.rate``, ``.mode``) over ``piece``.
+
     ``counts`` None: nothing counted. ``causal``: head/layer scopes decided from rows
     ``<= i``. A metric's ranking lives until the generator is exhausted.
     """
+    shape, eligible, first_key = piece.shape, piece.eligible, piece.first_key
     ranked: dict = {}
     tiebreak = None
     for key, job in jobs:
@@ -44,9 +55,9 @@ def job_masks(jobs: Sequence[tuple], shape: Sequence[int], eligible: torch.Tenso
             yield key, removed
             continue
         if job.metric not in ranked:
-            scores = scores_of(job.metric)
+            scores = piece.scores_of(job.metric)
             if tiebreak is None:
-                tiebreak = tiebreak_of()
+                tiebreak = piece.tiebreak_of()
             ranking = rank_entries(scores, eligible, scope, tiebreak)
             if causal:
                 ranking = causal_ranking(ranking)

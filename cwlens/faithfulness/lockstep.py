@@ -38,7 +38,7 @@ from cwlens.engine.interventions.selfcheck import ensure_edits_act
 from cwlens.engine.interventions.value_masking import remove_entries
 from cwlens.engine.streaming import attention_context, use_blockwise
 from cwlens.errors import CwlensError, InvalidArgumentError
-from cwlens.faithfulness.job_masks import job_masks
+from cwlens.faithfulness.job_masks import Piece, job_masks
 from cwlens.faithfulness.ranking import (
     RowBlock,
     eligible_rows,
@@ -181,8 +181,8 @@ class _Lockstep:
             def tiebreak_of(rows=rows, shape=shape) -> torch.Tensor:
                 return tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer, rows.query_start)
 
-            for key, removed in job_masks(here, shape, elig, "row", scores_of, tiebreak_of,
-                                          first_key, plan.counts):
+            for key, removed in job_masks(here, Piece(shape, elig, first_key, scores_of, tiebreak_of),
+                                          "row", plan.counts):
                 out[key][piece] = removed
             del elig
         return {key: m[..., :key_stop] for key, m in out.items()}

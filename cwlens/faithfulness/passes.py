@@ -21,7 +21,7 @@ from cwlens.engine.gradients import attention_gradient
 from cwlens.engine.interventions.value_masking import run_masked, value_masking
 from cwlens.engine.streaming import DEFAULT_QUERY_BLOCK, attention_context, stream_geometry
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
-from cwlens.faithfulness.job_masks import job_masks
+from cwlens.faithfulness.job_masks import Piece, job_masks
 from cwlens.faithfulness.lockstep import copies_per_pass, lockstep_pass, use_lockstep
 from cwlens.faithfulness.ranking import (
     eligible_entries,
@@ -125,10 +125,10 @@ def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> 
 
     jobs = [(key, MaskJob(*job)) for key, job in plan.jobs.items()]  # plain tuples work too
     here = [(key, job) for key, job in jobs if layer in job.layers]
+    piece = Piece(shape, eligible, first_token(mask), scores_of,
+                  lambda: tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer))
     out = {key: PackedMask.pack(removed) for key, removed in job_masks(
-        here, shape, eligible, cfg.scope, scores_of,
-        lambda: tiebreak_scores(shape, mask, plan.keys, cfg.seed, layer), first_token(mask),
-        plan.counts, causal=cfg.causal_only)}  # head/layer scope: from rows <= i (causal_scope)
+        here, piece, cfg.scope, plan.counts, causal=cfg.causal_only)}  # head/layer: rows <= i
     plan.stats.ranking_seconds += time.perf_counter() - t
     return out
 
