@@ -165,15 +165,15 @@ def _report(args, out, skipped: dict[str, str]) -> int:
     if skipped and len(skipped) == len(args.models):
         raise ModelNotAvailableError("no model could be loaded: " + "; ".join(
             f"{name}: {why}" for name, why in skipped.items()))
+    command = ("cwlens replicate " + " ".join(f"--{k} {v}" for k, v in _nondefault(args))).strip()
+    if args.docs:  # the tables first: they hold the numbers, the figures only draw them
+        write_block(args.docs, f"Produced by `{command}`.\n\n{table}\n{aopc}",
+                    start=claims.START, end=claims.END)
+        print(f"wrote {args.docs}")
     if args.figures:
         written = claims.write_figures(results, args.figures, png=not args.no_png)
         if written:
             print("wrote " + ", ".join(str(p) for p in written))
-    command = ("cwlens replicate " + " ".join(f"--{k} {v}" for k, v in _nondefault(args))).strip()
-    if args.docs:
-        write_block(args.docs, f"Produced by `{command}`.\n\n{table}\n{aopc}",
-                    start=claims.START, end=claims.END)
-        print(f"wrote {args.docs}")
     return 0
 
 

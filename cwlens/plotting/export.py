@@ -47,6 +47,28 @@ def save_figure(fig, path_stem: str | Path, png: bool = True, scale: float = 1.0
             return written
         os.environ.setdefault("BROWSER_PATH", chrome)
         out = stem.with_suffix(".png")
-        fig.write_image(out, format="png", scale=scale)
-        written.append(out)
+        if _write_png(fig, out, scale):
+            written.append(out)
     return written
+
+
+PNG_TRIES = 3
+
+
+def _write_png(fig, out: Path, scale: float) -> bool:
+    """``fig.write_image`` with retries: on a loaded machine kaleido's Chromium page can
+    run the export before its own scripts are in (``ReferenceError: kaleido_scopes is not
+    defined``). After :data:`PNG_TRIES` failures a warning names the error and the PNG is
+    skipped (the HTML is written): a figure must not end a run that computed for hours."""
+    error: Exception | None = None
+    for _ in range(PNG_TRIES):
+        try:
+            fig.write_image(out, format="png", scale=scale)
+            return True
+        except Exception as e:  # kaleido raises its own JavascriptError / ChromeNotFound types
+            error = e
+    warnings.warn(f"{out} was not written: kaleido failed {PNG_TRIES} times "
+                  f"({type(error).__name__}: {str(error)[:200]}). The HTML beside it was "
+                  "written; rerun the command (with --table-only / --report-only where it has "
+                  "one) to retry the PNG.", stacklevel=3)
+    return False
