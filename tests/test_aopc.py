@@ -107,14 +107,16 @@ def test_aopc_of_a_real_run_equals_the_per_rate_delta_nll_by_hand():
         assert row["aopc"] == pytest.approx(float((masked["value"] - clean).mean()), abs=1e-12)
 
 
-def test_curve_figure_has_a_log_rate_axis_and_one_line_per_metric():
+def test_curve_figure_has_one_step_per_rate_and_one_line_per_metric():
     from cwlens.plotting.faithfulness import aopc_curves
 
     d = A.damages(_synthetic(n=6))
     fig = aopc_curves(A.curve_summary(d, n_boot=200), A.aopc_summary(A.aopc(d), n_boot=200),
                       "synthetic", A.UNITS["delta_nll"])
-    assert fig.layout.xaxis.type == "log"
     lines = [t for t in fig.data if t.mode == "lines+markers"]
+    # equal steps (AOPC weighs each rate equally), labelled with the rates
+    assert list(fig.layout.xaxis.tickvals) == [0, 1] and list(fig.layout.xaxis.ticktext) == ["0.1", "0.3"]
+    assert all(list(t.x) == [0, 1] for t in lines)
     assert sorted(t.legendgroup for t in lines) == sorted(
         f"{m}1" for m in ("attention", "value_weighted", "value_weighted_output_normalized",
                           "contribution"))

@@ -157,12 +157,14 @@ def aopc(damage: pd.DataFrame, rates: Sequence[float] | None = None) -> pd.DataF
 
 def curve_summary(damage: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per ``(metric, mode, rate)``: ``n``, ``mean``, ``ci_low``, ``ci_high`` of the damage
-    (percentile bootstrap of the mean): the points of the perturbation curves."""
-    from cwlens.core.bootstrap import bootstrap_ci
+    (BCa bootstrap of the mean, :func:`cwlens.core.bootstrap.bca_ci`: one rate's damages
+    can be mostly exact zeros, where a bootstrap-t band explodes): the points of the
+    perturbation curves."""
+    from cwlens.core.bootstrap import bca_ci
 
     rows = []
     for (metric, mode, rate), g in damage.groupby(["metric", "mode", "rate"], sort=True):
-        lo, hi = bootstrap_ci(g["damage"].to_numpy(), n_boot=n_boot, seed=seed)
+        lo, hi = bca_ci(g["damage"].to_numpy(), n_boot=n_boot, seed=seed)
         rows.append(dict(metric=metric, mode=mode, rate=float(rate), n=len(g),
                          mean=float(g["damage"].mean()), ci_low=lo, ci_high=hi))
     return pd.DataFrame(rows)

@@ -62,8 +62,9 @@ def faithfulness_curves(summary, dataset: str, measure: str, title: str | None =
 
 
 def aopc_curves(curves, aopc_summary=None, title: str = "", ylabel: str = "damage"):
-    """Perturbation curves on a log rate axis (comprehensiveness | sufficiency): the mean
-    damage per rate with its bootstrap CI band, one line per metric; with
+    """Perturbation curves, one equal step per rate (AOPC weighs every rate equally; on a
+    log axis 0.8-0.99 would crowd together) (comprehensiveness | sufficiency): the mean
+    damage per rate with its BCa bootstrap band, one line per metric; with
     ``aopc_summary`` (:func:`cwlens.faithfulness.aopc.aopc_summary`) the legend gives each
     metric's AOPC. ``curves``: :func:`cwlens.faithfulness.aopc.curve_summary` output."""
     import plotly.graph_objects as go
@@ -74,6 +75,8 @@ def aopc_curves(curves, aopc_summary=None, title: str = "", ylabel: str = "damag
         "<b>comprehensiveness</b>: remove top-ranked<br>(higher curve = more faithful)",
         "<b>sufficiency</b>: remove bottom-ranked<br>(lower curve = more faithful)"))
     metrics = [m for m in COLORS if m in set(curves.metric)]
+    rates = sorted(set(curves.rate))
+    step = {r: i for i, r in enumerate(rates)}
     for col, mode in enumerate(modes, start=1):
         for metric in metrics:
             d = curves[(curves.metric == metric) & (curves["mode"] == mode)].sort_values("rate")
@@ -86,22 +89,22 @@ def aopc_curves(curves, aopc_summary=None, title: str = "", ylabel: str = "damag
                     name += f" ({'comp' if col == 1 else 'suff'} AOPC {hit['aopc'].iloc[0]:.3g})"
             color = COLORS[metric]
             fig.add_trace(go.Scatter(  # the CI band: upper edge, then lower edge back
-                x=list(d.rate) + list(d.rate)[::-1], y=list(d.ci_high) + list(d.ci_low)[::-1],
+                x=[step[r] for r in d.rate] + [step[r] for r in d.rate][::-1],
+                y=list(d.ci_high) + list(d.ci_low)[::-1],
                 mode="lines", fill="toself", fillcolor=_rgba(color, 0.10), line=dict(width=0),
                 hoverinfo="skip",
                 showlegend=False, legendgroup=f"{metric}{col}"), row=1, col=col)
             fig.add_trace(go.Scatter(
-                x=list(d.rate), y=list(d["mean"]), mode="lines+markers", name=name,
+                x=[step[r] for r in d.rate], y=list(d["mean"]), mode="lines+markers", name=name,
                 legendgroup=f"{metric}{col}", legend="legend" if col == 1 else "legend2",
                 line=dict(color=color, dash="dot" if metric == "random" else "solid")),
                 row=1, col=col)
-        rates = sorted(set(curves.rate))
-        fig.update_xaxes(type="log", title_text="removal rate (log scale)", tickvals=rates,
+        fig.update_xaxes(title_text="removal rate (one step per rate)", tickvals=list(range(len(rates))),
                          ticktext=[f"{r:g}" for r in rates], row=1, col=col)
         fig.update_yaxes(title_text=ylabel, row=1, col=col)
     n = int(curves["n"].max()) if len(curves) else 0
     fig.update_layout(
-        title=f"{title} (n = {n}; bands: 95% bootstrap CI)", template="plotly_white",
+        title=f"{title} (n = {n}; bands: 95% BCa bootstrap CI)", template="plotly_white",
         width=1250, height=600, margin=dict(t=110, b=200),
         legend=dict(orientation="v", x=0.0, y=-0.18, yanchor="top", font=dict(size=11)),
         legend2=dict(orientation="v", x=0.55, y=-0.18, yanchor="top", font=dict(size=11)),
