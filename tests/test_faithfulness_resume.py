@@ -313,3 +313,18 @@ def test_a_partly_done_batch_is_recomputed_whole_and_only_its_missing_samples_wr
     run_here(tmp_path, cut)
     assert len(cut.read_text().splitlines()) == len(lines)
     pd.testing.assert_frame_equal(table(cut), table(full), check_exact=True)
+
+
+def test_every_metric_identical_is_not_tested_not_holds():
+    """A rate that masks nothing (round(0.01 n) = 0 in short rows) gives every metric the
+    clean scores: the chain is "=" all along, which shows nothing (it read "holds, with
+    ties")."""
+    from cwlens.faithfulness.report import hierarchy_verdict
+
+    data = [{"dataset": "toy", "metric": metric, "mode": "comprehensiveness", "rate": 0.01,
+             "scope": "row", "layers": "all", "sample_id": f"s{i}", "measure": "accuracy",
+             "value": float(i % 2)}
+            for metric in ("attention", "value_weighted", "value_weighted_output_normalized",
+                           "contribution") for i in range(20)]
+    verdict = hierarchy_verdict(pd.DataFrame(data), "toy", "comprehensiveness", 0.01, "accuracy")
+    assert verdict == "attn = vw = vwon = contrib: not tested (every metric identical)"
