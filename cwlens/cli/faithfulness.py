@@ -159,7 +159,7 @@ def _prompt(args, dataset: str) -> str:
     return prompt_of(dataset, args.prompt)
 
 
-def _source(args, model, dataset: str, n: int, shots: int):
+def _source(args, model, dataset: str, n: int):
     """What run_faithfulness and the chance check score: the dataset's name, or under
     ``--prompt chat`` its chat items (``cwlens.datasets.chat_prompts``)."""
     if _prompt(args, dataset) != "chat":
@@ -262,7 +262,7 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
         from cwlens.faithfulness import run_faithfulness
 
         shots = args.num_fewshot if d == "mmlu" else 0
-        source = args.file_samples if args.file is not None else _source(args, model, d, counts[d], shots)
+        source = args.file_samples if args.file is not None else _source(args, model, d, counts[d])
         if args.require_above_chance and args.file is None:
             _check_chance(model, source, counts[d], shots, cfg, world)
         result = run_faithfulness(

@@ -89,9 +89,10 @@ def bca_ci(values, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 
     of resampled means below the mean and the acceleration ``a`` from the jackknife.
 
     Used for the bands of the perturbation curves: each point is one rate's damage, which
-    can be mostly exact zeros (a rate that masks nothing in short rows) plus a few large
-    values. There the bootstrap-t interval explodes (a resample of near-zero values has a
-    tiny standard error, so its ``t*`` is huge); BCa stays inside the resampled means' range.
+    can be mostly float noise (a rate that masks nothing in short rows: 1 - cos ~ 6e-8)
+    plus one or two real values. There the bootstrap-t interval explodes (a resample of
+    the noise alone has a tiny standard error, so its ``t*`` is huge); BCa stays inside
+    the resampled means' range.
     NaN for n < 2; ``[m, m]`` when every value is equal."""
     from statistics import NormalDist
 

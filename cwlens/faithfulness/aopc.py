@@ -158,7 +158,7 @@ def aopc(damage: pd.DataFrame, rates: Sequence[float] | None = None) -> pd.DataF
 def curve_summary(damage: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per ``(metric, mode, rate)``: ``n``, ``mean``, ``ci_low``, ``ci_high`` of the damage
     (BCa bootstrap of the mean, :func:`cwlens.core.bootstrap.bca_ci`: one rate's damages
-    can be mostly exact zeros, where a bootstrap-t band explodes): the points of the
+    can be float noise plus one or two real values, where a bootstrap-t band explodes): the points of the
     perturbation curves."""
     from cwlens.core.bootstrap import bca_ci
 

@@ -166,11 +166,11 @@ class _Lockstep:
         del geo
         out = {key: torch.zeros(b, h, n_rows, width, dtype=torch.bool, device=clean.device) for key, _ in here}
         step = max(1, RANK_ENTRIES // (b * h * width))
+        first_key = first_token(mask)[..., :width]
         for a in range(0, n_rows, step):
             rows = RowBlock(start + a, min(step, n_rows - a), width)
             shape = (b, h, rows.n_rows, width)
             elig = eligible_rows(mask, rows, cfg.causal_only, cfg.mask_first_token, window)
-            first_key = first_token(mask)[..., :width]
             piece = (slice(None), slice(None), slice(a, a + rows.n_rows))
 
             def scores_of(metric: str, rows=rows, piece=piece, shape=shape) -> torch.Tensor:
