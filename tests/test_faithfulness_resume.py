@@ -327,4 +327,4 @@ def test_every_metric_identical_is_not_tested_not_holds():
             for metric in ("attention", "value_weighted", "value_weighted_output_normalized",
                            "contribution") for i in range(20)]
     verdict = hierarchy_verdict(pd.DataFrame(data), "toy", "comprehensiveness", 0.01, "accuracy")
-    assert verdict == "attn = vw = vwon = contrib: not tested (every metric identical)"
+    assert verdict == "attn = vw = vwon = contrib: not separated (every metric scored the same on every sample)"

@@ -86,9 +86,10 @@ def hierarchy_verdict(table, dataset: str, mode: str, rate: float, measure: str,
     95% interval of the difference excludes 0, ``≈`` that it contains 0, ``=`` that the
     two are identical on every sample. The verdict, over the expected order's adjacent
     pairs (attn < vw < vwon < contrib): ``holds`` (every pair resolved in that order),
-    ``holds, with ties`` (the others identical), ``not tested (every metric identical)``
-    (every pair identical: e.g. a rate that masks nothing in short rows), ``does not hold (a > b)`` (some pair
-    resolved the other way round), else ``unresolved (a vs b, ...)``. For example
+    ``holds, with ties`` (the others identical), ``not separated (every metric scored
+    the same on every sample)`` (every pair identical: a rate that masks nothing in short
+    rows, or a few 0/1 items), ``does not hold (a > b)`` (some pair resolved the other way
+    round), else ``unresolved (a vs b, ...)``. For example
     ``"attn < vw = vwon < contrib: holds, with ties"``. ``order``: the expected order
     (e.g. with ``contribution_abs`` in place of ``contribution``). ``boot``: ``n_boot``,
     ``level``, ``seed`` of the paired bootstrap (:func:`cell_comparisons`)."""
@@ -147,7 +148,7 @@ def _verdict_text(pairs: dict, order: tuple[str, ...]) -> str:
     elif unresolved:
         verdict = f"unresolved ({', '.join(unresolved)})"
     elif all(same for _, same in signs.values()):  # e.g. a rate that masks nothing
-        verdict = "not tested (every metric identical)"
+        verdict = "not separated (every metric scored the same on every sample)"
     elif any(same for _, same in signs.values()):
         verdict = "holds, with ties"
     else:
