@@ -30,6 +30,11 @@ see docs/long_context.md). On CPU, rows with n > 4096 run once
     python scripts/benchmark.py --docs docs/benchmarks.md   # and write its table into that page
     python scripts/benchmark.py --stream --json --lengths 2048 8192 --repeats 1
     python scripts/benchmark.py --device cuda --model llama-3.1-8b --lengths 512 2048
+    python scripts/benchmark.py --topk --lengths 1024 2048 4096 8192 16384   # TopK's two paths
+
+``--topk`` times the two ways the TopK reducer ranks a block's rows (torch.topk, and the
+grouped top-k it uses from ``reducers.GROUPED_FROM`` keys on): a [1, 9, 256, n] block of
+random weights (SmolLM2's 9 heads, the default query block), CPU time of this process.
     python scripts/benchmark.py --stream --json --device cuda --dtype bfloat16 \
         --random-config llama-3.1-8b --lengths 2048 8192 32768     # random weights, no download
 """
@@ -252,6 +257,28 @@ def _sub(args, *extra, env=None, allow_failure=False) -> dict | None:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def topk_main(lengths, repeats, k=8):
+    """CPU seconds of torch.topk and of the grouped top-k on one block, interleaved."""
+    from cwlens.engine import reducers
+
+    print(f"top-{k} of a [1, 9, 256, n] block, CPU time, median of {repeats} interleaved runs; "
+          f"TopK uses the grouped path from n = {reducers.GROUPED_FROM}")
+    print(f"{'n':>6} {'topk ms':>9} {'grouped ms':>11} {'topk/grouped':>13}")
+    g = torch.Generator().manual_seed(0)
+    for n in lengths:
+        x = torch.rand(1, 9, 256, n, generator=g)
+        runs = {"topk": lambda: x.topk(k, dim=-1).indices,
+                "grouped": lambda: reducers._grouped_topk_indices(x, k, reducers.GROUP)}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(repeats + 1):  # the first round warms up
+            for name, f in runs.items():
+                t = time.process_time()
+                f()
+                times[name].append(time.process_time() - t)
+        a, b = (statistics.median(times[name][1:]) for name in runs)
+        print(f"{n:>6} {a * 1e3:>9.1f} {b * 1e3:>11.1f} {a / b:>13.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -275,6 +302,7 @@ def main():
     ap.add_argument("--memory-limit-gb", type=float, default=_default_memory_limit_gb(),
                     help="CPU: each row's address-space cap (default: 85%% of this machine's "
                     "memory); a forward that needs more is reported as not fitting (0: no cap)")
+    ap.add_argument("--topk", action="store_true", help="time torch.topk against the grouped top-k")
     ap.add_argument("--no-eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--row", type=int, help=argparse.SUPPRESS)  # internal: one row, JSON out
     ap.add_argument("--stream-row", type=int, help=argparse.SUPPRESS)
@@ -296,6 +324,8 @@ def main():
         return
     if args.stream:
         return stream_main(args)
+    if args.topk:
+        return topk_main(args.lengths, args.repeats)
     print(f"model {args.model}, device {args.device}, dtype {args.dtype}, torch threads {torch.get_num_threads()}")
     print(f"{'n':>6} {'forward s':>10} {'cwlens s':>10} {'ratio':>7} {'+intra':>7} {'peak extra MB':>14}")
     md = [

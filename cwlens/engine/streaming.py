@@ -293,6 +293,7 @@ class BlockMeasures(dict):
     def __init__(self, geometry: AttentionGeometry, kind: Kind, n_keys: int):
         super().__init__()
         self.geometry, self.kind, self.n_keys = geometry, kind, n_keys
+        self.derived: dict[tuple, Any] = {}  # what reducers derive from a measure, shared
 
     def __missing__(self, metric: str) -> torch.Tensor:
         self[metric] = value = _metrics.from_geometry(self.geometry, check_metric(metric), self.kind)
