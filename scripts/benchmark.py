@@ -267,8 +267,8 @@ def topk_main(lengths, repeats, k=8):
     g = torch.Generator().manual_seed(0)
     for n in lengths:
         x = torch.rand(1, 9, 256, n, generator=g)
-        runs = {"topk": lambda: x.topk(k, dim=-1).indices,
-                "grouped": lambda: reducers._grouped_topk_indices(x, k, reducers.GROUP)}
+        runs = {"topk": lambda x=x: x.topk(k, dim=-1).indices,
+                "grouped": lambda x=x: reducers._grouped_topk_indices(x, k, reducers.GROUP)}
         times: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(repeats + 1):  # the first round warms up
             for name, f in runs.items():
