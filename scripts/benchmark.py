@@ -31,10 +31,14 @@ see docs/long_context.md). On CPU, rows with n > 4096 run once
     python scripts/benchmark.py --stream --json --lengths 2048 8192 --repeats 1
     python scripts/benchmark.py --device cuda --model llama-3.1-8b --lengths 512 2048
     python scripts/benchmark.py --topk --lengths 1024 2048 4096 8192 16384   # TopK's two paths
+    python scripts/benchmark.py --ranking --lengths 4096 16384   # the faithfulness row ranking
 
 ``--topk`` times the two ways the TopK reducer ranks a block's rows (torch.topk, and the
 grouped top-k it uses from ``reducers.GROUPED_FROM`` keys on): a [1, 9, 256, n] block of
 random weights (SmolLM2's 9 heads, the default query block), CPU time of this process.
+``--ranking`` times the row ranking of ``cwlens faithfulness`` on one sub-block of
+``lockstep.RANK_ENTRIES`` entries of rows n keys wide: the full sort (``rank_entries``)
+against the ends-only ranking (``partial_ranking``) for masks of 1%, 10% and 30% of a row.
     python scripts/benchmark.py --stream --json --device cuda --dtype bfloat16 \
         --random-config llama-3.1-8b --lengths 2048 8192 32768     # random weights, no download
 """
@@ -279,6 +283,43 @@ def topk_main(lengths, repeats, k=8):
         print(f"{n:>6} {a * 1e3:>9.1f} {b * 1e3:>11.1f} {a / b:>13.2f}")
 
 
+def _ranking_runs(scores, eligible, ties, fractions, full, partial):
+    n = scores.shape[-1]
+    runs = {"sort": lambda: full(scores, eligible, "row", ties)}
+    for f in fractions:
+        runs[f] = lambda f=f: partial(scores, eligible, ties, int(f * n + 0.5), 0)
+    return runs
+
+
+def ranking_main(lengths, repeats, heads=9):
+    """CPU seconds of rank_entries and of rank_rows_partially on one sub-block, interleaved."""
+    from cwlens.faithfulness.lockstep import RANK_ENTRIES
+    from cwlens.faithfulness.partial_ranking import rank_rows_partially
+    from cwlens.faithfulness.ranking import rank_entries
+
+    fractions = (0.01, 0.1, 0.3)
+    print(f"row ranking of {RANK_ENTRIES} entries ({heads} heads), CPU time, median of {repeats} "
+          "interleaved runs: the full sort against the ends only, for comprehensiveness masks "
+          "of a share of each row")
+    print(f"{'n':>6} {'sort ms':>9} " + " ".join(f"{f'ends {f:.0%} ms':>13} {'ratio':>6}" for f in fractions))
+    g = torch.Generator().manual_seed(0)
+    for n in lengths:
+        rows = max(1, RANK_ENTRIES // (heads * n))
+        scores = torch.rand(1, heads, rows, n, generator=g)
+        ties = torch.rand(1, heads, rows, n, generator=g)
+        eligible = torch.ones(1, 1, rows, n, dtype=torch.bool)
+        runs = _ranking_runs(scores, eligible, ties, fractions, rank_entries, rank_rows_partially)
+        times: dict = {name: [] for name in runs}
+        for _ in range(repeats + 1):  # the first round warms up
+            for name, run in runs.items():
+                t = time.process_time()
+                run()
+                times[name].append(time.process_time() - t)
+        med = {name: statistics.median(v[1:]) for name, v in times.items()}
+        cells = " ".join(f"{med[f] * 1e3:>13.1f} {med['sort'] / med[f]:>6.2f}" for f in fractions)
+        print(f"{n:>6} {med['sort'] * 1e3:>9.1f} {cells}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -303,6 +344,7 @@ def main():
                     help="CPU: each row's address-space cap (default: 85%% of this machine's "
                     "memory); a forward that needs more is reported as not fitting (0: no cap)")
     ap.add_argument("--topk", action="store_true", help="time torch.topk against the grouped top-k")
+    ap.add_argument("--ranking", action="store_true", help="time the full row ranking against the ends-only one")
     ap.add_argument("--no-eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--row", type=int, help=argparse.SUPPRESS)  # internal: one row, JSON out
     ap.add_argument("--stream-row", type=int, help=argparse.SUPPRESS)
@@ -326,6 +368,8 @@ def main():
         return stream_main(args)
     if args.topk:
         return topk_main(args.lengths, args.repeats)
+    if args.ranking:
+        return ranking_main(args.lengths, args.repeats)
     print(f"model {args.model}, device {args.device}, dtype {args.dtype}, torch threads {torch.get_num_threads()}")
     print(f"{'n':>6} {'forward s':>10} {'cwlens s':>10} {'ratio':>7} {'+intra':>7} {'peak extra MB':>14}")
     md = [

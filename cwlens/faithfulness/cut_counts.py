@@ -36,8 +36,22 @@ class RowCutCounts:
         rank = ranking.rank.long()
         width = rank.shape[-1]
         self.n = ranking.n_eligible  # [b, h, q, 1]
-        ranked = torch.empty(rank.shape, dtype=torch.float32, device=rank.device)
-        ranked.scatter_(-1, rank, scores.float().expand(rank.shape))
+        scores = scores.float().expand(rank.shape)
+        if ranking.depth is None:  # a permutation of 0..width-1
+            ranked = torch.empty(rank.shape, dtype=torch.float32, device=rank.device)
+            ranked.scatter_(-1, rank, scores)
+        else:  # exact at both ends; the ranks between hold the score ranked `top` (with no
+            # top block: the row's best), so that the row stays sorted (every entry between
+            # scores at most that, at least the worst block's best); ineligible entries
+            # (rank `width`) go to a spare column
+            top = ranking.depth[0]
+            if top > 0:
+                fill = scores.gather(-1, (rank == top).int().argmax(-1, keepdim=True))
+            else:
+                fill = scores.masked_fill(rank >= width, float("-inf")).amax(-1, keepdim=True)
+            ranked = fill.expand(*rank.shape[:-1], width + 1).contiguous()
+            ranked.scatter_(-1, rank.clamp(max=width), scores)
+            ranked = ranked[..., :width]
         beyond = torch.arange(width, device=rank.device) >= self.n  # ineligible ranks
         # the ranked scores negated (ascending, as searchsorted wants); ineligible ranks +inf
         self.ascending = (-ranked).masked_fill_(beyond, float("inf")).contiguous()

@@ -5,7 +5,9 @@
 - a job of rate 1 (``metric`` None) removes every eligible entry;
 - every other job ranks by its metric with the seeded tie-break
   (:func:`~cwlens.faithfulness.ranking.rank_entries`), each metric ranked once and shared
-  by the jobs that use it; head/layer scopes are made causal where asked
+  by the jobs that use it; at row scope, when those jobs remove few entries a row, only
+  the ends of each row are ranked (:mod:`~cwlens.faithfulness.partial_ranking`, the same
+  masks); head/layer scopes are made causal where asked
   (:func:`~cwlens.faithfulness.causal_scope.causal_ranking`);
 - the counts (removed, chosen by the tie-break, on the first token) are added to
   ``counts[job key]``, read from the ranked scores at row scope
@@ -20,7 +22,8 @@ import torch
 from cwlens.core._types import Scope
 from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.cut_counts import RowCutCounts
-from cwlens.faithfulness.ranking import add_counts, mask_counts, rank_entries
+from cwlens.faithfulness.partial_ranking import rank_rows_partially, worth_it
+from cwlens.faithfulness.ranking import add_counts, mask_counts, n_to_mask, rank_entries
 
 
 class Piece(NamedTuple):
@@ -58,7 +61,13 @@ def job_masks(jobs: Sequence[tuple], piece: Piece, scope: Scope, counts: dict | 
             scores = piece.scores_of(job.metric)
             if tiebreak is None:
                 tiebreak = piece.tiebreak_of()
-            ranking = rank_entries(scores, eligible, scope, tiebreak)
+            ranking = None
+            if scope == "row":  # the ends of each row only, where the jobs' masks are small
+                top, bottom = _depths([j for _, j in jobs if j.metric == job.metric], shape[-1])
+                if worth_it(top, bottom, shape[-1]):
+                    ranking = rank_rows_partially(scores, eligible, tiebreak, top, bottom)
+            if ranking is None:
+                ranking = rank_entries(scores, eligible, scope, tiebreak)
             if causal:
                 ranking = causal_ranking(ranking)
             kept: RowCutCounts | torch.Tensor | None
@@ -77,3 +86,13 @@ def job_masks(jobs: Sequence[tuple], piece: Piece, scope: Scope, counts: dict | 
         elif counts is not None:
             add_counts(counts, key, mask_counts(kept, eligible, removed, scope, first_key))
         yield key, removed
+
+
+def _depths(jobs: Sequence, width: int) -> tuple[int, int]:
+    """The most entries a row of ``width`` keys loses to these jobs' comprehensiveness and
+    sufficiency masks (a row's count grows with its eligible entries, at most ``width``)."""
+    most = {"comprehensiveness": 0, "sufficiency": 0}
+    for job in jobs:
+        k = int(n_to_mask(job.rate, torch.tensor(width)))
+        most[job.mode] = max(most[job.mode], k)
+    return most["comprehensiveness"], most["sufficiency"]

@@ -140,16 +140,26 @@ class Ranking:
     eligible entries of a unit have ranks ``0..n-1``, ineligible ones ``>= n``.
     ``n_eligible``: int64, broadcastable to ``rank`` (``[b, h, q, 1]`` row,
     ``[b, h, 1, 1]`` head, ``[b, 1, 1, 1]`` layer).
+    ``depth``: None (every rank exact), or ``(top, bottom)`` for a row ranking exact only
+    for the ``top + 1`` best and ``bottom + 1`` worst entries of each row
+    (:mod:`cwlens.faithfulness.partial_ranking`): masks of at most ``top``
+    (comprehensiveness) / ``bottom`` (sufficiency) entries.
     """
 
     rank: torch.Tensor
     n_eligible: torch.Tensor
     scope: Scope
+    depth: tuple[int, int] | None = None
 
     def mask(self, rate: float, mode: Mode) -> torch.Tensor:
         """bool ``[batch, head_index, query_pos, key_pos]``: the entries to remove."""
         check_option(mode, MODES, "mode")
         k = n_to_mask(rate, self.n_eligible)
+        if self.depth is not None:
+            limit = self.depth[0 if mode == "comprehensiveness" else 1]
+            if int(k.max()) > limit:
+                raise ValueError(f"this ranking is exact for {mode} masks of at most {limit} "
+                                 f"entries a row; rate {rate} needs {int(k.max())}.")
         if mode == "comprehensiveness":
             return self.rank < k
         return (self.rank >= self.n_eligible - k) & (self.rank < self.n_eligible)
