@@ -153,6 +153,8 @@ def test_bad_arguments(run):
         cwlens.stream(model, tokens[:, :0], lambda ly, w: None)
     with pytest.raises(CwlensError, match="query_block"):
         cwlens.stream_reduce(model, tokens, [reducers.HeadSummary()], query_block=0)
+    with pytest.raises(CwlensError, match="'auto'"):
+        cwlens.stream_reduce(model, tokens, [reducers.HeadSummary()], query_block="big")
     with pytest.raises(CwlensError, match="positive"):
         reducers.TopK(k=0)
 
@@ -234,3 +236,32 @@ def test_streamed_closure_equals_cached_closure(run):
     assert got.layers == want.layers
     assert got.worst_relative_error < 1e-5
     assert_close(torch.tensor(got.relative_error), torch.tensor(want.relative_error), rtol=0.2, atol=1e-7)
+
+
+def test_auto_query_block_keeps_a_block_the_size_of_256_rows_at_8192_keys():
+    from cwlens.engine.streaming import auto_query_block
+
+    assert [auto_query_block(n) for n in (1, 2048, 8192, 16384, 32768, 131072, 10**7)] == [
+        256, 256, 256, 128, 64, 32, 32]
+
+
+def test_the_default_query_block_follows_the_length(monkeypatch):
+    """query_block="auto" (the default) shrinks the blocks of long inputs: forced here on a
+    short one, blockwise and eager, with the same results as one block per layer."""
+    from cwlens.engine import adapter, streaming
+
+    model = tiny_model("llama")
+    tokens, mask = pad_batch(model, TEXTS)
+    n = tokens.shape[1]
+    monkeypatch.setattr(streaming, "BLOCK_ENTRIES_PER_HEAD", 3 * n)  # 3 rows a block
+    monkeypatch.setattr(streaming, "MIN_AUTO_QUERY_BLOCK", 1)
+    blocks = []
+    real = adapter.blockwise_attention
+    monkeypatch.setattr(adapter, "blockwise_attention", lambda m, b: blocks.append(b) or real(m, b))
+    rs = lambda: [reducers.TopK(2, "contribution"), reducers.ColumnSums("contribution")]  # noqa: E731
+    want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None, attention="eager")
+    for attention in ("blockwise", "eager"):
+        got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, attention=attention)
+        assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
+        assert_close(got["column_sums_contribution"].tensor, want["column_sums_contribution"].tensor, **TOL)
+    assert blocks == [3]

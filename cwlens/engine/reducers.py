@@ -134,9 +134,8 @@ class TopK(Reducer):
 
     def result(self) -> TopKResult:
         layers = tuple(self._idx)
-        idx = torch.stack([in_query_order(self._idx[ly], 2) for ly in layers])
-        val = torch.stack([in_query_order(self._val[ly], 2) for ly in layers])
-        return TopKResult(idx, val, layers, self.metric)
+        return TopKResult(_layers_of_rows(self._idx, layers), _layers_of_rows(self._val, layers),
+                          layers, self.metric)
 
 
 GROUP = 64  # keys per group of the grouped top-k
@@ -179,7 +178,8 @@ def _shared_row_topk(weights, metric: str, k: int, by_abs: bool, sum_heads: bool
     w = weights[metric]
     if sum_heads:
         w = w.sum(1, keepdim=True)
-    out = _row_topk(w, k, by_abs, n_keys)
+    idx, val = _row_topk(w, k, by_abs, n_keys)
+    out = idx.int(), val  # int32 once: the reducers sharing it hold one copy
     if cache is not None:
         cache[key] = out
     return out
@@ -302,6 +302,23 @@ class HeadSummaryResult:
                                  "entropy": float(self.entropy[li, i, j]),
                                  "output_share": float(self.output_share[li, i, j])})
         return pd.DataFrame(rows)
+
+
+def _layers_of_rows(per_layer: dict[int, list[tuple[int, torch.Tensor]]], layers) -> torch.Tensor:
+    """``[layer, batch, head, query, ...]`` from each layer's ``(query_start, rows)`` blocks,
+    each block copied once into place (no per-layer concatenation first: at 16k tokens the
+    top-k of every row of every layer is ~0.3 GB a reducer)."""
+    if not layers:
+        return torch.empty(0)
+    blocks = per_layer[layers[0]]
+    first = blocks[0][1]
+    n_rows = sum(t.shape[2] for _, t in blocks)
+    out = first.new_empty((len(layers), *first.shape[:2], n_rows, *first.shape[3:]))
+    for i, ly in enumerate(layers):
+        start0 = min(start for start, _ in per_layer[ly])
+        for start, t in per_layer[ly]:
+            out[i, :, :, start - start0 : start - start0 + t.shape[2]] = t
+    return out
 
 
 def in_query_order(blocks: list[tuple[int, torch.Tensor]], dim: int) -> torch.Tensor:

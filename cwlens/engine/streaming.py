@@ -40,6 +40,16 @@ from cwlens.engine.stream_pass import StreamedPass
 from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
 
 DEFAULT_QUERY_BLOCK = 256
+#: ``query_block="auto"`` (the default): DEFAULT_QUERY_BLOCK rows up to 8192 keys, then
+#: fewer, so that a block holds at most ``256 * 8192`` entries a head (a [head, rows, n]
+#: float32 block of SmolLM2's 9 heads stays ~75 MB), never under MIN_AUTO_QUERY_BLOCK rows
+BLOCK_ENTRIES_PER_HEAD = 256 * 8192
+MIN_AUTO_QUERY_BLOCK = 32
+
+
+def auto_query_block(n_keys: int) -> int:
+    """The rows per block of ``query_block="auto"`` for rows of ``n_keys`` keys."""
+    return max(MIN_AUTO_QUERY_BLOCK, min(DEFAULT_QUERY_BLOCK, BLOCK_ENTRIES_PER_HEAD // max(n_keys, 1)))
 AUTO_THRESHOLD = adapter.BLOCKWISE_AUTO_THRESHOLD  # attention="auto": blockwise above this
 
 
@@ -86,19 +96,24 @@ def use_blockwise(model: TLModel, input, attention: str) -> bool:
         return attention == "blockwise"
     if not adapter.supports_blockwise(model):
         return False
+    return _length(model, input) > AUTO_THRESHOLD
+
+
+def _length(model: TLModel, input) -> int:
     if isinstance(input, torch.Tensor):
-        n = input.shape[-1]
-    elif isinstance(input, str):
-        n = adapter.n_tokens(model, input)
-    else:
-        n = max((adapter.n_tokens(model, t) for t in input), default=0)
-    return n > AUTO_THRESHOLD
+        return int(input.shape[-1])
+    if isinstance(input, str):
+        return adapter.n_tokens(model, input)
+    return max((adapter.n_tokens(model, t) for t in input), default=0)
 
 
-def attention_context(model: TLModel, input, attention: str, query_block: int | None = None):
-    """The context a forward on ``input`` runs in: blockwise attention or nothing."""
+def attention_context(model: TLModel, input, attention: str, query_block: int | str | None = "auto"):
+    """The context a forward on ``input`` runs in: blockwise attention (in blocks of
+    ``query_block`` rows; ``"auto"`` or None: :func:`auto_query_block`) or nothing."""
     if use_blockwise(model, input, attention):
-        return adapter.blockwise_attention(model, query_block or DEFAULT_QUERY_BLOCK)
+        if query_block is None or isinstance(query_block, str):  # "auto" (checked by callers)
+            query_block = auto_query_block(_length(model, input))
+        return adapter.blockwise_attention(model, query_block)
     return contextlib.nullcontext()
 
 
@@ -144,7 +159,7 @@ def stream_geometry(
     ``n x n`` scores in the forward pass): :func:`stream_reduce` never does.
     ``logits=False`` stops the forward pass after the last layer streamed (the first item
     is then None). ``query_block``: the rows per block of a blockwise run (default
-    :data:`DEFAULT_QUERY_BLOCK`).
+    ``"auto"``, :func:`auto_query_block`: 256 up to 8192 tokens, fewer above).
 
     Args:
         model: the TransformerLens model.
@@ -186,9 +201,11 @@ def stream_geometry(
 def _check_flags(closure: object, logits: object, query_block: object) -> None:
     validation.flag(closure, "closure")
     validation.flag(logits, "logits")
-    if query_block is not None and (isinstance(query_block, bool) or not isinstance(query_block, int)
-                                    or query_block < 1):
-        raise InvalidArgumentError(f"query_block must be a positive int or None; got {query_block!r}.")
+    auto = isinstance(query_block, str) and query_block == "auto"
+    if query_block is not None and not auto and (
+            isinstance(query_block, bool) or not isinstance(query_block, int) or query_block < 1):
+        raise InvalidArgumentError(
+            f"query_block must be a positive int, 'auto' or None; got {query_block!r}.")
 
 
 def stream(
@@ -333,7 +350,7 @@ def stream_reduce(
     kind: Kind = "inter",
     layers: Layers = None,
     attention_mask: torch.Tensor | None = None,
-    query_block: int | None = DEFAULT_QUERY_BLOCK,
+    query_block: int | str | None = "auto",
     closure: bool = False,
     **options,
 ) -> StreamResult:
@@ -359,7 +376,8 @@ def stream_reduce(
         kind: ``"inter"`` or ``"intra"``: which output ``o`` the metrics use.
         layers: an int, a list of ints, or ``None`` for every layer.
         attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
-        query_block: queries per block (``None``: each layer in one block).
+        query_block: queries per block (``"auto"``: :func:`auto_query_block`, 256 up to
+            8192 keys, fewer above; ``None``: each layer in one block).
         closure: also check each layer's heads x keys rebuild.
         **options: ``attention`` (``"auto"``, ``"eager"`` or ``"blockwise"``, see above)
             and ``logits`` (False stops the forward pass after the last streamed layer).
@@ -404,7 +422,8 @@ def stream_reduce(
         for r in named.values():
             r.start_layer(layer, geo)
         n_q, n_k = geo.pattern.shape[2], geo.pattern.shape[3]
-        step = n_q if query_block is None else query_block
+        step = n_q if query_block is None else (
+            auto_query_block(n_k) if isinstance(query_block, str) else query_block)
         # widest (last) block first: each later block then fits in memory a freed one
         # leaves, instead of growing the heap (a causal block's width grows with its start)
         for start in reversed(range(0, n_q, step)):

@@ -182,9 +182,10 @@ def analyze_text(
     collect what the report shows. ``window``: the number of last tokens drawn at full
     resolution, or ``(start, stop)``, or None for every token. A text past the model's
     context is cut there, unless ``past_context`` (rotary models only; docs/inputs.md).
-    ``options``: the forward pass's ``query_block`` (default 256) and ``attention`` (see
+    ``options``: the forward pass's ``query_block`` (default ``"auto"``: 256 rows up to 8192
+    tokens, fewer above) and ``attention`` (see
     :func:`cwlens.stream_reduce`; ``"auto"``: blockwise above 2048 tokens)."""
-    run = pass_options("analyze_text", {"query_block": 256, **options}, ("attention", "query_block"))
+    run = pass_options("analyze_text", {"query_block": "auto", **options}, ("attention", "query_block"))
     validation.text(text)
     if max_tokens is not None:
         validation.max_tokens(max_tokens)
