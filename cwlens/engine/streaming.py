@@ -49,7 +49,7 @@ MIN_AUTO_QUERY_BLOCK = 32
 
 def auto_query_block(n_keys: int) -> int:
     """The rows per block of ``query_block="auto"`` for rows of ``n_keys`` keys."""
-    return max(MIN_AUTO_QUERY_BLOCK, min(DEFAULT_QUERY_BLOCK, BLOCK_ENTRIES_PER_HEAD // max(n_keys, 1)))
+    return min(DEFAULT_QUERY_BLOCK, max(MIN_AUTO_QUERY_BLOCK, BLOCK_ENTRIES_PER_HEAD // max(n_keys, 1)))
 AUTO_THRESHOLD = adapter.BLOCKWISE_AUTO_THRESHOLD  # attention="auto": blockwise above this
 
 
