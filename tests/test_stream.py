@@ -265,3 +265,19 @@ def test_the_default_query_block_follows_the_length(monkeypatch):
         assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
         assert_close(got["column_sums_contribution"].tensor, want["column_sums_contribution"].tensor, **TOL)
     assert blocks == [3]
+
+
+def test_each_reducer_releases_its_blocks_once_its_result_is_built(run, monkeypatch):
+    """stream_reduce frees a TopK's per-block rows right after its result (so that every
+    reducer's blocks and every result never coexist); the result stays intact."""
+    model, tokens, mask, cache, _ = run
+    tops = [reducers.TopK(2, "contribution"), reducers.TopK(2, "attention")]
+    sizes = []
+    real = reducers.TopK.result
+    monkeypatch.setattr(reducers.TopK, "result",
+                        lambda self: sizes.append([len(t._idx) for t in tops]) or real(self))
+    res = cwlens.stream_reduce(model, tokens, tops, attention_mask=mask, query_block=2)
+    n_layers = model.cfg.n_layers
+    assert sizes == [[n_layers, n_layers], [0, n_layers]]  # the first released before the second
+    c = cached(cache, model, "contribution", "inter", mask)
+    assert_close(res["top2_contribution"].values, c.topk(2, dim=-1).values, **TOL)

@@ -64,6 +64,11 @@ class Reducer:
             if key.startswith("_") and isinstance(value, dict):
                 value.clear()
 
+    def release(self) -> None:
+        """Free what :meth:`result` no longer needs (:func:`cwlens.stream_reduce` calls it
+        right after ``result()``, one reducer at a time, so that the accumulated blocks of
+        every reducer and every result never coexist). Default: keep everything."""
+
 
 def _check_positive(value: object, what: str) -> int:
     return validation.positive_int(value, what)
@@ -136,6 +141,9 @@ class TopK(Reducer):
         layers = tuple(self._idx)
         return TopKResult(_layers_of_rows(self._idx, layers), _layers_of_rows(self._val, layers),
                           layers, self.metric)
+
+    def release(self) -> None:
+        self.reset()  # the result is a copy: the per-block rows can go
 
 
 GROUP = 64  # keys per group of the grouped top-k
