@@ -260,11 +260,12 @@ def test_the_default_query_block_follows_the_length(monkeypatch):
     monkeypatch.setattr(adapter, "blockwise_attention", lambda m, b: blocks.append(b) or real(m, b))
     rs = lambda: [reducers.TopK(2, "contribution"), reducers.ColumnSums("contribution")]  # noqa: E731
     want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None, attention="eager")
-    for attention in ("blockwise", "eager"):
+    blockwise = adapter.supports_blockwise(model)  # TransformerLens 4.x only
+    for attention in ("blockwise", "eager") if blockwise else ("eager",):
         got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, attention=attention)
         assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
         assert_close(got["column_sums_contribution"].tensor, want["column_sums_contribution"].tensor, **TOL)
-    assert blocks == [3]
+    assert blocks == ([3] if blockwise else [])
 
 
 def test_each_reducer_releases_its_blocks_once_its_result_is_built(run, monkeypatch):
