@@ -6,29 +6,18 @@ import pytest
 import torch
 
 from cwlens.faithfulness.cut_counts import RowCutCounts
-from cwlens.faithfulness.ranking import (
-    eligible_entries,
-    first_token,
-    mask_counts,
-    rank_entries,
-    tiebreak_scores,
-)
+from cwlens.faithfulness.ranking import mask_counts, rank_entries
+
+from ._ranking_cases import tied_rows
 
 RATES = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
 def _case(seed, levels, mask_first, window):
-    g = torch.Generator().manual_seed(seed)
-    b, h, n = 3, 2, 17
-    position = torch.ones(b, n, dtype=torch.bool)
-    position[1, :5] = False  # left padding
-    position[2, :1] = False
-    # few distinct values: many ties, inside and across the cut
-    scores = torch.randint(0, levels, (b, h, n, n), generator=g).float() / levels
-    eligible = eligible_entries(position, True, mask_first, window)
-    tb = tiebreak_scores((b, h, n, n), position, ["a", "b", "c"], seed, 0)
+    n = 17
+    scores, eligible, tb, first = tied_rows(seed, levels, mask_first, window, n)
     ranking = rank_entries(scores, eligible, "row", tb)
-    return scores, eligible, ranking, first_token(position), (b, h, n, n)
+    return scores, eligible, ranking, first, (3, 2, n, n)
 
 
 @pytest.mark.parametrize("seed, levels", [(0, 2), (1, 3), (2, 7), (3, 1000)])

@@ -12,25 +12,13 @@ from cwlens.faithfulness import job_masks as jm
 from cwlens.faithfulness import partial_ranking
 from cwlens.faithfulness.cut_counts import RowCutCounts
 from cwlens.faithfulness.partial_ranking import rank_rows_partially
-from cwlens.faithfulness.ranking import (
-    eligible_entries,
-    first_token,
-    n_to_mask,
-    rank_entries,
-    tiebreak_scores,
-)
+from cwlens.faithfulness.ranking import n_to_mask, rank_entries
+
+from ._ranking_cases import tied_rows
 
 
 def _case(seed, levels, mask_first, window, n=40):
-    g = torch.Generator().manual_seed(seed)
-    b, h = 3, 2
-    position = torch.ones(b, n, dtype=torch.bool)
-    position[1, :5] = False  # left padding
-    position[2, :1] = False
-    scores = torch.randint(0, levels, (b, h, n, n), generator=g).float() / levels
-    eligible = eligible_entries(position, True, mask_first, window)
-    tb = tiebreak_scores((b, h, n, n), position, ["a", "b", "c"], seed, 0)
-    return scores, eligible, tb, first_token(position)
+    return tied_rows(seed, levels, mask_first, window, n)
 
 
 @pytest.mark.parametrize("seed, levels", [(0, 2), (1, 3), (2, 7), (3, 1000)])

@@ -6,9 +6,9 @@ best-ranked (comprehensiveness) or the ``k`` worst-ranked (sufficiency). When th
 ``k`` of every job is small next to the row (say ``--rates 0.3 --modes
 comprehensiveness``), sorting every entry of every row is mostly wasted: two ``topk``
 selections of the same int64 keys (score, then the seeded tie-break: the order of
-:func:`~cwlens.faithfulness.ranking.rank_entries`) give the same masks at a fraction of the
-cost (``topk`` of 30% of a 16k-key row took a third of the stable sort's CPU time, 10% a
-sixth; ``python scripts/benchmark.py --ranking``).
+:func:`~cwlens.faithfulness.ranking.rank_entries`) give the same masks for less (on rows of 16384 keys the whole
+ranking took 1/2.0 of the sort's CPU time for masks of 30% of a row, 1/2.8 for 10%, 1/3.7
+for 1%: ``python scripts/benchmark.py --ranking --lengths 4096 16384``).
 
 The ranks it returns: the ``top + 1`` best entries ``0..top`` and the ``bottom + 1`` worst
 ``n - 1 - bottom..n - 1`` exactly as the full ranking gives them; every other eligible entry
@@ -21,7 +21,7 @@ block, this returns None and the caller sorts.
 
 import torch
 
-from cwlens.faithfulness.ranking import Ranking, sort_key
+from cwlens.faithfulness.ranking import Ranking, order_keys
 
 # the selections beat the stable sort while top + bottom stays under this share of a row
 PARTIAL_UP_TO = 0.4
@@ -42,9 +42,8 @@ def rank_rows_partially(scores: torch.Tensor, eligible: torch.Tensor, tiebreak: 
     b, h, q, width = scores.shape
     elig = eligible.expand(b, h, q, width)
     n = elig.sum(-1, keepdim=True)
-    key = sort_key(scores.float().masked_fill(~elig, float("-inf"))).to(torch.int64)
-    key <<= 32
-    key += sort_key(tiebreak.to(scores.device).float().expand(b, h, q, width))
+    key = order_keys(scores.float().masked_fill(~elig, float("-inf")),
+                     tiebreak.to(scores.device).float().expand(b, h, q, width))
     rank = torch.where(elig, top + 1, width).to(torch.int32)
     if top > 0:  # (no mask takes from an end of depth 0: its block is not needed)
         n_top = min(top + 1, width)

@@ -204,16 +204,22 @@ def rank_entries(scores: torch.Tensor, eligible: torch.Tensor, scope: Scope = "r
     if tiebreak is None:
         order = torch.sort(flat, dim=-1, descending=True, stable=True).indices
     else:  # by score, then the random order among ties, then key order: one sort
-        ties = _units(tiebreak.to(s.device).float().expand(b, h, q, k), scope)
-        key = sort_key(flat).to(torch.int64)
-        key <<= 32
-        key += sort_key(ties)
+        key = order_keys(flat, _units(tiebreak.to(s.device).float().expand(b, h, q, k), scope))
         order = torch.sort(key, dim=-1, descending=True, stable=True).indices
         del key
     rank = torch.empty(order.shape, dtype=torch.int32, device=s.device)
     positions = torch.arange(order.shape[-1], dtype=torch.int32, device=s.device)
     rank.scatter_(-1, order, positions.expand(order.shape))
     return Ranking(rank.reshape(b, h, q, k), n.to(torch.int64), scope)
+
+
+def order_keys(scores: torch.Tensor, ties: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered by ``scores``, then by ``ties`` (both float32, same shape):
+    ``sort_key(scores) * 2^32 + sort_key(ties)``, built in place."""
+    key = sort_key(scores).to(torch.int64)
+    key <<= 32
+    key += sort_key(ties)
+    return key
 
 
 def sort_key(x: torch.Tensor) -> torch.Tensor:
