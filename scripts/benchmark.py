@@ -34,7 +34,7 @@ see docs/long_context.md). On CPU, rows with n > 4096 run once
     python scripts/benchmark.py --ranking --lengths 4096 16384   # the faithfulness row ranking
 
 ``--topk`` times the two ways the TopK reducer ranks a block's rows (torch.topk, and the
-grouped top-k it uses from ``reducers.GROUPED_FROM`` keys on): a [1, 9, 256, n] block of
+grouped top-k it uses from ``row_topk.GROUPED_FROM`` keys on): a [1, 9, 256, n] block of
 random weights (SmolLM2's 9 heads, the default query block), CPU time of this process.
 ``--ranking`` times the row ranking of ``cwlens faithfulness`` on one sub-block of
 ``lockstep.RANK_ENTRIES`` entries of rows n keys wide: the full sort (``rank_entries``)
@@ -263,16 +263,16 @@ def _sub(args, *extra, env=None, allow_failure=False) -> dict | None:
 
 def topk_main(lengths, repeats, k=8):
     """CPU seconds of torch.topk and of the grouped top-k on one block, interleaved."""
-    from cwlens.engine import reducers
+    from cwlens.engine import row_topk
 
     print(f"top-{k} of a [1, 9, 256, n] block, CPU time, median of {repeats} interleaved runs; "
-          f"TopK uses the grouped path from n = {reducers.GROUPED_FROM}")
+          f"TopK uses the grouped path from n = {row_topk.GROUPED_FROM}")
     print(f"{'n':>6} {'topk ms':>9} {'grouped ms':>11} {'topk/grouped':>13}")
     g = torch.Generator().manual_seed(0)
     for n in lengths:
         x = torch.rand(1, 9, 256, n, generator=g)
         runs = {"topk": lambda x=x: x.topk(k, dim=-1).indices,
-                "grouped": lambda x=x: reducers._grouped_topk_indices(x, k, reducers.GROUP)}
+                "grouped": lambda x=x: row_topk._grouped_topk_indices(x, k, row_topk.GROUP)}
         times: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(repeats + 1):  # the first round warms up
             for name, f in runs.items():

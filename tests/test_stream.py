@@ -9,6 +9,7 @@ from torch.testing import assert_close
 import cwlens
 from cwlens import reducers
 from cwlens.core._types import STREAM_METRICS
+from cwlens.engine import row_topk
 from cwlens.engine.batching import pad_batch
 from cwlens.errors import CwlensError, UnknownOptionError
 from cwlens.testing import ARCHITECTURES, tiny_model
@@ -161,17 +162,17 @@ def test_bad_arguments(run):
 
 @pytest.mark.parametrize("group", [2, 3])
 def test_grouped_topk_equals_topk_on_the_rows_of_every_metric(run, group, monkeypatch):
-    """Long rows rank only the k groups with the largest maxima (reducers.GROUPED_FROM):
+    """Long rows rank only the k groups with the largest maxima (row_topk.GROUPED_FROM):
     forced here on short rows, with a ragged tail (group 3), signed and |.| ranking."""
     model, tokens, mask, cache, _ = run
-    monkeypatch.setattr(reducers, "GROUPED_FROM", 1)
-    monkeypatch.setattr(reducers, "GROUP", group)
+    monkeypatch.setattr(row_topk, "GROUPED_FROM", 1)
+    monkeypatch.setattr(row_topk, "GROUP", group)
     k = 2
     metrics = [m for m in STREAM_METRICS
                if not (m == "alti" and cwlens.engine.adapter.ModelInfo.of(model).post_attn_norm)]
     calls = []
-    real = reducers._grouped_topk_indices
-    monkeypatch.setattr(reducers, "_grouped_topk_indices", lambda *a: calls.append(1) or real(*a))
+    real = row_topk._grouped_topk_indices
+    monkeypatch.setattr(row_topk, "_grouped_topk_indices", lambda *a: calls.append(1) or real(*a))
     rs = [reducers.TopK(k, m) for m in metrics] + [reducers.TopK(k, "contribution", by_abs=True, name="abs")]
     res = cwlens.stream_reduce(model, tokens, rs, attention_mask=mask)
     assert calls, "the grouped path did not run"
@@ -188,7 +189,7 @@ def test_grouped_topk_with_ties_and_negative_rows():
     for width, group, k in [(64, 4, 8), (67, 4, 8), (100, 7, 5), (33, 8, 4)]:
         x = torch.randint(-5, 5, (3, 4, width), generator=g).float()  # many ties
         x[0, 0] = -1.0  # a row of one repeated negative value
-        idx = reducers._grouped_topk_indices(x, k, group)
+        idx = row_topk._grouped_topk_indices(x, k, group)
         assert_close(x.gather(-1, idx), x.topk(k, dim=-1).values)
         assert (idx.sort(-1).values.diff(dim=-1) > 0).all()  # k distinct keys per row
 
@@ -198,8 +199,8 @@ def test_vwon_ranks_once_with_value_weighted(run, monkeypatch):
     a block serves both reducers."""
     model, tokens, mask, cache, _ = run
     seen = []
-    real = reducers._row_topk
-    monkeypatch.setattr(reducers, "_row_topk", lambda w, *a: seen.append(w.shape) or real(w, *a))
+    real = row_topk._row_topk
+    monkeypatch.setattr(row_topk, "_row_topk", lambda w, *a: seen.append(w.shape) or real(w, *a))
     cwlens.stream_reduce(model, tokens, [reducers.TopK(2, "value_weighted"),
                                          reducers.TopK(2, "value_weighted_output_normalized")],
                          attention_mask=mask, query_block=None)

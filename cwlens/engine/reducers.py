@@ -29,6 +29,7 @@ import torch
 
 from cwlens.core import metrics as _metrics
 from cwlens.engine import validation
+from cwlens.engine.row_topk import shared_row_topk
 from cwlens.errors import CwlensError, InvalidArgumentError, LayerOutOfRangeError
 
 
@@ -127,15 +128,15 @@ class TopK(Reducer):
         if self.metric == "value_weighted_output_normalized" and not self.sum_heads and hasattr(weights, "kind"):
             # ||o|| is one positive constant per row (inter: per query, intra: per head and
             # query), so the row order is value_weighted's: rank that, then rescale
-            idx, val = _shared_row_topk(weights, "value_weighted", self.k, self.by_abs, False, n_keys)
+            idx, val = shared_row_topk(weights, "value_weighted", self.k, self.by_abs, False, n_keys)
             val = val * block._inverse(weights.kind, 1)[..., None]
         else:
-            idx, val = _shared_row_topk(weights, self.metric, self.k, self.by_abs, self.sum_heads, n_keys)
+            idx, val = shared_row_topk(weights, self.metric, self.k, self.by_abs, self.sum_heads, n_keys)
         self._idx.setdefault(layer, []).append((query_start, idx.int()))
         self._val.setdefault(layer, []).append((query_start, val))
 
     def check(self, n_layers, n_heads, layers, name):
-        pass  # rows shorter than k give all their keys (see _row_topk)
+        pass  # rows shorter than k give all their keys (see row_topk._row_topk)
 
     def result(self) -> TopKResult:
         layers = tuple(self._idx)
@@ -144,73 +145,6 @@ class TopK(Reducer):
 
     def release(self) -> None:
         self.reset()  # the result is a copy: the per-block rows can go
-
-
-GROUP = 64  # keys per group of the grouped top-k
-GROUPED_FROM = 4096  # row widths from which it beats torch.topk (scripts/benchmark.py --topk)
-
-
-def _grouped_topk_indices(score: torch.Tensor, k: int, group: int = GROUP) -> torch.Tensor:
-    """Indices of the ``k`` largest entries of each row, as ``score.topk(k)`` (ties may pick
-    other indices). The ``k`` largest entries lie in the ``k`` groups of ``group`` keys with
-    the largest maxima, so only those groups (and the ragged tail) are ranked: a row of
-    ``width`` keys costs one max pass plus a top-k of ``k * group`` entries."""
-    width = score.shape[-1]
-    main = width - width % group
-    groups = score[..., :main].unflatten(-1, (main // group, group))
-    best = groups.amax(-1).topk(k, dim=-1).indices  # [..., k]
-    cand = groups.gather(-2, best[..., None].expand(*best.shape, group)).flatten(-2)
-    if main < width:
-        cand = torch.cat([cand, score[..., main:]], -1)
-    j = cand.topk(k, dim=-1).indices  # candidate j: group slot j // group, or the tail
-    in_group = j < k * group
-    slot = j.div(group, rounding_mode="floor").clamp_(max=k - 1)
-    return torch.where(in_group, best.gather(-1, slot) * group + j % group, j - k * group + main)
-
-
-def _topk_indices(score: torch.Tensor, k: int) -> torch.Tensor:
-    width = score.shape[-1]
-    if width >= max(GROUPED_FROM, 2 * k * GROUP) and not score.is_cuda:
-        return _grouped_topk_indices(score, k, GROUP)
-    return score.topk(min(k, width), dim=-1).indices
-
-
-def _shared_row_topk(weights, metric: str, k: int, by_abs: bool, sum_heads: bool, n_keys: int | None):
-    """:func:`_row_topk` of one block's measure, computed once per block for every reducer
-    that asks the same (e.g. ``TopK(8, "value_weighted")`` and the output-normalised
-    baseline, which ranks by it)."""
-    cache = getattr(weights, "derived", None)
-    key = ("row_topk", metric, k, by_abs, sum_heads)
-    if cache is not None and key in cache:
-        return cache[key]
-    w = weights[metric]
-    if sum_heads:
-        w = w.sum(1, keepdim=True)
-    idx, val = _row_topk(w, k, by_abs, n_keys)
-    out = idx.int(), val  # int32 once: the reducers sharing it hold one copy
-    if cache is not None:
-        cache[key] = out
-    return out
-
-
-def _row_topk(w: torch.Tensor, k: int, by_abs: bool, n_keys: int | None):
-    """Top-k of each row of ``w`` ``[..., width]``, as if the row went on with zeros up to
-    ``n_keys`` (a causal block's keys after its last query are 0 in every measure)."""
-    width = w.shape[-1]
-    n_keys = width if n_keys is None else n_keys
-    score = w.abs() if by_abs else w
-    idx = _topk_indices(score, k)
-    val = w.gather(-1, idx)
-    n_zero = min(k, n_keys - width)
-    # the zeros after the block compete where a row has fewer than k entries or a negative
-    # one among its k largest (|w| ranks a zero last, and a tie may pick either index)
-    if n_zero > 0 and (idx.shape[-1] < k or (not by_abs and bool((val[..., -1] < 0).any()))):
-        zero_idx = torch.arange(width, width + n_zero, device=w.device).expand(*w.shape[:-1], n_zero)
-        idx = torch.cat([idx, zero_idx], -1)
-        val = torch.cat([val, torch.zeros(zero_idx.shape, dtype=w.dtype, device=w.device)], -1)
-        keep = (val.abs() if by_abs else val).topk(min(k, idx.shape[-1]), dim=-1).indices
-        idx, val = idx.gather(-1, keep), val.gather(-1, keep)
-    return idx, val
 
 
 @dataclass(frozen=True)
