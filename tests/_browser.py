@@ -72,26 +72,21 @@ def png_stats(path, step=8):
     return {"width": w, "height": h, "colours": len(colours), "stddev": spread}
 
 
-def screenshot_html(html_path, png_path, width=1200, height=900, timeout=120, tries=3):
-    """Screenshot a local page; returns ``(console lines, error lines)`` from the browser log.
-
-    Chromium has been seen (once, in CI) to exit 0 without writing the screenshot or a log
-    line, so a missing PNG is retried before it fails the test."""
+def screenshot_html(html_path, png_path, width=1200, height=900, timeout=120):
+    """Screenshot a local page; returns ``(console lines, error lines)`` from the browser log."""
     from cwlens.plotting.export import find_chrome
 
-    for attempt in range(1, tries + 1):
-        with tempfile.TemporaryDirectory() as profile:
-            cmd = [
-                find_chrome(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--hide-scrollbars", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-                f"--screenshot={Path(png_path).resolve()}", f"--window-size={width},{height}",
-                Path(html_path).resolve().as_uri(),
-            ]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if res.returncode == 0 and Path(png_path).exists():
-            break
-        if attempt == tries:
-            raise RuntimeError(f"chromium failed {tries} times (last rc={res.returncode}): "
-                               f"stdout {res.stdout[-1000:]!r} stderr {res.stderr[-2000:]!r}")
+    chrome = find_chrome()
+    with tempfile.TemporaryDirectory() as profile:
+        cmd = [
+            chrome, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--hide-scrollbars", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+            f"--screenshot={Path(png_path).resolve()}", f"--window-size={width},{height}",
+            Path(html_path).resolve().as_uri(),
+        ]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0 or not Path(png_path).exists():
+        raise RuntimeError(f"{chrome} wrote no screenshot (rc={res.returncode}): "
+                           f"stdout {res.stdout[-1000:]!r} stderr {res.stderr[-2000:]!r}")
     console = [line for line in res.stderr.splitlines() if ":CONSOLE" in line]
     return console, [line for line in console if "Uncaught" in line or "Error" in line]

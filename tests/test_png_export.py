@@ -27,6 +27,7 @@ class FlakyFigure:
 @pytest.fixture(autouse=True)
 def a_browser(monkeypatch):
     monkeypatch.setattr(export, "find_chrome", lambda: "/usr/bin/true")
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
 
 
 def test_a_failure_below_the_limit_is_retried(tmp_path):
@@ -43,3 +44,12 @@ def test_persistent_failures_warn_and_keep_the_html(tmp_path):
         written = export.save_figure(fig, tmp_path / "f")
     assert [p.name for p in written] == ["f.html"] and (tmp_path / "f.html").exists()
     assert not (tmp_path / "f.png").exists() and fig.calls == export.PNG_TRIES
+
+
+def test_the_browser_path_is_not_left_in_the_environment(tmp_path):
+    """A fake browser set for one export must not reach later tests (in CI it did: the
+    report's screenshot test then ran ``/usr/bin/true``, which exits 0 and writes nothing)."""
+    import os
+
+    export.save_figure(FlakyFigure(0), tmp_path / "f")
+    assert "BROWSER_PATH" not in os.environ

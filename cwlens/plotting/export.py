@@ -5,6 +5,7 @@ PNG export uses kaleido >= 1 with a system Chromium (Debian: ``apt-get install c
 warning says how to get PNGs.
 """
 
+import contextlib
 import os
 import shutil
 import warnings
@@ -45,14 +46,29 @@ def save_figure(fig, path_stem: str | Path, png: bool = True, scale: float = 1.0
                 stacklevel=2,
             )
             return written
-        os.environ.setdefault("BROWSER_PATH", chrome)
         out = stem.with_suffix(".png")
-        if _write_png(fig, out, scale):
-            written.append(out)
+        with _browser_path(chrome):
+            if _write_png(fig, out, scale):
+                written.append(out)
     return written
 
 
 PNG_TRIES = 3
+
+
+@contextlib.contextmanager
+def _browser_path(chrome: str):
+    """``$BROWSER_PATH`` (where kaleido looks for Chromium) set for one export, then put back:
+    a process-wide setting left behind would outlive the browser it names."""
+    before = os.environ.get("BROWSER_PATH")
+    os.environ.setdefault("BROWSER_PATH", chrome)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("BROWSER_PATH", None)
+        else:
+            os.environ["BROWSER_PATH"] = before
 
 
 def _write_png(fig, out: Path, scale: float) -> bool:
