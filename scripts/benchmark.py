@@ -8,8 +8,8 @@ For each sequence length n it times, on the same random tokens:
             dropped (torch on CPU is synchronous; on CUDA the timer synchronises).
   +intra    the same plus the intra-head contribution weights
 and reports ratio = cwlens / forward, with the median of --repeats runs, and peak memory
-(CUDA: max allocated; CPU: peak RSS of a fresh subprocess per row, minus the process's
-RSS after loading the model).
+(CUDA: max allocated; CPU: peak RSS of a fresh subprocess per row, minus its RSS once the
+model is loaded, its weights made resident and the peak reset: ``loaded_baseline_mb``).
 
 With ``--stream`` it times the streaming engine instead (``cwlens.stream_reduce``): every
 layer's contribution weights and the three baselines, computed inside the forward pass in
@@ -56,6 +56,27 @@ import torch
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def loaded_baseline_mb(model) -> float:
+    """The peak-RSS baseline of a CPU row: the model's weights made resident, then (Linux)
+    the process's peak reset to what it holds now.
+
+    A model loaded from safetensors maps its weights lazily: the first forward pass pages
+    them in (about 500 MB for SmolLM2-135M, ~15 MB per layer), so without this the weights
+    would count as the measured run's memory. Loading may also peak above what it keeps
+    (dequantising a GGUF); resetting the peak (``/proc/self/clear_refs``) keeps that out of
+    the baseline. Where the peak cannot be reset, the baseline is the peak so far."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.numel():
+                t.reshape(-1)[:: max(1, 1024 // t.element_size())].sum()  # one read per 4 KB page
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM / ru_maxrss to the current RSS
+    except OSError:
+        pass
+    return peak_rss_mb()
 
 
 def sync(device):
@@ -138,7 +159,7 @@ def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_
     model = load(model_name, device, dtype, random_config)
     torch.manual_seed(0)
     tokens = random_tokens(model, n, device)
-    base = peak_rss_mb()
+    base = loaded_baseline_mb(model)
     runs = [("stream", lambda: stream_pass(model, tokens, query_block, attention)),
             ("forward_blockwise", lambda: blockwise_forward(model, tokens, query_block)),
             ("forward", lambda: model(tokens))]
@@ -185,7 +206,7 @@ def memory_row(model_name, device, n, dtype, what, random_config=None, query_blo
         base = torch.cuda.memory_allocated() / 2**20
         torch.cuda.reset_peak_memory_stats()
     else:
-        base = peak_rss_mb()
+        base = loaded_baseline_mb(model)
     with torch.no_grad():
         if what == "forward":
             model(tokens)
@@ -199,7 +220,7 @@ def one_row(model_name, device, n, repeats, dtype):
     import cwlens
 
     model = cwlens.load_model(model_name, device=device, dtype=dtype)
-    base_rss = peak_rss_mb()
+    base_rss = loaded_baseline_mb(model)
     torch.manual_seed(0)
     tokens = random_tokens(model, n, device)
     times = {"forward": [], "cwlens": [], "intra": []}
