@@ -24,7 +24,13 @@ it did not fit) and, unless ``--attention eager``, ``forward_blockwise_s`` (the 
 forward with cwlens's blockwise attention) and ``ratio_blockwise`` (stream / that).
 ``--attention`` picks the streamed run's attention (``auto``, ``eager``, ``blockwise``:
 see docs/long_context.md). On CPU, rows with n > 4096 run once
-(no warm-up, no repeats): each takes minutes.
+(no warm-up, no repeats): each takes minutes. The timed runs use the allocator the script was
+started with (``timing_env``: "as started"), except CPU rows with n > 8192, which measure
+the streamed peak in their one timed run, so under the fixed mmap threshold: their times
+include the page faults of returning every freed block (``stream_sys_s``, the streamed
+pass's system CPU time, shows that share). glibc's default allocator keeps freed blocks for
+reuse (fast, but the RSS can be twice the live memory); ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
+is close to both best cases on Linux (docs/long_context.md).
 
     python scripts/benchmark.py                      # SmolLM2-135M, n = 128 512 2048, CPU
     python scripts/benchmark.py --docs docs/benchmarks.md   # and write its table into that page
@@ -32,6 +38,7 @@ see docs/long_context.md). On CPU, rows with n > 4096 run once
     python scripts/benchmark.py --device cuda --model llama-3.1-8b --lengths 512 2048
     python scripts/benchmark.py --topk --lengths 1024 2048 4096 8192 16384   # TopK's two paths
     python scripts/benchmark.py --ranking --lengths 4096 16384   # the faithfulness row ranking
+    python scripts/benchmark.py --allocators --lengths 2048 8192   # glibc settings: peak, CPU time
 
 ``--topk`` times the two ways the TopK reducer ranks a block's rows (torch.topk, and the
 grouped top-k it uses from ``row_topk.GROUPED_FROM`` keys on): a [1, 9, 256, n] block of
@@ -145,16 +152,20 @@ def load(model_name, device, dtype, random_config):
 
 
 LONG = 4096  # rows longer than this run once, without warm-up (CPU minutes each)
+ONE_RUN = 8192  # CPU rows longer than this measure the streamed peak in the timed run itself
+MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # glibc returns every freed block >= 64 KB
 
 
 def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_block=None,
                attention="auto", eager=True):
     """Times of the plain eager forward (unless ``eager`` is False: it does not fit), the
-    plain blockwise forward and the streamed pass, interleaved. A one-shot row (CPU, n > LONG)
+    plain blockwise forward and the streamed pass, interleaved. A one-shot row (CPU, n > ONE_RUN)
     runs the streamed pass first and also reports its peak memory above the loaded model
-    (``stream_peak_mb``), so that the long pass is not run twice."""
-    one_shot = n > LONG and not str(device).startswith("cuda")
-    if one_shot:
+    (``stream_peak_mb``), so that the long pass is not run twice. ``stream_sys_s``: the
+    streamed pass's system CPU time (page faults of fresh allocations, mostly)."""
+    cpu = not str(device).startswith("cuda")
+    one_shot = n > ONE_RUN and cpu
+    if n > LONG and cpu:
         repeats = 1
     model = load(model_name, device, dtype, random_config)
     torch.manual_seed(0)
@@ -168,7 +179,7 @@ def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_
     if not eager:
         runs = [r for r in runs if r[0] != "forward"]
     times: dict[str, list] = {name: [] for name, _ in runs}
-    stream_peak = None
+    stream_peak, sys_s = None, []
     with torch.no_grad():
         if repeats > 1:  # warm-up (skipped for one-shot long runs)
             for _, fn in runs:
@@ -176,16 +187,18 @@ def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_
         for _ in range(repeats):
             for name, fn in runs:
                 sync(device)
-                t0 = time.perf_counter()
+                t0, sys0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_stime
                 fn()
                 sync(device)
                 times[name].append(time.perf_counter() - t0)
+                if name == "stream":
+                    sys_s.append(resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys0)
                 if one_shot and name == "stream":
                     stream_peak = peak_rss_mb() - base
     st = statistics.median(times["stream"])
     fwd = statistics.median(times["forward"]) if "forward" in times else None
     row = {"n": n, "forward_s": fwd, "stream_s": st, "ratio": None if fwd is None else st / fwd,
-           "attention": attention}
+           "attention": attention, "stream_sys_s": statistics.median(sys_s)}
     if "forward_blockwise" in times:
         fb = statistics.median(times["forward_blockwise"])
         row |= {"forward_blockwise_s": fb, "ratio_blockwise": st / fb}
@@ -207,13 +220,48 @@ def memory_row(model_name, device, n, dtype, what, random_config=None, query_blo
         torch.cuda.reset_peak_memory_stats()
     else:
         base = loaded_baseline_mb(model)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
     with torch.no_grad():
         if what == "forward":
             model(tokens)
         else:
             stream_pass(model, tokens, query_block, attention)
+    sync(device)
+    wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb()
-    return {"n": n, "what": what, "peak_mb": peak - base}
+    return {"n": n, "what": what, "peak_mb": peak - base, "wall_s": wall,
+            "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime}
+
+
+ALLOCATORS = {  # glibc settings compared by --allocators (Linux)
+    "default": {},
+    "MALLOC_MMAP_THRESHOLD_=65536": MMAP_ENV,
+    "GLIBC_TUNABLES=glibc.malloc.hugetlb=1": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+}
+
+
+def allocators_main(args) -> None:
+    """The streamed pass alone under each glibc allocator setting (a fresh process each):
+    its peak RSS above the resident model, and its user / system CPU time."""
+    import os
+
+    print(f"streamed pass (contribution + 3 baselines -> top-8, column sums; attention="
+          f"{args.attention}), torch threads {torch.get_num_threads()}, one fresh process per cell")
+    print(f"{'n':>6} {'allocator':<40} {'peak MB':>8} {'user s':>7} {'sys s':>6} {'wall s':>7}")
+    md = ["| n | allocator | streamed peak (MB) | user CPU (s) | system CPU (s) | wall (s) |",
+          "|---|---|---|---|---|---|"]
+    base_env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}
+    for n in args.lengths:
+        for name, extra in ALLOCATORS.items():
+            r = _sub(args, "--memory-row", str(n), "stream", env={**base_env, **extra})
+            assert r is not None
+            print(f"{n:>6} {name:<40} {r['peak_mb']:>8.0f} {r['user_s']:>7.1f} {r['sys_s']:>6.1f} "
+                  f"{r['wall_s']:>7.1f}", flush=True)
+            md.append(f"| {n} | `{name}` | {r['peak_mb']:.0f} | {r['user_s']:.1f} | {r['sys_s']:.1f} "
+                      f"| {r['wall_s']:.1f} |")
+    if args.docs:
+        write_block(args.docs, "\n".join(md), args, marker=args.marker or "allocator-benchmark")
 
 
 def one_row(model_name, device, n, repeats, dtype):
@@ -366,6 +414,8 @@ def main():
                     "memory); a forward that needs more is reported as not fitting (0: no cap)")
     ap.add_argument("--topk", action="store_true", help="time torch.topk against the grouped top-k")
     ap.add_argument("--ranking", action="store_true", help="time the full row ranking against the ends-only one")
+    ap.add_argument("--allocators", action="store_true",
+                    help="the streamed pass's peak and CPU time under glibc's allocator settings")
     ap.add_argument("--no-eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--row", type=int, help=argparse.SUPPRESS)  # internal: one row, JSON out
     ap.add_argument("--stream-row", type=int, help=argparse.SUPPRESS)
@@ -387,6 +437,8 @@ def main():
         return
     if args.stream:
         return stream_main(args)
+    if args.allocators:
+        return allocators_main(args)
     if args.topk:
         return topk_main(args.lengths, args.repeats)
     if args.ranking:
@@ -414,7 +466,7 @@ def main():
 def stream_main(args) -> None:
     import os
 
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # freed blocks leave the RSS
+    env = dict(os.environ, **MMAP_ENV)  # memory rows: freed blocks leave the RSS
     if not args.json:
         print(f"model {args.random_config or args.model}, device {args.device}, dtype {args.dtype}, "
               f"torch threads {torch.get_num_threads()}; streamed = contribution + 3 baselines "
@@ -429,8 +481,13 @@ def stream_main(args) -> None:
         # the eager forward's peak first, under a memory cap: where it cannot fit, its fields
         # are null and the timing row leaves it out (--memory-limit-gb)
         fwd_row = _sub(args, "--memory-row", str(n), "forward", env=env, allow_failure=True)
-        r = _sub(args, "--stream-row", str(n), *([] if fwd_row else ["--no-eager"]), env=env)
+        # times under the allocator the benchmark was started with, except the longest CPU
+        # rows, which also measure their peak in the same run (see ONE_RUN)
+        one_run = n > ONE_RUN and not str(args.device).startswith("cuda")
+        r = _sub(args, "--stream-row", str(n), *([] if fwd_row else ["--no-eager"]),
+                 env=env if one_run else None)
         assert r is not None
+        r["timing_env"] = " ".join(f"{k}={v}" for k, v in MMAP_ENV.items()) if one_run else "as started"
         if "stream_peak_mb" in r:  # a one-shot long row measured it in the same run
             st_row = {"peak_mb": r.pop("stream_peak_mb")}
         else:
@@ -449,7 +506,8 @@ def stream_main(args) -> None:
                  fmt(r.get("ratio_blockwise"), ".2f"), fmt(fwd), fmt(r["peak_extra_mb"]), fmt(st)]
         if args.json:
             keys = ("n", "forward_s", "stream_s", "ratio", "peak_extra_mb", "forward_peak_mb",
-                    "attention", "stream_peak_mb", "forward_blockwise_s", "ratio_blockwise")
+                    "attention", "stream_peak_mb", "forward_blockwise_s", "ratio_blockwise",
+                    "stream_sys_s", "timing_env")
             print(json.dumps({k: r.get(k) for k in keys}), flush=True)
         else:
             widths = (9, 9, 9, 7, 7, 13, 9, 15)

@@ -142,3 +142,15 @@ def test_the_memory_baseline_holds_the_weights_and_not_the_loading_peak(tmp_path
     after = rss_mb()
     assert base < bench.peak_rss_mb() + 1 and base < after + 32  # the spike is not the baseline
     assert after - before > 200  # the mapped weights were paged in
+
+
+def test_allocators_prints_one_row_per_setting():
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--allocators", "--lengths", "16", "--random-config", "tiny-llama"],
+        capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("16 ")]
+    assert [r[1] for r in rows] == ["default", "MALLOC_MMAP_THRESHOLD_=65536",
+                                    "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"]
+    for r in rows:
+        peak, user, sys_, wall = map(float, r[2:])
+        assert peak >= 0 and user >= 0 and sys_ >= 0 and wall > 0
