@@ -224,3 +224,24 @@ def test_real_models_equal_eager(name, n, request):
     assert_close(block["column_sums_contribution"].tensor, eager["column_sums_contribution"].tensor,
                  rtol=1e-3, atol=1e-3)
     assert_close(block["top4_contribution"].values, eager["top4_contribution"].values, rtol=1e-3, atol=1e-4)
+
+
+def test_blocks_come_widest_first_and_last_closes_the_layer(run):
+    """A causal block's width grows with its start, so blocks are handed over last-queries
+    first (each then fits in memory the one before freed); ``last`` is set on the final block
+    (query_start 0) only, and the blocks tile every query once."""
+    model, tokens, mask = run
+    seen = []
+
+    def record(pattern, hook):
+        seen.append(adapter.current_block())
+
+    record.cwlens_blockwise = True  # a cwlens consumer: takes query blocks
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", record)]):
+        forward(model, tokens, mask, "blockwise", block=3)
+    n = tokens.shape[1]
+    assert [b.query_start for b in seen] == list(reversed(range(0, n, 3)))
+    assert [b.last for b in seen] == [False] * (len(seen) - 1) + [True]
+    assert sum(b.n_rows for b in seen) == n
+    if not adapter.is_encoder(model):
+        assert [b.key_stop for b in seen] == sorted((b.key_stop for b in seen), reverse=True)

@@ -50,7 +50,7 @@ class _Taps:
                         f"Layer {layer}: a blockwise attention block arrived before "
                         f"{hook_names.values(layer)!r}; run with attention='eager'.")
                 self.on_block(layer, block, tensor.detach(), v, self.residuals.get(layer))
-                if block.query_start + block.n_rows >= block.n_queries:
+                if block.last:
                     del self.pending[layer]
                     self.residuals.pop(layer, None)
                     self.done.append(layer)
@@ -89,7 +89,7 @@ class _Assembler:
             b, h = rows.shape[:2]
             self.full[layer] = rows.new_zeros(b, h, block.n_queries, block.n_keys)
         self.full[layer][:, :, block.query_start : block.query_start + block.n_rows, : block.key_stop] = rows
-        if block.query_start + block.n_rows >= block.n_queries:
+        if block.last:
             self.on_layer(layer, self.full.pop(layer), v, residual)
 
 
@@ -163,7 +163,7 @@ class StreamedPass:
         if on_block is not None:
             def block_then_mark(layer, block, rows, v, residual=None):
                 on_block(layer, block, rows, v, residual)
-                if block.query_start + block.n_rows >= block.n_queries:
+                if block.last:
                     results[layer] = None
 
             taps = _Taps(resolved, on_layer, block_then_mark)

@@ -459,7 +459,7 @@ def stream_reduce(
                                                         dtype=block.layer_output.dtype))
             out[:, info.query_start : info.query_start + info.n_rows] = block.layer_output
         del weights, block
-        if info.query_start + info.n_rows >= info.n_queries:
+        if info.last:
             for r in named.values():
                 r.end_layer(layer, base)
             del bases[layer]

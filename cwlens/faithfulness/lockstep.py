@@ -132,7 +132,7 @@ class _Lockstep:
                 pieces.append(rows if key not in masks else remove_entries(
                     rows, ~masks[key], self.plan.cfg.renormalize))
             del masks
-            if block is None or block.query_start + block.n_rows >= block.n_queries:
+            if block is None or block.last:
                 del self.caught[layer]
             self.plan.stats.ranking_seconds += time.perf_counter() - t
             return torch.cat(pieces)

@@ -18,13 +18,17 @@ DEFAULT_BLOCK = 256
 @dataclass(frozen=True)
 class Block:
     """Where the rows handed to ``hook_pattern`` sit: queries ``[query_start,
-    query_start + n_rows)`` of ``n_queries``, keys ``[0, key_stop)`` of ``n_keys``."""
+    query_start + n_rows)`` of ``n_queries``, keys ``[0, key_stop)`` of ``n_keys``.
+
+    Blocks come widest (last queries) first; ``last`` marks the layer's final block (the
+    one at ``query_start`` 0), after which a consumer may close the layer."""
 
     query_start: int
     n_rows: int
     key_stop: int
     n_queries: int
     n_keys: int
+    last: bool = True
 
 
 _CURRENT: contextvars.ContextVar[Block | None] = contextvars.ContextVar("cwlens_block", default=None)
@@ -144,7 +148,9 @@ def attend(q, k, v, scaling: float, mask, how: Softmax) -> torch.Tensor:
     out = q.new_empty(b, h, n, v.shape[-1])
     min_value = -torch.inf if compatibility else torch.finfo(q.dtype).min
     mean_v = None
-    for start in range(0, n, block):
+    # widest (last) block first: a causal block's width grows with its start, so in this
+    # order each block fits in memory its predecessor freed instead of growing the heap
+    for start in reversed(range(0, n, block)):
         stop = min(n, start + block)
         rows = stop - start
         seen = _visible(mask, start, stop, n_keys, causal, q.device)  # [b|1, 1, rows, n_keys]
@@ -176,7 +182,7 @@ def attend(q, k, v, scaling: float, mask, how: Softmax) -> torch.Tensor:
             if compatibility:
                 alpha = alpha.masked_fill(empty[..., None], 0.0)
             if pattern_hook is not None:
-                token = _CURRENT.set(Block(start, rows, k1, n, n_keys))
+                token = _CURRENT.set(Block(start, rows, k1, n, n_keys, last=start == 0))
                 try:
                     alpha = pattern_hook(alpha)
                 finally:
