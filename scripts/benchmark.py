@@ -238,6 +238,8 @@ ALLOCATORS = {  # glibc settings compared by --allocators (Linux)
     "default": {},
     "MALLOC_MMAP_THRESHOLD_=65536": MMAP_ENV,
     "GLIBC_TUNABLES=glibc.malloc.hugetlb=1": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+    # PyTorch's own switch: tensors >= 2 MB on transparent huge pages (read once, at import)
+    "THP_MEM_ALLOC_ENABLE=1": {"THP_MEM_ALLOC_ENABLE": "1"},
 }
 
 
@@ -251,7 +253,8 @@ def allocators_main(args) -> None:
     print(f"{'n':>6} {'allocator':<40} {'peak MB':>8} {'user s':>7} {'sys s':>6} {'wall s':>7}")
     md = ["| n | allocator | streamed peak (MB) | user CPU (s) | system CPU (s) | wall (s) |",
           "|---|---|---|---|---|---|"]
-    base_env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}
+    base_env = {k: v for k, v in os.environ.items()
+                if k not in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE")}
     for n in args.lengths:
         for name, extra in ALLOCATORS.items():
             r = _sub(args, "--memory-row", str(n), "stream", env={**base_env, **extra})

@@ -150,7 +150,7 @@ def test_allocators_prints_one_row_per_setting():
         capture_output=True, text=True, check=True).stdout
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("16 ")]
     assert [r[1] for r in rows] == ["default", "MALLOC_MMAP_THRESHOLD_=65536",
-                                    "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"]
+                                    "GLIBC_TUNABLES=glibc.malloc.hugetlb=1", "THP_MEM_ALLOC_ENABLE=1"]
     for r in rows:
         peak, user, sys_, wall = map(float, r[2:])
         assert peak >= 0 and user >= 0 and sys_ >= 0 and wall > 0
