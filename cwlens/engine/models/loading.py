@@ -7,6 +7,7 @@ stay unfolded, in ``hook_v``, so the heads' outputs keep their b_V term). Transf
 gives a ``HookedTransformer`` loaded without weight processing (same raw geometry).
 """
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -133,8 +134,32 @@ def load_model(
     # multi-device: the bridge places the model (device and device_map are exclusive)
     placed_device = None if multi else str(check_device(device))
     source, hub_id = resolve(name_or_path)
-    if os.path.isdir(source):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory needs no network
+    # a local directory needs no network: offline while it loads, then as it was (a process
+    # setting left behind would also keep a later hub name offline)
+    with _env_default("HF_HUB_OFFLINE", "1", os.path.isdir(source)):
+        return _load(source, hub_id, generation, placed_device, dtype, n_devices, device_map,
+                     max_memory, multi, compatibility_mode)
+
+
+@contextlib.contextmanager
+def _env_default(name: str, value: str, when: bool):
+    """``os.environ.setdefault(name, value)`` for the ``with`` block only (if ``when``)."""
+    before = os.environ.get(name)
+    if when:
+        os.environ.setdefault(name, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def _load(source, hub_id, generation, placed_device, dtype, n_devices, device_map, max_memory,
+          multi, compatibility_mode):
+    from cwlens.engine.device_map import PlacementError
+
     if generation == "auto":
         generation = "bridge" if _has_bridge() else "hooked"
     try:
