@@ -153,4 +153,4 @@ def test_allocators_prints_one_row_per_setting():
                                     "GLIBC_TUNABLES=glibc.malloc.hugetlb=1", "THP_MEM_ALLOC_ENABLE=1"]
     for r in rows:
         peak, user, sys_, wall = map(float, r[2:])
-        assert peak >= 0 and user >= 0 and sys_ >= 0 and wall > 0
+        assert peak >= 0 and user >= 0 and sys_ >= 0 and wall >= 0  # printed to 0.1 s
