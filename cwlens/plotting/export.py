@@ -5,11 +5,11 @@ PNG export uses kaleido >= 1 with a system Chromium (Debian: ``apt-get install c
 warning says how to get PNGs.
 """
 
-import contextlib
 import os
 import shutil
 import warnings
 from pathlib import Path
+from unittest import mock
 
 _CHROME_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
@@ -47,28 +47,15 @@ def save_figure(fig, path_stem: str | Path, png: bool = True, scale: float = 1.0
             )
             return written
         out = stem.with_suffix(".png")
-        with _browser_path(chrome):
+        # $BROWSER_PATH (where kaleido looks for Chromium) for this export only: a process
+        # setting left behind would outlive the browser it names
+        with mock.patch.dict(os.environ, {} if "BROWSER_PATH" in os.environ else {"BROWSER_PATH": chrome}):
             if _write_png(fig, out, scale):
                 written.append(out)
     return written
 
 
 PNG_TRIES = 3
-
-
-@contextlib.contextmanager
-def _browser_path(chrome: str):
-    """``$BROWSER_PATH`` (where kaleido looks for Chromium) set for one export, then put back:
-    a process-wide setting left behind would outlive the browser it names."""
-    before = os.environ.get("BROWSER_PATH")
-    os.environ.setdefault("BROWSER_PATH", chrome)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("BROWSER_PATH", None)
-        else:
-            os.environ["BROWSER_PATH"] = before
 
 
 def _write_png(fig, out: Path, scale: float) -> bool:

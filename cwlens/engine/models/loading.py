@@ -7,9 +7,9 @@ stay unfolded, in ``hook_v``, so the heads' outputs keep their b_V term). Transf
 gives a ``HookedTransformer`` loaded without weight processing (same raw geometry).
 """
 
-import contextlib
 import os
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -136,24 +136,10 @@ def load_model(
     source, hub_id = resolve(name_or_path)
     # a local directory needs no network: offline while it loads, then as it was (a process
     # setting left behind would also keep a later hub name offline)
-    with _env_default("HF_HUB_OFFLINE", "1", os.path.isdir(source)):
+    offline = os.path.isdir(source) and "HF_HUB_OFFLINE" not in os.environ
+    with mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1"} if offline else {}):
         return _load(source, hub_id, generation, placed_device, dtype, n_devices, device_map,
                      max_memory, multi, compatibility_mode)
-
-
-@contextlib.contextmanager
-def _env_default(name: str, value: str, when: bool):
-    """``os.environ.setdefault(name, value)`` for the ``with`` block only (if ``when``)."""
-    before = os.environ.get(name)
-    if when:
-        os.environ.setdefault(name, value)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
 
 
 def _load(source, hub_id, generation, placed_device, dtype, n_devices, device_map, max_memory,
