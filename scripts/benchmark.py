@@ -29,8 +29,8 @@ started with (``timing_env``: "as started"), except CPU rows with n > 8192, whic
 the streamed peak in their one timed run, so under the fixed mmap threshold: their times
 include the page faults of returning every freed block (``stream_sys_s``, the streamed
 pass's system CPU time, shows that share). glibc's default allocator keeps freed blocks for
-reuse (fast, but the RSS can be twice the live memory); ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
-is close to both best cases on Linux (docs/long_context.md).
+reuse: fast, but the RSS of a streamed pass was 5-6 times its live memory at 2048-4096
+tokens (``--allocators``; docs/benchmarks.md).
 
     python scripts/benchmark.py                      # SmolLM2-135M, n = 128 512 2048, CPU
     python scripts/benchmark.py --docs docs/benchmarks.md   # and write its table into that page
@@ -156,6 +156,12 @@ ONE_RUN = 8192  # CPU rows longer than this measure the streamed peak in the tim
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # glibc returns every freed block >= 64 KB
 
 
+def one_run(n: int, device) -> bool:
+    """A CPU row above ONE_RUN: its one timed streamed pass also gives its peak memory (so
+    it runs under MMAP_ENV)."""
+    return n > ONE_RUN and not str(device).startswith("cuda")
+
+
 def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_block=None,
                attention="auto", eager=True):
     """Times of the plain eager forward (unless ``eager`` is False: it does not fit), the
@@ -163,9 +169,8 @@ def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_
     runs the streamed pass first and also reports its peak memory above the loaded model
     (``stream_peak_mb``), so that the long pass is not run twice. ``stream_sys_s``: the
     streamed pass's system CPU time (page faults of fresh allocations, mostly)."""
-    cpu = not str(device).startswith("cuda")
-    one_shot = n > ONE_RUN and cpu
-    if n > LONG and cpu:
+    one_shot = one_run(n, device)
+    if n > LONG and not str(device).startswith("cuda"):
         repeats = 1
     model = load(model_name, device, dtype, random_config)
     torch.manual_seed(0)
@@ -193,8 +198,8 @@ def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_
                 times[name].append(time.perf_counter() - t0)
                 if name == "stream":
                     sys_s.append(resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys0)
-                if one_shot and name == "stream":
-                    stream_peak = peak_rss_mb() - base
+                    if one_shot:
+                        stream_peak = peak_rss_mb() - base
     st = statistics.median(times["stream"])
     fwd = statistics.median(times["forward"]) if "forward" in times else None
     row = {"n": n, "forward_s": fwd, "stream_s": st, "ratio": None if fwd is None else st / fwd,
@@ -253,8 +258,8 @@ def allocators_main(args) -> None:
     print(f"{'n':>6} {'allocator':<40} {'peak MB':>8} {'user s':>7} {'sys s':>6} {'wall s':>7}")
     md = ["| n | allocator | streamed peak (MB) | user CPU (s) | system CPU (s) | wall (s) |",
           "|---|---|---|---|---|---|"]
-    base_env = {k: v for k, v in os.environ.items()
-                if k not in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE")}
+    compared = {k for extra in ALLOCATORS.values() for k in extra}
+    base_env = {k: v for k, v in os.environ.items() if k not in compared}
     for n in args.lengths:
         for name, extra in ALLOCATORS.items():
             r = _sub(args, "--memory-row", str(n), "stream", env={**base_env, **extra})
@@ -392,14 +397,25 @@ def ranking_main(lengths, repeats, heads=9):
         print(f"{n:>6} {med['sort'] * 1e3:>9.1f} {cells}")
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--stream", action="store_true", help="time the streaming engine (see above)")
+    ap.add_argument("--lengths", type=_positive, nargs="+", default=[128, 512, 2048])
+    ap.add_argument("--repeats", type=_positive, default=3)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--stream", action="store_true", help="time the streaming engine (see above)")
     ap.add_argument("--json", action="store_true", help="print one JSON line per n")
     ap.add_argument("--query-block", type=int, default=None, help="stream_reduce's query_block")
     ap.add_argument("--attention", default="auto", choices=["auto", "eager", "blockwise"],
@@ -415,9 +431,9 @@ def main():
     ap.add_argument("--memory-limit-gb", type=float, default=_default_memory_limit_gb(),
                     help="CPU: each row's address-space cap (default: 85%% of this machine's "
                     "memory); a forward that needs more is reported as not fitting (0: no cap)")
-    ap.add_argument("--topk", action="store_true", help="time torch.topk against the grouped top-k")
-    ap.add_argument("--ranking", action="store_true", help="time the full row ranking against the ends-only one")
-    ap.add_argument("--allocators", action="store_true",
+    mode.add_argument("--topk", action="store_true", help="time torch.topk against the grouped top-k")
+    mode.add_argument("--ranking", action="store_true", help="time the full row ranking against the ends-only one")
+    mode.add_argument("--allocators", action="store_true",
                     help="the streamed pass's peak and CPU time under glibc's allocator settings")
     ap.add_argument("--no-eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--row", type=int, help=argparse.SUPPRESS)  # internal: one row, JSON out
@@ -486,11 +502,11 @@ def stream_main(args) -> None:
         fwd_row = _sub(args, "--memory-row", str(n), "forward", env=env, allow_failure=True)
         # times under the allocator the benchmark was started with, except the longest CPU
         # rows, which also measure their peak in the same run (see ONE_RUN)
-        one_run = n > ONE_RUN and not str(args.device).startswith("cuda")
+        long_row = one_run(n, args.device)
         r = _sub(args, "--stream-row", str(n), *([] if fwd_row else ["--no-eager"]),
-                 env=env if one_run else None)
+                 env=env if long_row else None)
         assert r is not None
-        r["timing_env"] = " ".join(f"{k}={v}" for k, v in MMAP_ENV.items()) if one_run else "as started"
+        r["timing_env"] = " ".join(f"{k}={v}" for k, v in MMAP_ENV.items()) if long_row else "as started"
         if "stream_peak_mb" in r:  # a one-shot long row measured it in the same run
             st_row = {"peak_mb": r.pop("stream_peak_mb")}
         else:

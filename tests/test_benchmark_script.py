@@ -154,3 +154,10 @@ def test_allocators_prints_one_row_per_setting():
     for r in rows:
         peak, user, sys_, wall = map(float, r[2:])
         assert peak >= 0 and user >= 0 and sys_ >= 0 and wall >= 0  # printed to 0.1 s
+
+
+def test_bad_lengths_and_two_modes_are_refused_by_name():
+    for args, message in ((["--allocators", "--lengths", "-4"], "'-4' is not a positive whole number"),
+                          (["--stream", "--allocators"], "not allowed with argument")):
+        out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
