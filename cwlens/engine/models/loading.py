@@ -138,12 +138,15 @@ def load_model(
     # setting left behind would also keep a later hub name offline)
     offline = os.path.isdir(source) and "HF_HUB_OFFLINE" not in os.environ
     with mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1"} if offline else {}):
-        return _load(source, hub_id, generation, placed_device, dtype, n_devices, device_map,
-                     max_memory, multi, compatibility_mode)
+        # the multi-device placement, only what was given (the bridge's own keywords)
+        placement = {k: v for k, v in (("n_devices", n_devices), ("device_map", device_map),
+                                       ("max_memory", max_memory)) if v is not None}
+        return _load(source, hub_id, generation, placed_device, dtype, placement, multi,
+                     compatibility_mode)
 
 
-def _load(source, hub_id, generation, placed_device, dtype, n_devices, device_map, max_memory,
-          multi, compatibility_mode):
+def _load(source, hub_id, generation, placed_device, dtype, placement, multi,
+          compatibility_mode):
     from cwlens.engine.device_map import PlacementError
 
     if generation == "auto":
@@ -152,10 +155,8 @@ def _load(source, hub_id, generation, placed_device, dtype, n_devices, device_ma
         if generation == "bridge":
             from transformer_lens.model_bridge import TransformerBridge
 
-            placed = {k: v for k, v in (("n_devices", n_devices), ("device_map", device_map),
-                                        ("max_memory", max_memory)) if v is not None}
             model = TransformerBridge.boot_transformers(source, device=placed_device, dtype=dtype,
-                                                        **placed)
+                                                        **placement)
             if compatibility_mode:
                 # TL 4.3 folds b_V into b_O by default: hook_v would lose b_V and every head
                 # output its term sum_j a_ij b_V = b_V. Keep it in the heads (as raw mode and
