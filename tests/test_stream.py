@@ -246,6 +246,44 @@ def test_auto_query_block_keeps_a_block_the_size_of_256_rows_at_8192_keys():
         256, 256, 256, 128, 64, 32, 32]
 
 
+def test_on_the_cpu_an_auto_block_stays_within_glibcs_largest_mmap_threshold():
+    """A CPU block of [batch x head, rows, n] float32 entries is at most CPU_BLOCK_BYTES
+    (a larger one is mapped and unmapped afresh each time); CUDA keeps the per-head rule."""
+    from cwlens.engine.streaming import CPU_BLOCK_BYTES, MIN_CPU_QUERY_BLOCK, auto_query_block
+
+    for n in (2048, 4096, 8192, 16384, 32768):
+        rows = auto_query_block(n, 9, "cpu")
+        assert rows * 9 * n * 4 <= CPU_BLOCK_BYTES and (rows + 1) * 9 * n * 4 > CPU_BLOCK_BYTES or rows == 256
+    assert auto_query_block(8192, 9, "cpu") == 113 and auto_query_block(8192, 9) == 113
+    assert auto_query_block(8192, 2 * 9, "cpu") == 56  # a batch of two: half the rows
+    assert auto_query_block(10**7, 9, "cpu") == MIN_CPU_QUERY_BLOCK
+    assert auto_query_block(8192, 9, "cuda") == auto_query_block(8192) == 256
+
+
+def test_the_cpu_block_cap_follows_batch_and_heads(monkeypatch):
+    """The blockwise context of a CPU run takes its rows from the cap (here forced to 2
+    rows of a padded batch x 4 heads), with the same results as one block per layer."""
+    from cwlens.engine import adapter, streaming
+
+    model = tiny_model("llama")
+    if not adapter.supports_blockwise(model):
+        pytest.skip("TransformerLens 3.x: blockwise does not apply")
+    tokens, mask = pad_batch(model, TEXTS)
+    b, n = tokens.shape
+    heads = adapter.ModelInfo.of(model).n_heads
+    monkeypatch.setattr(streaming, "CPU_BLOCK_BYTES", 2 * b * heads * n * 4 + 1)
+    monkeypatch.setattr(streaming, "MIN_CPU_QUERY_BLOCK", 1)
+    blocks = []
+    real = adapter.blockwise_attention
+    monkeypatch.setattr(adapter, "blockwise_attention", lambda m, k: blocks.append(k) or real(m, k))
+    rs = lambda: [reducers.TopK(2, "contribution"), reducers.ColumnSums("contribution")]  # noqa: E731
+    want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None, attention="eager")
+    got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, attention="blockwise")
+    assert blocks == [2]
+    assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
+    assert_close(got["column_sums_contribution"].tensor, want["column_sums_contribution"].tensor, **TOL)
+
+
 def test_the_default_query_block_follows_the_length(monkeypatch):
     """query_block="auto" (the default) shrinks the blocks of long inputs: forced here on a
     short one, blockwise and eager, with the same results as one block per layer."""

@@ -45,11 +45,28 @@ DEFAULT_QUERY_BLOCK = 256
 #: float32 block of SmolLM2's 9 heads stays ~75 MB), never under MIN_AUTO_QUERY_BLOCK rows
 BLOCK_ENTRIES_PER_HEAD = 256 * 8192
 MIN_AUTO_QUERY_BLOCK = 32
+#: On the CPU a float32 ``[batch, head, rows, n]`` block also stays within CPU_BLOCK_BYTES
+#: (glibc's largest mmap threshold, 32 MiB on 64-bit), never under MIN_CPU_QUERY_BLOCK
+#: rows: glibc gives a larger block its own mapping, returns it to the kernel when it is
+#: freed, and the next block then page-faults every page in afresh (SmolLM2 at 8192 tokens:
+#: 126 s of system time in a 236 s streamed pass with 256-row blocks, 17 s with 112 rows;
+#: docs/benchmarks.md). A smaller one is reused from the heap. CUDA's caching allocator
+#: reuses blocks of any size.
+CPU_BLOCK_BYTES = 32 * 2**20
+MIN_CPU_QUERY_BLOCK = 16
 
 
-def auto_query_block(n_keys: int) -> int:
-    """The rows per block of ``query_block="auto"`` for rows of ``n_keys`` keys."""
-    return min(DEFAULT_QUERY_BLOCK, max(MIN_AUTO_QUERY_BLOCK, BLOCK_ENTRIES_PER_HEAD // max(n_keys, 1)))
+def auto_query_block(n_keys: int, rows_of: int | None = None, device: Any = None) -> int:
+    """The rows per block of ``query_block="auto"`` for rows of ``n_keys`` keys;
+    ``rows_of``: the rows one query row stands for in a block (batch x heads), which on
+    the CPU (``device`` None or a CPU) caps the block at ``CPU_BLOCK_BYTES``."""
+    rows = min(DEFAULT_QUERY_BLOCK, max(MIN_AUTO_QUERY_BLOCK, BLOCK_ENTRIES_PER_HEAD // max(n_keys, 1)))
+    if rows_of and (device is None or torch.device(device).type == "cpu"):
+        cap = CPU_BLOCK_BYTES // (4 * rows_of * max(n_keys, 1))
+        rows = min(rows, max(MIN_CPU_QUERY_BLOCK, cap))
+    return rows
+
+
 AUTO_THRESHOLD = adapter.BLOCKWISE_AUTO_THRESHOLD  # attention="auto": blockwise above this
 
 
@@ -112,7 +129,11 @@ def attention_context(model: TLModel, input, attention: str, query_block: int | 
     ``query_block`` rows; ``"auto"`` or None: :func:`auto_query_block`) or nothing."""
     if use_blockwise(model, input, attention):
         if query_block is None or isinstance(query_block, str):  # "auto" (checked by callers)
-            query_block = auto_query_block(_length(model, input))
+            handle = adapter.wrap(model)
+            batch = len(input) if isinstance(input, list) else (
+                int(input.shape[0]) if isinstance(input, torch.Tensor) and input.ndim > 1 else 1)
+            query_block = auto_query_block(_length(model, input), batch * handle.n_heads,
+                                           handle.device)
         return adapter.blockwise_attention(model, query_block)
     return contextlib.nullcontext()
 
@@ -423,7 +444,8 @@ def stream_reduce(
             r.start_layer(layer, geo)
         n_q, n_k = geo.pattern.shape[2], geo.pattern.shape[3]
         step = n_q if query_block is None else (
-            auto_query_block(n_k) if isinstance(query_block, str) else query_block)
+            auto_query_block(n_k, geo.pattern.shape[0] * geo.pattern.shape[1], geo.pattern.device)
+            if isinstance(query_block, str) else query_block)
         # widest (last) block first: each later block then fits in memory a freed one
         # leaves, instead of growing the heap (a causal block's width grows with its start)
         for start in reversed(range(0, n_q, step)):
