@@ -9,7 +9,7 @@ from torch.testing import assert_close
 import cwlens
 from cwlens import reducers
 from cwlens.core._types import STREAM_METRICS
-from cwlens.engine import row_topk
+from cwlens.engine import adapter, row_topk
 from cwlens.engine.batching import pad_batch
 from cwlens.errors import CwlensError, UnknownOptionError
 from cwlens.testing import ARCHITECTURES, tiny_model
@@ -305,6 +305,28 @@ def test_the_default_query_block_follows_the_length(monkeypatch):
         assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
         assert_close(got["column_sums_contribution"].tensor, want["column_sums_contribution"].tensor, **TOL)
     assert blocks == ([3] if blockwise else [])
+
+
+def test_row_reducers_join_a_layers_blocks_when_the_layer_ends(run, monkeypatch):
+    """TopK and KeySetWeight keep one tensor per finished layer, not one per block (dozens
+    of small block tensors kept to the end split the CPU allocator's heap), with the
+    results of one block per layer."""
+    model, tokens, mask, _, _ = run
+    left: dict = {"top": [], "keys": []}
+    for cls, name, store in ((reducers.TopK, "top", "_idx"), (reducers.KeySetWeight, "keys", "_rows")):
+        real = cls.end_layer
+
+        def spy(self, layer, geo, real=real, name=name, store=store):
+            real(self, layer, geo)
+            left[name].append(max(len(v) for v in getattr(self, store).values()))
+        monkeypatch.setattr(cls, "end_layer", spy)
+    rs = lambda: [reducers.TopK(2, "contribution"), reducers.KeySetWeight((0, 1))]  # noqa: E731
+    got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=2)
+    n_layers = adapter.ModelInfo.of(model).n_layers
+    assert left["top"][:n_layers] == [1] * n_layers and left["keys"][:n_layers] == [1] * n_layers
+    want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None)
+    assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
+    assert_close(got["keys_0_1"].weights["contribution"], want["keys_0_1"].weights["contribution"], **TOL)
 
 
 def test_each_reducer_releases_its_blocks_once_its_result_is_built(run, monkeypatch):
