@@ -180,7 +180,8 @@ def stream_geometry(
     ``n x n`` scores in the forward pass): :func:`stream_reduce` never does.
     ``logits=False`` stops the forward pass after the last layer streamed (the first item
     is then None). ``query_block``: the rows per block of a blockwise run (default
-    ``"auto"``, :func:`auto_query_block`: 256 up to 8192 tokens, fewer above).
+    ``"auto"``, :func:`auto_query_block`: 256 up to 8192 tokens, fewer above; on the CPU
+    at most 32 MiB a float32 block).
 
     Args:
         model: the TransformerLens model.
@@ -398,7 +399,8 @@ def stream_reduce(
         layers: an int, a list of ints, or ``None`` for every layer.
         attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
         query_block: queries per block (``"auto"``: :func:`auto_query_block`, 256 up to
-            8192 keys, fewer above; ``None``: each layer in one block).
+            8192 keys, fewer above, on the CPU at most 32 MiB a float32 block; ``None``:
+            each layer in one block).
         closure: also check each layer's heads x keys rebuild.
         **options: ``attention`` (``"auto"``, ``"eager"`` or ``"blockwise"``, see above)
             and ``logits`` (False stops the forward pass after the last streamed layer).
