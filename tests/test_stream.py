@@ -260,43 +260,27 @@ def test_on_the_cpu_an_auto_block_stays_within_glibcs_largest_mmap_threshold():
     assert auto_query_block(8192, 9, "cuda") == auto_query_block(8192) == 256
 
 
-def test_the_cpu_block_cap_follows_batch_and_heads(monkeypatch):
-    """The blockwise context of a CPU run takes its rows from the cap (here forced to 2
-    rows of a padded batch x 4 heads), with the same results as one block per layer."""
-    from cwlens.engine import adapter, streaming
+@pytest.mark.parametrize("rule", ["per_head", "cpu_bytes"])
+def test_the_default_query_block_follows_the_length(monkeypatch, rule):
+    """query_block="auto" (the default) shrinks the blocks of long inputs, by the per-head
+    entry rule and on the CPU by the byte cap (which counts batch x heads): each forced here
+    on a short padded batch (3 and 2 rows a block), blockwise and eager, with the same
+    results as one block per layer."""
+    from cwlens.engine import streaming
 
     model = tiny_model("llama")
-    if not adapter.supports_blockwise(model):
-        pytest.skip("TransformerLens 3.x: blockwise does not apply")
     tokens, mask = pad_batch(model, TEXTS)
     b, n = tokens.shape
-    heads = adapter.ModelInfo.of(model).n_heads
-    monkeypatch.setattr(streaming, "CPU_BLOCK_BYTES", 2 * b * heads * n * 4 + 1)
-    monkeypatch.setattr(streaming, "MIN_CPU_QUERY_BLOCK", 1)
+    if rule == "per_head":
+        forced, rows = {"BLOCK_ENTRIES_PER_HEAD": 3 * n, "MIN_AUTO_QUERY_BLOCK": 1}, 3
+    else:
+        heads = adapter.ModelInfo.of(model).n_heads
+        forced, rows = {"CPU_BLOCK_BYTES": 2 * b * heads * n * 4 + 1, "MIN_CPU_QUERY_BLOCK": 1}, 2
+    for name, value in forced.items():
+        monkeypatch.setattr(streaming, name, value)
     blocks = []
     real = adapter.blockwise_attention
     monkeypatch.setattr(adapter, "blockwise_attention", lambda m, k: blocks.append(k) or real(m, k))
-    rs = lambda: [reducers.TopK(2, "contribution"), reducers.ColumnSums("contribution")]  # noqa: E731
-    want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None, attention="eager")
-    got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, attention="blockwise")
-    assert blocks == [2]
-    assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
-    assert_close(got["column_sums_contribution"].tensor, want["column_sums_contribution"].tensor, **TOL)
-
-
-def test_the_default_query_block_follows_the_length(monkeypatch):
-    """query_block="auto" (the default) shrinks the blocks of long inputs: forced here on a
-    short one, blockwise and eager, with the same results as one block per layer."""
-    from cwlens.engine import adapter, streaming
-
-    model = tiny_model("llama")
-    tokens, mask = pad_batch(model, TEXTS)
-    n = tokens.shape[1]
-    monkeypatch.setattr(streaming, "BLOCK_ENTRIES_PER_HEAD", 3 * n)  # 3 rows a block
-    monkeypatch.setattr(streaming, "MIN_AUTO_QUERY_BLOCK", 1)
-    blocks = []
-    real = adapter.blockwise_attention
-    monkeypatch.setattr(adapter, "blockwise_attention", lambda m, b: blocks.append(b) or real(m, b))
     rs = lambda: [reducers.TopK(2, "contribution"), reducers.ColumnSums("contribution")]  # noqa: E731
     want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None, attention="eager")
     blockwise = adapter.supports_blockwise(model)  # TransformerLens 4.x only
@@ -304,7 +288,7 @@ def test_the_default_query_block_follows_the_length(monkeypatch):
         got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, attention=attention)
         assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
         assert_close(got["column_sums_contribution"].tensor, want["column_sums_contribution"].tensor, **TOL)
-    assert blocks == ([3] if blockwise else [])
+    assert blocks == ([rows] if blockwise else [])
 
 
 def test_row_reducers_join_a_layers_blocks_when_the_layer_ends(run, monkeypatch):

@@ -48,8 +48,8 @@ MIN_AUTO_QUERY_BLOCK = 32
 #: On the CPU a float32 ``[batch, head, rows, n]`` block also stays within CPU_BLOCK_BYTES
 #: (glibc's largest mmap threshold, 32 MiB on 64-bit), never under MIN_CPU_QUERY_BLOCK
 #: rows: glibc gives a larger block its own mapping, returns it to the kernel when it is
-#: freed, and the next block then page-faults every page in afresh (SmolLM2 at 8192 tokens:
-#: 126 s of system time in a 236 s streamed pass with 256-row blocks, 17 s with 112 rows;
+#: freed, and the next block then page-faults every page in afresh (SmolLM2's streamed
+#: pass at 8192 tokens: 134.8 s of system time with 256-row blocks, 8.1 s with 113 rows;
 #: docs/benchmarks.md). A smaller one is reused from the heap. CUDA's caching allocator
 #: reuses blocks of any size.
 CPU_BLOCK_BYTES = 32 * 2**20
