@@ -114,7 +114,9 @@ def test_faithfulness_and_sinks_keep_documents_past_the_context(ctx):
     model = ctx["model"]
     docs = [TextSample("long", LONG, "toy"), TextSample("short", "the cat sat .", "toy")]
     cfg = FaithfulnessConfig(metrics=("attention",), rates=(0.5,), max_tokens=200, past_context=True)
-    with pytest.warns(CwlensWarning, match="1 of the documents are longer") as seen:
+    one = ("1 of the 2 documents is longer than the model.s context .n_ctx. of 128 tokens: "
+           "running it up to its first 200")
+    with pytest.warns(CwlensWarning, match=one) as seen:
         table = run_faithfulness(model, docs, cfg, progress=False).table
     assert sum("past" in str(w.message) for w in seen) == 1  # not once per forward pass
     clean = table[(table["mode"] == "clean") & (table.measure == "nll")]
@@ -155,3 +157,13 @@ def test_faithfulness_scores_one_file_as_one_document(ctx, capsys, monkeypatch):
         logp = torch.log_softmax(model(tokens)[0].double(), -1)
     want = -logp[:-1].gather(-1, tokens[0, 1:, None]).mean()
     assert len(clean) == 1 and clean[0] == pytest.approx(float(want), abs=1e-4)
+
+
+@pytest.mark.parametrize("past, end", [(False, "using their first 128"),
+                                       (True, "running them up to their first 300")])
+def test_the_cut_warning_counts_the_long_texts_in_words(ctx, past, end):
+    from cwlens.engine.batching import context_cap
+
+    with pytest.warns(CwlensWarning, match=f"2 of the 3 texts are longer .*: {end}"):
+        cap = context_cap(ctx["model"], 300, iter([500, 10, 129]), past_context=past)
+    assert cap == (300 if past else 128)

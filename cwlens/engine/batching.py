@@ -153,15 +153,17 @@ def context_cap(model, max_tokens: int | None, lengths, what: str = "texts",
     limit = context_length(model)
     if limit is None or (max_tokens is not None and max_tokens <= limit):
         return max_tokens
+    lengths = list(lengths)
     long = sum(1 for n in lengths if n > limit)
+    some = f"{long} of the {len(lengths)} {what} {'is' if long == 1 else 'are'}"
+    them, their = ("it", "its") if long == 1 else ("them", "their")
     if past_context:
         if long:
-            running = "whole" if max_tokens is None else f"up to their first {max_tokens} tokens"
-            warnings.warn(f"{long} of the {what} are longer than the model's context (n_ctx) "
-                          f"of {limit} tokens: running them {running} {PAST_NOTE}",
-                          CwlensWarning, stacklevel=3)
+            running = "whole" if max_tokens is None else f"up to {their} first {max_tokens} tokens"
+            warnings.warn(f"{some} longer than the model's context (n_ctx) of {limit} tokens: "
+                          f"running {them} {running} {PAST_NOTE}", CwlensWarning, stacklevel=3)
         return max_tokens
     if long:
-        warnings.warn(f"{long} of the {what} are longer than the model's context (n_ctx) of "
-                      f"{limit} tokens: using their first {limit}", CwlensWarning, stacklevel=3)
+        warnings.warn(f"{some} longer than the model's context (n_ctx) of {limit} tokens: "
+                      f"using {their} first {limit}", CwlensWarning, stacklevel=3)
     return limit
