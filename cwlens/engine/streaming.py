@@ -479,9 +479,10 @@ def stream_reduce(
         for r in named.values():
             r.update(layer, info.query_start, weights, block)
         if closure:
-            out = rebuilt.setdefault(layer, v.new_zeros(v.shape[0], info.n_queries, base.W_O.shape[-1],
-                                                        dtype=block.layer_output.dtype))
-            out[:, info.query_start : info.query_start + info.n_rows] = block.layer_output
+            if layer not in rebuilt:  # (not setdefault: it would zero a whole layer per block)
+                rebuilt[layer] = v.new_zeros(v.shape[0], info.n_queries, base.W_O.shape[-1],
+                                             dtype=block.layer_output.dtype)
+            rebuilt[layer][:, info.query_start : info.query_start + info.n_rows] = block.layer_output
         del weights, block
         if info.last:
             for r in named.values():
