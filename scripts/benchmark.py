@@ -38,6 +38,7 @@ tokens (``--allocators``; docs/benchmarks.md).
     python scripts/benchmark.py --device cuda --model llama-3.1-8b --lengths 512 2048
     python scripts/benchmark.py --topk --lengths 1024 2048 4096 8192 16384   # TopK's two paths
     python scripts/benchmark.py --ranking --lengths 4096 16384   # the faithfulness row ranking
+    python scripts/benchmark.py --sdpa-blocks --lengths 8192 16384   # SDPA layers' block size
     python scripts/benchmark.py --allocators --lengths 2048 8192   # glibc settings: peak, CPU time
 
 ``--topk`` times the two ways the TopK reducer ranks a block's rows (torch.topk, and the
@@ -46,6 +47,10 @@ random weights (SmolLM2's 9 heads, the default query block), CPU time of this pr
 ``--ranking`` times the row ranking of ``cwlens faithfulness`` on one sub-block of
 ``lockstep.RANK_ENTRIES`` entries of rows n keys wide: the full sort (``rank_entries``)
 against the ends-only ranking (``partial_ranking``) for masks of 1%, 10% and 30% of a row.
+``--sdpa-blocks`` times one causal layer of a layer whose probabilities nothing reads
+(``blockwise_math.attend`` without a pattern hook: SDPA per block; SmolLM2's 9 heads and 3
+kv heads, batch 1) in the CPU-capped blocks that layers read by cwlens use and in the
+uncapped blocks that ``query_block="auto"`` gives such layers; CPU time of this process.
     python scripts/benchmark.py --stream --json --device cuda --dtype bfloat16 \
         --random-config llama-3.1-8b --lengths 2048 8192 32768     # random weights, no download
 """
@@ -360,6 +365,31 @@ def topk_main(lengths, repeats, k=8):
         print(f"{n:>6} {a * 1e3:>9.1f} {b * 1e3:>11.1f} {a / b:>13.2f}")
 
 
+def sdpa_blocks_main(lengths, repeats, heads=9, kv_heads=3, d_head=64):
+    """CPU seconds of one causal SDPA layer in capped and uncapped query blocks, interleaved."""
+    from cwlens.engine.models.blockwise_math import Softmax, attend
+    from cwlens.engine.streaming import auto_query_block
+
+    print(f"one causal layer, SDPA per query block, [1, {heads} heads ({kv_heads} kv), n, "
+          f"{d_head}], CPU time, median of {repeats} interleaved runs")
+    print(f"{'n':>6} {'capped rows':>12} {'ms':>9} {'auto rows':>10} {'ms':>9} {'capped/auto':>12}")
+    g = torch.Generator().manual_seed(0)
+    for n in lengths:
+        q = torch.randn(1, heads, n, d_head, generator=g)
+        k, v = (torch.randn(1, kv_heads, n, d_head, generator=g) for _ in range(2))
+        rows = {"capped": auto_query_block(n, heads, "cpu"), "auto": auto_query_block(n)}
+        outs, times = {}, {name: [] for name in rows}  # type: ignore[var-annotated]
+        for _ in range(repeats + 1):  # the first round warms up
+            for name, r in rows.items():
+                t = time.process_time()
+                outs[name] = attend(q, k, v, d_head ** -0.5, None, Softmax(causal=True, block=r))
+                times[name].append(time.process_time() - t)
+        torch.testing.assert_close(outs["capped"], outs["auto"], rtol=1e-5, atol=1e-5)
+        a, b = (statistics.median(times[name][1:]) for name in rows)
+        print(f"{n:>6} {rows['capped']:>12} {a * 1e3:>9.1f} {rows['auto']:>10} {b * 1e3:>9.1f} "
+              f"{a / b:>12.2f}")
+
+
 def _ranking_runs(scores, eligible, ties, fractions, full, partial):
     n = scores.shape[-1]
     runs = {"sort": lambda: full(scores, eligible, "row", ties)}
@@ -433,6 +463,8 @@ def main():
                     "memory); a forward that needs more is reported as not fitting (0: no cap)")
     mode.add_argument("--topk", action="store_true", help="time torch.topk against the grouped top-k")
     mode.add_argument("--ranking", action="store_true", help="time the full row ranking against the ends-only one")
+    mode.add_argument("--sdpa-blocks", action="store_true",
+                      help="time an SDPA layer in CPU-capped against uncapped query blocks")
     mode.add_argument("--allocators", action="store_true",
                     help="the streamed pass's peak and CPU time under glibc's allocator settings")
     ap.add_argument("--no-eager", action="store_true", help=argparse.SUPPRESS)
@@ -462,6 +494,8 @@ def main():
         return topk_main(args.lengths, args.repeats)
     if args.ranking:
         return ranking_main(args.lengths, args.repeats)
+    if args.sdpa_blocks:
+        return sdpa_blocks_main(args.lengths, args.repeats)
     print(f"model {args.model}, device {args.device}, dtype {args.dtype}, torch threads {torch.get_num_threads()}")
     print(f"{'n':>6} {'forward s':>10} {'cwlens s':>10} {'ratio':>7} {'+intra':>7} {'peak extra MB':>14}")
     md = [

@@ -156,6 +156,13 @@ def test_allocators_prints_one_row_per_setting():
         assert peak >= 0 and user >= 0 and sys_ >= 0 and wall >= 0  # printed to 0.1 s
 
 
+def test_sdpa_blocks_prints_the_two_block_sizes_per_length():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--sdpa-blocks", "--lengths", "64", "--repeats", "1"],
+                         capture_output=True, text=True, check=True).stdout
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("64 "))
+    assert row[1] == row[3] == "256" and float(row[5]) > 0  # short: one 256-row block each
+
+
 def test_bad_lengths_and_two_modes_are_refused_by_name():
     for args, message in ((["--allocators", "--lengths", "-4"], "'-4' is not a positive whole number"),
                           (["--stream", "--allocators"], "not allowed with argument")):

@@ -260,12 +260,20 @@ def test_on_the_cpu_an_auto_block_stays_within_glibcs_largest_mmap_threshold():
     assert auto_query_block(8192, 9, "cuda") == auto_query_block(8192) == 256
 
 
+def forward_logits(model, tokens, mask, attention):
+    """A plain forward (no reader of the probabilities) under ``attention``, default blocks."""
+    from cwlens.engine import streaming
+
+    with torch.no_grad(), streaming.attention_context(model, tokens, attention, None):
+        return model(tokens, **adapter.forward_kwargs(model, mask))
+
+
 @pytest.mark.parametrize("rule", ["per_head", "cpu_bytes"])
 def test_the_default_query_block_follows_the_length(monkeypatch, rule):
     """query_block="auto" (the default) shrinks the blocks of long inputs, by the per-head
     entry rule and on the CPU by the byte cap (which counts batch x heads): each forced here
     on a short padded batch (3 and 2 rows a block), blockwise and eager, with the same
-    results as one block per layer."""
+    results as one block per layer. Layers that run SDPA keep the per-head rule only."""
     from cwlens.engine import streaming
 
     model = tiny_model("llama")
@@ -280,7 +288,8 @@ def test_the_default_query_block_follows_the_length(monkeypatch, rule):
         monkeypatch.setattr(streaming, name, value)
     blocks = []
     real = adapter.blockwise_attention
-    monkeypatch.setattr(adapter, "blockwise_attention", lambda m, k: blocks.append(k) or real(m, k))
+    monkeypatch.setattr(adapter, "blockwise_attention",
+                        lambda m, k, s=None: blocks.append((k, s)) or real(m, k, s))
     rs = lambda: [reducers.TopK(2, "contribution"), reducers.ColumnSums("contribution")]  # noqa: E731
     want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None, attention="eager")
     blockwise = adapter.supports_blockwise(model)  # TransformerLens 4.x only
@@ -288,7 +297,16 @@ def test_the_default_query_block_follows_the_length(monkeypatch, rule):
         got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, attention=attention)
         assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
         assert_close(got["column_sums_contribution"].tensor, want["column_sums_contribution"].tensor, **TOL)
-    assert blocks == ([rows] if blockwise else [])
+    # layers that run SDPA (no reader of their probabilities) are not held to the CPU cap
+    sdpa_rows = rows if rule == "per_head" else streaming.DEFAULT_QUERY_BLOCK
+    assert blocks == ([(rows, sdpa_rows)] if blockwise else [])
+    if blockwise:
+        seen, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            lambda q, *a, **kw: seen.append(q.shape[2]) or sdpa(q, *a, **kw))
+        eager = forward_logits(model, tokens, mask, "eager")
+        assert_close(forward_logits(model, tokens, mask, "blockwise"), eager, rtol=0, atol=1e-4)
+        assert seen and max(seen) == min(sdpa_rows, n)
 
 
 def test_row_reducers_join_a_layers_blocks_when_the_layer_ends(run, monkeypatch):

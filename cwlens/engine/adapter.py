@@ -302,12 +302,13 @@ def supports_blockwise(model: TLModel) -> bool:
     return supports(model)
 
 
-def blockwise_attention(model: TLModel, block: int):
+def blockwise_attention(model: TLModel, block: int, sdpa_block: int | None = None):
     """Context manager: forward passes inside compute attention in query blocks of
-    ``block`` rows (:mod:`cwlens.engine.models.blockwise`)."""
+    ``block`` rows, ``sdpa_block`` where a layer's probabilities are not read
+    (:mod:`cwlens.engine.models.blockwise`)."""
     from cwlens.engine.models.blockwise import blockwise_attention as context
 
-    return context(model, block)
+    return context(model, block, sdpa_block)
 
 
 def n_tokens(model: TLModel, text: str) -> int:

@@ -165,7 +165,8 @@ def _position_embeddings_forward(attn, state: "_State"):
             Softmax(causal=attn.is_causal,
                     pattern_hook=attn.hook_pattern if state.wants(attn) else None,
                     softcap=getattr(hf_attn, "attn_logit_softcapping", None),
-                    compatibility=attn.compatibility_mode, block=state.block),
+                    compatibility=attn.compatibility_mode, block=state.block,
+                    sdpa_block=state.sdpa_block),
         )
         out = out.transpose(1, 2).reshape(*input_shape, -1)
         out = attn._pre_output_projection(out)
@@ -203,7 +204,8 @@ def _joint_qkv_reconstruct(attn, state: "_State"):
         out = attend(q, k, v.to(q.dtype), scale, kwargs.get("attention_mask"),
                      Softmax(causal=attn.is_causal,
                              pattern_hook=attn.hook_pattern if state.wants(attn) else None,
-                             upcast=False, compatibility=attn.compatibility_mode, block=state.block))
+                             upcast=False, compatibility=attn.compatibility_mode, block=state.block,
+                             sdpa_block=state.sdpa_block))
         out = attn._reshape_attn_output(out.to(v.dtype), batch, seq, n_heads, head_dim)
         return attn._apply_output_projection(out), None
 
@@ -226,7 +228,8 @@ def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropo
     hook = pattern_fn if pattern_fn is not None and state.wants_hook(pattern_fn) else None
     causal = bool(getattr(module, "is_causal", False))
     out = attend(query, key, value, scaling, attention_mask,
-                 Softmax(causal=causal, pattern_hook=hook, block=state.block))
+                 Softmax(causal=causal, pattern_hook=hook, block=state.block,
+                         sdpa_block=state.sdpa_block))
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -234,8 +237,8 @@ _ACTIVE: contextvars.ContextVar["_State | None"] = contextvars.ContextVar("cwlen
 
 
 class _State:
-    def __init__(self, block: int, names: dict[int, str]):
-        self.block = block
+    def __init__(self, block: int, names: dict[int, str], sdpa_block: int | None = None):
+        self.block, self.sdpa_block = block, sdpa_block
         self.names = names  # id(hook point or attention) -> name, for errors
 
     def wants(self, attn) -> bool:
@@ -267,9 +270,12 @@ def supports_blockwise(model) -> bool:
 
 
 @contextmanager
-def blockwise_attention(model, block: int = DEFAULT_BLOCK) -> Iterator[None]:
+def blockwise_attention(model, block: int = DEFAULT_BLOCK, sdpa_block: int | None = None
+                        ) -> Iterator[None]:
     """Run every forward pass inside in query blocks of ``block`` rows (see the module
-    docstring); the model is restored on exit, also when the forward raises."""
+    docstring), and layers that run SDPA (nothing reads their probabilities) in blocks of
+    ``sdpa_block`` rows (None: ``block``); the model is restored on exit, also when the
+    forward raises."""
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
     from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import (
         JointQKVAttentionBridge,
@@ -311,7 +317,7 @@ def blockwise_attention(model, block: int = DEFAULT_BLOCK) -> Iterator[None]:
                 f"blocks.{i}.attn is a {type(attn).__name__}, whose attention cwlens cannot run "
                 "blockwise. Use attention='eager'."
             )
-    state = _State(block, names)
+    state = _State(block, names, sdpa_block)
     hf = model.original_model
     configs = [c for c in {id(c): c for c in [hf.config] + [getattr(m, "config", None) for m in hf.modules()]
                            if c is not None and hasattr(c, "_attn_implementation")}.values()]

@@ -121,7 +121,8 @@ class Softmax:
     ``hook_pattern`` to route each block's probabilities through (None: SDPA, nothing
     exposed); ``softcap``: Gemma-2's logit soft-capping; ``upcast``: softmax in float32;
     ``compatibility``: TransformerLens compatibility mode (masked scores -inf); ``block``:
-    query rows per block."""
+    query rows per block; ``sdpa_block``: query rows per block of a layer that runs SDPA
+    (no ``pattern_hook``, no ``softcap``), where no probabilities are materialised here."""
 
     causal: bool
     pattern_hook: Any = None
@@ -129,6 +130,7 @@ class Softmax:
     upcast: bool = True
     compatibility: bool = False
     block: int = DEFAULT_BLOCK
+    sdpa_block: int | None = None  # rows per block where SDPA runs (no pattern hook): None = block
 
 
 def attend(q, k, v, scaling: float, mask, how: Softmax) -> torch.Tensor:
@@ -142,6 +144,8 @@ def attend(q, k, v, scaling: float, mask, how: Softmax) -> torch.Tensor:
     """
     causal, pattern_hook, softcap = how.causal, how.pattern_hook, how.softcap
     upcast, compatibility, block = how.upcast, how.compatibility, how.block
+    if pattern_hook is None and softcap is None and how.sdpa_block:
+        block = how.sdpa_block  # SDPA holds no [batch, head, rows, n] block of ours
     b, h, n, d = q.shape
     n_kv, n_keys = k.shape[1], k.shape[2]
     group = h // n_kv
