@@ -180,6 +180,22 @@ def test_summary_bootstrap_and_markdown():
         hierarchy_verdict(s, "toy", "sufficiency", 0.3, "delta_ppl")
 
 
+def test_one_sample_prints_means_without_nan_intervals():
+    """One long document (cwlens faithfulness --file): no "[nan, nan]", no hierarchy."""
+    from cwlens.faithfulness.report import markdown_tables
+
+    rows = [{"model": "m", "dataset": "doc", "metric": "none", "mode": "clean", "rate": 0.0,
+             "scope": "row", "layers": "none", "sample_id": "d0", "measure": "ppl", "value": 58.85}]
+    rows += [{"model": "m", "dataset": "doc", "metric": m, "mode": "comprehensiveness", "rate": 0.1,
+              "scope": "row", "layers": "15", "sample_id": "d0", "measure": "delta_ppl", "value": v}
+             for m, v in (("contribution", 8.58), ("random", 0.37))]
+    df = pd.DataFrame(rows)
+    md = markdown_tables(summarize(df), df)
+    assert "nan" not in md
+    assert "mean (one sample: no interval), n = 1" in md and "(clean ppl: 58.85)" in md
+    assert "| contrib | 8.58 |" in md and "No hierarchy: its paired test needs at least 2" in md
+
+
 def test_verdict_is_unresolved_where_the_paired_interval_contains_zero():
     """Point means in the paper's order, but per-sample differences that are noise: the
     old verdict said "holds"; the paired bootstrap says "unresolved"."""

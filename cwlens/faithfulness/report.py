@@ -177,6 +177,8 @@ def _fmt(row, measure) -> str:
     scale = 100.0 if measure in ("acc", "acc_norm") else 1.0
     digits = 1 if scale == 100.0 else 2
     m, lo, hi = row["mean"] * scale, row["ci_low"] * scale, row["ci_high"] * scale
+    if lo != lo or hi != hi:  # NaN: one sample has no interval (the table's header says so)
+        return f"{m:.{digits}f}"
     return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
@@ -247,7 +249,8 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
     scope = ", ".join(sorted(map(str, sub.scope.unique())))
     extra = _describe(setting, varying)
     ci = "exact 95% CI (Clopper–Pearson)" if meas in ("acc", "acc_norm") else "95% bootstrap CI"
-    lines.append(f"**{ds}** — {unit}, mean [{ci}], n = {n}, scope = {scope}"
+    interval = f"mean [{ci}]" if n >= 2 else "mean (one sample: no interval)"
+    lines.append(f"**{ds}** — {unit}, {interval}, n = {n}, scope = {scope}"
                  + (f", {extra}" if extra else ""))
     if len(clean):
         lines.append(f"(clean {clean_measure}: {_fmt(clean.iloc[0], clean_measure)})")
@@ -262,7 +265,9 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
             row.append(_fmt(hit.iloc[0], meas) if len(hit) else "")
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    if table is not None:
+    if table is not None and n < 2:
+        lines += ["No hierarchy: its paired test needs at least 2 samples (n = 1).", ""]
+    elif table is not None:
         lines.append("Hierarchy (least < most faithful; paired bootstrap-t of per-sample "
                      "differences, Holm-corrected over every pair of every column of this "
                      "table at 5%: `<` resolved, `≈` not resolved, `=` identical):")
