@@ -23,6 +23,8 @@ def paths(tmp_path_factory):
     (base / "a_file").write_text("x")
     (base / "a_dir").mkdir()
     (base / "empty_dir").mkdir()
+    (base / "other_results").mkdir()
+    (base / "other_results" / "file_long.jsonl").write_text("")
     (base / "binary.txt").write_bytes(b"the cat\0\1\2")
     (base / "latin1.txt").write_bytes("café au lait".encode("latin-1"))
     (base / "corrupt_model").mkdir()
@@ -95,6 +97,8 @@ CASES = {
     "out-under-a-file": (F + ["--out", "{p}/a_file/runs"], 1, "is a file, not a folder"),
     "out-unwritable": (F + ["--out", "/proc/self/cwlens-runs"], 1, "no permission"),
     "report-only-without-results": (F + ["--report-only", "--out", "{p}/empty_dir"], 1, "no results"),
+    "report-only-other-dataset": (F + ["--report-only", "--out", "{p}/other_results"], 1,
+                                  "holds results of file_long: pass --dataset"),
     "summary-md-is-a-dir": (F + ["--summary-md", "{p}/a_dir", "--out", "{p}/o1"], 1, "is a folder"),
     "sinks-out-is-a-file": (S + ["--out", "{p}/a_file"], 1, "is a file"),
     "sinks-figures-is-a-file": (S + ["--figures", "{p}/a_file"], 1, "is a file"),

@@ -188,9 +188,12 @@ def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> li
     if args.report_only:
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
+            there = sorted(p.stem for p in out.glob("*.jsonl")) if out.is_dir() else []
+            hint = (f"; {out} holds results of {', '.join(there)}: pass --dataset (or, for "
+                    "file_<name>, the same --file)" if there else "")
             raise InvalidArgumentError(
                 f"--report-only: no results in {', '.join(missing)}; run without --report-only "
-                "first, or pass the --out of that run"
+                f"first, or pass the --out of that run{hint}"
             )
     elif args.no_resume or not all(p.is_file() for p in paths):
         arg_types.output_dir(out)  # something will be written: it must be writable now
