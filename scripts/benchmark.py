@@ -365,29 +365,32 @@ def topk_main(lengths, repeats, k=8):
         print(f"{n:>6} {a * 1e3:>9.1f} {b * 1e3:>11.1f} {a / b:>13.2f}")
 
 
-def sdpa_blocks_main(lengths, repeats, heads=9, kv_heads=3, d_head=64):
+def sdpa_blocks_main(lengths, repeats, heads=9, kv_heads=3, d_head=64, batches=(1, 3)):
     """CPU seconds of one causal SDPA layer in capped and uncapped query blocks, interleaved."""
     from cwlens.engine.models.blockwise_math import Softmax, attend
     from cwlens.engine.streaming import auto_query_block
 
-    print(f"one causal layer, SDPA per query block, [1, {heads} heads ({kv_heads} kv), n, "
-          f"{d_head}], CPU time, median of {repeats} interleaved runs")
-    print(f"{'n':>6} {'capped rows':>12} {'ms':>9} {'auto rows':>10} {'ms':>9} {'capped/auto':>12}")
+    print(f"one causal layer, SDPA per query block, [batch, {heads} heads ({kv_heads} kv), n, "
+          f"{d_head}], CPU time, median of {repeats} interleaved runs (batch 3: a lockstep "
+          "faithfulness pass of the clean copy and two masked ones)")
+    print(f"{'n':>6} {'batch':>6} {'capped rows':>12} {'ms':>9} {'auto rows':>10} {'ms':>9} "
+          f"{'capped/auto':>12}")
     g = torch.Generator().manual_seed(0)
     for n in lengths:
-        q = torch.randn(1, heads, n, d_head, generator=g)
-        k, v = (torch.randn(1, kv_heads, n, d_head, generator=g) for _ in range(2))
-        rows = {"capped": auto_query_block(n, heads, "cpu"), "auto": auto_query_block(n)}
-        outs, times = {}, {name: [] for name in rows}  # type: ignore[var-annotated]
-        for _ in range(repeats + 1):  # the first round warms up
-            for name, r in rows.items():
-                t = time.process_time()
-                outs[name] = attend(q, k, v, d_head ** -0.5, None, Softmax(causal=True, block=r))
-                times[name].append(time.process_time() - t)
-        torch.testing.assert_close(outs["capped"], outs["auto"], rtol=1e-5, atol=1e-5)
-        a, b = (statistics.median(times[name][1:]) for name in rows)
-        print(f"{n:>6} {rows['capped']:>12} {a * 1e3:>9.1f} {rows['auto']:>10} {b * 1e3:>9.1f} "
-              f"{a / b:>12.2f}")
+        for b in batches:
+            q = torch.randn(b, heads, n, d_head, generator=g)
+            k, v = (torch.randn(b, kv_heads, n, d_head, generator=g) for _ in range(2))
+            rows = {"capped": auto_query_block(n, b * heads, "cpu"), "auto": auto_query_block(n)}
+            outs, times = {}, {name: [] for name in rows}  # type: ignore[var-annotated]
+            for _ in range(repeats + 1):  # the first round warms up
+                for name, r in rows.items():
+                    t = time.process_time()
+                    outs[name] = attend(q, k, v, d_head ** -0.5, None, Softmax(causal=True, block=r))
+                    times[name].append(time.process_time() - t)
+            torch.testing.assert_close(outs["capped"], outs["auto"], rtol=1e-5, atol=1e-5)
+            a, c = (statistics.median(times[name][1:]) for name in rows)
+            print(f"{n:>6} {b:>6} {rows['capped']:>12} {a * 1e3:>9.1f} {rows['auto']:>10} "
+                  f"{c * 1e3:>9.1f} {a / c:>12.2f}")
 
 
 def _ranking_runs(scores, eligible, ties, fractions, full, partial):

@@ -159,8 +159,10 @@ def test_allocators_prints_one_row_per_setting():
 def test_sdpa_blocks_prints_the_two_block_sizes_per_length():
     out = subprocess.run([sys.executable, str(SCRIPT), "--sdpa-blocks", "--lengths", "64", "--repeats", "1"],
                          capture_output=True, text=True, check=True).stdout
-    row = next(line.split() for line in out.splitlines() if line.strip().startswith("64 "))
-    assert row[1] == row[3] == "256" and float(row[5]) > 0  # short: one 256-row block each
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("64 ")]
+    assert [r[1] for r in rows] == ["1", "3"]  # batch 1, and a lockstep pass of 3 copies
+    for r in rows:
+        assert r[2] == r[4] == "256" and float(r[6]) > 0  # short rows: one 256-row block each
 
 
 def test_bad_lengths_and_two_modes_are_refused_by_name():

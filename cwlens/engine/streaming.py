@@ -134,8 +134,8 @@ def attention_context(model: TLModel, input, attention: str, query_block: int | 
                 int(input.shape[0]) if isinstance(input, torch.Tensor) and input.ndim > 1 else 1)
             n = _length(model, input)
             # layers whose probabilities nobody reads run SDPA, which holds no block of
-            # ours: no CPU byte cap there (its per-call cost falls with the rows: 2/3 of
-            # the CPU time at 256 rows against 18 on 16384 keys)
+            # ours: no CPU byte cap there (fewer, larger calls: 1.04-1.23 x less CPU time at
+            # 16384 keys, scripts/benchmark.py --sdpa-blocks)
             return adapter.blockwise_attention(
                 model, auto_query_block(n, batch * handle.n_heads, handle.device),
                 auto_query_block(n))
