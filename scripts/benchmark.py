@@ -47,15 +47,16 @@ random weights (SmolLM2's 9 heads, the default query block), CPU time of this pr
 ``--ranking`` times the row ranking of ``cwlens faithfulness`` on one sub-block of
 ``lockstep.RANK_ENTRIES`` entries of rows n keys wide: the full sort (``rank_entries``)
 against the ends-only ranking (``partial_ranking``) for masks of 1%, 10% and 30% of a row.
-``--sdpa-blocks`` times one causal layer of a layer whose probabilities nothing reads
+``--sdpa-blocks`` times one causal attention layer whose probabilities nothing reads
 (``blockwise_math.attend`` without a pattern hook: SDPA per block; SmolLM2's 9 heads and 3
-kv heads, batch 1) in the CPU-capped blocks that layers read by cwlens use and in the
+kv heads, batch 1 and 3) in the CPU-capped blocks of the layers cwlens reads and in the
 uncapped blocks that ``query_block="auto"`` gives such layers; CPU time of this process.
     python scripts/benchmark.py --stream --json --device cuda --dtype bfloat16 \
         --random-config llama-3.1-8b --lengths 2048 8192 32768     # random weights, no download
 """
 
 import argparse
+import functools
 import json
 import resource
 import statistics
@@ -343,6 +344,19 @@ def _sub(args, *extra, env=None, allow_failure=False) -> dict | None:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _interleaved_cpu(runs: dict, repeats: int) -> tuple[dict, dict]:
+    """Median CPU seconds of each of ``runs`` (name -> function), run in turn ``repeats``
+    times after one warm-up round, and each function's last result."""
+    times: dict = {name: [] for name in runs}
+    last: dict = {}
+    for _ in range(repeats + 1):  # the first round warms up
+        for name, run in runs.items():
+            t = time.process_time()
+            last[name] = run()
+            times[name].append(time.process_time() - t)
+    return {name: statistics.median(v[1:]) for name, v in times.items()}, last
+
+
 def topk_main(lengths, repeats, k=8):
     """CPU seconds of torch.topk and of the grouped top-k on one block, interleaved."""
     from cwlens.engine import row_topk
@@ -355,13 +369,8 @@ def topk_main(lengths, repeats, k=8):
         x = torch.rand(1, 9, 256, n, generator=g)
         runs = {"topk": lambda x=x: x.topk(k, dim=-1).indices,
                 "grouped": lambda x=x: row_topk._grouped_topk_indices(x, k, row_topk.GROUP)}
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(repeats + 1):  # the first round warms up
-            for name, f in runs.items():
-                t = time.process_time()
-                f()
-                times[name].append(time.process_time() - t)
-        a, b = (statistics.median(times[name][1:]) for name in runs)
+        med, _ = _interleaved_cpu(runs, repeats)
+        a, b = med["topk"], med["grouped"]
         print(f"{n:>6} {a * 1e3:>9.1f} {b * 1e3:>11.1f} {a / b:>13.2f}")
 
 
@@ -381,14 +390,11 @@ def sdpa_blocks_main(lengths, repeats, heads=9, kv_heads=3, d_head=64, batches=(
             q = torch.randn(b, heads, n, d_head, generator=g)
             k, v = (torch.randn(b, kv_heads, n, d_head, generator=g) for _ in range(2))
             rows = {"capped": auto_query_block(n, b * heads, "cpu"), "auto": auto_query_block(n)}
-            outs, times = {}, {name: [] for name in rows}  # type: ignore[var-annotated]
-            for _ in range(repeats + 1):  # the first round warms up
-                for name, r in rows.items():
-                    t = time.process_time()
-                    outs[name] = attend(q, k, v, d_head ** -0.5, None, Softmax(causal=True, block=r))
-                    times[name].append(time.process_time() - t)
+            med, outs = _interleaved_cpu(
+                {name: functools.partial(attend, q, k, v, d_head ** -0.5, None, Softmax(causal=True, block=r))
+                 for name, r in rows.items()}, repeats)
             torch.testing.assert_close(outs["capped"], outs["auto"], rtol=1e-5, atol=1e-5)
-            a, c = (statistics.median(times[name][1:]) for name in rows)
+            a, c = med["capped"], med["auto"]
             print(f"{n:>6} {b:>6} {rows['capped']:>12} {a * 1e3:>9.1f} {rows['auto']:>10} "
                   f"{c * 1e3:>9.1f} {a / c:>12.2f}")
 
@@ -419,13 +425,7 @@ def ranking_main(lengths, repeats, heads=9):
         ties = torch.rand(1, heads, rows, n, generator=g)
         eligible = torch.ones(1, 1, rows, n, dtype=torch.bool)
         runs = _ranking_runs(scores, eligible, ties, fractions, rank_entries, rank_rows_partially)
-        times: dict = {name: [] for name in runs}
-        for _ in range(repeats + 1):  # the first round warms up
-            for name, run in runs.items():
-                t = time.process_time()
-                run()
-                times[name].append(time.process_time() - t)
-        med = {name: statistics.median(v[1:]) for name, v in times.items()}
+        med, _ = _interleaved_cpu(runs, repeats)
         cells = " ".join(f"{med[f] * 1e3:>13.1f} {med['sort'] / med[f]:>6.2f}" for f in fractions)
         print(f"{n:>6} {med['sort'] * 1e3:>9.1f} {cells}")
 
