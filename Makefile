@@ -14,9 +14,9 @@ bench:
 	.venv/bin/python scripts/benchmark.py
 
 # the paper's claims on SmolLM2-135M, Gemma-3-270M and all-MiniLM-L6-v2. results/replicate
-# ships the raw outputs of the run behind docs/replication.md, so this resumes from them and
-# only rebuilds the tables; `rm -r results/replicate` first to recompute everything (about
-# 2 h on 2 CPU cores). Writes results/replicate, figures/replicate_*, docs/replication.md
+# ships the raw outputs of the run behind docs/replication.md, so this resumes from them:
+# only the sink stage (its per-batch store is not shipped) is recomputed, in minutes;
+# `rm -r results/replicate` first to recompute everything (about 2 h on 2 CPU cores). Writes results/replicate, figures/replicate_*, docs/replication.md
 replicate:
 	@bash scripts/setup.sh --gemma --minilm
 	.venv/bin/cwlens replicate --out results/replicate --docs docs/replication.md
