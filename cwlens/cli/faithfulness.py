@@ -26,7 +26,7 @@ A faithful metric does much damage in comprehensiveness and little in sufficienc
 Metrics: attention, value_weighted, value_weighted_output_normalized, contribution
 (signed), contribution_abs, random (seeded control).
 
-Rows are appended to <out>/<dataset>.jsonl as each sample finishes: rerun the same
+Rows are appended to <out>/<dataset>.jsonl (--compress: .jsonl.gz) as each sample finishes: rerun the same
 command to resume after an interruption. At the end it prints a summary (mean and 95%
 bootstrap CI per cell), writes figures/faithfulness_<dataset>.png/.html and, with
 --summary-md, the results tables into a markdown file.
@@ -113,6 +113,10 @@ def register(sub) -> None:
     g.add_argument("--out", default="runs/faithfulness", help="results folder (default: %(default)s)")
     g.add_argument("--batch-tokens", type=arg_types.positive_int, default=DEFAULT.batch_tokens, help="padded tokens per forward pass (default: %(default)s)")
     g.add_argument("--no-resume", action="store_true", help="start the results files afresh")
+    g.add_argument("--compress", action="store_true",
+                   help="store the rows gzip-compressed, <out>/<dataset>.jsonl.gz (about 50x "
+                   "smaller: multiple choice writes ~900 rows per item). A folder that holds "
+                   "<dataset>.jsonl.gz is resumed from it without the flag")
     g.add_argument("--report-only", action="store_true", help="do not run: summarise existing results")
     g.add_argument("--figures", default="figures", help="figure folder, '' for none (default: %(default)s)")
     g.add_argument("--no-png", action="store_true", help="figures as HTML only")
@@ -184,11 +188,15 @@ def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> li
         if not args.report_only and args.file is None:
             load_dataset(d, n=counts[d], num_fewshot=shots)  # too many samples: fails here
         chat = "_chat" if _prompt(args, d) == "chat" else ""
-        paths.append(out / f"{d}{f'_{shots}shot' if shots else ''}{chat}.jsonl")
+        paths.append(_results_path(out, f"{d}{f'_{shots}shot' if shots else ''}{chat}",
+                                   args.compress))
     if args.report_only:
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
-            there = sorted(p.stem for p in out.glob("*.jsonl")) if out.is_dir() else []
+            from cwlens.faithfulness.results import split_name
+
+            there = sorted({split_name(p)[0] for p in [*out.glob("*.jsonl"), *out.glob("*.jsonl.gz")]
+                            if ".shard-" not in p.name}) if out.is_dir() else []
             hint = (f"; {out} holds results of {', '.join(there)}: pass --dataset (or, for "
                     "file_<name>, the same --file)" if there else "")
             raise InvalidArgumentError(
@@ -202,6 +210,20 @@ def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> li
     for md in _csv(args.summary_md or ""):
         arg_types.output_file(md, "--summary-md")
     return paths
+
+
+def _results_path(out: Path, name: str, compress: bool) -> Path:
+    """``<out>/<name>.jsonl``, or ``.jsonl.gz`` under --compress or where only that exists."""
+    plain, packed = out / f"{name}.jsonl", out / f"{name}.jsonl.gz"
+    if plain.is_file() and packed.is_file():
+        raise InvalidArgumentError(
+            f"{out} holds both {plain.name} and {packed.name}: keep one (gzip the plain file "
+            f"into the other with 'gzip -c {plain} >> {packed}', then delete it) and rerun")
+    if compress and plain.is_file():
+        raise InvalidArgumentError(
+            f"--compress: {plain} holds this run's rows uncompressed; compress it first "
+            f"('gzip {plain}', which resumes as {packed.name}) or leave out --compress")
+    return packed if compress or packed.is_file() else plain
 
 
 def _file_dataset(path: str) -> str:

@@ -17,6 +17,12 @@ complete line and samples with fewer rows than expected (a write cut by a kill) 
 dropped (atomic rewrite) and recomputed. ``<name>.config.json`` beside the file holds the
 run's configuration; resuming with another configuration is refused.
 
+Compressed: a path ending in ``.jsonl.gz`` stores the same lines gzip-compressed, one
+gzip member per sample (multiple-choice runs write ~900 rows per item: ~300 KB as JSON,
+~6 KB gzipped). Everything below holds for both; ``gzip x.jsonl`` turns a finished or
+interrupted plain file into one that resumes (the configuration file ``x.config.json``
+is shared).
+
 Shards (for runs split over processes): ``<name>.shard-<id>.jsonl`` beside ``<name>.jsonl``
 holds the rows one process wrote (``ResultsWriter(..., shard=id)``; a torchrun job's
 rank ``r`` writes :func:`shard_name` ``(r)``). Every reader and every writer's resume
@@ -33,7 +39,14 @@ from pathlib import Path
 from cwlens.core.bootstrap import bootstrap_ci  # noqa: F401  (public here since 0.1)
 from cwlens.errors import CwlensError
 from cwlens.faithfulness.config import PROVENANCE
-from cwlens.runs.results_io import append_text, atomic_write_text, complete_lines
+from cwlens.runs.results_io import (
+    append_text,
+    atomic_write_lines,
+    atomic_write_text,
+    complete_lines,
+    gzip_members,
+    is_gzip,
+)
 
 SETTING = ("model", "dataset", *PROVENANCE)  # FaithfulnessConfig's provenance fields
 COLUMNS = (*SETTING, "metric", "mode", "rate", "layers", "sample_id", "measure", "value")
@@ -50,10 +63,27 @@ class ResultsFormatError(CwlensError, ValueError):
     """A results file with a malformed line."""
 
 
-def result_files(path) -> list[Path]:
-    """``path`` and its shard files ``<stem>.shard-*.jsonl`` that exist, in a fixed order."""
+def split_name(path) -> tuple[str, str]:
+    """``(base, extension)`` of a results file: ``x.jsonl.gz`` -> ``("x", ".jsonl.gz")``,
+    ``x.jsonl`` -> ``("x", ".jsonl")``."""
     path = Path(path)
-    shards = sorted(path.parent.glob(f"{path.stem}.shard-*{path.suffix}"))
+    if is_gzip(path):
+        inner = Path(path.stem)
+        return inner.stem, inner.suffix + path.suffix
+    return path.stem, path.suffix
+
+
+def config_path(path) -> Path:
+    """The configuration file beside a results file: ``<base>.config.json`` (the same for
+    ``x.jsonl`` and ``x.jsonl.gz``)."""
+    return Path(path).with_name(f"{split_name(path)[0]}.config.json")
+
+
+def result_files(path) -> list[Path]:
+    """``path`` and its shard files ``<base>.shard-*<ext>`` that exist, in a fixed order."""
+    path = Path(path)
+    base, ext = split_name(path)
+    shards = sorted(path.parent.glob(f"{base}.shard-*{ext}"))
     return [p for p in [path, *shards] if p.exists()]
 
 
@@ -97,9 +127,9 @@ class ResultsWriter:
                  shard: str | None = None):
         self.main = Path(path)
         self.main.parent.mkdir(parents=True, exist_ok=True)
-        self.path = self.main if shard is None else self.main.with_name(
-            f"{self.main.stem}.shard-{shard}{self.main.suffix}")
-        self.config_path = self.main.with_suffix(".config.json")
+        base, ext = split_name(self.main)
+        self.path = self.main if shard is None else self.main.with_name(f"{base}.shard-{shard}{ext}")
+        self.config_path = config_path(self.main)
         self.rows_per_sample = rows_per_sample
         config = json.loads(json.dumps(config))
         existing = result_files(self.main)
@@ -131,7 +161,7 @@ class ResultsWriter:
         done = {s for s, k in keys.items() if len(k) >= self.rows_per_sample}
         kept = [ln for ln in own if json.loads(ln)["sample_id"] in done]
         if len(kept) != len(own):  # a sample cut mid-write: drop its rows
-            atomic_write_text(self.path, "".join(ln + "\n" for ln in kept))
+            atomic_write_lines(self.path, "".join(ln + "\n" for ln in kept))
         return done
 
     def write_sample(self, rows: Sequence[dict]) -> None:
@@ -227,7 +257,7 @@ def merge_shards(path, rows_per_sample: int, order: Sequence[str] = ()) -> Path:
                     samples.setdefault(sample, []).append(line)
     position = {s: i for i, s in enumerate(order)}
     ids = sorted(samples, key=lambda s: position.get(s, len(position)))
-    atomic_write_text(main, "".join(line + "\n" for s in ids for line in samples[s]))
+    atomic_write_lines(main, "".join(line + "\n" for s in ids for line in samples[s]))
     for f in files:
         if f != main:
             f.unlink(missing_ok=True)
@@ -252,7 +282,11 @@ class RowCounter:
                     data = f.read()
             except OSError:
                 continue
-            end = data.rfind(b"\n") + 1
-            self.rows += data[:end].count(b"\n")
+            if is_gzip(p):
+                text, end = gzip_members(data)
+            else:
+                end = data.rfind(b"\n") + 1
+                text = data[:end]
+            self.rows += text.count(b"\n")
             self.offsets[p] = start + end
         return self.rows

@@ -14,6 +14,9 @@ Four primitives, used by ``cwlens faithfulness`` and ``cwlens sinks``:
   atomic on POSIX): a reader sees the old file or the new one, never a mix or 0 bytes.
 - :func:`append_text`: appends one record (e.g. one sample's rows) with one ``write``,
   then ``flush`` + ``fsync``; readers ignore a torn last line (:func:`complete_lines`).
+  A path ending in ``.gz`` gets each record as one gzip member (a multi-member gzip file,
+  which ``gzip -d`` and :mod:`gzip` read whole); a member cut by a kill is the torn
+  record there. Gzipping a finished plain file (one member) gives a valid one too.
 - :func:`clean_stale_temps`: removes the temporary files a killed writer left behind
   (called under the lock, so none of them belongs to a live writer).
 
@@ -22,12 +25,14 @@ and renaming it, so that tests can kill a run in the middle of a save.
 """
 
 import errno
+import gzip
 import json
 import os
 import socket
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -218,28 +223,75 @@ def atomic_write_text(path, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def is_gzip(path) -> bool:
+    """Whether ``path`` is stored gzip-compressed (its name ends in ``.gz``)."""
+    return str(path).endswith(".gz")
+
+
+def _gzip(text: str) -> bytes:
+    return gzip.compress(text.encode("utf-8"), mtime=0)  # mtime 0: same text, same bytes
+
+
+def atomic_write_lines(path, text: str) -> Path:
+    """:func:`atomic_write_text`, gzip-compressed (one member) where ``path`` ends in ``.gz``."""
+    if is_gzip(path):
+        return atomic_write(path, lambda tmp: tmp.write_bytes(_gzip(text)))
+    return atomic_write_text(path, text)
+
+
 def append_text(path, text: str) -> None:
-    """Append ``text`` with one write, then flush and fsync."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(text)
+    """Append ``text`` with one write, then flush and fsync (one gzip member where
+    ``path`` ends in ``.gz``)."""
+    data = _gzip(text) if is_gzip(path) else text.encode("utf-8")
+    with open(path, "ab") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
 
+def gzip_members(data: bytes) -> tuple[bytes, int]:
+    """The decompressed text of the complete gzip members at the start of ``data`` and
+    the offset where they end (``len(data)`` unless the last member is cut or damaged)."""
+    if not data:
+        return b"", 0
+    try:
+        return gzip.decompress(data), len(data)
+    except (EOFError, OSError, zlib.error):  # a member cut by a kill (or damaged)
+        pass
+    out, pos, view = [], 0, memoryview(data)
+    while pos < len(data):
+        d = zlib.decompressobj(wbits=31)
+        try:
+            chunk = d.decompress(view[pos:])
+        except zlib.error:
+            break
+        if not d.eof:
+            break
+        out.append(chunk)
+        pos = len(data) - len(d.unused_data)
+    return b"".join(out), pos
+
+
 def complete_lines(path, repair: bool = False) -> list[str]:
     """The complete (newline-terminated) lines of ``path``; ``[]`` if it does not exist.
-    ``repair=True`` cuts a torn last line off the file (only its writer may do that)."""
+    ``repair=True`` cuts a torn last line (gzip: a cut last member) off the file (only its
+    writer may do that)."""
     path = Path(path)
     if not path.exists():
         return []
     data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
+    if is_gzip(path):
+        text, end = gzip_members(data)
+        text = text[:text.rfind(b"\n") + 1]  # every member holds whole lines
+    else:
+        end = data.rfind(b"\n") + 1
+        text = data[:end]
     if repair and end < len(data):
         with open(path, "r+b") as f:
             f.truncate(end)
             f.flush()
             os.fsync(f.fileno())
-    return [ln for ln in data[:end].decode("utf-8").splitlines() if ln.strip()]
+    return [ln for ln in text.decode("utf-8").splitlines() if ln.strip()]
 
 
 def clean_stale_temps(folder) -> list[Path]:
