@@ -77,7 +77,8 @@ def naive_alti(pattern, v, W_O, position_mask=None) -> dict[str, torch.Tensor]:
     return out
 
 
-def naive_alti_full(pattern, v, W_O, residual, b_O, position_mask=None, norm=None):
+def naive_alti_full(pattern, v, W_O, residual, b_O, position_mask=None, norm=None,
+                    attn_norm=None):
     """ALTI (Ferrando et al. 2022) straight from its definition, in float64, one query at a
     time: ``(entries [b, h, q, k], residual share [b, q])``.
 
@@ -85,6 +86,9 @@ def naive_alti_full(pattern, v, W_O, residual, b_O, position_mask=None, norm=Non
     whole ``y_i = T(x_i + sum_{h,j} a_ij^h v~_j^h + b_O) + beta``. ``T`` is the identity
     (pre-LN) or, with ``norm = (gamma, beta, eps)``, the LayerNorm with its scale fixed
     at the whole's: ``T(u) = gamma (u - mean u) / sqrt(var(resid_mid_i) + eps)``.
+    ``attn_norm = (gamma, eps)`` (Gemma-2/3): the RMSNorm ``N`` on the attention output
+    ``attn_i = sum a v~ + b_O`` with its scale fixed at ``attn_i``'s; whole ``y_i = x_i +
+    N(attn_i)``, parts ``gamma * a_ij^h v~_j^h / rms(attn_i)`` and ``x_i``.
     ``p = max(0, ||y||_1 - ||y - part||_1)`` normalised over all parts of the query.
     """
     a, v_tilde = _projected(pattern, v, W_O, position_mask)
@@ -98,7 +102,14 @@ def naive_alti_full(pattern, v, W_O, residual, b_O, position_mask=None, norm=Non
             parts = [a[bi, hh, i, j] * v_tilde[bi, hh, j] for hh in range(h) for j in range(k)]
             parts.append(x[bi, start + i])
             mid = sum(parts) + bias
-            if norm is None:
+            if attn_norm is not None:
+                gamma, eps = attn_norm[0].double(), float(attn_norm[1])
+                heads = parts[:-1]
+                attn = sum(heads) + bias
+                rms = torch.sqrt((attn**2).mean() + eps)
+                whole = x[bi, start + i] + gamma * attn / rms
+                parts = [gamma * u / rms for u in heads] + [x[bi, start + i]]
+            elif norm is None:
                 whole = mid
             else:
                 gamma, beta, eps = (norm[0].double(), norm[1].double(), float(norm[2]))

@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 
 from cwlens.core import AttentionGeometry
-from cwlens.core.alti import PostNorm, alti_attention_weights, alti_parts
+from cwlens.core.alti import AttentionOutputNorm, PostNorm, alti_attention_weights, alti_parts
 from cwlens.errors import MissingHookError
 from cwlens.testing import naive_alti, naive_alti_full, random_layer
 
@@ -53,26 +53,34 @@ def test_alti_rows_sum_to_one_and_blocks_change_nothing(kind):
     assert_close(padded, whole, rtol=0, atol=1e-15)
 
 
-def _residual_layer(seed, pos=7, d_model=12, post_ln=False, dtype=torch.float64, **shape):
+def _residual_layer(seed, pos=7, d_model=12, post_ln=False, dtype=torch.float64, norm_kind=None,
+                    **shape):
     pattern, v, W_O = random_layer(pos=pos, d_model=d_model, seed=seed, dtype=dtype, **shape)
     g = torch.Generator().manual_seed(seed + 100)
     residual = 3 * torch.randn(pattern.shape[0], pos, d_model, generator=g, dtype=dtype)
     b_O = torch.randn(d_model, generator=g, dtype=dtype)
     norm = None
-    if post_ln:
+    if post_ln or norm_kind == "post_ln":
         norm = PostNorm(1 + 0.3 * torch.randn(d_model, generator=g, dtype=dtype),
                         torch.randn(d_model, generator=g, dtype=dtype), 1e-5)
+    elif norm_kind == "attn_rms":  # Gemma-2/3: an RMSNorm on the attention output
+        norm = AttentionOutputNorm(1 + 0.3 * torch.randn(d_model, generator=g, dtype=dtype), 1e-6)
     return pattern, v, W_O, residual, b_O, norm
 
 
+def _naive_norms(norm):
+    if isinstance(norm, AttentionOutputNorm):
+        return dict(attn_norm=(norm.weight, norm.eps))
+    return dict(norm=None if norm is None else (norm.weight, norm.bias, norm.eps))
+
+
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("post_ln", [False, True])
-def test_full_alti_equals_its_definition(shape, post_ln):
-    pattern, v, W_O, residual, b_O, norm = _residual_layer(5, post_ln=post_ln, **shape)
+@pytest.mark.parametrize("norm_kind", [None, "post_ln", "attn_rms"])
+def test_full_alti_equals_its_definition(shape, norm_kind):
+    pattern, v, W_O, residual, b_O, norm = _residual_layer(5, norm_kind=norm_kind, **shape)
     mask = torch.ones(pattern.shape[0], pattern.shape[-1], dtype=torch.bool)
     mask[1, :2] = False  # a left-padded row
-    ref = naive_alti_full(pattern, v, W_O, residual, b_O, mask,
-                          None if norm is None else (norm.weight, norm.bias, norm.eps))
+    ref = naive_alti_full(pattern, v, W_O, residual, b_O, mask, **_naive_norms(norm))
     geo = AttentionGeometry(pattern, v, W_O, position_mask=mask).attach_residual(residual, b_O, norm)
     entries, resid = alti_parts(geo)
     assert_close(entries, ref[0], rtol=1e-10, atol=1e-12)
@@ -109,11 +117,31 @@ def test_full_alti_without_residual_says_how_to_get_it():
         AttentionGeometry(pattern, v, W_O).alti()
 
 
-@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_attention_output_rms_norm_parts_rebuild_resid_mid():
+    """Gemma-2/3: with the RMS held at the attention output's, the parts (gamma z / rms and
+    the residual) plus gamma b_O / rms sum to resid_mid = x + N(attn) exactly."""
+    pattern, v, W_O, residual, b_O, norm = _residual_layer(8, norm_kind="attn_rms")
+    geo = AttentionGeometry(pattern, v, W_O).attach_residual(residual, b_O, norm)
+    attn = geo.layer_output + b_O
+    rms = (attn.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+    z = torch.einsum("bhqk,bhkm->bhqkm", pattern, torch.einsum(
+        "bkhd,hdm->bhkm", v.repeat_interleave(pattern.shape[1] // v.shape[2], dim=2), W_O))
+    parts = norm.weight * z.sum((1, 3)) / rms + residual + norm.weight * b_O / rms
+    mid = residual + norm.weight * attn / (attn.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+    assert_close(parts, mid, rtol=1e-12, atol=1e-12)
+    entries, resid = alti_parts(geo)
+    assert_close(entries.sum((1, 3)) + resid, torch.ones_like(resid))
+    # the norm changes the shares: they are not the pre-LN ones
+    plain = alti_parts(AttentionGeometry(pattern, v, W_O).attach_residual(residual, b_O))[0]
+    assert (entries - plain).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert", "gemma3"])
 def test_full_alti_streamed_on_a_model_equals_the_definition_on_its_hooks(arch):
     """The streamed ALTI of a tiny model equals the float64 definition on its cached
     resid_pre / pattern / v, and the definition's whole is what the model computes:
-    resid_mid (pre-LN llama) or the post-attention LayerNorm's output (BERT)."""
+    resid_mid (pre-LN llama; Gemma-3 with its RMSNorm on the attention output) or the
+    post-attention LayerNorm's output (BERT)."""
     from cwlens.engine import adapter, hook_names
     from cwlens.engine.streaming import stream_geometry
     from cwlens.testing import tiny_model
@@ -125,17 +153,21 @@ def test_full_alti_streamed_on_a_model_equals_the_definition_on_its_hooks(arch):
              hook_names.resid_mid(1), ln_out}
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
     norm = adapter.post_attention_layernorm(model, 1)
-    assert (norm is not None) == (arch == "bert")
+    assert (norm is not None) == (arch != "llama")
     ref, _ = naive_alti_full(cache[hook_names.pattern(1)], cache[hook_names.values(1)],
                              adapter.W_O(model, 1), cache[hook_names.resid_pre(1)],
-                             adapter.b_O(model, 1), None,
-                             None if norm is None else (norm.weight, norm.bias, norm.eps))
+                             adapter.b_O(model, 1), None, **_naive_norms(norm))
     _, (got,) = stream_geometry(model, tokens, lambda ly, geo: geo.alti(), layers=[1])
     assert_close(got.double(), ref, rtol=1e-4, atol=1e-5)
     geo = adapter.geometry(cache, model, 1)  # the cached path attaches resid_pre too
     assert_close(geo.alti().double(), ref, rtol=1e-4, atol=1e-5)
     mid = cache[hook_names.resid_pre(1)] + geo.layer_output + adapter.b_O(model, 1)
-    if norm is None:
+    if isinstance(norm, AttentionOutputNorm):
+        attn = geo.layer_output + adapter.b_O(model, 1)
+        mid = cache[hook_names.resid_pre(1)] + norm.weight * attn / (
+            attn.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+        assert_close(mid, cache[hook_names.resid_mid(1)], rtol=1e-4, atol=1e-5)
+    elif norm is None:
         assert_close(mid, cache[hook_names.resid_mid(1)], rtol=1e-4, atol=1e-5)
     else:
         ln = torch.nn.functional.layer_norm(mid, mid.shape[-1:], norm.weight, norm.bias, norm.eps)

@@ -111,3 +111,40 @@ def test_causal_models_give_zero_weight_to_future_keys(run):
         assert (c.triu(1) != 0).any()  # bidirectional: future keys do contribute
     else:
         assert (c.triu(1) == 0).all()
+
+
+def test_full_alti_whole_is_the_models_residual_after_attention(run):
+    """Full ALTI on every architecture and generation: the float64 definition on the
+    cached hooks, and (decoders) its whole is the model's resid_mid: ``x + attn`` for
+    pre-LN models, ``x + N(attn)`` with Gemma-3's RMSNorm read from the model."""
+    from cwlens.core.alti import AttentionOutputNorm, alti_parts
+    from cwlens.engine import hook_names
+    from cwlens.testing import naive_alti_full
+
+    model, tokens, mask, _ = run
+    layer = 1
+    with torch.no_grad():
+        _, cache = cwlens.run_with_cache(model, tokens, attention_mask=mask, layers=[layer],
+                                         residual=True)
+    geo = adapter.geometry(cache, model, layer, attention_mask=mask)
+    norm = adapter.post_attention_layernorm(model, layer)
+    assert isinstance(norm, AttentionOutputNorm) == adapter.ModelInfo.of(model).post_attn_norm
+    b_O = adapter.b_O(model, layer)
+    if not is_encoder(model):
+        attn = geo.layer_output + b_O
+        if isinstance(norm, AttentionOutputNorm):
+            attn = norm.weight * attn / (attn.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+        real_q = real(mask)
+        assert_close((cache[hook_names.resid_pre(layer)] + attn)[real_q],
+                     cache[hook_names.resid_mid(layer)][real_q], rtol=1e-4, atol=1e-4)
+    extra = {}
+    if isinstance(norm, AttentionOutputNorm):
+        extra["attn_norm"] = (norm.weight, norm.eps)
+    elif norm is not None:
+        extra["norm"] = (norm.weight, norm.bias, norm.eps)
+    ref, ref_resid = naive_alti_full(cache[hook_names.pattern(layer)], cache[hook_names.values(layer)],
+                                     adapter.W_O(model, layer), cache[hook_names.resid_pre(layer)],
+                                     b_O, real(mask), **extra)
+    entries, resid = alti_parts(geo)
+    assert_close(entries.double(), ref, rtol=1e-4, atol=1e-5)
+    assert_close(resid.double(), ref_resid, rtol=1e-4, atol=1e-5)

@@ -62,13 +62,6 @@ def test_logits_equal_eager(run, block):
 @pytest.mark.parametrize("metric", STREAM_METRICS)
 def test_every_metric_equals_eager(run, metric, kind):
     model, tokens, mask = run
-    if metric == "alti" and adapter.ModelInfo.of(model).post_attn_norm:
-        # issue 17: full ALTI through a post-attention norm (Gemma-3) is refused on both paths
-        for a in ("eager", "blockwise"):
-            with pytest.raises(UnsupportedModelError, match="alti_attention"):
-                cwlens.stream(model, tokens, lambda ly, w: w, metric=metric, kind=kind,
-                              attention_mask=mask, attention=a, query_block=2)
-        return
     got = [cwlens.stream(model, tokens, lambda ly, w: w.clone(), metric=metric, kind=kind,
                          attention_mask=mask, attention=a, query_block=2) for a in ("eager", "blockwise")]
     assert_close(torch.stack(got[1]), torch.stack(got[0]), **TOL)
@@ -76,9 +69,7 @@ def test_every_metric_equals_eager(run, metric, kind):
 
 def test_reducers_and_closure_equal_eager(run):
     model, tokens, mask = run
-
-    # full ALTI is refused where a norm follows attention (test_every_metric_equals_eager)
-    alti = "alti_attention" if adapter.ModelInfo.of(model).post_attn_norm else "alti"
+    alti = "alti"  # through Gemma-3's post-attention norm too
 
     def reduce(attention):
         rs = [reducers.TopK(3, "contribution"), reducers.TopK(2, alti, by_abs=True, sum_heads=True),

@@ -85,20 +85,33 @@ def test_sliding_window_beyond_512_tokens(gemma3):
     assert cwlens.closure(cache, gemma3, [SLIDING, GLOBAL]).worst_relative_error < 1e-5
 
 
-def test_full_alti_is_refused_as_on_transformerlens_3(gemma3, gsm8k_run):
-    """Issue 17: the norm after attention (post_attention_layernorm) is seen on the bridge
-    too, so full ALTI is refused, here and in a run, and the replication leaves it out."""
-    from cwlens.errors import UnsupportedModelError
-    from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
+def test_full_alti_through_the_post_attention_norm_equals_its_definition(gemma3, gsm8k_run):
+    """Issue 17: full ALTI goes through Gemma-3's post_attention_layernorm (an RMSNorm, its
+    scale held at the attention output's): its whole ``x + N(attn)`` is the model's
+    resid_mid, and the shares equal the float64 definition on the real weights."""
+    from cwlens.core.alti import AttentionOutputNorm, alti_parts
+    from cwlens.engine import hook_names
     from cwlens.replication import plan, stages
+    from cwlens.testing import naive_alti_full
 
-    _, mask, cache = gsm8k_run
-    assert adapter.ModelInfo.of(gemma3).post_attn_norm is True
-    assert any("a norm after attention" in p for p in cwlens.wrap(gemma3).residual_problems())
+    tokens, mask, _ = gsm8k_run
+    with torch.no_grad():
+        _, cache = cwlens.run_with_cache(gemma3, tokens, attention_mask=mask, layers=[SLIDING, GLOBAL],
+                                         residual=True)
+    real = mask.bool()
     for layer in (SLIDING, GLOBAL):
-        with pytest.raises(UnsupportedModelError, match="alti_attention"):
-            adapter.geometry(cache, gemma3, layer, mask).alti()
-    with pytest.raises(UnsupportedModelError, match="alti_attention"):
-        run_faithfulness(gemma3, "gsm8k", FaithfulnessConfig(metrics=("alti",)), n=1, progress=False)
+        norm = adapter.post_attention_layernorm(gemma3, layer)
+        assert isinstance(norm, AttentionOutputNorm)
+        geo = adapter.geometry(cache, gemma3, layer, mask)
+        x = cache[hook_names.resid_pre(layer)]
+        attn = geo.layer_output + adapter.b_O(gemma3, layer)
+        mid = x + norm.weight * attn / (attn.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+        want = cache[hook_names.resid_mid(layer)]
+        assert ((mid - want)[real].abs().max() / want[real].abs().max()) < 1e-5
+        ref, ref_resid = naive_alti_full(geo.pattern, geo.v, geo.W_O, x, adapter.b_O(gemma3, layer),
+                                         real, attn_norm=(norm.weight, norm.eps))
+        entries, resid = alti_parts(geo)
+        assert_close(entries.double(), ref, rtol=1e-3, atol=1e-5)
+        assert_close(resid.double(), ref_resid, rtol=1e-3, atol=1e-5)
     fc = stages.faithfulness_config(plan.ReplicationConfig(), gemma3, metrics=plan.PER_LAYER_METRICS)
-    assert "alti" not in fc.metrics and "contribution" in fc.metrics
+    assert "alti" in fc.metrics

@@ -2,7 +2,9 @@
 TransformerLens generation (issue 17): TransformerLens 4.x names it ``ln1_post`` and
 leaves ``cfg.use_normalization_before_and_after`` False, so the bridge was treated as a
 plain pre-norm decoder and full ALTI was computed as if the heads' output reached the
-residual stream unnormalised. Now every consumer refuses as on TransformerLens 3.x.
+residual stream unnormalised. Every consumer first refused it; full ALTI now goes
+through the norm (:class:`cwlens.core.alti.AttentionOutputNorm`, its RMS held at the
+attention output's), checked here against the float64 definition.
 """
 
 import importlib.util
@@ -59,65 +61,62 @@ def test_an_encoder_bridge_is_a_residual_problem_too():
     assert problems == ["it is an encoder with post-norm residual blocks"]
 
 
-def test_full_alti_is_refused_and_alti_attention_is_exact(gemma):
+def test_full_alti_goes_through_the_norm_and_alti_attention_is_exact(gemma):
+    from cwlens.core.alti import AttentionOutputNorm
+    from cwlens.testing import naive_alti_full
+
     model, _, mask, cache = gemma
     for layer in (0, 1):
-        with pytest.raises(UnsupportedModelError, match="alti_attention"):
-            adapter.post_attention_layernorm(model, layer)
+        norm = adapter.post_attention_layernorm(model, layer)
+        hf = model.blocks[layer].ln1_post._original_component  # Gemma scales by 1 + weight
+        assert isinstance(norm, AttentionOutputNorm) and norm.eps == hf.eps
+        assert_close(norm.weight, 1 + hf.weight.detach(), rtol=0, atol=1e-6)
         geo = adapter.geometry(cache, model, layer, mask)
-        with pytest.raises(UnsupportedModelError, match=f"layer {layer}.*alti_attention"):
-            geo.alti()
+        ref, _ = naive_alti_full(geo.pattern, geo.v, geo.W_O, geo.require_residual("t")[0],
+                                 adapter.b_O(model, layer), mask.bool(), attn_norm=(norm.weight, norm.eps))
+        assert_close(geo.alti().double(), ref, rtol=1e-4, atol=1e-5)
         ref = naive_alti(geo.pattern, geo.v, geo.W_O, mask.bool())
         for kind in ("inter", "intra"):
             assert_close(geo.alti_attention(kind).double(), ref[f"alti_{kind}"], rtol=1e-4, atol=1e-6)
-    with pytest.raises(UnsupportedModelError, match="alti_attention"):
-        cwlens.importance(cache, model, None, "alti", "inter", mask)
+    assert_close(cwlens.importance(cache, model, 1, "alti", "inter", mask), adapter.geometry(
+        cache, model, 1, mask).alti())
 
 
-def _count_forward_passes(model):
-    calls = []
-    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
-    return calls, handle
+def test_a_norm_of_another_form_is_refused_naming_it(gemma):
+    model = tiny_model("gemma3")
+    module = model.blocks[0].ln1_post._original_component
+    plain = module.forward
+    module.forward = lambda x: plain(x) + 0.5  # not gamma * u / rms(u)
+    with pytest.raises(UnsupportedModelError, match="not an RMSNorm.*alti_attention"):
+        adapter.post_attention_layernorm(model, 0)
+    samples = [TextSample(id="s0", text=TEXTS[0], dataset="t")]
+    with pytest.raises(UnsupportedModelError, match="not an RMSNorm"):
+        run_faithfulness(model, samples, FaithfulnessConfig(metrics=("alti",), rates=(0.5,)), progress=False)
 
 
-def test_runs_refuse_full_alti_before_any_forward_pass(gemma):
+def test_runs_compute_full_alti_through_the_norm(gemma):
     model = gemma[0]
     samples = [TextSample(id=f"s{i}", text=t, dataset="t") for i, t in enumerate(TEXTS)]
     cfg = FaithfulnessConfig(metrics=("attention", "alti"), rates=(0.5,))
-    calls, hook = _count_forward_passes(model)
-    try:
-        with pytest.raises(UnsupportedModelError, match="alti_attention"):
-            run_faithfulness(model, samples, cfg, progress=False)
-        from cwlens.faithfulness.accuracy import run_accuracy_test
+    table = run_faithfulness(model, samples, cfg, progress=False).table
+    assert "alti" in set(table.metric) and table.value.notna().all()
+    from cwlens.faithfulness.accuracy import run_accuracy_test
 
-        with pytest.raises(UnsupportedModelError, match="alti_attention"):
-            run_accuracy_test(model, "capitals", cfg, n=4, allow_chance=True, progress=False)
-        assert calls == []
-    finally:
-        hook.remove()
-    # alti_attention runs there, and full ALTI on a model without the norm
-    table = run_faithfulness(model, samples, FaithfulnessConfig(metrics=("alti_attention",), rates=(0.5,)),
-                             progress=False).table
-    assert "alti_attention" in set(table.metric)
-    table = run_faithfulness(tiny_model("llama"), samples, cfg, progress=False).table
-    assert "alti" in set(table.metric)
+    acc = run_accuracy_test(model, "capitals", cfg, n=4, allow_chance=True, progress=False)
+    assert "alti" in set(acc.result.table.metric)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")
-def test_lmeval_refuses_full_alti(gemma):
+def test_lmeval_accepts_full_alti(gemma):
     from cwlens.lmeval.model import CwlensMaskedLM
 
-    with pytest.raises(UnsupportedModelError, match="alti_attention"):
-        CwlensMaskedLM(model=gemma[0], metric="alti", mode="comprehensiveness", rate=0.3)
+    CwlensMaskedLM(model=gemma[0], metric="alti", mode="comprehensiveness", rate=0.3)
 
 
-def test_replication_leaves_full_alti_out_of_every_stage(gemma):
+def test_replication_keeps_full_alti_in_every_stage(gemma):
     model = gemma[0]
     cfg = plan.ReplicationConfig()
     assert "alti" in cfg.decoder_metrics and "alti" in plan.PER_LAYER_METRICS
-    whole = stages.faithfulness_config(cfg, model)
+    assert stages.faithfulness_config(cfg, model).metrics == cfg.decoder_metrics
     per_layer = stages.faithfulness_config(cfg, model, metrics=plan.PER_LAYER_METRICS, per_layer=True)
-    for fc, wanted in ((whole, cfg.decoder_metrics), (per_layer, plan.PER_LAYER_METRICS)):
-        assert fc.metrics == tuple(m for m in wanted if m != "alti")
-    llama = tiny_model("llama")
-    assert stages.faithfulness_config(cfg, llama, metrics=plan.PER_LAYER_METRICS).metrics == plan.PER_LAYER_METRICS
+    assert per_layer.metrics == plan.PER_LAYER_METRICS

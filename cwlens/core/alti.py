@@ -23,6 +23,13 @@ as one more part). The whole is the residual stream after the attention block:
   (u - mean(u)) / sigma_i``. The parts are ``L_i(z_ij^h)`` and ``L_i(x_i)``. What is an
   approximation is the choice to share ``sigma_i`` among the parts (each part is scored
   as if the others set the scale).
+* decoders with a norm between the heads and the residual sum (Gemma-2/3's
+  ``post_attention_layernorm``, an RMSNorm): ``y_i = resid_mid_i = x_i + N(sum z + b_O)``
+  with ``N(u) = gamma * u / sqrt(mean(u^2) + eps)`` (``gamma`` = Hugging Face's ``1 +
+  weight``). The norm is linearised the same way: its scale ``rms_i = sqrt(mean(attn_i^2)
+  + eps)`` of the attention output ``attn_i = sum z + b_O`` is held at the whole's value,
+  so ``N(attn_i) = sum gamma * z_ij^h / rms_i + gamma * b_O / rms_i`` exactly. The parts
+  are ``gamma * z_ij^h / rms_i`` and ``x_i`` (the residual does not pass the norm).
 
 ``b_O`` (and ``beta``) are in the whole but in no part, as in the tool. The residual part
 is in the normaliser (the shares of the heads and keys of a query sum to ``1 - residual
@@ -63,6 +70,16 @@ class PostNorm:
 
     weight: torch.Tensor  # gamma [d_model]
     bias: torch.Tensor  # beta [d_model]
+    eps: float
+
+
+@dataclass(frozen=True)
+class AttentionOutputNorm:
+    """An RMSNorm applied to the attention output before the residual sum (Gemma-2/3's
+    ``post_attention_layernorm``): ``N(u) = gamma * u / sqrt(mean(u^2) + eps)`` over
+    ``d_model``, with ``gamma`` the effective scale (Hugging Face's ``1 + weight``)."""
+
+    weight: torch.Tensor  # gamma [d_model]
     eps: float
 
 
@@ -121,9 +138,16 @@ def alti_parts(geometry, max_elements: int = DEFAULT_MAX_ELEMENTS) -> tuple[torc
     a = geometry.pattern
     v_tilde = _projected_values(geometry)
     x = residual.to(a.dtype)
-    mid = x + geometry.layer_output + b_O.to(a.dtype)  # resid_mid [b, q, m]
+    attn = geometry.layer_output + b_O.to(a.dtype)  # the attention output [b, q, m]
+    mid = x + attn  # resid_mid, where no norm follows attention
     scale = None
-    if norm is not None:  # linearised at the whole: L(u) = gamma (u - mean u) / sigma
+    if isinstance(norm, AttentionOutputNorm):  # resid_mid = x + gamma * attn / rms
+        gamma = norm.weight.to(a.dtype)
+        rms = (attn.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # [b, q, 1]
+        whole = x + gamma * attn / rms
+        v_tilde = gamma * v_tilde
+        scale = rms[:, None, :, 0].reciprocal()  # [b, 1, q]
+    elif norm is not None:  # linearised at the whole: L(u) = gamma (u - mean u) / sigma
         gamma = norm.weight.to(a.dtype)
         sigma = (mid.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # [b, q, 1]
         whole = gamma * (mid - mid.mean(-1, keepdim=True)) / sigma + norm.bias.to(a.dtype)

@@ -161,19 +161,18 @@ def b_O(model: TLModel, layer: int) -> torch.Tensor:
 
 
 def post_attention_layernorm(model: TLModel, layer: int):
-    """The LayerNorm applied to the residual stream right after ``layer``'s attention, as
-    a :class:`~cwlens.core.alti.PostNorm`, or None for pre-LN models (the norm sits
-    before the values and the residual sum is the whole).
-
-    Encoders are BERT-like post-LN (``LN(resid_pre + attn_out)``: the block's ``ln1``).
-    Models with a norm between the heads and the residual (Gemma-2/3) raise
-    :class:`~cwlens.errors.UnsupportedModelError`: ALTI's parts are not defined there yet.
-    """
-    from cwlens.core.alti import PostNorm
+    """The norm through which ``layer``'s attention output reaches the residual stream, for
+    full ALTI (:mod:`cwlens.core.alti`): a :class:`~cwlens.core.alti.PostNorm` for
+    BERT-like post-LN encoders (``LN(resid_pre + attn_out)``: the block's ``ln1``), an
+    :class:`~cwlens.core.alti.AttentionOutputNorm` for models with an RMSNorm between the
+    heads and the residual sum (Gemma-2/3: ``resid_pre + N(attn_out)``), or None for pre-LN
+    models (the norm sits before the values and the residual sum is the whole)."""
+    from cwlens.core.alti import AttentionOutputNorm, PostNorm
 
     info = ModelInfo.of(model)
     if info.post_attn_norm:
-        raise _alti_refused(f"layer {layer}")
+        gamma, eps = wrap(model).attention_output_norm(layer)
+        return AttentionOutputNorm(gamma.detach(), eps)
     if not is_encoder(model):
         return None
     ln, weight, bias, eps = wrap(model).post_attention_norm(layer)
@@ -187,20 +186,11 @@ def post_attention_layernorm(model: TLModel, layer: int):
     return PostNorm(weight.detach(), bias.detach(), float(eps))
 
 
-def _alti_refused(where: str) -> UnsupportedModelError:
-    return UnsupportedModelError(
-        f"alti: this model normalises the attention output before the residual sum "
-        f"({where}), and the ALTI parts through that norm are not implemented. "
-        "Use metric 'alti_attention' (the attention output as the whole) instead."
-    )
-
-
 def require_metrics(model: TLModel, metrics) -> None:
     """Refuse, before any forward pass, a metric ``model`` cannot give: full ``alti`` where
-    a norm follows attention (:func:`post_attention_layernorm`; Gemma-2/3 on either
-    TransformerLens generation)."""
+    the post-attention norm is not one cwlens linearises (checked on the first layer)."""
     if "alti" in metrics and ModelInfo.of(model).post_attn_norm:
-        raise _alti_refused("a norm follows attention in its blocks")
+        post_attention_layernorm(model, 0)
 
 
 def read(cache: Cache, name: str, model: TLModel, closure=False):

@@ -217,6 +217,50 @@ class ModelHandle:
         eps = getattr(ln, "eps", None) or getattr(ln, "variance_epsilon", None) or getattr(self._cfg, "eps", None)
         return type(ln).__name__, weight, bias, eps
 
+    def attention_output_norm(self, layer: int) -> tuple[torch.Tensor, float]:
+        """``(gamma [d_model], eps)`` of the RMSNorm block ``layer`` applies to its attention
+        output before the residual sum (``ln1_post``: Gemma-2/3's
+        ``post_attention_layernorm``).
+
+        ``gamma`` is the effective scale, read by probing the module rather than from its
+        weight (Hugging Face's Gemma norms scale by ``1 + weight``, TransformerLens 3.x
+        folds the 1 into ``w``): ``gamma = N(1) * sqrt(1 + eps)``, then ``N(u) = gamma * u
+        / sqrt(mean(u^2) + eps)`` is checked on a random ``u``. Raises
+        :class:`~cwlens.errors.UnsupportedModelError` where there is no such norm or it
+        is not an RMSNorm of that form."""
+        import math
+
+        block = self.model.blocks[layer]
+        ln = getattr(block, "ln1_post", None)
+        if ln is None:
+            raise UnsupportedModelError(
+                f"layer {layer} has no post-attention norm (blocks.{layer}.ln1_post); this model "
+                "adds the attention output to the residual stream as it is.")
+        module = getattr(ln, "original_component", None) or getattr(ln, "_original_component", None) or ln
+        eps = next((float(e) for e in (getattr(module, "eps", None), getattr(module, "variance_epsilon", None),
+                                       getattr(ln, "eps", None), getattr(self._cfg, "eps", None))
+                    if e is not None), None)
+        param = next(module.parameters(), None)
+        if eps is None or param is None:
+            raise UnsupportedModelError(
+                f"alti: cannot read the post-attention norm of layer {layer} ({type(module).__name__} "
+                "has no eps or no weight). Use metric 'alti_attention' instead.")
+        d = param.shape[-1]
+        with torch.no_grad():
+            ones = torch.ones(1, 1, d, dtype=param.dtype, device=param.device)
+            gamma = module(ones)[0, 0].double() * math.sqrt(1 + eps)
+            g = torch.Generator().manual_seed(0)
+            u = torch.randn(1, 2, d, generator=g, dtype=torch.float64)
+            expect = gamma.cpu() * u / (u.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+            got = module(u.to(device=param.device, dtype=param.dtype)).double().cpu()
+        tol = 1e-6 if param.dtype in (torch.float32, torch.float64) else 2e-2
+        if not torch.allclose(got, expect, rtol=tol, atol=tol * float(expect.abs().max())):
+            raise UnsupportedModelError(
+                f"alti: the post-attention norm of layer {layer} ({type(module).__name__}) is not "
+                "an RMSNorm gamma * u / sqrt(mean(u^2) + eps), the form cwlens linearises. Use "
+                "metric 'alti_attention' instead.")
+        return gamma.to(param.dtype), eps
+
     @contextmanager
     def hooks(self, fwd_hooks: Sequence[tuple[str, Any]]) -> Iterator[Any]:
         """The model's own ``hooks`` context: adds ``fwd_hooks`` and removes exactly

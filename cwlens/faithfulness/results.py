@@ -118,14 +118,19 @@ class ResultsWriter:
             afresh.
         shard: write to ``<stem>.shard-<shard>.jsonl`` instead of ``path`` (one writer per
             process of a split run); finished samples are read from all of them.
+        only_metrics: a run that adds these metrics to a finished one
+            (:mod:`cwlens.faithfulness.added_metrics`): a sample is finished when it has
+            ``rows_per_sample`` rows of these metrics and the clean run, and only these
+            metrics' rows of an unfinished sample are dropped on open.
 
     Call it under :func:`cwlens.runs.results_io.results_lock` on the folder (as
     :func:`~cwlens.faithfulness.run_faithfulness` does): it repairs its own file on open.
     """
 
     def __init__(self, path, config: dict, rows_per_sample: int, resume: bool = True,
-                 shard: str | None = None):
+                 shard: str | None = None, only_metrics: Iterable[str] | None = None):
         self.main = Path(path)
+        self.only = None if only_metrics is None else set(only_metrics)
         self.main.parent.mkdir(parents=True, exist_ok=True)
         base, ext = split_name(self.main)
         self.path = self.main if shard is None else self.main.with_name(f"{base}.shard-{shard}{ext}")
@@ -153,13 +158,24 @@ class ResultsWriter:
     def _load_done(self) -> set[str]:
         own = complete_lines(self.path, repair=True)
         keys: dict[str, set] = {}
+        only = self.only
+
+        def counted(row: dict) -> bool:
+            return only is None or row.get("metric") in only or row.get("metric") == "none"
+
         for p in result_files(self.main):
             lines = own if p == self.path else complete_lines(p)
             for i, line in enumerate(lines, 1):
                 row = _parse(line, p, i)
-                keys.setdefault(row["sample_id"], set()).add(_key(row))
+                if counted(row):
+                    keys.setdefault(row["sample_id"], set()).add(_key(row))
         done = {s for s, k in keys.items() if len(k) >= self.rows_per_sample}
-        kept = [ln for ln in own if json.loads(ln)["sample_id"] in done]
+
+        def keep(line: str) -> bool:
+            row = json.loads(line)
+            return row["sample_id"] in done or (only is not None and row.get("metric") not in only)
+
+        kept = [ln for ln in own if keep(ln)]
         if len(kept) != len(own):  # a sample cut mid-write: drop its rows
             atomic_write_lines(self.path, "".join(ln + "\n" for ln in kept))
         return done

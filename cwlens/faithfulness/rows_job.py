@@ -40,7 +40,12 @@ class RowsJob(Job):
         else:
             shard = None if rank is None else shard_name(rank)
             self.writer = ResultsWriter(self.out, self.spec.config, self.rows_per_sample, resume,
-                                        shard=shard)
+                                        shard=shard, only_metrics=self.only_metrics())
+
+    def only_metrics(self):
+        """The metrics this run adds to a finished one (None: a whole run); see
+        :mod:`cwlens.faithfulness.added_metrics`."""
+        return None
 
     def survey(self):
         return sorted(self.writer.done)

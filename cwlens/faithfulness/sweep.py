@@ -33,7 +33,7 @@ memory of a training step, every layer's scores kept until the clean pass ranks 
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -106,10 +106,35 @@ class SweepJob(RowsJob):
         self.conditions = cfg.conditions(wrap(model).n_layers)
         self.batches = plan_batches(units, cfg.batch_tokens)
         order = [units[u].sample_id for b in self.batches for u in b]
-        per_condition = 5  # 3 measures, tied_share, first_token_share
-        super().__init__(spec, run.out, (3 if run.is_choice else 2) + per_condition * len(self.conditions),
-                         order)
+        super().__init__(spec, run.out, self._rows_per_sample(), order)
         self.stats = SweepStats()
+        self.added: tuple[str, ...] | None = None
+
+    PER_CONDITION = 5  # 3 measures, tied_share, first_token_share
+
+    def _rows_per_sample(self) -> int:
+        return (3 if self.run.is_choice else 2) + self.PER_CONDITION * len(self.conditions)
+
+    def open(self, resume, rank):
+        """Open the store; where it holds a finished run of some of this run's metrics,
+        only the others are computed (:mod:`cwlens.faithfulness.added_metrics`)."""
+        if self.spec.folder is not None and resume:
+            from cwlens.faithfulness.added_metrics import metrics_already_done
+
+            n_layers = wrap(self.model).n_layers
+            per_metric = len(replace(self.cfg, metrics=self.cfg.metrics[:1]).conditions(n_layers))
+            done = metrics_already_done(
+                self.out, self.spec.config, self.cfg.metrics, self.order,
+                self.PER_CONDITION * per_metric, 3 if self.run.is_choice else 2)
+            if done:
+                self.added = tuple(m for m in self.cfg.metrics if m not in done)
+                self.cfg = replace(self.cfg, metrics=self.added)
+                self.conditions = self.cfg.conditions(n_layers)
+                self.rows_per_sample = self._rows_per_sample()
+        super().open(resume, rank)
+
+    def only_metrics(self):
+        return self.added
 
     def todo(self):
         return [b for b in self.batches if any(self.units[u].sample_id not in self.writer.done for u in b)]

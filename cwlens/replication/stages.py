@@ -58,23 +58,13 @@ def batch_tokens(model, cfg: ReplicationConfig) -> int:
     return min(cfg.batch_tokens, cap)
 
 
-def supported_metrics(model, names) -> tuple[str, ...]:
-    """``names`` without ``alti`` where the model normalises the attention output before
-    the residual sum (Gemma-2/3: ALTI's parts through that norm are not implemented,
-    :func:`cwlens.engine.adapter.post_attention_layernorm`)."""
-    if model is not None and adapter.ModelInfo.of(model).post_attn_norm:
-        return tuple(m for m in names if m != "alti")
-    return tuple(names)
-
-
 def faithfulness_config(cfg: ReplicationConfig, model=None, **changes):
     from cwlens.faithfulness import FaithfulnessConfig
 
     base = dict(metrics=cfg.decoder_metrics, rates=cfg.rates, max_tokens=cfg.max_tokens,
                 batch_tokens=cfg.batch_tokens if model is None else batch_tokens(model, cfg),
                 seed=cfg.seed)
-    merged = {**base, **changes}  # the per-layer stage's own metrics are filtered too
-    return FaithfulnessConfig(**{**merged, "metrics": supported_metrics(model, merged["metrics"])})
+    return FaithfulnessConfig(**{**base, **changes})
 
 
 def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
