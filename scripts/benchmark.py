@@ -37,10 +37,14 @@ tokens (``--allocators``; docs/benchmarks.md).
     python scripts/benchmark.py --stream --json --lengths 2048 8192 --repeats 1
     python scripts/benchmark.py --device cuda --model llama-3.1-8b --lengths 512 2048
     python scripts/benchmark.py --topk --lengths 1024 2048 4096 8192 16384   # TopK's two paths
+    python scripts/benchmark.py --choice 32 --model gemma-3-270m   # multiple choice: logits made
     python scripts/benchmark.py --ranking --lengths 4096 16384   # the faithfulness row ranking
     python scripts/benchmark.py --sdpa-blocks --lengths 8192 16384   # SDPA layers' block size
     python scripts/benchmark.py --allocators --lengths 2048 8192   # glibc settings: peak, CPU time
 
+``--choice ITEMS`` times one multiple-choice batch of the faithfulness sweep (ITEMS capitals
+items) with the full ``[batch, pos, d_vocab]`` logits against the continuation positions
+only (what the sweep and the lm-eval model do), and prints the largest score difference.
 ``--topk`` times the two ways the TopK reducer ranks a block's rows (torch.topk, and the
 grouped top-k it uses from ``row_topk.GROUPED_FROM`` keys on): a [1, 9, 256, n] block of
 random weights (SmolLM2's 9 heads, the default query block), CPU time of this process.
@@ -357,6 +361,40 @@ def _interleaved_cpu(runs: dict, repeats: int) -> tuple[dict, dict]:
     return {name: statistics.median(v[1:]) for name, v in times.items()}, last
 
 
+def choice_main(model_name, device, n_items, repeats):
+    """CPU seconds of one multiple-choice batch of the faithfulness sweep (the clean pass
+    and one masked pass: contribution, comprehensiveness, rate 0.5) with the full logits
+    against the continuation positions only, interleaved; and the largest difference of
+    their scores."""
+    from dataclasses import replace
+
+    import cwlens
+    from cwlens.datasets import load_dataset
+    from cwlens.faithfulness import FaithfulnessConfig
+    from cwlens.faithfulness.passes import SweepStats, batch_outputs
+    from cwlens.faithfulness.units import choice_units
+
+    model = cwlens.load_model(model_name, device=device)
+    units = choice_units(model, load_dataset("capitals", n=n_items))
+    cfg = FaithfulnessConfig(metrics=("contribution",), rates=(0.5,), modes=("comprehensiveness",))
+    conditions = cfg.conditions(cwlens.wrap(model).n_layers)
+    batch = list(range(len(units)))
+    plain = [replace(u, positions=None) for u in units]
+    runs = {"full logits": lambda: batch_outputs(model, plain, batch, cfg, conditions, SweepStats()),
+            "continuations": lambda: batch_outputs(model, units, batch, cfg, conditions, SweepStats())}
+    med, last = _interleaved_cpu(runs, repeats)
+    diff = max(abs(a[k] - b[k]) for key in last["full logits"] for a, b in
+               zip(last["full logits"][key], last["continuations"][key], strict=True)
+               for k in ("gold_ll",))
+    same_acc = all(a["acc"] == b["acc"] for key in last["full logits"] for a, b in
+                   zip(last["full logits"][key], last["continuations"][key], strict=True))
+    full, few = med["full logits"], med["continuations"]
+    print(f"{model_name}: {n_items} capitals items x 4 choices, one batch (clean + 1 masked pass), "
+          f"CPU time, median of {repeats} interleaved runs, torch threads {torch.get_num_threads()}")
+    print(f"full logits {full:.2f} s, continuation positions only {few:.2f} s: "
+          f"ratio {full / few:.2f}; max |gold_ll difference| {diff:.2e}, same acc: {same_acc}")
+
+
 def topk_main(lengths, repeats, k=8):
     """CPU seconds of torch.topk and of the grouped top-k on one block, interleaved."""
     from cwlens.engine import row_topk
@@ -465,6 +503,9 @@ def main():
                     help="CPU: each row's address-space cap (default: 85%% of this machine's "
                     "memory); a forward that needs more is reported as not fitting (0: no cap)")
     mode.add_argument("--topk", action="store_true", help="time torch.topk against the grouped top-k")
+    mode.add_argument("--choice", type=_positive, metavar="ITEMS",
+                      help="time a multiple-choice batch of ITEMS capitals items: full logits "
+                      "against the continuation positions only")
     mode.add_argument("--ranking", action="store_true", help="time the full row ranking against the ends-only one")
     mode.add_argument("--sdpa-blocks", action="store_true",
                       help="time an SDPA layer in CPU-capped against uncapped query blocks")
@@ -495,6 +536,8 @@ def main():
         return allocators_main(args)
     if args.topk:
         return topk_main(args.lengths, args.repeats)
+    if args.choice:
+        return choice_main(args.model, args.device, args.choice, args.repeats)
     if args.ranking:
         return ranking_main(args.lengths, args.repeats)
     if args.sdpa_blocks:

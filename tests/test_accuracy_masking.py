@@ -284,3 +284,39 @@ def test_clean_accuracy_reports_the_constant_answer(model):
     items = _yes_no(7, 1)
     check = clean_accuracy(model, items, batch_tokens=40)
     assert check.chance == 7 / 8 and check.constant == " yes"
+
+
+def test_choice_passes_unembed_only_the_continuations_and_score_as_full_logits(model, monkeypatch):
+    """Multiple-choice passes skip the unembedding and unembed the continuation positions
+    only, in one product per pass (lm.Picked); every row equals the full-logits path's (acc exactly, gold_ll to
+    float32 rounding), and the clean gold_ll the unbatched float64 reference."""
+    from dataclasses import replace
+
+    import cwlens.faithfulness.sweep as sweep_mod
+    from cwlens.engine.handle import wrap
+
+    cfg = FaithfulnessConfig(metrics=("attention", "contribution", "random"), rates=(0.1, 0.5))
+    calls = []
+    handle = wrap(model)
+    real = handle.logits_of
+    monkeypatch.setattr(handle, "logits_of", lambda r: calls.append(tuple(r.shape)) or real(r))
+    result = run_faithfulness(model, ITEMS, cfg, progress=False)
+    few = result.table
+    # one product per pass, of the continuations' positions only (at most 3 tokens per choice)
+    n_positions = sum(len(i.pairs) for i in ITEMS) * 3
+    assert len(calls) == result.stats.n_forwards and all(s[0] == 1 and s[1] <= n_positions for s in calls)
+    plain = sweep_mod.choice_units
+    monkeypatch.setattr(sweep_mod, "choice_units",
+                        lambda m, items: [replace(u, positions=None) for u in plain(m, items)])
+    full = run_faithfulness(model, ITEMS, cfg, progress=False).table
+    assert (few.drop(columns="value") == full.drop(columns="value")).all().all()
+    exact = few.measure.isin(["acc", "acc_norm", "tied_share", "first_token_share"])
+    import pandas as pd
+
+    pd.testing.assert_series_equal(few.value[exact], full.value[exact], check_exact=True)  # NaN = NaN
+    torch.testing.assert_close(torch.tensor(few.value[~exact].to_numpy()),
+                               torch.tensor(full.value[~exact].to_numpy()), rtol=1e-5, atol=1e-5)
+    _, gold = reference(model, ITEMS)
+    clean = few[(few["mode"] == "clean") & (few["measure"] == "gold_ll")].set_index("sample_id").value
+    torch.testing.assert_close(torch.tensor([clean[i.id] for i in ITEMS]), torch.tensor(gold, dtype=torch.float64),
+                               rtol=1e-5, atol=1e-5)

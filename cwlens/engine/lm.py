@@ -50,6 +50,27 @@ class Unembedded:
             return self.to_logits(self.residual[:, start:stop])
 
 
+@dataclass(frozen=True)
+class Picked:
+    """The logits of a few ``(row, position)`` pairs of a batch, made from its
+    :class:`Unembedded` residual in one matrix product (one small product per pair reads
+    the whole unembedding each time: slower than full logits for a 262k vocabulary)."""
+
+    index: dict  # (row, position) -> row of ``logits``
+    logits: torch.Tensor  # [pairs, d_vocab]
+
+    @classmethod
+    def of(cls, out: Unembedded, pairs) -> "Picked":
+        pairs = sorted(set(pairs))
+        if not pairs:
+            return cls({}, out.residual.new_zeros(0, 0))
+        rows = torch.tensor([r for r, _ in pairs], device=out.residual.device)
+        positions = torch.tensor([p for _, p in pairs], device=out.residual.device)
+        with torch.no_grad():
+            logits = out.to_logits(out.residual[rows, positions][None])[0]
+        return cls({pair: i for i, pair in enumerate(pairs)}, logits)
+
+
 LMOutput = torch.Tensor | Unembedded  # logits [batch, pos, d_vocab], or their residual
 
 
@@ -76,8 +97,10 @@ def rows(out: LMOutput, start: int, stop: int) -> LMOutput:
     return out.rows(start, stop) if isinstance(out, Unembedded) else out[start:stop]
 
 
-def logits_at(out: LMOutput, row: int, positions: torch.Tensor) -> torch.Tensor:
+def logits_at(out: LMOutput | Picked, row: int, positions: torch.Tensor) -> torch.Tensor:
     """``[len(positions), d_vocab]`` logits of one row at ``positions`` (ascending, contiguous)."""
+    if isinstance(out, Picked):
+        return out.logits[[out.index[(row, int(p))] for p in positions]]
     if isinstance(out, Unembedded):
         first = int(positions[0])
         return out.rows(row, row + 1).logits(first, first + len(positions))[0]

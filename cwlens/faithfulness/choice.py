@@ -77,6 +77,13 @@ def unique_inputs(requests: list[ChoiceRequest]) -> tuple[list[tuple[int, ...]],
     return list(index), which
 
 
+def read_positions(reqs, which, rows, offsets) -> list[tuple[int, int]]:
+    """The ``(row, position)`` pairs whose logits score ``reqs`` (request ``r`` on input
+    ``which[r]``, in batch row ``rows[which[r]]`` starting at ``offsets[which[r]]``)."""
+    return [(rows[w], offsets[w] + r.start + t)
+            for r, w in zip(reqs, which, strict=True) for t in range(len(r.continuation_ids))]
+
+
 def continuation_logprob(logits, row: int, offset: int, request: ChoiceRequest) -> float:
     """``ll`` of one request from logits ``[batch, pos, vocab]`` of a (left-)padded batch
     (or their :class:`~cwlens.engine.lm.Unembedded` residual); ``offset`` is the

@@ -157,8 +157,9 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
 
     One streamed clean pass gives the clean scores and, layer by layer, every mask the
     conditions need; then one masked pass per distinct mask. Above
-    :data:`cwlens.engine.lm.CHUNKED_ABOVE` positions no pass makes logits: the units
-    score the final residual chunk by chunk (:class:`~cwlens.engine.lm.Unembedded`).
+    :data:`cwlens.engine.lm.CHUNKED_ABOVE` positions, and for multiple-choice units, no
+    pass makes logits: the units score the final residual chunk by chunk, or at their
+    continuation positions only (:class:`~cwlens.engine.lm.Unembedded`).
     """
     seqs: list = []
     rows_of: list[list[int]] = []
@@ -172,11 +173,21 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
     jobs, key_of = mask_jobs(conditions, cfg)
     layers = sorted({ly for job in jobs.values() for ly in job.layers}) or [0]
 
+    # long inputs, and multiple choice (a few continuation positions are read): no
+    # [batch, pos, vocab] logits. Gemma-3's 262k vocabulary made them most of a pass.
+    few = all(units[u].positions is not None for u in batch)
+    chunk = lm.CHUNK if few else lm.chunk_for(tokens.shape[1])
+
     def evaluate(output):
+        if few and isinstance(output, lm.Unembedded):  # the positions read, in one product
+            pairs = []
+            for u, rows in zip(batch, rows_of, strict=True):
+                read = units[u].positions
+                assert read is not None  # few: every unit says what it reads
+                pairs += read(rows, [offsets[r] for r in rows])
+            output = lm.Picked.of(output, pairs)
         return [units[u].score(output, rows, [offsets[r] for r in rows], tokens, mask)
                 for u, rows in zip(batch, rows_of, strict=True)]
-
-    chunk = lm.chunk_for(tokens.shape[1])  # long inputs: no [batch, pos, vocab] logits
 
     if use_lockstep(model, tokens, cfg, [job.metric for job in jobs.values()]):
         return _finish(lockstep_outputs(model, tokens, BatchPlan(mask, jobs, cfg, keys, stats, None, {}),

@@ -3,6 +3,7 @@ them), and the fixed plan of batches over the units."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from cwlens.engine import lm
 from cwlens.faithfulness import choice
@@ -15,6 +16,10 @@ class Unit:
     sample_id: str
     sequences: list[list[int]]
     score: Callable  # (output, rows, offsets, tokens, mask) -> {measure: value}; output: lm.LMOutput
+    # the score reads the logits of a few positions (the choices' continuations): given
+    # ``(rows, offsets)``, the ``(row, position)`` pairs it reads. The passes then skip the
+    # unembedding and unembed only those, in one product (lm.Picked), not [batch, pos, d_vocab]
+    positions: Callable | None = None
 
 
 def text_units(model, samples, max_tokens, past_context: bool = False) -> list[Unit]:
@@ -50,7 +55,8 @@ def choice_units(model, items) -> list[Unit]:
                    for r, w in zip(reqs, which, strict=True)]
             return choice.item_scores(lls, [r.continuation_chars for r in reqs], item.gold)
 
-        units.append(Unit(item.id, [list(x) for x in inputs], score))
+        units.append(Unit(item.id, [list(x) for x in inputs], score,
+                          positions=partial(choice.read_positions, reqs, which)))
     return units
 
 

@@ -24,6 +24,7 @@ padding and masks match a ``run_faithfulness`` run on the same items.
 
 import hashlib
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -68,12 +69,16 @@ def token_request(
     return choice.ChoiceRequest(item, index, inputs, len(inputs) - len(cont), tuple(cont), 0)
 
 
-def score_request(logits: torch.Tensor, row: int, offset: int, request) -> tuple[float, bool]:
-    """``(ll, is_greedy)`` from logits ``[batch, pos, vocab]`` of a left-padded batch."""
+def score_request(logits, row: int, offset: int, request) -> tuple[float, bool]:
+    """``(ll, is_greedy)`` from logits ``[batch, pos, vocab]`` of a left-padded batch, or
+    its :class:`~cwlens.engine.lm.Unembedded` final residual (the continuation's positions
+    unembedded only)."""
+    from cwlens.engine import lm
+
     ll = choice.continuation_logprob(logits, row, offset, request)
     n = len(request.continuation_ids)
-    pos = offset + request.start + torch.arange(n, device=logits.device)
-    greedy = logits[row, pos].argmax(-1).cpu().tolist() == list(request.continuation_ids)
+    pos = offset + request.start + torch.arange(n)
+    greedy = lm.logits_at(logits, row, pos).argmax(-1).cpu().tolist() == list(request.continuation_ids)
     return ll, bool(greedy)
 
 
@@ -104,5 +109,6 @@ def group_units(requests: Sequence[choice.ChoiceRequest], groups: Sequence[objec
             return {"ll": [o[0] for o in out], "greedy": [o[1] for o in out]}
 
         digest = hashlib.blake2b(repr(inputs).encode(), digest_size=8).hexdigest()
-        units.append(Unit(digest, [list(x) for x in inputs], score))
+        units.append(Unit(digest, [list(x) for x in inputs], score,
+                          positions=partial(choice.read_positions, reqs, which)))
     return units, where
