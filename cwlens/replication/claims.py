@@ -111,8 +111,6 @@ def _delta(res: ModelResults, metric: str, param: str = "removed", first_masked:
     if view is None:
         return NA + (" (not run)" if first_masked or res.aopc is None else " (view not run)")
     if metric not in set(view.aopc["metric"]):
-        if metric == "alti" and not res.encoder:
-            return NA + " (not run: ALTI through a post-attention norm is not implemented)"
         return NA + (" (needs a next-token loss)" if res.encoder else " (not run)")
     parts = []
     for mode, tag in (("comprehensiveness", "comp"), ("sufficiency", "suff")):
