@@ -131,12 +131,19 @@ def test_cli_prints_the_aopc_table_and_draws_the_curves(tmp_path, capsys):
     args = ["faithfulness", "--model", str(model), "--dataset", "fineweb_edu", "--samples", "2",
             "--max-tokens", "16", "--metrics", "attention,contribution", "--out", str(tmp_path / "r"),
             "--figures", str(tmp_path / "fig"), "--no-png", "--no-progress"]
-    assert main([*args, "--rates", "0.1,0.5"]) == 0  # two rates: no AOPC
+    md2, md3 = tmp_path / "two.md", tmp_path / "three.md"
+    assert main([*args, "--rates", "0.1,0.5", "--summary-md", str(md2)]) == 0  # two rates: no AOPC
     assert "area over the perturbation curve" not in capsys.readouterr().out
-    assert main([*args, "--rates", "0.1,0.3,0.5", "--out", str(tmp_path / "r3")]) == 0
+    assert "faithfulness-aopc" not in md2.read_text()
+    assert main([*args, "--rates", "0.1,0.3,0.5", "--out", str(tmp_path / "r3"),
+                 "--summary-md", str(md3)]) == 0
     out = capsys.readouterr().out
     assert "area over the perturbation curve" in out and "| contrib |" in out
     assert (tmp_path / "fig" / "faithfulness_fineweb_edu_aopc.html").exists()
+    # --summary-md holds the printed AOPC tables too, in a block of their own
+    page = md3.read_text()
+    block = page[page.index("<!-- faithfulness-aopc:start -->"):page.index("<!-- faithfulness-aopc:end -->")]
+    assert "| contrib |" in block and block.split("\n", 1)[1].strip() in out
 
 
 def test_per_layer_figure_refuses_rows_masked_in_every_layer_at_once():

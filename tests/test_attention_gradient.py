@@ -89,13 +89,10 @@ def test_refused_on_encoders():
 
 def test_peers_run_in_the_faithfulness_harness(model):
     from cwlens.datasets import TextSample
-    from cwlens.engine.adapter import ModelInfo
     from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 
     samples = [TextSample(id=f"toy-{k:04d}", text=t, dataset="toy") for k, t in enumerate(TEXTS)]
-    # full ALTI is refused where a norm follows attention (Gemma-3, also on TransformerLens
-    # 4.x since issue 17): the peer there is alti_attention
-    alti = "alti_attention" if ModelInfo.of(model).post_attn_norm else "alti"
+    alti = "alti"  # on Gemma-3 through its post-attention RMSNorm
     cfg = FaithfulnessConfig(metrics=(alti, "attention_gradient", "attention_gradient_abs",
                                       "contribution"), rates=(0.3,), batch_tokens=64)
     table = run_faithfulness(model, samples, cfg, progress=False).table

@@ -168,8 +168,19 @@ def test_the_sweep_scores_the_same_in_chunks(monkeypatch, data, attention):
         return real(self, start, stop)
 
     monkeypatch.setattr(lm.Unembedded, "logits", spy)
+    picked = []  # multiple choice unembeds only its continuation positions (lm.Picked)
+    real_picked = lm.Picked.of.__func__
+
+    def spy_picked(cls, out, pairs):
+        picked.append(isinstance(out, lm.Unembedded))
+        return real_picked(cls, out, pairs)
+
+    monkeypatch.setattr(lm.Picked, "of", classmethod(spy_picked))
     chunked = run_faithfulness(model, samples, cfg, progress=False).table
-    assert seen and max(seen) <= 3  # the sweep went the chunked way
+    if data == "docs":
+        assert seen and max(seen) <= 3  # the sweep went the chunked way
+    else:  # every pass kept the residual (no whole logits) and unembedded the picked positions
+        assert picked and all(picked) and not seen
     assert bool(blockwise_runs) == (attention == "blockwise")  # clean + masked passes
     keys = ["metric", "mode", "rate", "sample_id", "measure"]
     a, b = full.set_index(keys)["value"].sort_index(), chunked.set_index(keys)["value"].sort_index()

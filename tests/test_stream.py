@@ -41,16 +41,6 @@ def cached(cache, model, metric, kind, mask):
 @pytest.mark.parametrize("metric", STREAM_METRICS)
 def test_stream_equals_cached(run, metric, kind):
     model, tokens, mask, cache, _ = run
-    if metric == "alti" and cwlens.engine.adapter.ModelInfo.of(model).post_attn_norm:
-        # issue 17: ALTI through a post-attention norm (Gemma-3) is refused, on both paths
-        from cwlens.errors import UnsupportedModelError
-
-        for compute in (lambda: cwlens.stream(model, tokens, lambda layer, w: w, metric=metric,
-                                              kind=kind, attention_mask=mask),
-                        lambda: cached(cache, model, metric, kind, mask)):
-            with pytest.raises(UnsupportedModelError, match="alti_attention"):
-                compute()
-        return
     got = cwlens.stream(model, tokens, lambda layer, w: w.clone(), metric=metric, kind=kind,
                         attention_mask=mask)
     assert_close(torch.stack(got), cached(cache, model, metric, kind, mask), **TOL)
@@ -168,8 +158,7 @@ def test_grouped_topk_equals_topk_on_the_rows_of_every_metric(run, group, monkey
     monkeypatch.setattr(row_topk, "GROUPED_FROM", 1)
     monkeypatch.setattr(row_topk, "GROUP", group)
     k = 2
-    metrics = [m for m in STREAM_METRICS
-               if not (m == "alti" and cwlens.engine.adapter.ModelInfo.of(model).post_attn_norm)]
+    metrics = list(STREAM_METRICS)
     calls = []
     real = row_topk._grouped_topk_indices
     monkeypatch.setattr(row_topk, "_grouped_topk_indices", lambda *a: calls.append(1) or real(*a))
@@ -211,9 +200,7 @@ def test_vwon_ranks_once_with_value_weighted(run, monkeypatch):
 def test_topk_of_every_metric_in_blocks(run, kind):
     model, tokens, mask, cache, _ = run
     k = 4
-    # full ALTI is refused where a norm follows attention (test_every_metric... above)
-    metrics = [m for m in STREAM_METRICS
-               if not (m == "alti" and cwlens.engine.adapter.ModelInfo.of(model).post_attn_norm)]
+    metrics = list(STREAM_METRICS)
     res = cwlens.stream_reduce(
         model, tokens, [reducers.TopK(k, m, by_abs=m == "contribution") for m in metrics],
         kind=kind, attention_mask=mask, query_block=2,

@@ -122,7 +122,8 @@ def register(sub) -> None:
     g.add_argument("--no-png", action="store_true", help="figures as HTML only")
     g.add_argument("--summary-md", default=None,
                    help="write the results tables into these markdown files, comma-separated "
-                   "(between <!-- faithfulness-results:start/end --> comments)")
+                   "(between <!-- faithfulness-results:start/end --> comments; with three or "
+                   "more rates also the AOPC tables, between <!-- faithfulness-aopc:start/end -->)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -340,15 +341,30 @@ def report(paths, args) -> int:
                 written = save_figure(fig, Path(args.figures) / f"faithfulness_{ds}{suffix}",
                                       png=not args.no_png)
                 print("figure:", ", ".join(map(str, written)))
-    _aopc_report(table, args)
+    aopc_text = _aopc_report(table, args)
+    for path in filter(None, (args.summary_md or "").split(",")):
+        if aopc_text:
+            write_block(path, aopc_text, AOPC_START, AOPC_END)
+            print(f"AOPC tables written to {path}")
     return 0
 
 
-def _aopc_report(table, args) -> None:
+AOPC_START, AOPC_END = "<!-- faithfulness-aopc:start -->", "<!-- faithfulness-aopc:end -->"
+
+
+def _aopc_report(table, args) -> str:
     """With three or more rates: the AOPC table (ΔNLL for language modelling, accuracy for
-    multiple choice) per dataset and setting, and its perturbation-curve figure."""
+    multiple choice) per dataset and setting, and its perturbation-curve figure. Prints the
+    tables and returns their text ("" with fewer rates)."""
     from cwlens.faithfulness import aopc
     from cwlens.faithfulness.report import setting_groups
+
+    blocks: list[str] = []
+
+    def emit(*parts: str) -> None:
+        for part in parts:
+            print(part)
+        blocks.extend(parts)
 
     for ds in sorted(table.dataset.unique()):
         for suffix, model, rows in setting_groups(table, ds):
@@ -365,15 +381,15 @@ def _aopc_report(table, args) -> None:
                 bins = dict(zip(per_sample["mode"], per_sample["bins"], strict=True))
                 table_ = aopc.aopc_summary(per_sample)
                 summary = table_ if summary is None else summary
-                print(f"**{ds}**{f' ({model})' if model else ''}: area over the perturbation curve")
-                print(aopc.markdown(table_, measure, aopc.verdicts(per_sample),
-                                    parameterisation=param, bins_used=bins))
+                emit(f"**{ds}**{f' ({model})' if model else ''}: area over the perturbation curve",
+                     aopc.markdown(table_, measure, aopc.verdicts(per_sample),
+                                   parameterisation=param, bins_used=bins))
             if summary is None:  # no ERASER bin: every rate of the run, as removed fractions
                 per_sample = aopc.aopc(damage)
                 summary = aopc.aopc_summary(per_sample)
-                print(f"**{ds}**{f' ({model})' if model else ''}: area over the perturbation "
-                      "curve (bins = the run's rates, fraction removed)")
-                print(aopc.markdown(summary, measure, aopc.verdicts(per_sample)))
+                emit(f"**{ds}**{f' ({model})' if model else ''}: area over the perturbation "
+                     "curve (bins = the run's rates, fraction removed)",
+                     aopc.markdown(summary, measure, aopc.verdicts(per_sample)))
             if args.figures:
                 from cwlens.plotting import save_figure
                 from cwlens.plotting.faithfulness import aopc_curves
@@ -383,4 +399,5 @@ def _aopc_report(table, args) -> None:
                 written = save_figure(fig, Path(args.figures) / f"faithfulness_{ds}{suffix}_aopc",
                                       png=not args.no_png)
                 print("figure:", ", ".join(map(str, written)))
+    return "\n".join(blocks)
 
