@@ -144,6 +144,11 @@ def test_cli_prints_the_aopc_table_and_draws_the_curves(tmp_path, capsys):
     page = md3.read_text()
     block = page[page.index("<!-- faithfulness-aopc:start -->"):page.index("<!-- faithfulness-aopc:end -->")]
     assert "| contrib |" in block and block.split("\n", 1)[1].strip() in out
+    # the same page under a two-rate run: its old AOPC block is cleared, not left stale
+    assert main([*args, "--rates", "0.1,0.5", "--summary-md", str(md3), "--report-only"]) == 0
+    page = md3.read_text()
+    assert "| contrib |" not in page.split("<!-- faithfulness-aopc:start -->")[1]
+    assert "fewer than three masking rates" in page
 
 
 def test_per_layer_figure_refuses_rows_masked_in_every_layer_at_once():

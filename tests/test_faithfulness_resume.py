@@ -276,6 +276,57 @@ def test_summary_block_ends_at_the_first_end_marker_after_the_start(tmp_path):
     assert inline.read_text() == f"use `{START}` and `{END}`\n{START}\nt\n{END}\n"
 
 
+def test_write_block_refuses_an_unclosed_or_repeated_block_and_non_utf8(tmp_path):
+    from cwlens.errors import InvalidArgumentError
+    from cwlens.faithfulness.report import END, START, write_block
+
+    md = tmp_path / "doc.md"
+    for text, why in ((f"# Doc\n\n{START}\nold tables\n", r"line 3 opens .* no .* closes"),
+                      (f"{START}\na\n{END}\n{START}\nb\n{END}\n", r"two .* lines \(lines 1 and 4\)")):
+        md.write_text(text)
+        with pytest.raises(InvalidArgumentError, match=why):
+            write_block(md, "new")
+        assert md.read_text() == text  # nothing written
+    md.write_bytes(b"caf\xe9\n")  # Latin-1
+    with pytest.raises(InvalidArgumentError, match="not UTF-8 text"):
+        write_block(md, "new")
+
+
+def test_cli_checks_the_summary_page_before_running(tmp_path, capsys):
+    """A data file as --summary-md, or a page whose block cannot be replaced, fails
+    before any model is loaded; a folder without complete rows writes no empty page."""
+    from cwlens.cli.main import main
+    from cwlens.faithfulness.report import START
+
+    base = ["faithfulness", "--dataset", "gsm8k", "--out", str(tmp_path / "r"), "--report-only",
+            "--figures", ""]
+    ResultsWriter(tmp_path / "r" / "gsm8k.jsonl", {}, rows_per_sample=1)
+    (tmp_path / "r" / "gsm8k.jsonl").write_text("")  # a run stopped before its first sample
+    gz = tmp_path / "r" / "x.jsonl.gz"
+    assert main([*base, "--summary-md", str(gz)]) == 1
+    assert "names a data or figure file" in capsys.readouterr().err
+    assert not gz.exists()
+    broken = tmp_path / "broken.md"
+    broken.write_text(f"{START}\n")
+    assert main([*base, "--summary-md", str(broken)]) == 1
+    assert "no <!-- faithfulness-results:end --> line closes" in capsys.readouterr().err
+    md = tmp_path / "new.md"
+    assert main([*base, "--summary-md", str(md)]) == 1
+    assert "no complete result rows" in capsys.readouterr().err
+    assert not md.exists()
+
+
+def test_corrupt_config_names_the_file_and_the_fix(tmp_path):
+    from cwlens.faithfulness.results import ConfigMismatchError
+
+    path = tmp_path / "d.jsonl"
+    w = ResultsWriter(path, {"a": 1}, rows_per_sample=3)
+    w.write_sample(rows("s0"))
+    (tmp_path / "d.config.json").write_text('{"a": 1')  # cut by an editor
+    with pytest.raises(ConfigMismatchError, match=r"d\.config\.json is not readable JSON.*--no-resume"):
+        ResultsWriter(path, {"a": 1}, rows_per_sample=3)
+
+
 def test_cli_help_and_report_only(tmp_path):
     from cwlens.cli.main import main
 

@@ -13,7 +13,7 @@ import pytest
 from cwlens.errors import InvalidArgumentError
 from cwlens.faithfulness import read_results
 from cwlens.faithfulness.results import ResultsWriter, RowCounter, merge_shards
-from cwlens.runs.results_io import complete_lines, gzip_members
+from cwlens.runs.results_io import DamagedResultsError, complete_lines, gzip_members
 from cwlens.testing import save_tiny
 from tests.test_faithfulness_resume import rows, run_here, start_script, table
 
@@ -62,6 +62,58 @@ def test_gzipping_a_plain_file_resumes_it(tmp_path):
     w.write_sample(rows("s1"))
     t = read_results(packed)
     assert len(t) == 6 and sorted(t.sample_id.unique()) == ["s0", "s1"]
+
+
+def _two_samples(path):
+    w = ResultsWriter(path, {"a": 1}, rows_per_sample=3)
+    w.write_sample(rows("s0"))
+    w.write_sample(rows("s1"))
+    return path.read_bytes()
+
+
+def test_damage_before_the_last_member_raises_and_leaves_the_file(tmp_path):
+    """Only a cut last member is a kill's torn write; a damaged earlier member is not cut
+    away (that would drop good rows after it): the error names the byte and the fix."""
+    packed = tmp_path / "d.jsonl.gz"
+    whole = _two_samples(packed)
+    first = len(gzip.compress(("".join(json.dumps(r) + "\n" for r in rows("s0"))).encode(), mtime=0))
+    broken = bytearray(whole)
+    broken[first // 2] ^= 0xFF  # a flipped byte inside the first member
+    packed.write_bytes(bytes(broken))
+    for read in (lambda: read_results(packed),
+                 lambda: ResultsWriter(packed, {"a": 1}, rows_per_sample=3)):
+        with pytest.raises(DamagedResultsError, match=r"damaged at byte 0 .*truncate -s 0"):
+            read()
+        assert packed.read_bytes() == bytes(broken)
+
+
+def test_text_appended_to_a_gzip_store_raises(tmp_path):
+    packed = tmp_path / "d.jsonl.gz"
+    whole = _two_samples(packed)
+    packed.write_bytes(whole + b'{"model": "m"}\n')  # `echo ... >> d.jsonl.gz`
+    with pytest.raises(DamagedResultsError, match=f"damaged at byte {len(whole)} .*2 readable"):
+        ResultsWriter(packed, {"a": 1}, rows_per_sample=3)
+    assert packed.read_bytes().startswith(whole)
+
+
+def test_plain_lines_under_a_gz_name_raise_naming_the_rename(tmp_path):
+    plain = tmp_path / "d.jsonl"
+    _two_samples(plain)
+    packed = tmp_path / "d.jsonl.gz"
+    plain.rename(packed)
+    with pytest.raises(DamagedResultsError, match=r"not gzip data.*Rename it to .*d\.jsonl\b"):
+        read_results(packed)
+
+
+def test_a_cut_member_holding_the_gzip_magic_by_chance_is_still_a_cut_member(tmp_path):
+    """The three magic bytes inside a torn member's compressed data are not a new member."""
+    packed = tmp_path / "d.jsonl.gz"
+    whole = _two_samples(packed)
+    stored = gzip.compress(b'{"x": "\x1f\x8b\x08\x00 ..."}\n' * 50, compresslevel=0, mtime=0)
+    assert stored.find(b"\x1f\x8b\x08", 10) > 0  # a stored block keeps the bytes as they are
+    packed.write_bytes(whole + stored[:-30])  # a kill in the middle of writing it
+    w = ResultsWriter(packed, {"a": 1}, rows_per_sample=3)
+    assert w.done == {"s0", "s1"} and packed.read_bytes() == whole
 
 
 def test_gzip_shards_merge_into_one_file(tmp_path):

@@ -91,7 +91,11 @@ def prompt_of(dataset: str, prompt: str) -> str:
 
 def run(args) -> int:
     counts = {d: _count(args.samples, d) for d in args.dataset}
-    md = [arg_types.output_file(p, "--summary-md") for p in (args.summary_md or "").split(",") if p]
+    from cwlens.faithfulness.report import check_block
+
+    md = [arg_types.markdown_file(p, "--summary-md") for p in (args.summary_md or "").split(",") if p]
+    for path in md:
+        check_block(path, START, END)
     from cwlens.datasets import load_dataset
 
     items = {d: load_dataset(d, n=counts[d]) for d in args.dataset}  # too many samples: fails here

@@ -10,6 +10,8 @@ import argparse
 import math
 from pathlib import Path
 
+from cwlens.runs.paths import markdown_file as markdown_file
+
 # the path checks (OutputPathError, exit 1) live a layer down: the exports use them too
 from cwlens.runs.paths import output_dir as output_dir
 from cwlens.runs.paths import output_file as output_file

@@ -208,8 +208,12 @@ def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> li
         arg_types.output_dir(out)  # something will be written: it must be writable now
     if args.figures:
         arg_types.output_dir(args.figures, "--figures")
+    from cwlens.faithfulness.report import check_block
+
     for md in _csv(args.summary_md or ""):
-        arg_types.output_file(md, "--summary-md")
+        arg_types.markdown_file(md, "--summary-md")
+        check_block(md)
+        check_block(md, AOPC_START, AOPC_END)
     return paths
 
 
@@ -320,9 +324,13 @@ def _check_chance(model, dataset, n, shots, cfg, world) -> None:
 
 def report(paths, args) -> int:
     from cwlens.faithfulness import read_results, summarize
-    from cwlens.faithfulness.report import main_measure, markdown_tables, write_block
+    from cwlens.faithfulness.report import has_block, main_measure, markdown_tables, write_block
 
     table = read_results(paths)
+    if table.empty:
+        raise InvalidArgumentError(
+            f"no complete result rows in {', '.join(map(str, paths))} (a run stopped before "
+            "its first sample was written): run without --report-only to compute them")
     summary = summarize(table)
     text = markdown_tables(summary, table)
     print(text)
@@ -346,6 +354,10 @@ def report(paths, args) -> int:
         if aopc_text:
             write_block(path, aopc_text, AOPC_START, AOPC_END)
             print(f"AOPC tables written to {path}")
+        elif has_block(path, AOPC_START):  # an earlier run's AOPC would sit under new tables
+            write_block(path, "No AOPC: these results have fewer than three masking rates.",
+                        AOPC_START, AOPC_END)
+            print(f"AOPC block in {path} cleared (fewer than three rates)")
     return 0
 
 

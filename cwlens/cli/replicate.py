@@ -113,7 +113,11 @@ def run(args) -> int:
     if args.figures:
         arg_types.output_dir(args.figures, "--figures")
     if args.docs:
-        arg_types.output_file(args.docs, "--docs")
+        from cwlens.faithfulness.report import check_block
+        from cwlens.replication.claims import END, START
+
+        arg_types.markdown_file(args.docs, "--docs")
+        check_block(args.docs, START, END)
     skipped: dict[str, str] = {}
     if args.table_only:
         from cwlens.replication.plan import has_results

@@ -16,7 +16,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from cwlens.faithfulness.results import ConfigMismatchError, config_path, read_results, result_files
+from cwlens.faithfulness.results import (
+    ConfigMismatchError,
+    config_path,
+    read_config,
+    read_results,
+    result_files,
+)
 from cwlens.runs.results_io import atomic_write_text
 
 
@@ -49,7 +55,7 @@ def metrics_already_done(path, config: dict, metrics: Sequence[str], sample_ids:
     cfg_file = config_path(path)
     if not cfg_file.exists() or not result_files(path):
         return set()
-    stored = json.loads(cfg_file.read_text())
+    stored = read_config(cfg_file)
     config = json.loads(json.dumps(config))
     if stored == config:
         done = _complete(path, metrics, sample_ids, per_metric, clean_rows)

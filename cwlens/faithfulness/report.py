@@ -293,21 +293,74 @@ def _marker_line(text: str, marker: str, start: int = 0) -> int:
     return m.start() if m else -1
 
 
+def _read_markdown(p) -> str:
+    from cwlens.errors import InvalidArgumentError
+
+    try:
+        return p.read_text(encoding="utf-8") if p.exists() else ""
+    except UnicodeDecodeError as e:
+        raise InvalidArgumentError(
+            f"{p} is not UTF-8 text (byte {e.start}), so its generated block cannot be "
+            "replaced: give a Markdown file, or a new path") from None
+
+
+def _block_span(p, old: str, start: str, end: str) -> tuple[int, int]:
+    """Where the block's start and end marker lines begin in ``old`` (-1, -1 if absent).
+    A start marker without an end after it, or two start markers, raise."""
+    from cwlens.errors import InvalidArgumentError
+
+    begin = _marker_line(old, start)
+    if begin < 0:
+        return -1, -1
+    stop = _marker_line(old, end, begin + len(start))
+
+    def line(at: int) -> int:
+        return old.count("\n", 0, at) + 1
+
+    if stop < 0:
+        raise InvalidArgumentError(
+            f"{p} line {line(begin)} opens a generated block ({start}) that no {end} line "
+            "closes: add the end marker after the old block, or delete the start marker "
+            "(the block is then appended). Nothing was written.")
+    again = _marker_line(old, start, begin + len(start))
+    if again >= 0:
+        raise InvalidArgumentError(
+            f"{p} has two {start} lines (lines {line(begin)} and {line(again)}): keep one "
+            "generated block and delete the other. Nothing was written.")
+    return begin, stop
+
+
+def check_block(path, start: str = START, end: str = END) -> None:
+    """Raise now (before a long run) if :func:`write_block` could not write ``path``."""
+    from pathlib import Path
+
+    p = Path(path)
+    _block_span(p, _read_markdown(p), start, end)
+
+
+def has_block(path, start: str = START) -> bool:
+    from pathlib import Path
+
+    p = Path(path)
+    return _marker_line(_read_markdown(p), start) >= 0
+
+
 def write_block(path, text: str, start: str = START, end: str = END) -> None:
     """Replace the block between the ``start`` and ``end`` markers (default :data:`START`,
     :data:`END`) in ``path`` (append it if absent; create the file if needed). Markers count
     only on lines of their own; the block ends at the first end marker *after* the start
-    marker. The file is replaced atomically."""
+    marker. An unclosed or repeated start marker, or a file that is not UTF-8, raises
+    :class:`~cwlens.errors.InvalidArgumentError` and nothing is written. The file is
+    replaced atomically."""
     from pathlib import Path
 
     from cwlens.runs.results_io import atomic_write_text
 
     p = Path(path)
     block = f"{start}\n{text.rstrip()}\n{end}\n"
-    old = p.read_text(encoding="utf-8") if p.exists() else ""
-    begin = _marker_line(old, start)
-    stop = _marker_line(old, end, begin + len(start)) if begin >= 0 else -1
-    if begin >= 0 and stop >= 0:
+    old = _read_markdown(p)
+    begin, stop = _block_span(p, old, start, end)
+    if begin >= 0:
         rest = old[stop + len(end) :]
         new = old[:begin] + block + (rest[1:] if rest.startswith("\n") else rest)
     else:

@@ -79,6 +79,22 @@ def config_path(path) -> Path:
     return Path(path).with_name(f"{split_name(path)[0]}.config.json")
 
 
+def read_config(path) -> dict:
+    """The configuration stored in the file ``path`` (a ``<base>.config.json``); a file
+    that is not a JSON object raises :class:`ConfigMismatchError` naming the fix."""
+    try:
+        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigMismatchError(
+            f"{path} is not readable JSON ({e}): it records the configuration of the results "
+            "beside it. Restore it (e.g. from version control), or start afresh with another "
+            "output path or --no-resume.") from None
+    if not isinstance(cfg, dict):
+        raise ConfigMismatchError(f"{path} holds a JSON {type(cfg).__name__}, not the object "
+                                  "of a run's configuration: restore it, or use --no-resume")
+    return cfg
+
+
 def result_files(path) -> list[Path]:
     """``path`` and its shard files ``<base>.shard-*<ext>`` that exist, in a fixed order."""
     path = Path(path)
@@ -142,7 +158,7 @@ class ResultsWriter:
             for p in existing:
                 p.unlink()
         elif existing:
-            old = json.loads(self.config_path.read_text()) if self.config_path.exists() else {}
+            old = read_config(self.config_path) if self.config_path.exists() else {}
             if old != config:
                 diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
                 raise ConfigMismatchError(

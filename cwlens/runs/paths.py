@@ -68,3 +68,19 @@ def output_file(path: str | Path, flag: str = "--out") -> Path:
         raise OutputPathError(f"{flag} {str(p)!r} exists and is read-only; pass another file")
     _check_ancestors(p, flag)
     return p
+
+
+_DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".gz", ".json", ".csv", ".parquet", ".npz", ".pt",
+                  ".png", ".html", ".pdf", ".svg")
+
+
+def markdown_file(path: str | Path, flag: str = "--summary-md") -> Path:
+    """A Markdown file to write a generated block into: :func:`output_file`, and not a
+    results, data or figure file by its name (a slip that would rewrite it as text)."""
+    p = output_file(path, flag)
+    if p.name.lower().endswith(_DATA_SUFFIXES):
+        raise OutputPathError(
+            f"{flag} {str(p)!r} names a data or figure file, not Markdown; the tables are "
+            f"written into a .md page, e.g. {str(p.with_name('summary.md'))!r}")
+    return p
+

@@ -249,6 +249,46 @@ def append_text(path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+class DamagedResultsError(CwlensError, ValueError):
+    """A gzip results file that cannot be read to its end for another reason than a cut
+    last record (not gzip data, or a damaged member): nothing is cut or recomputed."""
+
+
+def _member_follows(data: bytes, start: int, tries: int = 64) -> bool:
+    """Whether a whole gzip member starts somewhere after ``start`` (the magic bytes alone
+    can occur by chance inside compressed data, so each candidate is decoded)."""
+    pos = data.find(b"\x1f\x8b\x08", start)
+    while pos >= 0 and tries > 0:
+        d = zlib.decompressobj(wbits=31)
+        try:
+            d.decompress(data[pos:])
+            if d.eof:  # a whole member: the torn one is not the last
+                return True
+        except zlib.error:
+            pass
+        pos, tries = data.find(b"\x1f\x8b\x08", pos + 1), tries - 1
+    return False
+
+
+def _scan_members(data: bytes) -> tuple[list[tuple[int, bytes]], int, bool]:
+    """The complete gzip members at the start of ``data`` as ``(start offset, text)``, the
+    offset where they end, and whether what follows is damaged (False: nothing follows,
+    or a member cut short, as a kill leaves it)."""
+    members: list[tuple[int, bytes]] = []
+    pos, view = 0, memoryview(data)
+    while pos < len(data):
+        d = zlib.decompressobj(wbits=31)
+        try:
+            chunk = d.decompress(view[pos:])
+        except zlib.error:
+            return members, pos, True
+        if not d.eof:  # cut short (a kill), unless another member starts after it
+            return members, pos, _member_follows(data, pos + 1)
+        members.append((pos, chunk))
+        pos = len(data) - len(d.unused_data)
+    return members, pos, False
+
+
 def gzip_members(data: bytes) -> tuple[bytes, int]:
     """The decompressed text of the complete gzip members at the start of ``data`` and
     the offset where they end (``len(data)`` unless the last member is cut or damaged)."""
@@ -258,39 +298,70 @@ def gzip_members(data: bytes) -> tuple[bytes, int]:
         return gzip.decompress(data), len(data)
     except (EOFError, OSError, zlib.error):  # a member cut by a kill (or damaged)
         pass
-    out, pos, view = [], 0, memoryview(data)
-    while pos < len(data):
-        d = zlib.decompressobj(wbits=31)
-        try:
-            chunk = d.decompress(view[pos:])
-        except zlib.error:
-            break
-        if not d.eof:
-            break
-        out.append(chunk)
-        pos = len(data) - len(d.unused_data)
-    return b"".join(out), pos
+    members, end, _ = _scan_members(data)
+    return b"".join(text for _, text in members), end
+
+
+def _damaged(path: Path, data: bytes, at: int, n_members: int, why: str) -> DamagedResultsError:
+    if at == 0 and data.lstrip()[:1] in (b"{", b"["):
+        plain = path.with_name(path.name[: -len(".gz")])
+        return DamagedResultsError(
+            f"{path} is not gzip data: it holds plain JSON lines. Rename it to {plain} "
+            "(a plain results file), or compress it with `gzip` to keep the .gz name.")
+    return DamagedResultsError(
+        f"{path} is damaged at byte {at} of {len(data)} ({why}, after {n_members} readable "
+        f"gzip members). Nothing was cut. To keep the rows before it and recompute the rest, "
+        f"cut the file there (`truncate -s {at} {path}`) and rerun; or move the file away to "
+        "recompute everything.")
+
+
+def _gzip_lines(path: Path, data: bytes, repair: bool) -> bytes:
+    """The complete lines of a gzip results file; a cut last member, or a last member
+    whose last line is unterminated (a gzipped interrupted plain file), is the torn
+    record, cut off where ``repair``. Anything else unreadable raises
+    :class:`DamagedResultsError`."""
+    members, end, damaged = _scan_members(data)
+    if damaged:
+        raise _damaged(path, data, end, len(members), "not a gzip member")
+    for k, (_, text) in enumerate(members[:-1]):
+        if text and not text.endswith(b"\n"):
+            raise _damaged(path, data, members[k + 1][0], k + 1,
+                           "the member before it ends inside a line")
+    text = b"".join(t for _, t in members)
+    whole = text[: text.rfind(b"\n") + 1]
+    if repair and (end < len(data) or len(whole) < len(text)):
+        cut = members[-1][0] if len(whole) < len(text) else end
+        last = members[-1][1] if len(whole) < len(text) else b""
+        keep = last[: last.rfind(b"\n") + 1]
+        with open(path, "r+b") as f:
+            f.truncate(cut)
+            if keep:
+                f.seek(cut)
+                f.write(_gzip(keep.decode("utf-8")))
+            f.flush()
+            os.fsync(f.fileno())
+    return whole
 
 
 def complete_lines(path, repair: bool = False) -> list[str]:
     """The complete (newline-terminated) lines of ``path``; ``[]`` if it does not exist.
     ``repair=True`` cuts a torn last line (gzip: a cut last member) off the file (only its
-    writer may do that)."""
+    writer may do that). A gzip file that is damaged elsewhere, or is not gzip data,
+    raises :class:`DamagedResultsError` and is left as it is."""
     path = Path(path)
     if not path.exists():
         return []
     data = path.read_bytes()
     if is_gzip(path):
-        text, end = gzip_members(data)
-        text = text[:text.rfind(b"\n") + 1]  # every member holds whole lines
+        text = _gzip_lines(path, data, repair)
     else:
         end = data.rfind(b"\n") + 1
         text = data[:end]
-    if repair and end < len(data):
-        with open(path, "r+b") as f:
-            f.truncate(end)
-            f.flush()
-            os.fsync(f.fileno())
+        if repair and end < len(data):
+            with open(path, "r+b") as f:
+                f.truncate(end)
+                f.flush()
+                os.fsync(f.fileno())
     return [ln for ln in text.decode("utf-8").splitlines() if ln.strip()]
 
 

@@ -65,7 +65,13 @@ class RawStore:
             for p in self.dir.glob("*.json"):
                 p.unlink()
         elif cfg_path.exists():
-            old = json.loads(cfg_path.read_text())
+            try:
+                old = json.loads(cfg_path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise SinkResultsError(
+                    f"{cfg_path} is not readable JSON ({e}): it records the configuration of "
+                    "the batches beside it. Restore it, or use another --out, or --no-resume "
+                    "to start afresh.") from None
             if old != self.config:
                 diff = sorted(k for k in set(old) | set(self.config) if old.get(k) != self.config.get(k))
                 raise SinkResultsError(
