@@ -6,7 +6,9 @@ the entry ``(layer, head h, query i, key j)`` is::
 
     g_ij^h = -a_ij^h * dL_b / da_ij^h
 
-the first-order estimate of how much ``L_b`` rises when the entry's term ``a_ij v~_j``
+(multiple choice: ``L`` is each item's label margin instead,
+:func:`cwlens.faithfulness.choice.margin_loss`, passed as ``loss``), the first-order
+estimate of how much ``L_b`` rises when the entry's term ``a_ij v~_j``
 is removed (``a_ij -> 0``, the value-masking intervention without renormalisation:
 ``L(a - a_ij e_ij) ~ L(a) - a_ij dL/da_ij``). ``attention_gradient_abs`` is ``|g|``. It
 reads the targets, so it is a *supervised* reference beside the label-free metrics (as
@@ -23,7 +25,7 @@ time, and the memory of a training step, ``O(layers * heads * n^2)`` -- unlike t
 streamed metrics, it cannot be computed inside the no-grad streaming pass.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -62,11 +64,14 @@ def attention_gradient(
     tokens: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     layers: Layers = None,
+    loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[int, torch.Tensor]:
     """``{layer: -a * dL/da}``, float32 ``[batch, head_index, query_pos, key_pos]``.
 
-    ``L = sum_b L_b`` (see the module docstring); pad queries and keys get 0. One forward
-    and one backward pass with gradients (the only cwlens metric that needs them).
+    ``L = sum_b L_b`` (see the module docstring), or ``loss(logits)`` where given (a
+    scalar: the faithfulness sweep passes each multiple-choice item's label margin,
+    :func:`cwlens.faithfulness.choice.margin_loss`); pad queries and keys get 0. One
+    forward and one backward pass with gradients (the only cwlens metric that needs them).
     """
     from cwlens.engine.interventions.value_masking import hooks_applied
 
@@ -92,11 +97,12 @@ def attention_gradient(
     kwargs = adapter.forward_kwargs(model, attention_mask)
     with _frozen(model), torch.enable_grad(), hooks_applied(model, hooks):
         logits = model(tokens, **kwargs)
-        loss = document_loss(logits, tokens.to(logits.device), attention_mask)
+        value = (document_loss(logits, tokens.to(logits.device), attention_mask) if loss is None
+                 else loss(logits))
         missing = [ly for ly in resolved if ly not in deltas]
         if missing:
             raise CwlensError(f"{hook_names.pattern(missing[0])!r} did not fire: no gradient.")
-        grads = torch.autograd.grad(loss, [deltas[ly] for ly in resolved], allow_unused=True)
+        grads = torch.autograd.grad(value, [deltas[ly] for ly in resolved], allow_unused=True)
     out = {}
     for ly, grad in zip(resolved, grads, strict=True):
         if grad is None:

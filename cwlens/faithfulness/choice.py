@@ -84,16 +84,31 @@ def read_positions(reqs, which, rows, offsets) -> list[tuple[int, int]]:
             for r, w in zip(reqs, which, strict=True) for t in range(len(r.continuation_ids))]
 
 
-def continuation_logprob(logits, row: int, offset: int, request: ChoiceRequest) -> float:
-    """``ll`` of one request from logits ``[batch, pos, vocab]`` of a (left-)padded batch
-    (or their :class:`~cwlens.engine.lm.Unembedded` residual); ``offset`` is the
-    position of the input's first token in that row."""
+def continuation_ll(logits, row: int, offset: int, request: ChoiceRequest) -> torch.Tensor:
+    """``ll`` of one request, a float64 scalar tensor (differentiable where ``logits``
+    is), from logits ``[batch, pos, vocab]`` of a (left-)padded batch (or their
+    :class:`~cwlens.engine.lm.Unembedded` residual); ``offset`` is the position of the
+    input's first token in that row."""
     n = len(request.continuation_ids)
     pos = offset + request.start + torch.arange(n)
     picked = lm.logits_at(logits, row, pos)
     logp = torch.log_softmax(picked.double(), dim=-1)
     target = torch.tensor(request.continuation_ids, device=picked.device)
-    return float(logp.gather(-1, target[:, None]).sum())
+    return logp.gather(-1, target[:, None]).sum()
+
+
+def continuation_logprob(logits, row: int, offset: int, request: ChoiceRequest) -> float:
+    """:func:`continuation_ll` as a float."""
+    return float(continuation_ll(logits, row, offset, request))
+
+
+def margin_loss(logits, reqs, which, rows, offsets, gold: int) -> torch.Tensor:
+    """The label's margin as a loss, ``-(ll_gold - mean_{c != gold} ll_c)``: what the
+    supervised attention x gradient differentiates for a multiple-choice item (an entry
+    scores high where removing it would shrink the gold answer's lead over the others)."""
+    lls = [continuation_ll(logits, rows[w], offsets[w], r) for r, w in zip(reqs, which, strict=True)]
+    others = [ll for c, ll in enumerate(lls) if c != gold]
+    return -(lls[gold] - torch.stack(others).mean())
 
 
 def item_scores(lls: list[float], chars: list[int], gold: int) -> dict[str, float]:

@@ -151,6 +151,22 @@ def masked_output(model, tokens: torch.Tensor, masks: dict, renormalize: bool,
     return output(logits)
 
 
+def _batch_objective(units, batch, rows_of, offsets):
+    """The gradient metrics' loss of a batch: the sum of its units' objectives (multiple
+    choice: each item's label margin), or None (every unit a document: the next-token
+    loss, :func:`cwlens.engine.gradients.document_loss`)."""
+    if all(units[u].objective is None for u in batch):
+        return None
+    if any(units[u].objective is None for u in batch):
+        raise ValueError("a batch mixes documents and multiple-choice items")
+
+    def loss(logits):
+        return sum(units[u].objective(logits, rows, [offsets[r] for r in rows])
+                   for u, rows in zip(batch, rows_of, strict=True))
+
+    return loss
+
+
 def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessConfig,
                   conditions: list[Condition], stats: SweepStats) -> dict:
     """``{condition or None (clean): [per-unit measures]}`` for one batch.
@@ -196,7 +212,8 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
     if any(job.metric in metrics.GRADIENT for job in jobs.values()):
         # supervised references: a separate forward + backward pass (cwlens.engine.gradients)
         t = time.perf_counter()
-        gradients = attention_gradient(model, tokens, mask, layers)
+        gradients = attention_gradient(model, tokens, mask, layers,
+                                       loss=_batch_objective(units, batch, rows_of, offsets))
         stats.ranking_seconds += time.perf_counter() - t
     counts: dict = {}
     plan = BatchPlan(mask, jobs, cfg, keys, stats, gradients, counts)

@@ -20,6 +20,9 @@ class Unit:
     # ``(rows, offsets)``, the ``(row, position)`` pairs it reads. The passes then skip the
     # unembedding and unembed only those, in one product (lm.Picked), not [batch, pos, d_vocab]
     positions: Callable | None = None
+    # the supervised gradient metrics' loss of this unit, ``(logits, rows, offsets) ->``
+    # scalar tensor; None: the mean next-token NLL of its sequence (language modelling)
+    objective: Callable | None = None
 
 
 def text_units(model, samples, max_tokens, past_context: bool = False) -> list[Unit]:
@@ -56,8 +59,13 @@ def choice_units(model, items) -> list[Unit]:
             return choice.item_scores(lls, [r.continuation_chars for r in reqs], item.gold)
 
         units.append(Unit(item.id, [list(x) for x in inputs], score,
-                          positions=partial(choice.read_positions, reqs, which)))
+                          positions=partial(choice.read_positions, reqs, which),
+                          objective=partial(_margin, reqs=reqs, which=which, gold=item.gold)))
     return units
+
+
+def _margin(logits, rows, offsets, reqs, which, gold):
+    return choice.margin_loss(logits, reqs, which, rows, offsets, gold)
 
 
 def _fits_context(model, item_id, inputs) -> None:
