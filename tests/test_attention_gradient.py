@@ -106,6 +106,57 @@ def test_peers_run_in_the_faithfulness_harness(model):
     assert got[(alti, "comprehensiveness")] != got[("contribution", "comprehensiveness")]
 
 
+def _check_margin_item(model, item, n_rows):
+    from cwlens.engine import adapter
+    from cwlens.faithfulness import choice
+    from cwlens.faithfulness.passes import _batch_objective
+    from cwlens.faithfulness.units import choice_units
+
+    unit = choice_units(model, [item])[0]
+    rows = list(range(len(unit.sequences)))
+    tokens, mask = pad_batch(model, unit.sequences)
+    assert len(rows) == n_rows and bool(mask.all())
+    loss = _batch_objective([unit], [0], [rows], [0] * len(rows))
+    scores = attention_gradient(model, tokens, mask, loss=loss)
+    kwargs = adapter.forward_kwargs(model, mask)
+    pattern = {}
+    with torch.no_grad(), model.hooks(fwd_hooks=[
+            (hook_names.pattern(ly), lambda p, hook, ly=ly: pattern.__setitem__(ly, p.clone()))
+            for ly in range(model.cfg.n_layers)]):
+        logits = model(tokens, **kwargs)
+    # the objective is the margin of the log-likelihoods the accuracy reads
+    reqs = choice.encode_items(model, [item])
+    _, which = choice.unique_inputs(reqs)
+    lls = [choice.continuation_logprob(logits, w, 0, r) for r, w in zip(reqs, which, strict=True)]
+    others = [ll for c, ll in enumerate(lls) if c != item.gold]
+    assert abs(float(loss(logits)) + lls[item.gold] - sum(others) / len(others)) < 1e-9
+
+    def margin(layer, row, entry, eps):
+        def bump(pattern, hook):
+            pattern = pattern.clone()
+            pattern[(row, *entry)] += eps
+            return pattern
+
+        with torch.no_grad(), model.hooks(fwd_hooks=[(hook_names.pattern(layer), bump)]):
+            return float(loss(model(tokens, **kwargs)))
+
+    def central(step, layer, row, entry):
+        return (margin(layer, row, entry, step) - margin(layer, row, entry, -step)) / (2 * step)
+
+    h, n = 5e-3, tokens.shape[1]
+    for row in rows:
+        for layer, head, i in ((0, 0, n - 1), (model.cfg.n_layers - 1, 1, n - 2)):
+            entry = (head, i, i // 2)
+            grad = (4 * central(h, layer, row, entry) - central(2 * h, layer, row, entry)) / 3
+            expected = -float(pattern[layer][(row, *entry)]) * grad
+            got = float(scores[layer][(row, *entry)])
+            # the margin is a difference of log-likelihoods: float32-precise RMSNorm noise
+            assert abs(got - expected) < 1e-6 + 1e-2 * abs(expected), (row, layer, got, expected)
+            assert expected != 0 or i != n - 1  # the last position is always read
+    own = attention_gradient(model, tokens, mask)  # the rows' own next-token loss differs
+    assert not torch.allclose(own[0], scores[0])
+
+
 def test_multiple_choice_differentiates_the_label_margin(model):
     """On multiple choice the gradient is of the item's label margin, ``-(ll_gold - mean of
     the other choices' ll)`` (the lm-eval log-likelihoods the accuracy reads), not of the
@@ -114,60 +165,12 @@ def test_multiple_choice_differentiates_the_label_margin(model):
     share a row (one-token continuations read at the same position). Each item is its own
     batch: unpadded (the tiny models' float64 masks turn a left-pad row into NaN)."""
     from cwlens.datasets import ChoiceItem
-    from cwlens.engine import adapter
-    from cwlens.faithfulness import choice
-    from cwlens.faithfulness.passes import _batch_objective
-    from cwlens.faithfulness.units import choice_units
 
     items = [ChoiceItem("t-0", ("the cat sat on the",) * 3, (" big mat", " red dog", " old hat"), 2, "t"),
              ChoiceItem("t-1", ("paris is in",) * 2, (" a", " b"), 0, "t")]
     model.to(torch.float64)
     try:
         for item, n_rows in zip(items, (3, 1), strict=True):
-            unit = choice_units(model, [item])[0]
-            rows = list(range(len(unit.sequences)))
-            tokens, mask = pad_batch(model, unit.sequences)
-            assert len(rows) == n_rows and bool(mask.all())
-            offsets = [0] * len(rows)
-            loss = _batch_objective([unit], [0], [rows], offsets)
-            scores = attention_gradient(model, tokens, mask, loss=loss)
-            kwargs = adapter.forward_kwargs(model, mask)
-            pattern = {}
-            with torch.no_grad(), model.hooks(fwd_hooks=[
-                    (hook_names.pattern(ly), lambda p, hook, ly=ly: pattern.__setitem__(ly, p.clone()))
-                    for ly in range(model.cfg.n_layers)]):
-                logits = model(tokens, **kwargs)
-            # the objective is the margin of the log-likelihoods the accuracy reads
-            reqs = choice.encode_items(model, [item])
-            _, which = choice.unique_inputs(reqs)
-            lls = [choice.continuation_logprob(logits, w, 0, r) for r, w in zip(reqs, which, strict=True)]
-            others = [ll for c, ll in enumerate(lls) if c != item.gold]
-            assert abs(float(loss(logits)) + lls[item.gold] - sum(others) / len(others)) < 1e-9
-
-            def margin(layer, row, entry, eps):
-                def bump(pattern, hook):
-                    pattern = pattern.clone()
-                    pattern[(row, *entry)] += eps
-                    return pattern
-
-                with torch.no_grad(), model.hooks(fwd_hooks=[(hook_names.pattern(layer), bump)]):
-                    return float(loss(model(tokens, **kwargs)))
-
-            h, n = 5e-3, tokens.shape[1]
-            for row in rows:
-                for layer, head, i in ((0, 0, n - 1), (model.cfg.n_layers - 1, 1, n - 2)):
-                    j = i // 2
-
-                    def central(step, layer=layer, entry=(head, i, j), row=row):
-                        return (margin(layer, row, entry, step) - margin(layer, row, entry, -step)) / (2 * step)
-
-                    grad = (4 * central(h) - central(2 * h)) / 3
-                    expected = -float(pattern[layer][row, head, i, j]) * grad
-                    got = float(scores[layer][row, head, i, j])
-                    # the margin is a difference of log-likelihoods: float32-precise RMSNorm noise
-                    assert abs(got - expected) < 1e-6 + 1e-2 * abs(expected), (row, layer, got, expected)
-                    assert expected != 0 or i != n - 1  # the last position is always read
-            own = attention_gradient(model, tokens, mask)  # the rows' own next-token loss differs
-            assert not torch.allclose(own[0], scores[0])
+            _check_margin_item(model, item, n_rows)
     finally:
         model.to(torch.float32)
