@@ -461,7 +461,8 @@ def _stdin(monkeypatch, data: bytes):
 def test_bad_standard_input_is_one_line(ctx, command, data, words, capsys, monkeypatch):
     monkeypatch.chdir(ctx["base"])
     _stdin(monkeypatch, data)
-    got = _main([command, "--file", "-", "--model", "{m}", "--out", "{p}/stdin-out"], ctx)
+    out = "{p}/stdin-out.html" if command == "analyze" else "{p}/stdin-out"
+    got = _main([command, "--file", "-", "--model", "{m}", "--out", out], ctx)
     err = capsys.readouterr().err
     assert got == 1 and "Traceback" not in err and words in err, err
 

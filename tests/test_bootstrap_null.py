@@ -60,3 +60,16 @@ def test_holm_on_paired_differences_and_identical_pairs():
     assert out["shift"].sign == 1 and out["noise"].sign == 0
     assert out["same"].identical and out["same"].sign == 0 and out["same"].resolved is False
     assert list(holm_reject([0.01, 0.04, 0.03, 0.005])) == [True, False, False, True]
+
+
+def test_two_samples_give_no_interval_and_resolve_nothing():
+    """At n = 2 every resample with spread has the sample's own mean: the bootstrap-t would
+    print [m, m] and call any difference resolved. It needs three samples."""
+    from cwlens.core.bootstrap import bootstrap_ci
+
+    assert all(np.isnan(bootstrap_ci([63.15, 66.05])))
+    d = paired_bootstrap([0.0, 0.0], [1.0, 3.0])
+    assert np.isnan(d.low) and np.isnan(d.high) and not d.resolved
+    assert d.mean == 2.0
+    three = paired_bootstrap([0.0, 0.0, 0.0], [1.0, 3.0, 2.0])
+    assert three.low < three.mean < three.high

@@ -69,3 +69,13 @@ def test_circuitsvis_view(model):
     c = cwlens.stream(model, tokens, lambda layer, w: w.clone(), layers=[0])[0][0]
     view = circuitsvis_heads(c, model.to_str_tokens(tokens[0]), signed=False)
     assert "AttentionHeads" in str(view)
+
+
+def test_column_sums_of_a_text_with_as_many_tokens_as_heads_stay_column_sums(model):
+    """``[layer, 1, head, key]`` column sums of a text of n_heads tokens have the shape of
+    a token-level table; the reducer's kind, not the shape, decides the table."""
+    tokens = model.to_tokens("a b c")[:, : model.cfg.n_heads]
+    assert tokens.shape[1] == model.cfg.n_heads
+    res = cwlens.stream_reduce(model, tokens, [reducers.ColumnSums("contribution")])
+    tables = reduction_tables(res, model.to_str_tokens(tokens[0]), "tiny", "x")
+    assert set(tables) == {"column_sums"}

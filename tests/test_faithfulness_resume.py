@@ -192,8 +192,8 @@ def test_one_sample_prints_means_without_nan_intervals():
     df = pd.DataFrame(rows)
     md = markdown_tables(summarize(df), df)
     assert "nan" not in md
-    assert "mean (one sample: no interval), n = 1" in md and "(clean ppl: 58.85)" in md
-    assert "| contrib | 8.58 |" in md and "No hierarchy: its paired test needs at least 2" in md
+    assert "mean (1 sample: no interval, the bootstrap needs 3), n = 1" in md and "(clean ppl: 58.85)" in md
+    assert "| contrib | 8.58 |" in md and "No hierarchy: its paired test needs at least 3" in md
 
 
 def test_verdict_is_unresolved_where_the_paired_interval_contains_zero():
@@ -304,7 +304,7 @@ def test_cli_checks_the_summary_page_before_running(tmp_path, capsys):
     (tmp_path / "r" / "gsm8k.jsonl").write_text("")  # a run stopped before its first sample
     gz = tmp_path / "r" / "x.jsonl.gz"
     assert main([*base, "--summary-md", str(gz)]) == 1
-    assert "names a data or figure file" in capsys.readouterr().err
+    assert "is not a Markdown page" in capsys.readouterr().err
     assert not gz.exists()
     broken = tmp_path / "broken.md"
     broken.write_text(f"{START}\n")

@@ -43,7 +43,7 @@ def run(args) -> int:
     text = args.text if args.text is not None else arg_types.read_text(args.file)
     if not text.strip():
         raise EmptyInputError("the text is empty: pass --text or a non-empty --file")
-    out = arg_types.output_file(args.out)
+    out = arg_types.html_file(args.out)
     model = load_model(args.model, device=args.device)
     shape = wrap(model)
     layers = list(args.layers) if args.layers else None

@@ -10,6 +10,7 @@ import argparse
 import math
 from pathlib import Path
 
+from cwlens.runs.paths import html_file as html_file
 from cwlens.runs.paths import markdown_file as markdown_file
 
 # the path checks (OutputPathError, exit 1) live a layer down: the exports use them too

@@ -32,17 +32,21 @@ from typing import TypeVar
 import numpy as np
 
 DEFAULT_BOOT = 1999
+MIN_N = 3  # the bootstrap-t needs three samples (studentized's docstring)
 K = TypeVar("K", bound=Hashable)
 
 
 def studentized(x, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 0):
     """``(mean, low, high, p)`` of the symmetric bootstrap-t, vectorised: ``x`` is
     ``[..., n]`` (every leading index its own sample set, all resampled with the same
-    indices); the results are ``[...]``. NaN where ``n < 2``."""
+    indices); the results are ``[...]``. NaN interval and p where ``n < 3``: at ``n = 2``
+    every resample with any spread has the sample's own mean, so ``|t*|`` is 0 and the
+    interval would shrink to ``[m, m]`` with p at its floor -- "resolved" from two
+    samples."""
     x = np.asarray(x, dtype=float)
     n = x.shape[-1]
     shape = x.shape[:-1]
-    if n < 2:
+    if n < MIN_N:
         nan = np.full(shape, np.nan)
         mean = x.mean(-1) if n else nan
         return mean, nan, nan, nan
@@ -77,7 +81,7 @@ def studentized(x, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 
 
 
 def bootstrap_ci(values, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 0):
-    """``(low, high)`` bootstrap-t interval of the mean (NaN for n < 2)."""
+    """``(low, high)`` bootstrap-t interval of the mean (NaN for n < 3)."""
     _, low, high, _ = studentized(np.asarray(values, dtype=float), n_boot, level, seed)
     return float(low), float(high)
 
@@ -153,7 +157,7 @@ class PairedDifference:
 
 def paired_bootstrap(a, b, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 0) -> PairedDifference:
     """Bootstrap-t of the mean per-sample difference ``b - a`` (same length, same sample
-    order). ``n < 2`` gives a NaN interval (unresolved unless identical)."""
+    order). ``n < 3`` gives a NaN interval (unresolved unless identical)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"paired samples need equal lengths; got {a.shape} and {b.shape}.")

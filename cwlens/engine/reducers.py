@@ -154,11 +154,15 @@ class TopK(Reducer):
 
 @dataclass(frozen=True)
 class LayerTensor:
-    """A ``[layer, ...]`` tensor and the layers of its first axis."""
+    """A ``[layer, ...]`` tensor and the layers of its first axis; ``kind`` names the
+    reducer that made it (``"column_sums"``: ``[layer, batch, (head,) key]``,
+    ``"token_level"``: ``[layer, batch, query, key]``), which its shape alone cannot tell
+    (a ``[layer, 1, head, key]`` column sum of a text with as many tokens as heads)."""
 
     tensor: torch.Tensor
     layers: tuple[int, ...]
     metric: str
+    kind: str = ""
 
 
 class ColumnSums(Reducer):
@@ -182,7 +186,8 @@ class ColumnSums(Reducer):
 
     def result(self) -> LayerTensor:
         layers = tuple(self._acc)
-        return LayerTensor(torch.stack([self._acc[ly] for ly in layers]), layers, self.metric)
+        return LayerTensor(torch.stack([self._acc[ly] for ly in layers]), layers, self.metric,
+                           "column_sums")
 
 
 class TokenLevel(Reducer):
@@ -215,7 +220,7 @@ class TokenLevel(Reducer):
         if not layers:
             raise CwlensError(f"TokenLevel kept no layer: none of {sorted(self.keep or [])} was streamed.")
         return LayerTensor(torch.stack([in_query_order(self._rows[ly], 1) for ly in layers]),
-                           layers, self.metric)
+                           layers, self.metric, "token_level")
 
 
 @dataclass(frozen=True)

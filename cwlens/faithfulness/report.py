@@ -6,6 +6,7 @@ accuracy down) grows along that order, and for sufficiency it shrinks.
 """
 
 from cwlens.core import metrics as _metrics
+from cwlens.core.bootstrap import MIN_N
 
 HIERARCHY = _metrics.HIERARCHY
 # table labels of every metric (the registry: cwlens.core.metrics); supervised ones say so
@@ -249,7 +250,8 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
     scope = ", ".join(sorted(map(str, sub.scope.unique())))
     extra = _describe(setting, varying)
     ci = "exact 95% CI (Clopper–Pearson)" if meas in ("acc", "acc_norm") else "95% bootstrap CI"
-    interval = f"mean [{ci}]" if n >= 2 else "mean (one sample: no interval)"
+    interval = (f"mean [{ci}]" if n >= MIN_N or meas in ("acc", "acc_norm") else
+                f"mean ({n} sample{'s' if n != 1 else ''}: no interval, the bootstrap needs {MIN_N})")
     lines.append(f"**{ds}** — {unit}, {interval}, n = {n}, scope = {scope}"
                  + (f", {extra}" if extra else ""))
     if len(clean):
@@ -265,8 +267,8 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
             row.append(_fmt(hit.iloc[0], meas) if len(hit) else "")
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    if table is not None and n < 2:
-        lines += ["No hierarchy: its paired test needs at least 2 samples (n = 1).", ""]
+    if table is not None and n < MIN_N:
+        lines += [f"No hierarchy: its paired test needs at least {MIN_N} samples (n = {n}).", ""]
     elif table is not None:
         lines.append("Hierarchy (least < most faithful; paired bootstrap-t of per-sample "
                      "differences, Holm-corrected over every pair of every column of this "

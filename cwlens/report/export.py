@@ -90,8 +90,9 @@ def reduction_tables(result, str_tokens: Sequence[str], model: str = "model",
     for value in result.results.values():
         if isinstance(value, reducers.TopKResult):
             parts["topk"].append(_topk_rows(value, tokens))
-        elif isinstance(value, reducers.LayerTensor) and value.tensor.ndim == 4 and \
-                value.tensor.shape[-1] == value.tensor.shape[-2] == len(tokens):
+        elif isinstance(value, reducers.LayerTensor) and (
+                value.kind == "token_level" or not value.kind and value.tensor.ndim == 4
+                and value.tensor.shape[-1] == value.tensor.shape[-2] == len(tokens)):
             parts["token_level"].append(_token_rows(value, tokens))
         elif isinstance(value, reducers.LayerTensor):
             parts["column_sums"].append(_column_rows(value, tokens))

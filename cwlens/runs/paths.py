@@ -70,17 +70,26 @@ def output_file(path: str | Path, flag: str = "--out") -> Path:
     return p
 
 
-_DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".gz", ".json", ".csv", ".parquet", ".npz", ".pt",
-                  ".png", ".html", ".pdf", ".svg")
+MARKDOWN_SUFFIXES = (".md", ".markdown")
 
 
 def markdown_file(path: str | Path, flag: str = "--summary-md") -> Path:
-    """A Markdown file to write a generated block into: :func:`output_file`, and not a
-    results, data or figure file by its name (a slip that would rewrite it as text)."""
+    """A Markdown page to write a generated block into: :func:`output_file`, named
+    ``*.md`` or ``*.markdown`` (a notebook, a script or a results file would be rewritten
+    as text)."""
     p = output_file(path, flag)
-    if p.name.lower().endswith(_DATA_SUFFIXES):
+    if not p.name.lower().endswith(MARKDOWN_SUFFIXES):
         raise OutputPathError(
-            f"{flag} {str(p)!r} names a data or figure file, not Markdown; the tables are "
-            f"written into a .md page, e.g. {str(p.with_name('summary.md'))!r}")
+            f"{flag} {str(p)!r} is not a Markdown page (.md or .markdown); the tables are "
+            f"written into one, e.g. {str(p.with_name('summary.md'))!r}")
     return p
 
+
+def html_file(path: str | Path, flag: str = "--out") -> Path:
+    """An HTML report to (over)write: :func:`output_file`, named ``*.html`` or ``*.htm``."""
+    p = output_file(path, flag)
+    if not p.name.lower().endswith((".html", ".htm")):
+        raise OutputPathError(
+            f"{flag} {str(p)!r} is not an .html file; the report is a self-contained HTML "
+            f"page, e.g. {str(p.with_suffix('.html'))!r}")
+    return p
