@@ -234,3 +234,18 @@ def _make_read_only(monkeypatch, folder):
 
     real_writable = arg_types._writable
     monkeypatch.setattr(arg_types, "_writable", lambda p: not inside(p) and real_writable(p))
+
+
+def test_a_document_of_one_token_is_refused(tmp_path, capsys):
+    """--max-tokens 1 (or a one-token --file) has no next-token loss: it printed a perfect
+    perplexity of 1.00."""
+    from cwlens.cli.main import main
+    from cwlens.testing import save_tiny
+
+    model = save_tiny("llama", tmp_path)
+    argv = ["faithfulness", "--model", str(model), "--device", "cpu", "--dataset", "gsm8k",
+            "--samples", "2", "--rates", "0.3", "--out", str(tmp_path / "r"), "--figures", "",
+            "--no-progress"]
+    assert main([*argv, "--max-tokens", "1"]) == 1
+    assert "the next-token loss needs at least 2" in capsys.readouterr().err
+    assert not list((tmp_path / "r").glob("*.jsonl"))

@@ -395,3 +395,25 @@ def test_every_metric_identical_is_not_tested_not_holds():
                            "contribution") for i in range(20)]
     verdict = hierarchy_verdict(pd.DataFrame(data), "toy", "comprehensiveness", 0.01, "accuracy")
     assert verdict == "attn = vw = vwon = contrib: not separated (every metric scored the same on every sample)"
+
+
+def test_another_text_under_the_same_file_name_is_refused(tmp_path, capsys):
+    """--file results are keyed by the text's hash: an edited file (or another file of the
+    same name) does not resume from the old text's rows."""
+    from cwlens.cli.main import main
+    from cwlens.testing import save_tiny
+
+    model = save_tiny("llama", tmp_path)
+    text = tmp_path / "a.txt"
+    text.write_text("the cat sat on the mat and the dog sat on the log")
+    argv = ["faithfulness", "--model", str(model), "--device", "cpu", "--file", str(text),
+            "--max-tokens", "16", "--rates", "0.3", "--metrics", "attention,random",
+            "--out", str(tmp_path / "r"), "--figures", "", "--no-progress"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    text.write_text("a different text entirely, of about the same length as before")
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "another configuration (differs in samples)" in err
+    assert "--no-resume" in err
+    assert main([*argv, "--no-resume"]) == 0

@@ -147,7 +147,9 @@ def test_faithfulness_scores_one_file_as_one_document(ctx, capsys, monkeypatch):
     argv = COMMANDS["faithfulness-file"] + ["--past-context", "--out", "{p}/one-file"]
     assert _main(argv, ctx, "rotary") == 0, capsys.readouterr().err
     rows = [json.loads(x) for x in (ctx["base"] / "one-file" / "file_long.jsonl").read_text().splitlines()]
-    assert {r["sample_id"] for r in rows} == {"file_long-0000"}
+    import hashlib
+
+    assert {r["sample_id"] for r in rows} == {"file_long-" + hashlib.sha256(LONG.encode()).hexdigest()[:12]}
     assert {r["dataset"] for r in rows} == {"file_long"}
     clean = [r["value"] for r in rows if r["mode"] == "clean" and r["measure"] == "nll"]
     model = ctx["model"]  # the clean NLL of all 241 tokens, past the context of 128

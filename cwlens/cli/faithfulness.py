@@ -247,8 +247,11 @@ def _file_samples(args) -> list:
     text = arg_types.read_text(args.file)
     if not text.strip():
         raise EmptyInputError(f"--file {args.file}: the text is empty; pass a non-empty text file")
-    name = _file_dataset(args.file)
-    return [TextSample(f"{name}-0000", text, name)]
+    import hashlib
+
+    name = _file_dataset(args.file)  # the id carries the text's hash: another text under
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]  # the same name is refused
+    return [TextSample(f"{name}-{digest}", text, name)]
 
 
 def run(args) -> int:

@@ -41,6 +41,15 @@ class RowsJob(Job):
             shard = None if rank is None else shard_name(rank)
             self.writer = ResultsWriter(self.out, self.spec.config, self.rows_per_sample, resume,
                                         shard=shard, only_metrics=self.only_metrics())
+            foreign = sorted(self.writer.done - set(self.order))
+            if foreign:
+                from cwlens.faithfulness.results import ConfigMismatchError
+
+                raise ConfigMismatchError(
+                    f"{self.out} holds results of {len(foreign)} sample(s) this run does not "
+                    f"have ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): "
+                    "another text (--file: its content changed) or another version of the "
+                    "dataset. Use another --out, or --no-resume to start it afresh.")
 
     def only_metrics(self):
         """The metrics this run adds to a finished one (None: a whole run); see

@@ -38,6 +38,15 @@ def text_units(model, samples, max_tokens, past_context: bool = False) -> list[U
 
     all_ids = [token_ids(model, s.text, truncate=False).tolist() for s in samples]
     cap = context_cap(model, max_tokens, [len(ids) for ids in all_ids], "documents", past_context)
+    for s, ids in zip(samples, all_ids, strict=True):
+        if len(ids[:cap] if cap else ids) < 2:
+            from cwlens.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                f"{s.id}: {len(ids[:cap] if cap else ids)} token(s) to score"
+                + (f" after the cut to {cap} (--max-tokens)" if cap and len(ids) > cap else "")
+                + "; the next-token loss needs at least 2 (one to read, one to predict): "
+                "raise --max-tokens, or give a longer text")
     return [Unit(s.id, [ids[:cap] if cap else ids], score)
             for s, ids in zip(samples, all_ids, strict=True)]
 
