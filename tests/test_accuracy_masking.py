@@ -320,3 +320,14 @@ def test_choice_passes_unembed_only_the_continuations_and_score_as_full_logits(m
     clean = few[(few["mode"] == "clean") & (few["measure"] == "gold_ll")].set_index("sample_id").value
     torch.testing.assert_close(torch.tensor([clean[i.id] for i in ITEMS]), torch.tensor(gold, dtype=torch.float64),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_accuracy_refuses_an_encoder(tmp_path, capsys):
+    from cwlens.cli.main import main
+    from cwlens.testing import save_tiny
+
+    enc = save_tiny("bert", tmp_path)
+    assert main(["accuracy", "--model", str(enc), "--device", "cpu", "--dataset", "capitals",
+                 "--samples", "5"]) == 1
+    assert "this model is an encoder" in capsys.readouterr().err
+

@@ -278,3 +278,20 @@ def test_too_many_samples_is_a_cwlens_error():
         load_dataset("fineweb_edu", n=151)
     with pytest.raises(InvalidArgumentError):
         load_dataset("gsm8k", n=-1)
+
+
+def test_something_else_where_the_model_goes_is_named(llama):
+    """Arguments swapped, a model name not yet loaded, None: one clear error each."""
+    from cwlens.errors import InvalidArgumentError
+
+    model, _, cache = llama
+    with pytest.raises(InvalidArgumentError, match=r"got ActivationCache \(the cache: arguments swapped"):
+        cwlens.contribution_weights(model, cache)
+    with pytest.raises(InvalidArgumentError, match="load it first"):
+        cwlens.wrap("gpt2")
+    with pytest.raises(InvalidArgumentError, match="got NoneType"):
+        cwlens.wrap(None)
+    with pytest.raises(InvalidArgumentError, match="name_or_path must be a model name"):
+        cwlens.load_model(5)
+    with pytest.raises(InvalidArgumentError, match="dtype must be a torch.dtype"):
+        cwlens.load_model("smollm2-135m", dtype="float16")

@@ -249,3 +249,17 @@ def test_a_document_of_one_token_is_refused(tmp_path, capsys):
     assert main([*argv, "--max-tokens", "1"]) == 1
     assert "the next-token loss needs at least 2" in capsys.readouterr().err
     assert not list((tmp_path / "r").glob("*.jsonl"))
+
+
+def test_flags_a_run_does_not_use_get_a_note(tmp_path, capsys):
+    from cwlens.cli.main import main
+    from cwlens.testing import save_tiny
+
+    model = save_tiny("llama", tmp_path)
+    assert main(["faithfulness", "--model", str(model), "--device", "cpu", "--dataset", "gsm8k",
+                 "--samples", "1", "--max-tokens", "8", "--rates", "0.3", "--metrics", "random",
+                 "--out", str(tmp_path / "r"), "--figures", "", "--no-progress",
+                 "--require-above-chance", "--prompt", "chat"]) == 0
+    err = capsys.readouterr().err
+    assert "--require-above-chance checks multiple-choice datasets only; gsm8k" in err
+    assert "--prompt chat applies to mmlu, boolq only" in err

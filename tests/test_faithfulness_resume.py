@@ -417,3 +417,18 @@ def test_another_text_under_the_same_file_name_is_refused(tmp_path, capsys):
     assert "another configuration (differs in samples)" in err
     assert "--no-resume" in err
     assert main([*argv, "--no-resume"]) == 0
+
+
+def test_report_only_names_an_unfinished_run(tmp_path, capsys):
+    from cwlens.cli.main import main
+
+    out = tmp_path / "r"
+    w = ResultsWriter(out / "gsm8k.jsonl", {"samples": ["a", "b", "c"], "metrics": ["attention"]},
+                      rows_per_sample=1)
+    for sid, v in (("a", 1.0), ("b", 3.0)):
+        w.write_sample([{**rows(sid, 1)[0], "dataset": "gsm8k", "measure": "delta_ppl", "value": v}])
+    md = tmp_path / "doc.md"
+    assert main(["faithfulness", "--dataset", "gsm8k", "--out", str(out), "--report-only",
+                 "--figures", "", "--summary-md", str(md)]) == 0
+    note = "holds 2 of the 3 samples of its configuration; rerun the same command without --report-only"
+    assert note in capsys.readouterr().out and note in md.read_text()

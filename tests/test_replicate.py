@@ -130,3 +130,18 @@ def test_first_token_view_runs_its_own_metrics(run):
         assert view == main_metrics & set(plan.FIRST_TOKEN_METRICS), (model, view)
         assert view < main_metrics or model == enc  # the decoder's view drops the gradient ones
     assert "attention_gradient" not in view
+
+
+def test_table_only_names_a_damaged_stored_table(run, capsys, tmp_path):
+    import shutil
+
+    tmp, lm, enc, _ = run
+    out = tmp_path / "copy"
+    shutil.copytree(tmp / "out", out)
+    (plan.model_dir(out, lm) / plan.SINKS / "summary.json").write_text("")
+    assert main(["replicate", "--models", lm, "--per-layer-model", lm, "--out", str(out),
+                 "--figures", "", "--table-only", *SIZES]) == 1
+    err = capsys.readouterr().err
+    assert "cannot be read (JSONDecodeError" in err and "without --table-only" in err
+    assert "Traceback" not in err
+

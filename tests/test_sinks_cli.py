@@ -30,6 +30,18 @@ def test_sinks_command_writes_tables_figures_and_summary(tmp_path, capsys):
     assert 0 <= summary["observed_interior_frac_heads"] <= 1
     # --plot-only redraws from the tables without a model
     assert main(["sinks", "--plot-only", "--out", str(out), "--figures", str(figs), "--no-png"]) == 0
+    # --figures "" draws nothing (it drew into the current folder)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    import os
+
+    here = os.getcwd()
+    os.chdir(elsewhere)
+    try:
+        assert main([*argv[:-3], "--figures", "", "--no-png"]) == 0
+    finally:
+        os.chdir(here)
+    assert not list(elsewhere.iterdir())
 
 
 def test_core_sinks_imports_only_torch():

@@ -103,6 +103,9 @@ def run(args) -> int:
     from cwlens.faithfulness.accuracy import clean_accuracy
 
     model = cwlens.load_model(args.model, device=args.device)
+    from cwlens.engine.adapter import require_next_token_model
+
+    require_next_token_model(model, "cwlens accuracy", "Use a decoder (a causal language model).")
     prompts = {d: prompt_of(d, args.prompt) for d in args.dataset}
     if "chat" in prompts.values():
         from functools import partial

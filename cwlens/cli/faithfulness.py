@@ -254,6 +254,27 @@ def _file_samples(args) -> list:
     return [TextSample(f"{name}-{digest}", text, name)]
 
 
+def _note_unused_flags(args, datasets) -> None:
+    """A note (stderr) for a flag this run does not use, so nobody reads its absence into
+    the numbers: --require-above-chance and --prompt chat act on multiple-choice datasets
+    (chat: those with a chat form) only."""
+    import sys
+
+    from cwlens.datasets.chat_prompts import CHAT_DATASETS
+    from cwlens.datasets.registry import SPECS
+
+    def kind(d):
+        return SPECS[d].info.kind if d in SPECS else "text"  # --file: one document
+
+    if args.require_above_chance and not args.report_only and all(kind(d) == "text" for d in datasets):
+        print("cwlens: note: --require-above-chance checks multiple-choice datasets only; "
+              f"{', '.join(datasets)} (scored by next-token loss) have no chance level: ignored",
+              file=sys.stderr)
+    if args.prompt == "chat" and not any(d in CHAT_DATASETS for d in datasets):
+        print(f"cwlens: note: --prompt chat applies to {', '.join(CHAT_DATASETS)} only: "
+              f"{', '.join(datasets)} use their plain prompts", file=sys.stderr)
+
+
 def run(args) -> int:
     if args.file is not None:
         args.samples = 1  # one document
@@ -268,6 +289,7 @@ def run(args) -> int:
                                    "--prompt plain for MMLU with exemplars")
     cfg = _config(args)
     paths = _check_inputs(args, datasets, counts)
+    _note_unused_flags(args, datasets)
     from cwlens.runs import distributed
 
     if args.report_only:  # under torchrun, rank 0 alone reports
@@ -336,6 +358,9 @@ def report(paths, args) -> int:
             "its first sample was written): run without --report-only to compute them")
     summary = summarize(table)
     text = markdown_tables(summary, table)
+    unfinished = _unfinished(paths, table)
+    if unfinished:
+        text = "\n".join(unfinished) + "\n\n" + text
     print(text)
     for path in filter(None, (args.summary_md or "").split(",")):
         write_block(path, text)
@@ -362,6 +387,32 @@ def report(paths, args) -> int:
                         AOPC_START, AOPC_END)
             print(f"AOPC block in {path} cleared (fewer than three rates)")
     return 0
+
+
+def _unfinished(paths, table) -> list[str]:
+    """One line per results file whose stored configuration has more samples (or a
+    metric on fewer samples) than its rows: the tables show an unfinished run."""
+    from cwlens.faithfulness import read_results
+    from cwlens.faithfulness.results import config_path, read_config
+
+    lines = []
+    for path in paths:
+        cfg_file = config_path(path)
+        if not cfg_file.exists():
+            continue
+        cfg = read_config(cfg_file)
+        want = cfg.get("samples")
+        if not isinstance(want, list) or not want:
+            continue
+        rows = table if len(paths) == 1 else read_results(path)
+        have = set(rows.sample_id)
+        short = [f"{m}: {len(set(rows.sample_id[rows.metric == m]))}" for m in cfg.get("metrics", [])
+                 if len(set(rows.sample_id[rows.metric == m])) < len(have)]
+        if len(have) < len(want) or short:
+            lines.append(f"**Unfinished run**: {path} holds {len(have)} of the {len(want)} samples of "
+                         "its configuration" + (f" (samples per metric: {', '.join(short)})" if short else "")
+                         + "; rerun the same command without --report-only to finish it.")
+    return lines
 
 
 AOPC_START, AOPC_END = "<!-- faithfulness-aopc:start -->", "<!-- faithfulness-aopc:end -->"

@@ -155,12 +155,30 @@ def _compute(args, cfg, out) -> dict[str, str]:
     return skipped
 
 
+def _load(claims, out, name):
+    """:func:`cwlens.replication.claims.load`, a damaged stored table named with its fix."""
+    import json
+
+    import pandas as pd
+
+    from cwlens.errors import CwlensError
+
+    try:
+        return claims.load(out, name)
+    except (json.JSONDecodeError, UnicodeDecodeError, pd.errors.EmptyDataError,
+            pd.errors.ParserError) as e:
+        raise CwlensError(
+            f"a stored table of {name} under {out} cannot be read ({type(e).__name__}: {e}): "
+            "it is damaged. Move that file away and rerun `cwlens replicate` without "
+            "--table-only (a resumed run rebuilds what is missing).") from None
+
+
 def _report(args, out, skipped: dict[str, str]) -> int:
     from cwlens.errors import ModelNotAvailableError
     from cwlens.faithfulness.report import write_block
     from cwlens.replication import claims
 
-    results = [claims.load(out, name) for name in args.models]
+    results = [_load(claims, out, name) for name in args.models]
     table = claims.claims_table(results)
     aopc = claims.aopc_tables(results)
     print("\n" + table + "\n" + aopc)

@@ -47,7 +47,8 @@ def register(sub) -> None:
     p.add_argument("--no-intervention", action="store_true", help="skip the forward passes with hooks")
     p.add_argument("--seed", type=int, default=DEFAULT.seed, help="seed of the random control positions")
     p.add_argument("--out", default="runs/sinks", help="folder for tables (default: %(default)s)")
-    p.add_argument("--figures", default="figures", help="folder for figures (default: %(default)s)")
+    p.add_argument("--figures", default="figures",
+                   help='folder for figures (default: %(default)s; "" for none)')
     p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
     p.add_argument("--plot-only", action="store_true",
                    help="redraw the figures from the tables already in --out")
@@ -88,7 +89,10 @@ def _run(args, placed=None, world=None) -> int:
 
     label = model_label(args.model)
     dataset = ",".join(args.dataset)
-    arg_types.output_dir(args.figures, "--figures")
+    if args.figures:  # "" (as in faithfulness and replicate): no figures
+        arg_types.output_dir(args.figures, "--figures")
+    elif args.plot_only:
+        raise InvalidArgumentError("--plot-only draws figures: give a --figures folder")
     if args.plot_only:
         out = arg_types.output_dir(args.out, must_write=False)
         tables = sink_run.load_tables(out)
@@ -133,8 +137,9 @@ def _run(args, placed=None, world=None) -> int:
     print(sink_run.format_summary(summary))
     from cwlens.plotting.sinks import all_figures
 
-    written = all_figures(tables, args.figures, model_label=label, png=not args.no_png)
-    print("wrote " + ", ".join(str(p) for p in written))
+    if args.figures:
+        written = all_figures(tables, args.figures, model_label=label, png=not args.no_png)
+        print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 

@@ -410,12 +410,29 @@ def wrap(model: Any) -> ModelHandle:
         return model
     handle = getattr(model, "__dict__", {}).get(_ATTRIBUTE)
     if handle is None:
+        _require_model(model)
         handle = ModelHandle(model)
         try:  # past nn.Module.__setattr__: the handle is no submodule, parameter or buffer
             object.__setattr__(model, _ATTRIBUTE, handle)
         except (AttributeError, TypeError):
             pass  # no instance dict (slots): an uncached handle answers the same
     return handle
+
+
+def _require_model(model: Any) -> None:
+    """A clear error for something that is not a TransformerLens model (a cache or text
+    passed where the model goes, arguments swapped, a model name not yet loaded)."""
+    if getattr(model, "cfg", None) is not None:
+        return
+    from cwlens.errors import InvalidArgumentError
+
+    kind = type(model).__name__
+    hint = {"ActivationCache": " (the cache: arguments swapped? the order is (cache, model))",
+            "str": " (a model name or path: load it first, model = cwlens.load_model(name))",
+            "NoneType": ""}.get(kind, "")
+    raise InvalidArgumentError(
+        f"expected a TransformerLens model (HookedTransformer, HookedEncoder or "
+        f"TransformerBridge, e.g. from cwlens.load_model); got {kind}{hint}.")
 
 
 def unwrap(model: Any) -> Any:

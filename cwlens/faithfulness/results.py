@@ -163,8 +163,8 @@ class ResultsWriter:
                 diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
                 raise ConfigMismatchError(
                     f"{self.main} was written with another configuration (differs in "
-                    f"{', '.join(diff)}). Use another output path, or resume=False "
-                    "(--no-resume) to start it afresh."
+                    f"{', '.join(diff)}). Use another output path (--out), or start it "
+                    "afresh: --no-resume on the command line, resume=False in Python."
                 )
         text = json.dumps(config, indent=1, sort_keys=True)
         if not (self.config_path.exists() and self.config_path.read_text() == text):

@@ -21,6 +21,7 @@ from cwlens.engine.pattern_seam import enable_pattern_edits
 from cwlens.errors import (
     CwlensError,
     DeviceNotAvailableError,
+    InvalidArgumentError,
     ModelNotAvailableError,
     UnknownOptionError,
 )
@@ -114,6 +115,13 @@ def load_model(
         raise UnknownOptionError(
             f"generation must be 'auto', 'bridge' or 'hooked'; got {generation!r}"
         )
+    if not isinstance(name_or_path, str | os.PathLike):
+        raise InvalidArgumentError(
+            f"name_or_path must be a model name (e.g. {DEFAULT_MODEL!r}) or a local folder; "
+            f"got {type(name_or_path).__name__} {name_or_path!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise InvalidArgumentError(
+            f"dtype must be a torch.dtype (e.g. torch.float16); got {dtype!r}")
     from cwlens.engine.device_map import PlacementError, check_device_map
 
     check_device_map(device_map, torch.cuda.device_count() if torch.cuda.is_available() else 0,
