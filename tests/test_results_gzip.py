@@ -169,6 +169,14 @@ def test_cli_compress_writes_gz_and_a_gz_folder_resumes_without_the_flag(tmp_pat
     (tmp_path / "gsm8k.jsonl.gz").unlink()
     with pytest.raises(InvalidArgumentError, match="compress it first"):
         _results_path(tmp_path, "gsm8k", compress=True)
+    # --no-resume starts afresh in either format: the writer deletes the other one too
+    assert _results_path(tmp_path, "gsm8k", compress=True, fresh=True) == tmp_path / "gsm8k.jsonl.gz"
+    (tmp_path / "gsm8k.jsonl").write_text(json.dumps(rows("old", 1)[0]) + "\n")
+    w = ResultsWriter(tmp_path / "gsm8k.jsonl.gz", {}, rows_per_sample=1, resume=False)
+    assert w.done == set() and not (tmp_path / "gsm8k.jsonl").exists()
+    w.write_sample([{**rows("a", 1)[0], "dataset": "gsm8k", "measure": "delta_ppl", "value": 1.0}])
+    (tmp_path / "gsm8k.jsonl.gz").rename(tmp_path / "keep.gz")
+    (tmp_path / "gsm8k.jsonl").write_text("")
     assert main(["faithfulness", "--dataset", "ioi", "--out", str(tmp_path), "--report-only",
                  "--figures", ""]) != 0
     assert "holds results of gsm8k" in capsys.readouterr().err

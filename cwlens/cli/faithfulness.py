@@ -190,7 +190,7 @@ def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> li
             load_dataset(d, n=counts[d], num_fewshot=shots)  # too many samples: fails here
         chat = "_chat" if _prompt(args, d) == "chat" else ""
         paths.append(_results_path(out, f"{d}{f'_{shots}shot' if shots else ''}{chat}",
-                                   args.compress))
+                                   args.compress, fresh=args.no_resume and not args.report_only))
     if args.report_only:
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
@@ -217,9 +217,12 @@ def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> li
     return paths
 
 
-def _results_path(out: Path, name: str, compress: bool) -> Path:
-    """``<out>/<name>.jsonl``, or ``.jsonl.gz`` under --compress or where only that exists."""
+def _results_path(out: Path, name: str, compress: bool, fresh: bool = False) -> Path:
+    """``<out>/<name>.jsonl``, or ``.jsonl.gz`` under --compress or where only that exists
+    (``fresh``, --no-resume: the writer deletes both, so either may be there)."""
     plain, packed = out / f"{name}.jsonl", out / f"{name}.jsonl.gz"
+    if fresh:
+        return packed if compress else plain
     if plain.is_file() and packed.is_file():
         raise InvalidArgumentError(
             f"{out} holds both {plain.name} and {packed.name}: keep one (gzip the plain file "

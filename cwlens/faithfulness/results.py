@@ -154,9 +154,12 @@ class ResultsWriter:
         self.rows_per_sample = rows_per_sample
         config = json.loads(json.dumps(config))
         existing = result_files(self.main)
-        if existing and not resume:
-            for p in existing:
+        if not resume:  # afresh: the rows in the other format (plain / .gz) go too
+            plain = str(self.main)[: -len(".gz")] if is_gzip(self.main) else None
+            other = Path(plain) if plain else self.main.with_name(self.main.name + ".gz")
+            for p in [*existing, *(result_files(other) if other.exists() else [])]:
                 p.unlink()
+            existing = []
         elif existing:
             old = read_config(self.config_path) if self.config_path.exists() else {}
             if old != config:
