@@ -157,6 +157,9 @@ def choice_list(valid: tuple[str, ...], what: str, allow_all: bool | tuple[str, 
     def parse(text: str) -> tuple[str, ...]:
         if allow_all and text.strip() == "all":
             return tuple(allow_all) if isinstance(allow_all, tuple) else tuple(valid)
+        if not text.strip():
+            raise Error(f"expected a comma-separated list of {what}s, e.g. "
+                        f"{','.join(valid[:2])}; got {text!r}")
         names = _items(text, "names")
         unknown = [n for n in names if n not in valid]
         if unknown:

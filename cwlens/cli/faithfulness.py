@@ -91,7 +91,8 @@ def register(sub) -> None:
                    help=_metrics_help())
     g.add_argument("--rates", default=",".join(map(str, DEFAULT.rates)), type=arg_types.rates, help="removal rates in [0, 1] (default: %(default)s)")
     g.add_argument("--modes", default=",".join(DEFAULT.modes),
-                   type=arg_types.choice_list(MODES, "mode"), help="(default: both)")
+                   type=arg_types.choice_list(MODES, "mode"),
+                   help=f"comma-separated, from {', '.join(MODES)} (default: %(default)s)")
     g.add_argument("--scope", default=DEFAULT.scope, choices=SCOPES,
                    help="ranking unit: per head-and-query row, per head, per layer (default: %(default)s)")
     g.add_argument("--layers", default="all", type=arg_types.layers_or_all, help="'all' or comma-separated layer indices (default: all)")
