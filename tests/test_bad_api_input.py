@@ -295,3 +295,14 @@ def test_something_else_where_the_model_goes_is_named(llama):
         cwlens.load_model(5)
     with pytest.raises(InvalidArgumentError, match="dtype must be a torch.dtype"):
         cwlens.load_model("smollm2-135m", dtype="float16")
+
+
+@pytest.mark.parametrize("layer, words", [([], "no layer given"), (range(0), "no layer given"),
+                                          ([0, 0], "layer 0 listed twice"),
+                                          ([1, -1], "layer 1 listed twice")])
+def test_an_empty_or_repeated_layer_list_is_named(llama, layer, words):
+    from cwlens.errors import LayerOutOfRangeError
+
+    model, _, cache = llama
+    with pytest.raises(LayerOutOfRangeError, match=words):
+        cwlens.contribution_weights(cache, model, layer=layer)

@@ -140,6 +140,23 @@ def resolve_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
     return layers, single
 
 
+def resolve_requested_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
+    """:func:`resolve_layers` for a layer argument a user gave: an empty list, or a layer
+    listed twice, raise :class:`LayerOutOfRangeError` (an empty stack, or a layer counted
+    twice, would follow)."""
+    layers, single = resolve_layers(model, layer)
+    if not layers:
+        raise LayerOutOfRangeError(
+            f"no layer given ({layer!r} is empty): pass an int, a list of them, or None for "
+            "all layers")
+    twice = sorted({ly for ly in layers if layers.count(ly) > 1})
+    if twice:
+        raise LayerOutOfRangeError(
+            f"layer {', '.join(map(str, twice))} listed twice in {layer!r} (negative indices "
+            "count from the end): give each layer once")
+    return layers, single
+
+
 def forward_kwargs(model: TLModel, attention_mask: torch.Tensor | None) -> dict[str, Any]:
     """The keyword that passes ``attention_mask`` to this model's forward (or nothing)."""
     return wrap(model).forward_kwargs(attention_mask)

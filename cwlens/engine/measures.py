@@ -23,7 +23,7 @@ from cwlens.engine.handle import wrap
 
 
 def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
-    layers, single = adapter.resolve_layers(model, layer)
+    layers, single = adapter.resolve_requested_layers(model, layer)
     outs = [fn(adapter.geometry(cache, model, ly, attention_mask)) for ly in layers]
     return outs[0] if single else torch.stack(outs)
 
@@ -258,7 +258,7 @@ def decompose(
         True
     """
     check_kind(kind)
-    layers, single = adapter.resolve_layers(model, layer)
+    layers, single = adapter.resolve_requested_layers(model, layer)
     parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
     for ly in layers:
         geo = adapter.geometry(cache, model, ly, attention_mask)
@@ -331,7 +331,7 @@ def closure(
         >>> cwlens.closure(cache, model, layer=1).relative_error[0] < 1e-5
         True
     """
-    layers, _ = adapter.resolve_layers(model, layer)
+    layers, _ = adapter.resolve_requested_layers(model, layer)
     errors = [
         closure_errors(adapter.geometry(cache, model, ly, attention_mask).layer_output,
                        adapter.heads_output(cache, model, ly), attention_mask)
