@@ -43,6 +43,8 @@ CASES = {
     # -- usage errors (argparse types): exit 2 ------------------------------------------
     "rates-empty": (F + ["--rates", ""], 2, "comma-separated list of rates"),
     "metrics-empty": (F + ["--metrics", ""], 2, "comma-separated list of metrics, e.g. attention,"),
+    "figures-named-like-a-file": (F + ["--figures", "{p}/curves.png", "--out", "{p}/o1"], 1,
+                                  "names a file (.png), but it is a folder"),
     "rates-above-1": (F + ["--rates", "1.5"], 2, "[0, 1]"),
     "rates-negative": (F + ["--rates", "-0.1"], 2, "[0, 1]"),
     "rates-not-a-number": (F + ["--rates", "abc"], 2, "not a number"),

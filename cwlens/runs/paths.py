@@ -43,12 +43,21 @@ def _check_ancestors(path: Path, flag: str) -> None:
                               "pass a writable location")
 
 
+# names that are files, not folders: a folder flag given one of these is a slip
+FILE_SUFFIXES = (".png", ".html", ".htm", ".pdf", ".svg", ".jsonl", ".json", ".gz", ".csv",
+                 ".parquet", ".md", ".txt", ".ipynb")
+
+
 def output_dir(path: str | Path, flag: str = "--out", must_write: bool = True) -> Path:
     """A folder to write into: not a file, under folders, writable (if ``must_write``)."""
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise OutputPathError(f"{flag} {str(p)!r} is a file; pass a folder (it is created if "
                               "missing)")
+    if not p.exists() and p.name.lower().endswith(FILE_SUFFIXES):
+        raise OutputPathError(
+            f"{flag} {str(p)!r} names a file ({p.suffix}), but it is a folder that the "
+            f"command writes into; pass a folder, e.g. {str(p.with_suffix(''))!r}")
     base = _nearest_existing(p)
     if not base.is_dir():
         raise OutputPathError(f"{flag} {str(p)!r}: {str(base)!r} is a file, not a folder")
