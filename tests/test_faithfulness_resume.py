@@ -432,3 +432,24 @@ def test_report_only_names_an_unfinished_run(tmp_path, capsys):
                  "--figures", "", "--summary-md", str(md)]) == 0
     note = "holds 2 of the 3 samples of its configuration; rerun the same command without --report-only"
     assert note in capsys.readouterr().out and note in md.read_text()
+
+
+def test_report_only_with_metrics_shows_those_metrics_only(tmp_path, capsys):
+    """--report-only --metrics limits the tables (it was ignored): e.g. leave out a metric
+    whose rows are still being added."""
+    from cwlens.cli.main import main
+
+    out = tmp_path / "r"
+    w = ResultsWriter(out / "gsm8k.jsonl", {"samples": ["a", "b", "c"],
+                                            "metrics": ["attention", "random"]}, rows_per_sample=2)
+    for sid, v in (("a", 1.0), ("b", 3.0), ("c", 2.0)):
+        w.write_sample([{**rows(sid, 1)[0], "dataset": "gsm8k", "measure": "delta_ppl", "value": v},
+                        {**rows(sid, 1)[0], "dataset": "gsm8k", "measure": "delta_ppl",
+                         "metric": "random", "value": v / 2}])
+    base = ["faithfulness", "--dataset", "gsm8k", "--out", str(out), "--report-only", "--figures", ""]
+    assert main(base) == 0
+    both = capsys.readouterr().out
+    assert "| attn |" in both and "| random |" in both
+    assert main([*base, "--metrics", "attention"]) == 0
+    one = capsys.readouterr().out
+    assert "| attn |" in one and "| random |" not in one and "Unfinished" not in one

@@ -86,7 +86,7 @@ def register(sub) -> None:
                    help="truncate language-modelling documents to their first N tokens (default: %(default)s)")
     add_past_context_flag(p)
     g = p.add_argument_group("masking protocol (defaults: see docs/faithfulness.md)")
-    g.add_argument("--metrics", default="all",
+    g.add_argument("--metrics", default=None,
                    type=arg_types.choice_list(ALL_RANKINGS, "metric", allow_all=RANKINGS),
                    help=_metrics_help())
     g.add_argument("--rates", default=",".join(map(str, DEFAULT.rates)), type=arg_types.rates, help="removal rates in [0, 1] (default: %(default)s)")
@@ -149,7 +149,7 @@ def _samples(spec: int | dict[str, int], datasets: tuple[str, ...]) -> dict[str,
 
 def _config(args):
     return FaithfulnessConfig(
-        metrics=args.metrics, rates=args.rates, modes=args.modes, scope=args.scope,
+        metrics=args.metrics or RANKINGS, rates=args.rates, modes=args.modes, scope=args.scope,
         layers=args.layers, per_layer=args.per_layer, kind=args.kind,
         causal_only=not args.non_causal, mask_first_token=not args.protect_first_token,
         renormalize=args.renormalize, seed=args.seed, max_tokens=args.max_tokens,
@@ -360,9 +360,12 @@ def report(paths, args) -> int:
         raise InvalidArgumentError(
             f"no complete result rows in {', '.join(map(str, paths))} (a run stopped before "
             "its first sample was written): run without --report-only to compute them")
+    if args.metrics is not None and args.report_only:  # the tables of these metrics only
+        table = table[table.metric.isin({*args.metrics, "none"})]
+        print(f"(tables limited to --metrics {','.join(args.metrics)})")
     summary = summarize(table)
     text = markdown_tables(summary, table)
-    unfinished = _unfinished(paths, table)
+    unfinished = _unfinished(paths, table, args.metrics if args.report_only else None)
     if unfinished:
         text = "\n".join(unfinished) + "\n\n" + text
     print(text)
@@ -393,7 +396,7 @@ def report(paths, args) -> int:
     return 0
 
 
-def _unfinished(paths, table) -> list[str]:
+def _unfinished(paths, table, only=None) -> list[str]:
     """One line per results file whose stored configuration has more samples (or a
     metric on fewer samples) than its rows: the tables show an unfinished run."""
     from cwlens.faithfulness import read_results
@@ -410,7 +413,8 @@ def _unfinished(paths, table) -> list[str]:
             continue
         rows = table if len(paths) == 1 else read_results(path)
         have = set(rows.sample_id)
-        short = [f"{m}: {len(set(rows.sample_id[rows.metric == m]))}" for m in cfg.get("metrics", [])
+        metrics = [m for m in cfg.get("metrics", []) if only is None or m in only]
+        short = [f"{m}: {len(set(rows.sample_id[rows.metric == m]))}" for m in metrics
                  if len(set(rows.sample_id[rows.metric == m])) < len(have)]
         if len(have) < len(want) or short:
             lines.append(f"**Unfinished run**: {path} holds {len(have)} of the {len(want)} samples of "
