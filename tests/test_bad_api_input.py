@@ -287,6 +287,8 @@ def test_something_else_where_the_model_goes_is_named(llama):
     model, _, cache = llama
     with pytest.raises(InvalidArgumentError, match=r"got ActivationCache \(the cache: arguments swapped"):
         cwlens.contribution_weights(model, cache)
+    with pytest.raises(InvalidArgumentError, match="expected an activation cache .* got str"):
+        cwlens.contribution_weights("hello", model)
     with pytest.raises(InvalidArgumentError, match="load it first"):
         cwlens.wrap("gpt2")
     with pytest.raises(InvalidArgumentError, match="got NoneType"):

@@ -211,6 +211,12 @@ def require_metrics(model: TLModel, metrics) -> None:
 
 
 def read(cache: Cache, name: str, model: TLModel, closure=False):
+    if not callable(getattr(cache, "keys", None)):
+        from cwlens.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"expected an activation cache (from cwlens.run_with_cache(model, tokens)) where "
+            f"the cache goes; got {type(cache).__name__}. The order is (cache, model).")
     if name in cache.keys():
         return cache[name]
     layer = int(name.split(".")[1])
