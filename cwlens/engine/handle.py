@@ -422,11 +422,14 @@ def wrap(model: Any) -> ModelHandle:
 def _require_model(model: Any) -> None:
     """A clear error for something that is not a TransformerLens model (a cache or text
     passed where the model goes, arguments swapped, a model name not yet loaded)."""
-    if getattr(model, "cfg", None) is not None:
-        return
-    from cwlens.errors import InvalidArgumentError
+    import os
 
     kind = type(model).__name__
+    if not (model is None or kind == "ActivationCache" or isinstance(
+            model, str | bytes | os.PathLike | int | float | dict | list | tuple)):
+        return  # a model, or a stand-in with what the caller needs (a tokenizer, ...)
+    from cwlens.errors import InvalidArgumentError
+
     hint = {"ActivationCache": " (the cache: arguments swapped? the order is (cache, model))",
             "str": " (a model name or path: load it first, model = cwlens.load_model(name))",
             "NoneType": ""}.get(kind, "")
