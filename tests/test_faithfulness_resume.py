@@ -453,3 +453,18 @@ def test_report_only_with_metrics_shows_those_metrics_only(tmp_path, capsys):
     assert main([*base, "--metrics", "attention"]) == 0
     one = capsys.readouterr().out
     assert "| attn |" in one and "| random |" not in one and "Unfinished" not in one
+
+
+def test_the_same_metrics_in_another_order_resume(tmp_path):
+    """--metrics random,attention after attention,random is the same run (it was refused
+    as another configuration)."""
+    from cwlens.faithfulness.results import ConfigMismatchError, same_config
+
+    path = tmp_path / "d.jsonl"
+    w = ResultsWriter(path, {"metrics": ["attention", "random"], "seed": 0}, rows_per_sample=3)
+    w.write_sample(rows("s0"))
+    again = ResultsWriter(path, {"metrics": ["random", "attention"], "seed": 0}, rows_per_sample=3)
+    assert again.done == {"s0"}
+    assert not same_config({"metrics": ["attention"], "seed": 0}, {"metrics": ["attention"], "seed": 1})
+    with pytest.raises(ConfigMismatchError, match="differs in metrics"):
+        ResultsWriter(path, {"metrics": ["random"], "seed": 0}, rows_per_sample=3)

@@ -22,6 +22,7 @@ from cwlens.faithfulness.results import (
     read_config,
     read_results,
     result_files,
+    same_config,
 )
 from cwlens.runs.results_io import atomic_write_text
 
@@ -57,7 +58,7 @@ def metrics_already_done(path, config: dict, metrics: Sequence[str], sample_ids:
         return set()
     stored = read_config(cfg_file)
     config = json.loads(json.dumps(config))
-    if stored == config:
+    if same_config(stored, config):
         done = _complete(path, metrics, sample_ids, per_metric, clean_rows)
         return done if done != set(metrics) else set()
     differs = {k for k in set(stored) | set(config) if stored.get(k) != config.get(k)}

@@ -79,6 +79,16 @@ def config_path(path) -> Path:
     return Path(path).with_name(f"{split_name(path)[0]}.config.json")
 
 
+def same_config(a: dict, b: dict) -> bool:
+    """Whether two stored configurations describe the same run: equal, but for the order
+    of ``metrics`` (a metric's rows do not depend on the others', nor on their order)."""
+    def key(cfg):
+        m = cfg.get("metrics")
+        return {**cfg, "metrics": sorted(m)} if isinstance(m, list) else cfg
+
+    return key(a) == key(b)
+
+
 def read_config(path) -> dict:
     """The configuration stored in the file ``path`` (a ``<base>.config.json``); a file
     that is not a JSON object raises :class:`ConfigMismatchError` naming the fix."""
@@ -162,7 +172,7 @@ class ResultsWriter:
             existing = []
         elif existing:
             old = read_config(self.config_path) if self.config_path.exists() else {}
-            if old != config:
+            if not same_config(old, config):
                 diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
                 raise ConfigMismatchError(
                     f"{self.main} was written with another configuration (differs in "
