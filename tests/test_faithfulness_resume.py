@@ -468,3 +468,7 @@ def test_the_same_metrics_in_another_order_resume(tmp_path):
     assert not same_config({"metrics": ["attention"], "seed": 0}, {"metrics": ["attention"], "seed": 1})
     with pytest.raises(ConfigMismatchError, match="differs in metrics"):
         ResultsWriter(path, {"metrics": ["random"], "seed": 0}, rows_per_sample=3)
+    with pytest.raises(ConfigMismatchError, match="--batch-tokens fixes the batches"):
+        ResultsWriter(path, {"metrics": ["attention", "random"], "seed": 0, "batch_tokens": 9},
+                      rows_per_sample=3)
+

@@ -174,9 +174,12 @@ class ResultsWriter:
             old = read_config(self.config_path) if self.config_path.exists() else {}
             if not same_config(old, config):
                 diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
+                why = (" --batch-tokens fixes the batches, so that a resumed run writes the "
+                       "numbers of an uninterrupted one bit for bit; after running out of "
+                       "memory, lower it with another --out." if "batch_tokens" in diff else "")
                 raise ConfigMismatchError(
                     f"{self.main} was written with another configuration (differs in "
-                    f"{', '.join(diff)}). Use another output path (--out), or start it "
+                    f"{', '.join(diff)}).{why} Use another output path (--out), or start it "
                     "afresh: --no-resume on the command line, resume=False in Python."
                 )
         text = json.dumps(config, indent=1, sort_keys=True)
