@@ -156,3 +156,10 @@ def test_per_layer_figure_refuses_rows_masked_in_every_layer_at_once():
 
     with pytest.raises(InvalidArgumentError, match="per-layer run"):
         per_layer_curves(A.damages(_synthetic(n=3)))  # layers = "all"
+
+
+def test_numbers_print_round_off_as_zero_and_keep_small_values_visible():
+    assert A._num(-1.11e-18) == "0.000"  # a mean of exact zeros, read back with round-off
+    assert A._num(-1.11e-18, "+") == "+0.000"
+    assert A._num(0.00296, "+") == "+0.00296"
+    assert A._num(0.5) == "0.500"

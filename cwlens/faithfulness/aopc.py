@@ -276,7 +276,12 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
 
 
 def _num(x: float, sign: str = "") -> str:
-    """Three decimals, or three significant digits below 0.01 (tiny damages stay visible)."""
+    """Three decimals, or three significant digits below 0.01 (tiny damages stay visible).
+
+    Float round-off below 1e-12 (a mean of exact zeros read as -1.1e-18) prints as 0.000.
+    """
+    if abs(x) < 1e-12:
+        x = 0.0
     return f"{x:{sign}.3g}" if x != 0 and abs(x) < 0.01 else f"{x:{sign}.3f}"
 
 
