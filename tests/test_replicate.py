@@ -53,6 +53,11 @@ def test_table_has_every_claim_and_honest_na(run):
     assert cells["Sink-norm intervention vs control"].rstrip(" |").endswith("n/a (needs a next-token loss)")
     assert "holds" in table or "does not hold" in table or "unresolved" in table
     assert results[0].per_layer is not None and set(results[0].per_layer["layers"]) == {"0", "1"}
+    # every Δ against contribution carries a verdict; an unresolved one is not called a tie
+    alti = claims._delta(results[0], "alti")
+    words = [w.split(")")[0] for w in alti.split("(")[1:]]
+    assert len(words) == 2 and set(words) <= {"better", "worse", "unresolved"}, alti
+    assert "(tie)" not in table and "(unresolved)" in table  # this tiny run has some (n = 2)
 
 
 def test_rerun_computes_nothing_and_table_only_rebuilds(run, capsys, tmp_path):

@@ -118,7 +118,8 @@ def _delta(res: ModelResults, metric: str, param: str = "removed", first_masked:
         if not len(hit):
             continue
         r = hit.iloc[0]
-        word = ("better" if r.delta > 0 else "worse") if r.resolved else "tie"
+        # an interval that keeps 0 after Holm is not a tie (equality is not shown): say so
+        word = ("better" if r.delta > 0 else "worse") if r.resolved else "unresolved"
         parts.append(f"{tag} {r.delta:+.3f} [{r.delta_low:+.3f}, {r.delta_high:+.3f}] ({word})")
     return "; ".join(parts)
 
