@@ -84,6 +84,16 @@ def test_kill_during_an_atomic_write_keeps_the_old_file_and_cleans_the_temp(tmp_
     assert (tmp_path / "table.csv").read_text() == "new\n"
 
 
+def test_atomic_writes_get_a_plain_files_permissions_not_mkstemps(tmp_path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")  # what open() gives under this umask (0o644 under 022)
+    new = atomic_write_text(tmp_path / "config.json", "{}")
+    assert new.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+    os.chmod(new, 0o640)  # a file the user restricted keeps its mode when rewritten
+    atomic_write_text(new, "{ }")
+    assert new.stat().st_mode & 0o777 == 0o640
+
+
 def test_complete_lines_ignores_and_repairs_a_torn_line(tmp_path):
     p = tmp_path / "r.jsonl"
     p.write_text('{"a": 1}\n{"a": 2}\n{"a"')

