@@ -87,6 +87,9 @@ def _finite_float(item: str, text: str, what: str) -> float:
                     f"e.g. {_EXAMPLES[what]}") from None
     if not math.isfinite(value):
         raise Error(f"{item!r} in {text!r} is not a finite number")
+    if value == 0.0 and any(c in "123456789" for c in item.lower().split("e")[0]):
+        raise Error(f"{item!r} in {text!r} is too small for a float and would be read as 0; "
+                    f"write 0 if you mean 0")
     return value
 
 
