@@ -77,6 +77,7 @@ CASES = {
     "scales-inf": (S + ["--scales", "inf"], 2, "not a finite number"),
     "sinks-choice-dataset": (S + ["--dataset", "mmlu"], 2, "unknown dataset 'mmlu'"),
     "eps-above-1": (S + ["--eps", "2"], 2, "[0, 1]"),
+    "eps-underflow": (S + ["--eps", "1e-400"], 2, "would be read as 0"),
     "sample-negative": (["demo", "--sample", "-1"], 2, "0 or more"),
     "heads-zero": (["demo", "--heads", "0"], 2, "positive integer"),
     "demo-max-tokens-zero": (["demo", "--max-tokens", "0"], 2, "positive number of tokens"),

@@ -120,6 +120,8 @@ def fraction(text: str) -> float:
         value = float(text)
     except ValueError:
         raise Error(f"expected a number in [0, 1]; got {text!r}") from None
+    if value == 0.0 and any(c in "123456789" for c in text.lower().split("e")[0]):
+        raise Error(f"{text!r} is too small for a float and would be read as 0; write 0 if you mean 0")
     if not 0.0 <= value <= 1.0:
         raise Error(f"must be in [0, 1]; got {text}")
     return value
