@@ -64,3 +64,14 @@ def test_loading_a_directory_leaves_the_offline_setting_as_it_was(tmp_path, monk
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # a user's own value is kept
     load_model(str(path), device="cpu")
     assert os.environ["HF_HUB_OFFLINE"] == "0"
+
+
+def test_a_pathlib_path_loads_like_its_string(tmp_path):
+    """load_model(Path(...)) is the same as load_model(str(path)); it used to raise a raw
+    AttributeError ('PosixPath' object has no attribute 'lower')."""
+    from cwlens.engine.models.loading import load_model
+
+    path = save_tiny("llama", tmp_path)
+    assert not isinstance(path, str)
+    model = load_model(path, device="cpu")
+    assert model.cfg.n_layers == load_model(str(path), device="cpu").cfg.n_layers

@@ -62,7 +62,7 @@ def resolve(name_or_path: str) -> tuple[str, str]:
 
 
 def load_model(
-    name_or_path: str = DEFAULT_MODEL,
+    name_or_path: str | os.PathLike = DEFAULT_MODEL,
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
@@ -119,6 +119,7 @@ def load_model(
         raise InvalidArgumentError(
             f"name_or_path must be a model name (e.g. {DEFAULT_MODEL!r}) or a local folder; "
             f"got {type(name_or_path).__name__} {name_or_path!r}")
+    name_or_path = os.fspath(name_or_path)  # a pathlib.Path works like its string
     if not isinstance(dtype, torch.dtype):
         raise InvalidArgumentError(
             f"dtype must be a torch.dtype (e.g. torch.float16); got {dtype!r}")
