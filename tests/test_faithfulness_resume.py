@@ -453,6 +453,10 @@ def test_report_only_with_metrics_shows_those_metrics_only(tmp_path, capsys):
     assert main([*base, "--metrics", "attention"]) == 0
     one = capsys.readouterr().out
     assert "| attn |" in one and "| random |" not in one and "Unfinished" not in one
+    # a metric the file does not hold: refused (it printed an empty table and exited 0)
+    assert main([*base, "--metrics", "contribution"]) == 1
+    err = capsys.readouterr().err
+    assert "no rows of contribution" in err and "it holds attention, random" in err
 
 
 def test_the_same_metrics_in_another_order_resume(tmp_path):

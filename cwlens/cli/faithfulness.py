@@ -361,6 +361,13 @@ def report(paths, args) -> int:
             f"no complete result rows in {', '.join(map(str, paths))} (a run stopped before "
             "its first sample was written): run without --report-only to compute them")
     if args.metrics is not None and args.report_only:  # the tables of these metrics only
+        held = sorted(set(table.metric) - {"none"})
+        absent = [m for m in args.metrics if m not in held]
+        if absent:
+            raise InvalidArgumentError(
+                f"--report-only --metrics: no rows of {', '.join(absent)} in "
+                f"{', '.join(map(str, paths))}; it holds {', '.join(held)}. Leave --metrics "
+                "out for all of them, or run without --report-only to compute the missing ones")
         table = table[table.metric.isin({*args.metrics, "none"})]
         print(f"(tables limited to --metrics {','.join(args.metrics)})")
     summary = summarize(table)
