@@ -79,3 +79,19 @@ def test_column_sums_of_a_text_with_as_many_tokens_as_heads_stay_column_sums(mod
     res = cwlens.stream_reduce(model, tokens, [reducers.ColumnSums("contribution")])
     tables = reduction_tables(res, model.to_str_tokens(tokens[0]), "tiny", "x")
     assert set(tables) == {"column_sums"}
+
+
+def test_a_second_export_into_the_same_folder_leaves_no_earlier_table(model, tmp_path):
+    """An export without token_layers after one with them (or in the other format) used to
+    leave token_level.parquet (or the other format's files) behind, and read_tables returned
+    the old text's rows beside the new ones under the same text_id."""
+    export_texts(model, [TEXTS[0]], tmp_path, model_name="tiny", k=3, token_layers=[1])
+    assert (tmp_path / "token_level.parquet").is_file()
+    paths = export_texts(model, [TEXTS[1]], tmp_path, model_name="tiny", k=3, fmt="csv")
+    assert "token_level" not in paths
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths.values())
+    back = read_tables(tmp_path)
+    assert set(back) == set(paths)
+    want = export_texts(model, [TEXTS[1]], tmp_path / "alone", model_name="tiny", k=3, fmt="csv")
+    for name in paths:
+        pd.testing.assert_frame_equal(back[name], read_tables(want[name].parent)[name])

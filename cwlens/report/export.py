@@ -150,7 +150,9 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
                  text_ids: Sequence[str] | None = None, max_tokens: int | None = None,
                  fmt: str = "parquet", past_context: bool = False, **reduce) -> dict[str, Path]:
     """Stream each text, reduce it, and write the tables to ``out_dir/<table>.<fmt>``
-    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``. Texts past the
+    (``fmt``: ``"parquet"`` or ``"csv"``). Returns ``{table: path}``; the tables of an
+    earlier export in ``out_dir`` that this one does not write are removed, so
+    :func:`read_tables` reads this export alone. Texts past the
     model's context are cut there, unless ``past_context`` (rotary models only;
     docs/inputs.md).
 
@@ -179,6 +181,11 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
         path = out / f"{name}.{fmt}"
         atomic_write(path, _writer(df, fmt))
         paths[name] = path
+    for name in TABLES:  # an earlier export's tables would be read back beside these
+        for old_fmt in ("parquet", "csv"):
+            stale = out / f"{name}.{old_fmt}"
+            if stale not in paths.values() and stale.is_file():
+                stale.unlink()
     return paths
 
 
