@@ -332,3 +332,18 @@ def test_each_reducer_releases_its_blocks_once_its_result_is_built(run, monkeypa
     assert sizes == [[n_layers, n_layers], [0, n_layers]]  # the first released before the second
     c = cached(cache, model, "contribution", "inter", mask)
     assert_close(res["top2_contribution"].values, c.topk(2, dim=-1).values, **TOL)
+
+
+@pytest.mark.parametrize("layers", [[], [0, 0], [0, -2]])
+def test_stream_refuses_an_empty_or_repeated_layer_list(layers):
+    """stream/stream_geometry accepted [0, 0] (fn called twice for one layer) and raised a
+    raw ValueError on []; they now refuse both as contribution_weights does."""
+    from cwlens.errors import LayerOutOfRangeError
+    from cwlens.testing import tiny_model
+
+    model = tiny_model("llama")  # 2 layers: -2 is layer 0
+    tokens = model.to_tokens("the cat sat")
+    for run in (lambda: cwlens.stream(model, tokens, lambda *a: None, layers=layers),
+                lambda: cwlens.stream_geometry(model, tokens, lambda *a: None, layers=layers)):
+        with pytest.raises(LayerOutOfRangeError):
+            run()

@@ -107,7 +107,7 @@ class StreamedPass:
     def __init__(self, model: TLModel, layers: Layers, attention_mask: torch.Tensor | None,
                  closure: bool):
         self.model = model
-        self.layers, _ = adapter.resolve_layers(model, layer=layers)
+        self.layers, _ = adapter.resolve_requested_layers(model, layers)
         self.attention_mask = attention_mask
         self.mask = None if attention_mask is None else attention_mask.bool()
         self.closure = closure
