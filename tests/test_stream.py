@@ -347,3 +347,16 @@ def test_stream_refuses_an_empty_or_repeated_layer_list(layers):
                 lambda: cwlens.stream_geometry(model, tokens, lambda *a: None, layers=layers)):
         with pytest.raises(LayerOutOfRangeError):
             run()
+
+
+@pytest.mark.parametrize("texts", ["the cat", None, [1, 2], [torch.tensor(5)]])
+def test_pad_batch_refuses_a_bare_string_or_loose_numbers(texts):
+    """pad_batch(model, "the cat") batched 7 one-character texts, [1, 2] two one-token rows,
+    and None raised a raw TypeError; each now names the mistake."""
+    from cwlens.errors import InvalidArgumentError
+
+    model = tiny_model("llama")
+    with pytest.raises(InvalidArgumentError, match="pass"):
+        pad_batch(model, texts)
+    tokens, mask = pad_batch(model, [[1, 2, 3], torch.tensor([4, 5])])  # id lists still work
+    assert mask.tolist() == [[1, 1, 1], [0, 1, 1]]

@@ -6,6 +6,8 @@ TransformerLens derives position ids from the mask), on the right for encoders. 
 mask to ``run_with_cache`` *and* to cwlens' measures: pad positions then get weight 0.
 """
 
+from collections.abc import Iterable
+
 import torch
 
 from cwlens.engine import validation
@@ -60,9 +62,20 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
             f"max_tokens must be a positive number of tokens, or None for whole texts; "
             f"got {max_tokens!r}."
         )
+    if isinstance(texts, str | bytes) or not isinstance(texts, Iterable):
+        raise InvalidArgumentError(
+            f"texts must be a list of texts or of token id lists; got {type(texts).__name__} "
+            f"{texts!r:.60}: pass a list, e.g. ['the cat sat', 'a dog ran']"
+            + (" (one text: [text])" if isinstance(texts, str) else ""))
     texts = list(texts)
     if not texts:
         raise EmptyInputError("No texts to batch: pass at least one text.")
+    loose = [i for i, t in enumerate(texts) if isinstance(t, int | float) or
+             (isinstance(t, torch.Tensor) and t.ndim == 0)]
+    if loose:
+        raise InvalidArgumentError(
+            f"item {loose[0]} of texts is a single number ({texts[loose[0]]!r}): pass each text "
+            "as a string, or its token ids as a list ([[1, 2, 3]] for one sequence)")
     rows = [
         token_ids(model, t) if isinstance(t, str) else torch.as_tensor(t).flatten().cpu()
         for t in texts
