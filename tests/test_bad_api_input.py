@@ -308,3 +308,27 @@ def test_an_empty_or_repeated_layer_list_is_named(llama, layer, words):
     model, _, cache = llama
     with pytest.raises(LayerOutOfRangeError, match=words):
         cwlens.contribution_weights(cache, model, layer=layer)
+
+
+@pytest.mark.parametrize("bad, error", [
+    ("zeros", "no real token"), ("half", r"0 \(padding\) and 1"), ("nan", r"0 \(padding\) and 1"),
+    ("list", "tensor of 0/1"), ("3d", "must be \\[batch, pos\\]")])
+def test_measures_check_the_attention_mask_like_run_with_cache(bad, error):
+    """contribution_weights / decompose / closure took an all-zero mask (all-zero
+    weights, no error), 0.5, 2 or NaN entries, and a list (a raw AttributeError)."""
+    from cwlens.errors import CwlensError
+    from cwlens.testing import tiny_model
+
+    model = tiny_model("llama")
+    tokens = model.to_tokens("the cat sat")
+    _, cache = cwlens.run_with_cache(model, tokens)
+    ones = torch.ones_like(tokens)
+    mask = {"zeros": torch.zeros_like(tokens), "half": ones * 0.5,
+            "nan": torch.full(tokens.shape, float("nan")), "list": ones.tolist(),
+            "3d": ones[None]}[bad]
+    for call in (lambda: cwlens.contribution_weights(cache, model, 0, attention_mask=mask),
+                 lambda: cwlens.decompose(cache, model, 0, attention_mask=mask),
+                 lambda: cwlens.closure(cache, model, 0, attention_mask=mask)):
+        with pytest.raises(CwlensError, match=error):
+            call()
+    assert cwlens.contribution_weights(cache, model, 0, attention_mask=ones).shape[-1] == tokens.shape[1]

@@ -17,13 +17,15 @@ from cwlens.core import metrics
 from cwlens.core._types import Cache, Kind, LayerPairWeights, LayerTokenWeights
 from cwlens.core.geometry import check_kind
 from cwlens.core.metrics import get as get_metric
-from cwlens.engine import adapter, hook_names
+from cwlens.engine import adapter, hook_names, validation
 from cwlens.engine.adapter import Layers, TLModel
 from cwlens.engine.handle import wrap
 
 
 def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
     layers, single = adapter.resolve_requested_layers(model, layer)
+    if attention_mask is not None:
+        validation.mask_values(attention_mask)
     outs = [fn(adapter.geometry(cache, model, ly, attention_mask)) for ly in layers]
     return outs[0] if single else torch.stack(outs)
 
@@ -259,6 +261,8 @@ def decompose(
     """
     check_kind(kind)
     layers, single = adapter.resolve_requested_layers(model, layer)
+    if attention_mask is not None:
+        validation.mask_values(attention_mask)
     parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
     for ly in layers:
         geo = adapter.geometry(cache, model, ly, attention_mask)
@@ -332,6 +336,8 @@ def closure(
         True
     """
     layers, _ = adapter.resolve_requested_layers(model, layer)
+    if attention_mask is not None:
+        validation.mask_values(attention_mask)
     errors = [
         closure_errors(adapter.geometry(cache, model, ly, attention_mask).layer_output,
                        adapter.heads_output(cache, model, ly), attention_mask)

@@ -166,13 +166,7 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
                 f"{tuple(tokens.shape)}: the mask must be [batch, pos] like the tokens it was "
                 "made with (cwlens.engine.batching.pad_batch returns both)."
             )
-        if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-            raise InvalidArgumentError("attention_mask must hold 0 (padding) and 1 (real token) only.")
-        empty_rows = (attention_mask.reshape(want).sum(-1) == 0).nonzero().flatten().tolist()
-        if empty_rows:
-            raise EmptyInputError(
-                f"attention_mask row {empty_rows[0]} has no real token (all 0): every row needs "
-                "at least one 1.")
+        mask_values(attention_mask.reshape(want))
     limit = adapter.context_length(model)
     if limit is not None and n > limit:
         if adapter.rotary_positions(model):
@@ -188,6 +182,29 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
                 f"{limit} tokens, e.g. tokens[:, :{limit}] (see docs/inputs.md)."
             )
     return n
+
+
+def mask_values(attention_mask) -> None:
+    """A ``[batch, pos]`` attention mask of 0 (padding) and 1 (real token), with at least
+    one 1 in every row (what ``run_with_cache``, ``stream`` and the measures take)."""
+    import torch
+
+    if not isinstance(attention_mask, torch.Tensor):
+        raise InvalidArgumentError(
+            f"attention_mask must be a [batch, pos] tensor of 0/1; got {type(attention_mask).__name__}"
+            " (e.g. the mask of cwlens.engine.batching.pad_batch, or torch.tensor(your_list)).")
+    if attention_mask.ndim != 2:
+        from cwlens.errors import ShapeMismatchError
+
+        raise ShapeMismatchError(f"attention_mask must be [batch, pos]; got shape "
+                                 f"{tuple(attention_mask.shape)}.")
+    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise InvalidArgumentError("attention_mask must hold 0 (padding) and 1 (real token) only.")
+    empty_rows = (attention_mask.sum(-1) == 0).nonzero().flatten().tolist()
+    if empty_rows:
+        raise EmptyInputError(
+            f"attention_mask row {empty_rows[0]} has no real token (all 0): every row needs "
+            "at least one 1.")
 
 
 def run_input(model, input: object, attention_mask=None, what: str = "input") -> object:
