@@ -75,3 +75,10 @@ def test_a_pathlib_path_loads_like_its_string(tmp_path):
     assert not isinstance(path, str)
     model = load_model(path, device="cpu")
     assert model.cfg.n_layers == load_model(str(path), device="cpu").cfg.n_layers
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_model_name_is_named_as_such(name):
+    """'' was read as the working directory ('. has no config.json')."""
+    with pytest.raises(ModelNotAvailableError, match="The model name is empty"):
+        resolve(name)

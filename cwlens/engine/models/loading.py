@@ -31,6 +31,10 @@ DEFAULT_MODEL = "smollm2-135m"
 
 def resolve(name_or_path: str) -> tuple[str, str]:
     """``(source, hub_id)``: source is a local directory or a hub id to load from."""
+    if not name_or_path.strip():  # Path("") is ".", the working directory
+        raise ModelNotAvailableError(
+            f"The model name is empty ({name_or_path!r}): pass a short name, a local model "
+            "directory or a hub id, one of:\n" + describe_models())
     entry = MODELS.get(name_or_path.lower())
     if entry is not None:
         if entry.offline is not None:
