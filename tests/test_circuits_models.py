@@ -219,3 +219,14 @@ def test_task_errors_name_the_fix():
         circuits.build_task("capitals", m, pairs=(("xx yy", "zz ww"), ("aa bb", "cc dd")))
     with pytest.raises(UnknownOptionError, match="Valid tasks"):
         circuits.build_task("greater_than", m)
+
+
+@pytest.mark.parametrize("k", [8, 9])
+def test_a_top_k_covering_every_head_is_refused(k):
+    """k >= the number of heads (8 here) reported a top-k overlap of 1.00 by construction."""
+    from cwlens.errors import InvalidArgumentError
+
+    m = tiny_model("llama")
+    t = circuits.build_task("induction", m, **TINY_TASKS["induction"])
+    with pytest.raises(InvalidArgumentError, match="covers all 8 heads"):
+        circuits.compare_with_patching(m, t, k=k)

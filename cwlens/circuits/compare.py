@@ -17,6 +17,7 @@ from cwlens.circuits.patching import MODES, patch_heads
 from cwlens.circuits.results import Agreement, HeadScores, agreement
 from cwlens.circuits.tasks import CircuitTask
 from cwlens.engine import validation
+from cwlens.engine.handle import wrap
 from cwlens.engine.measures import run_with_cache
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
 
@@ -85,7 +86,8 @@ def circuit_cache(model, tokens: torch.Tensor):
 def compare_with_patching(model, task: CircuitTask, k: int = 10, mode: str = "corrupt") -> Comparison:
     """Score every head of ``model`` on ``task`` and compare with activation patching.
 
-    ``k``: the top-k of the overlap (a positive int; more than the heads means all);
+    ``k``: the top-k of the overlap (a positive int below the number of heads: at or above
+    it every ranking's top k is every head and the overlap is 1 by construction);
     ``mode``: ``"corrupt"`` or ``"mean"`` (:func:`cwlens.circuits.patch_heads`).
     """
     if not isinstance(task, CircuitTask):
@@ -94,6 +96,11 @@ def compare_with_patching(model, task: CircuitTask, k: int = 10, mode: str = "co
     validation.positive_int(k, "k")
     if mode not in MODES:
         raise UnknownOptionError(f"Unknown patching mode={mode!r}. Valid modes: 'corrupt', 'mean'.")
+    heads = wrap(model).n_layers * wrap(model).n_heads
+    if k >= heads:
+        raise InvalidArgumentError(
+            f"k = {k} covers all {heads} heads of this model: every ranking's top {k} is every "
+            f"head, so the overlap would be 1 by construction; pass k below {heads} (--k).")
     logits, cache = circuit_cache(model, task.clean)
     scores: dict[str, HeadScores] = dict(head_scores(cache, model, task.queries, task.keys))
     dla = direct_logit_attribution(cache, model, logits, task.queries, task.answers, task.foils)
