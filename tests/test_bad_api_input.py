@@ -332,3 +332,19 @@ def test_measures_check_the_attention_mask_like_run_with_cache(bad, error):
         with pytest.raises(CwlensError, match=error):
             call()
     assert cwlens.contribution_weights(cache, model, 0, attention_mask=ones).shape[-1] == tokens.shape[1]
+
+
+@pytest.mark.parametrize("bad", ["long", "numpy", "list", "meta"])
+def test_attention_geometry_refuses_what_is_not_a_float_tensor(bad):
+    """An integer pattern was cast silently, numpy arrays / lists / meta tensors raised raw
+    AttributeError / RuntimeError."""
+    from cwlens.core.geometry import AttentionGeometry
+    from cwlens.errors import CwlensError
+
+    pattern = torch.full((1, 2, 3, 3), 1 / 3)
+    v, W_O = torch.randn(1, 3, 2, 4), torch.randn(2, 4, 5)
+    AttentionGeometry(pattern, v, W_O).contribution()  # the floats work
+    wrong = {"long": pattern.long(), "numpy": pattern.numpy(), "list": pattern.tolist(),
+             "meta": pattern.to("meta")}[bad]
+    with pytest.raises(CwlensError, match="pattern"):
+        AttentionGeometry(wrong, v, W_O)

@@ -42,6 +42,7 @@ from cwlens.core.numerics import check_kind as check_kind  # re-exported: caller
 from cwlens.core.numerics import safe_divide as safe_divide  # re-exported
 from cwlens.errors import (
     EmptyInputError,
+    InvalidArgumentError,
     MissingHookError,
     NonFiniteError,
     ShapeMismatchError,
@@ -398,6 +399,18 @@ def _check_finite(pattern: torch.Tensor, v: torch.Tensor, layer: int | None) -> 
 
 def _check_shapes(pattern, v, W_O, position_mask, layer) -> None:
     where = "" if layer is None else f" (layer {layer})"
+    for name, t in (("pattern", pattern), ("v", v), ("W_O", W_O)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(
+                f"{name} must be a torch.Tensor{where}; got {type(t).__name__} (convert it with "
+                "torch.as_tensor).")
+        if not t.is_floating_point():
+            raise InvalidArgumentError(
+                f"{name} must be a floating-point tensor{where}; got {t.dtype} (attention "
+                "probabilities, values and weights are real numbers: pass .float() of them).")
+        if t.device.type == "meta":
+            raise InvalidArgumentError(
+                f"{name} is on the meta device{where} (no data): load the model's weights first.")
     if pattern.ndim != 4 or v.ndim != 4 or W_O.ndim != 3:
         raise ShapeMismatchError(
             f"Expected pattern [batch, head, query, key], v [batch, key, kv_head, d_head] and "
