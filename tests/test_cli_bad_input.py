@@ -51,6 +51,7 @@ CASES = {
     "rates-duplicate": (F + ["--rates", "0.3,0.3"], 2, "listed twice"),
     "rates-empty-item": (F + ["--rates", "0.1,,0.3"], 2, "comma-separated"),
     "rates-nan": (F + ["--rates", "nan"], 2, "not a finite number"),
+    "figures-blank": (F + ["--figures", " ", "--out", "{p}/o2"], 1, "--figures ' ' is blank"),
     "rates-underflow": (F + ["--rates", "0.1,1e-400"], 2, "'1e-400' in '0.1,1e-400' is too small"),
     "scales-underflow": (S + ["--scales", "1,2e-999"], 2, "would be read as 0"),
     "samples-zero": (F + ["--samples", "0"], 2, "positive integer"),

@@ -48,8 +48,16 @@ FILE_SUFFIXES = (".png", ".html", ".htm", ".pdf", ".svg", ".jsonl", ".json", ".g
                  ".parquet", ".md", ".txt", ".ipynb")
 
 
+def _not_blank(path: str | Path, flag: str) -> None:
+    text = str(path)
+    if text and not text.strip():  # Path(" ") is a folder named " "
+        raise OutputPathError(f"{flag} {text!r} is blank: pass a path (or '' where the flag "
+                              "allows none)")
+
+
 def output_dir(path: str | Path, flag: str = "--out", must_write: bool = True) -> Path:
     """A folder to write into: not a file, under folders, writable (if ``must_write``)."""
+    _not_blank(path, flag)
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise OutputPathError(f"{flag} {str(p)!r} is a file; pass a folder (it is created if "
@@ -69,6 +77,7 @@ def output_dir(path: str | Path, flag: str = "--out", must_write: bool = True) -
 
 def output_file(path: str | Path, flag: str = "--out") -> Path:
     """A file to (over)write: not a folder, its folder creatable and writable."""
+    _not_blank(path, flag)
     p = Path(path).expanduser()
     if p.is_dir() or str(path).endswith(("/", os.sep)):
         raise OutputPathError(f"{flag} {str(p)!r} is a folder; pass a file name, e.g. "
