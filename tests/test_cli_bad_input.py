@@ -270,3 +270,13 @@ def test_flags_a_run_does_not_use_get_a_note(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--require-above-chance checks multiple-choice datasets only; gsm8k" in err
     assert "--prompt chat applies to mmlu, boolq only" in err
+    assert "--non-causal" not in err and "--max-tokens" not in err
+    # --non-causal on a decoder counts keys the model never reads; --max-tokens does not
+    # truncate multiple-choice items: both changed or did nothing without a word
+    assert main(["faithfulness", "--model", str(model), "--device", "cpu", "--dataset", "ioi",
+                 "--samples", "1", "--max-tokens", "8", "--rates", "0.3", "--metrics", "random",
+                 "--out", str(tmp_path / "r2"), "--figures", "", "--no-progress",
+                 "--non-causal"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--non-causal on a decoder: the future keys j > i" in err
+    assert "--max-tokens truncates language-modelling documents only; ioi" in err

@@ -476,3 +476,48 @@ def test_the_same_metrics_in_another_order_resume(tmp_path):
         ResultsWriter(path, {"metrics": ["attention", "random"], "seed": 0, "batch_tokens": 9},
                       rows_per_sample=3)
 
+
+
+def test_report_only_leaves_out_a_partly_written_sample_and_says_so(tmp_path, capsys):
+    """A sample cut mid-write (a kill, a full disk) was counted in the header's n while its
+    cells used fewer samples, with no "Unfinished" line."""
+    from cwlens.cli.main import main
+    from cwlens.faithfulness.results import partial_samples
+
+    out = tmp_path / "r"
+    path = out / "gsm8k.jsonl"
+    w = ResultsWriter(path, {"samples": ["a", "b", "c"], "metrics": ["attention"]}, rows_per_sample=2)
+    for sid, v in (("a", 1.0), ("b", 3.0), ("c", 5.0)):
+        w.write_sample([{**r, "dataset": "gsm8k", "measure": m, "value": v}
+                        for r, m in zip(rows(sid, 2), ("delta_ppl", "delta_nll"), strict=True)])
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n")  # c keeps one of its two rows
+    assert partial_samples(read_results(path)) == ["c"]
+    assert main(["faithfulness", "--dataset", "gsm8k", "--out", str(out), "--report-only",
+                 "--figures", ""]) == 0
+    text = capsys.readouterr().out
+    assert "1 sample(s) only partly written (c) are left out" in text
+    assert "holds 2 of the 3 samples" in text and "n = 2" in text and "n = 3" not in text
+
+
+def test_report_only_names_the_flags_it_does_not_follow(tmp_path, capsys):
+    """--report-only summarises the stored rows: --rates, --scope, --model, --samples ...
+    that differ from the stored run were ignored without a word."""
+    from cwlens.cli.main import main
+
+    out = tmp_path / "r"
+    w = ResultsWriter(out / "gsm8k.jsonl", {"samples": ["a", "b", "c"], "metrics": ["attention"],
+                                            "model": "tiny", "rates": [0.5], "scope": "row",
+                                            "causal_only": True}, rows_per_sample=1)
+    for sid in "abc":
+        w.write_sample([{**rows(sid, 1)[0], "dataset": "gsm8k", "measure": "delta_ppl", "value": 1.0}])
+    base = ["faithfulness", "--dataset", "gsm8k", "--out", str(out), "--report-only", "--figures", ""]
+    assert main([*base, "--model", "tiny", "--rates", "0.5", "--samples", "3"]) == 0
+    assert "note" not in capsys.readouterr().err  # what the run used: nothing to say
+    assert main([*base, "--model", "other", "--rates", "0.3", "--scope", "layer", "--samples", "2",
+                 "--non-causal", "--no-resume"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    for part in ("--model tiny (asked: other)", "--rates 0.5 (asked: 0.3)",
+                 "--scope row (asked: layer)", "no --non-causal (asked)", "--samples 3 (asked: 2)",
+                 "--no-resume has no effect with --report-only"):
+        assert part in err, part

@@ -101,7 +101,9 @@ def register(sub) -> None:
                    help="output that the value-aware metrics project on (default: %(default)s)")
     g.add_argument("--protect-first-token", action="store_true",
                    help="never mask the first token (BOS / attention sink); default: it may be masked")
-    g.add_argument("--non-causal", action="store_true", help="let keys j > i count (encoders)")
+    g.add_argument("--non-causal", action="store_true",
+                   help="let keys j > i count as eligible; on a decoder they have attention 0, "
+                   "so the rates then count keys the model never reads (default: causal, j <= i)")
     g.add_argument("--renormalize", action="store_true",
                    help="give removed attention mass back to the other keys (default: no)")
     g.add_argument("--seed", type=int, default=DEFAULT.seed, help="seed of the random control (default: %(default)s)")
@@ -274,6 +276,15 @@ def _note_unused_flags(args, datasets) -> None:
         print("cwlens: note: --require-above-chance checks multiple-choice datasets only; "
               f"{', '.join(datasets)} (scored by next-token loss) have no chance level: ignored",
               file=sys.stderr)
+    if args.max_tokens != DEFAULT.max_tokens and not any(kind(d) == "text" for d in datasets):
+        print(f"cwlens: note: --max-tokens truncates language-modelling documents only; "
+              f"{', '.join(datasets)} (multiple choice) are scored whole: ignored", file=sys.stderr)
+    if args.non_causal and not args.report_only:
+        print("cwlens: note: --non-causal on a decoder: the future keys j > i (attention 0 in "
+              "every metric, never read by the model) count as eligible, so a rate r masks "
+              "round(r x n) of all n keys of a row instead of its i + 1 visible ones, and "
+              "sufficiency mostly removes zeros. Leave it out for the causal protocol "
+              "(docs/faithfulness.md, 'eligible entries')", file=sys.stderr)
     if args.prompt == "chat" and not any(d in CHAT_DATASETS for d in datasets):
         print(f"cwlens: note: --prompt chat applies to {', '.join(CHAT_DATASETS)} only: "
               f"{', '.join(datasets)} use their plain prompts", file=sys.stderr)
@@ -354,8 +365,11 @@ def _check_chance(model, dataset, n, shots, cfg, world) -> None:
 def report(paths, args) -> int:
     from cwlens.faithfulness import read_results, summarize
     from cwlens.faithfulness.report import has_block, main_measure, markdown_tables, write_block
+    from cwlens.faithfulness.results import partial_samples
 
     table = read_results(paths)
+    torn = partial_samples(table)  # a write cut mid-sample: left out, as a resume would
+    table = table[~table.sample_id.isin(torn)]
     if table.empty:
         raise InvalidArgumentError(
             f"no complete result rows in {', '.join(map(str, paths))} (a run stopped before "
@@ -373,6 +387,13 @@ def report(paths, args) -> int:
     summary = summarize(table)
     text = markdown_tables(summary, table)
     unfinished = _unfinished(paths, table, args.metrics if args.report_only else None)
+    if torn:
+        unfinished.append(
+            f"**Unfinished run**: {len(torn)} sample(s) only partly written ({', '.join(torn[:5])}"
+            f"{', ...' if len(torn) > 5 else ''}) are left out of these tables; rerun the same "
+            "command without --report-only to compute them.")
+    if args.report_only:
+        _note_stored_config(paths, args)
     if unfinished:
         text = "\n".join(unfinished) + "\n\n" + text
     print(text)
@@ -418,7 +439,13 @@ def _unfinished(paths, table, only=None) -> list[str]:
         want = cfg.get("samples")
         if not isinstance(want, list) or not want:
             continue
-        rows = table if len(paths) == 1 else read_results(path)
+        if len(paths) == 1:
+            rows = table
+        else:
+            from cwlens.faithfulness.results import partial_samples
+
+            rows = read_results(path)
+            rows = rows[~rows.sample_id.isin(partial_samples(rows))]
         have = set(rows.sample_id)
         metrics = [m for m in cfg.get("metrics", []) if only is None or m in only]
         short = [f"{m}: {len(set(rows.sample_id[rows.metric == m]))}" for m in metrics
@@ -428,6 +455,75 @@ def _unfinished(paths, table, only=None) -> list[str]:
                          "its configuration" + (f" (samples per metric: {', '.join(short)})" if short else "")
                          + "; rerun the same command without --report-only to finish it.")
     return lines
+
+
+def _note_stored_config(paths, args) -> None:
+    """--report-only summarises the stored rows as they are: a note (stderr) for each
+    flag given another value than its default and than the stored run's, which the
+    report therefore does not follow (--metrics alone filters the tables)."""
+    import json
+    import sys
+
+    from cwlens.faithfulness.results import config_path, read_config
+
+    cfg = _config(args)
+    asked = {  # flag: (stored key, this command's value, the flag's default)
+        "--model": ("model", args.model, "smollm2-135m"),
+        "--rates": ("rates", list(cfg.rates), list(DEFAULT.rates)),
+        "--modes": ("modes", list(cfg.modes), list(DEFAULT.modes)),
+        "--scope": ("scope", cfg.scope, DEFAULT.scope),
+        "--kind": ("kind", cfg.kind, DEFAULT.kind),
+        "--layers": ("layers", None if cfg.layers is None else list(cfg.layers), None),
+        "--per-layer": ("per_layer", cfg.per_layer, False),
+        "--non-causal": ("causal_only", cfg.causal_only, True),
+        "--protect-first-token": ("mask_first_token", cfg.mask_first_token, True),
+        "--renormalize": ("renormalize", cfg.renormalize, False),
+        "--seed": ("seed", cfg.seed, DEFAULT.seed),
+        "--max-tokens": ("max_tokens", cfg.max_tokens, DEFAULT.max_tokens),
+        "--past-context": ("past_context", cfg.past_context, DEFAULT.past_context),
+    }
+    counts = args.samples if isinstance(args.samples, dict) else None
+    for path in paths:
+        if not config_path(path).exists():
+            continue
+        stored = read_config(config_path(path))
+        differ = []
+        for flag, (key, value, default) in asked.items():
+            value, default = json.loads(json.dumps(value)), json.loads(json.dumps(default))
+            if key in stored and value != default and value != stored[key]:
+                differ.append(f"no {flag} (asked)" if isinstance(value, bool)
+                              else f"{flag} {_shown(stored[key])} (asked: {_shown(value)})")
+        ids = stored.get("samples")
+        want = counts.get(split_name_dataset(path), 50) if counts else args.samples
+        if isinstance(ids, list) and want != 50 and want != len(ids):
+            differ.append(f"--samples {len(ids)} (asked: {want})")
+        if differ:
+            print(f"cwlens: note: --report-only summarises the stored results as they are; "
+                  f"{path} was run with {'; '.join(differ)}: those flags are ignored here "
+                  "(--metrics alone filters the tables). Rerun without --report-only, with "
+                  "another --out, for the asked configuration.", file=sys.stderr)
+    if args.no_resume:
+        print("cwlens: note: --no-resume has no effect with --report-only (nothing is "
+              "computed or deleted)", file=sys.stderr)
+
+
+def split_name_dataset(path) -> str:
+    """The dataset a results file holds (``mmlu`` for ``mmlu_5shot_chat.jsonl.gz``)."""
+    from cwlens.faithfulness.results import split_name
+
+    base = split_name(path)[0]
+    for suffix in ("_chat",):
+        base = base.removesuffix(suffix)
+    return base.split("_", 1)[0] if "shot" in base else base
+
+
+def _shown(value) -> str:
+    """A stored value the way the flag spells it."""
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    if value is None:
+        return "all"
+    return str(value)
 
 
 AOPC_START, AOPC_END = "<!-- faithfulness-aopc:start -->", "<!-- faithfulness-aopc:end -->"

@@ -243,6 +243,21 @@ def read_results(paths: str | Path | Iterable[str | Path]):
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+def partial_samples(df) -> list[str]:
+    """The samples of ``df`` (a :func:`read_results` table) written only in part: fewer
+    rows of some metric (in one setting) than that metric's fullest sample has -- a write
+    cut by a kill or a full disk. A writer drops them on open (and recomputes them); a
+    report should leave them out too, or its cells count fewer samples than its header.
+    A metric missing from a sample altogether is not counted here (a run that added
+    metrics later, :mod:`cwlens.faithfulness.added_metrics`, is unfinished, not torn)."""
+    if df.empty:
+        return []
+    group = [c for c in (*SETTING, "metric") if c in df.columns]
+    counts = df.groupby([*group, "sample_id"], dropna=False).size().rename("rows").reset_index()
+    most = counts.groupby(group, dropna=False)["rows"].transform("max")
+    return sorted(set(counts.sample_id[counts.rows < most]))
+
+
 def _interval(measure, values, n_boot: int, level: float, seed: int) -> tuple[float, float]:
     """The exact (Clopper–Pearson) interval of an accuracy (0/1 per item: a proportion,
     as ``cwlens accuracy`` reports the clean one; a bootstrap-t of 0/1 values leaves
