@@ -281,9 +281,15 @@ def test_chance_is_the_better_of_guessing_and_a_constant_answer():
 
 
 def test_clean_accuracy_reports_the_constant_answer(model):
-    items = _yes_no(7, 1)
+    items = _yes_no(21, 3)
     check = clean_accuracy(model, items, batch_tokens=40)
     assert check.chance == 7 / 8 and check.constant == " yes"
+    # on few items the answer picked after seeing the golds overstates chance (one item:
+    # 100%, "always answering 'Robert'"): uniform guessing, and the line says why
+    few = clean_accuracy(model, _yes_no(7, 1), batch_tokens=40)
+    assert few.chance == 0.5 and few.constant is None and chance_level(_yes_no(7, 1)) == 0.5
+    assert "chance 50.0% (uniform guessing: with fewer than 20 items" in few.line()
+    assert chance_level(_yes_no(1, 0)) == 0.5
 
 
 def test_choice_passes_unembed_only_the_continuations_and_score_as_full_logits(model, monkeypatch):

@@ -12,6 +12,9 @@ accuracy that is already a coin flip. So the test first measures the clean accur
 
 ``const`` is what a model scores by always giving the same answer: on BoolQ's 63% "yes"
 rows a model that always says yes would otherwise clear a 50% bar with no reading at all.
+The answer ``s`` is picked after seeing the golds, which overstates chance on few items
+(on one item it is 100%): below :data:`MIN_CONSTANT_ITEMS` items ``chance = uniform``
+and the report line says so.
 
 with its exact 95% interval (:func:`cwlens.core.proportion.clopper_pearson`), and runs
 the masking sweep (:func:`~cwlens.faithfulness.run_faithfulness`) only if the interval's
@@ -36,6 +39,8 @@ from cwlens.core.proportion import above_chance, clopper_pearson
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
 from cwlens.errors import EmptyInputError, InvalidArgumentError
+
+MIN_CONSTANT_ITEMS = 20  # fewer items: the best constant answer is not estimated
 
 
 class AtChanceError(InvalidArgumentError):
@@ -75,7 +80,12 @@ class CleanAccuracy:
                 f"{100 * self.chance:.1f}%{self.chance_note()}: {self.verdict}")
 
     def chance_note(self) -> str:
-        return "" if self.constant is None else f" (always answering {self.constant.strip()!r})"
+        if self.constant is not None:
+            return f" (always answering {self.constant.strip()!r})"
+        if self.n < MIN_CONSTANT_ITEMS:
+            return (f" (uniform guessing: with fewer than {MIN_CONSTANT_ITEMS} items no constant "
+                    "answer is estimated)")
+        return ""
 
 
 def uniform_chance(items: Sequence) -> float:
@@ -104,8 +114,14 @@ def constant_answer(items: Sequence) -> tuple[str | None, float]:
 
 def chance_level(items: Sequence) -> float:
     """``max(uniform guessing, the best constant answer)`` (:func:`uniform_chance`,
-    :func:`constant_answer`)."""
-    return max(uniform_chance(items), constant_answer(items)[1])
+    :func:`constant_answer`); uniform guessing alone below :data:`MIN_CONSTANT_ITEMS`
+    items, where the constant answer, picked after seeing the golds, overstates chance."""
+    return max(uniform_chance(items), _estimated_constant(items)[1])
+
+
+def _estimated_constant(items: Sequence) -> tuple[str | None, float]:
+    """:func:`constant_answer` on :data:`MIN_CONSTANT_ITEMS` items or more, else ``(None, 0.0)``."""
+    return constant_answer(items) if len(items) >= MIN_CONSTANT_ITEMS else (None, 0.0)
 
 
 def item_accuracies(model, items: Sequence, batch_tokens: int = 2048) -> list[float]:
@@ -143,7 +159,7 @@ def clean_accuracy(model, items: Sequence, level: float = 0.95,
             f"got a {type(next(i for i in items if not isinstance(i, ChoiceItem))).__name__}.")
     correct = int(sum(item_accuracies(model, items, batch_tokens)))
     low, high = clopper_pearson(correct, len(items), level)
-    answer, const = constant_answer(items)
+    answer, const = _estimated_constant(items)
     uniform = uniform_chance(items)
     return CleanAccuracy(items[0].dataset, len(items), correct, max(uniform, const), low, high,
                          level, answer if const > uniform else None)
