@@ -7,6 +7,7 @@ import torch
 import cwlens
 from cwlens import reducers
 from cwlens.cli.main import main
+from cwlens.errors import InvalidArgumentError
 from cwlens.report.export import circuitsvis_heads, export_texts, read_tables, reduction_tables
 from cwlens.testing import save_tiny, tiny_model
 
@@ -30,7 +31,7 @@ def test_written_tables_read_back_equal(model, tmp_path, fmt):
             reducers.TopK(3, "contribution", by_abs=True), reducers.TopK(3, "attention"),
             reducers.ColumnSums("contribution"), reducers.ColumnSums("attention"),
             reducers.HeadSummary(), reducers.TokenLevel([1])])
-        want = reduction_tables(res, model.to_str_tokens(tokens[0]), "tiny", tid)
+        want = reduction_tables(res, model.to_str_tokens(tokens[0]), "tiny", tid, causal=True)
         for name, df in want.items():
             got = back[name][back[name].text_id.astype(str) == tid].reset_index(drop=True)
             got["text_id"] = got["text_id"].astype(str)
@@ -48,6 +49,25 @@ def test_tables_hold_the_streamed_numbers(model):
     sums = tok.groupby("query")["value"].sum().to_numpy()
     torch.testing.assert_close(torch.tensor(sums).double(), torch.ones(len(sums), dtype=torch.float64), atol=1e-5, rtol=0)
     assert set(tok.columns) >= {"model", "text_id", "layer", "query", "key", "query_token", "key_token"}
+
+
+def test_topk_rows_of_a_decoder_hold_no_key_after_the_query(model, tmp_path):
+    """A query with fewer than k keys listed the later keys (value 0) at ranks below its
+    own: 224 of 896 rows on a 14-token text with k = 8."""
+    tokens = model.to_tokens(TEXTS[0])
+    n = tokens.shape[1]
+    res = cwlens.stream_reduce(model, tokens, [reducers.TopK(n, "attention")])
+    dense = reduction_tables(res, model.to_str_tokens(tokens[0]), "tiny", "x")["topk"]
+    assert (dense.key > dense["query"]).any()  # TopK ranks a row like torch.topk
+    export_texts(model, [TEXTS[0]], tmp_path, k=n, metrics=("attention",))
+    top = read_tables(tmp_path)["topk"]
+    assert not (top.key > top["query"]).any()
+    per_row = top.groupby(["layer", "head", "query"]).key.apply(sorted)
+    assert all(keys == list(range(q + 1)) for (_, _, q), keys in per_row.items())  # every visible key
+    assert (top.groupby(["layer", "head", "query"])["rank"].max()
+            == top.groupby(["layer", "head", "query"]).size() - 1).all()  # ranks stay 0..k-1
+    with pytest.raises(InvalidArgumentError, match="causal must be True or False"):
+        reduction_tables(res, model.to_str_tokens(tokens[0]), causal="yes")
 
 
 def test_cli_export(tmp_path, capsys):

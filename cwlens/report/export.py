@@ -31,7 +31,7 @@ from cwlens.errors import CwlensError
 TABLES = ("topk", "column_sums", "token_level", "heads")
 
 
-def _topk_rows(res: reducers.TopKResult, tokens: list[str]) -> pd.DataFrame:
+def _topk_rows(res: reducers.TopKResult, tokens: list[str], causal: bool) -> pd.DataFrame:
     idx, val = res.indices[:, 0].long(), res.values[:, 0]  # [layer, head, query, k]
     n_l, n_h, n_q, k = idx.shape
     grid = torch.meshgrid(torch.arange(n_l), torch.arange(n_h), torch.arange(n_q), torch.arange(k),
@@ -39,6 +39,8 @@ def _topk_rows(res: reducers.TopKResult, tokens: list[str]) -> pd.DataFrame:
     layer, head, query, rank = (g.flatten() for g in grid)
     key = idx.flatten()
     keep = key < len(tokens)  # zero entries past the end of a causal block are not tokens
+    if causal:  # nor, on a decoder, the keys after the query (0 in every measure): a query
+        keep &= key <= query  # with fewer than k keys listed them at ranks with value 0
     df = pd.DataFrame({
         "metric": res.metric,
         "layer": torch.tensor(res.layers)[layer].numpy(),
@@ -82,14 +84,19 @@ def _token_rows(res: reducers.LayerTensor, tokens: list[str]) -> pd.DataFrame:
 
 
 def reduction_tables(result, str_tokens: Sequence[str], model: str = "model",
-                     text_id: str = "0") -> dict[str, pd.DataFrame]:
-    """Tidy tables (see the module docstring) of a one-text :class:`StreamResult`."""
+                     text_id: str = "0", causal: bool = False) -> dict[str, pd.DataFrame]:
+    """Tidy tables (see the module docstring) of a one-text :class:`StreamResult`.
+
+    ``causal=True`` (a decoder's result; :func:`export_texts` sets it from the model)
+    leaves out the top-k entries of keys after their query: :class:`~cwlens.reducers.TopK`
+    ranks a row as the dense ``torch.topk`` would, so a query with fewer than ``k`` keys
+    fills its row with those keys' zeros."""
     tokens = [str(t) for t in str_tokens]
     _check_one_text(result, len(tokens))
     parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
     for value in result.results.values():
         if isinstance(value, reducers.TopKResult):
-            parts["topk"].append(_topk_rows(value, tokens))
+            parts["topk"].append(_topk_rows(value, tokens, validation.flag(causal, "causal")))
         elif isinstance(value, reducers.LayerTensor) and (
                 value.kind == "token_level" or not value.kind and value.tensor.ndim == 4
                 and value.tensor.shape[-1] == value.tensor.shape[-2] == len(tokens)):
@@ -162,6 +169,9 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
 
     texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
     batching.check_past_context(model, past_context)
+    from cwlens.engine import adapter
+
+    causal = not adapter.is_encoder(model)
     tables: dict[str, list[pd.DataFrame]] = {}
     for text, tid in zip(texts, ids, strict=True):
         tokens = batching.fit_context(model, wrap(model).to_tokens(text, truncate=False),
@@ -169,7 +179,7 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
         with validation.past_context_said(past_context):  # fit_context said it
             res = stream_reduce(model, tokens, default_reducers(**reduce))
         str_tokens = wrap(model).to_str_tokens(tokens[0])
-        for name, df in reduction_tables(res, str_tokens, model_name, tid).items():
+        for name, df in reduction_tables(res, str_tokens, model_name, tid, causal).items():
             tables.setdefault(name, []).append(df)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
