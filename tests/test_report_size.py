@@ -29,3 +29,31 @@ def test_the_window_is_capped_so_the_report_fits_max_mb():
     window = window_for(50.0, 30, 9, 4)
     assert 1 <= window and estimated_bytes(30, 9, 4, window) <= 50e6
     assert estimated_bytes(30, 9, 4, window + 1) > 50e6
+
+
+def test_analyze_refuses_a_max_mb_below_the_fixed_part_and_one_token_of_text(tmp_path, capsys):
+    """--max-mb 2 wrote 4.9 MB (plotly.js alone is ~4.8 MB) with rc 0; --max-tokens 1
+    analysed <bos> alone; a window longer than the text was "capped" to more tokens than
+    the text has."""
+    import pytest
+
+    from cwlens.cli.main import main
+    from cwlens.errors import InvalidArgumentError
+    from cwlens.report.html import fixed_bytes
+    from cwlens.testing import save_tiny
+
+    model_dir = str(save_tiny("llama", tmp_path))
+    base = ["analyze", "--model", model_dir, "--device", "cpu", "--out", str(tmp_path / "r.html")]
+    assert main([*base, "--text", "hello world the cat", "--max-mb", "2"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--max-mb 2 is below the report's fixed part" in err and "pass --max-mb" in err
+    assert not (tmp_path / "r.html").exists()
+    assert main([*base, "--text", "hello world the cat", "--max-tokens", "1"]) == 1
+    assert "keeps one token" in capsys.readouterr().err
+    with pytest.raises(InvalidArgumentError, match="max_tokens=1 keeps one token"):
+        analyze_text(tiny_model("llama"), "hello world", max_tokens=1)
+    room = fixed_bytes() / 1e6 + 0.001  # fits the fixed part, not a 2-token heatmap
+    assert main([*base, "--text", "hello world the cat", "--max-mb", f"{room:.4f}"]) == 1
+    assert "leaves no room for the heatmaps" in capsys.readouterr().err
+    assert main([*base, "--text", "hello world the cat", "--window", "100000"]) == 0
+    assert "drawing the last" not in capsys.readouterr().err  # 5 tokens fit: no cap to speak of

@@ -1,11 +1,12 @@
 """``cwlens analyze``: a self-contained HTML report for one text, plus a terminal summary."""
 
+import math
 import sys
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args, add_past_context_flag
 from cwlens.engine.handle import wrap
-from cwlens.errors import EmptyInputError, LayerOutOfRangeError
+from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 
 
 def register(sub) -> None:
@@ -44,6 +45,14 @@ def run(args) -> int:
     if not text.strip():
         raise EmptyInputError("the text is empty: pass --text or a non-empty --file")
     out = arg_types.html_file(args.out)
+    from cwlens.report.html import estimated_bytes, fixed_bytes, window_for
+
+    if args.max_mb * 1e6 < fixed_bytes():
+        raise InvalidArgumentError(
+            f"--max-mb {args.max_mb:g} is below the report's fixed part, about "
+            f"{fixed_bytes() / 1e6:.1f} MB (the inlined plotly.js, which makes it open offline, "
+            f"and the tables) before any heatmap: pass --max-mb {math.ceil(fixed_bytes() / 1e6) + 1} "
+            "or more")
     model = load_model(args.model, device=args.device)
     shape = wrap(model)
     layers = list(args.layers) if args.layers else None
@@ -54,12 +63,16 @@ def run(args) -> int:
                 f"--layers {','.join(map(str, bad))} out of range: the model has layers "
                 f"0..{shape.n_layers - 1}"
             )
-    from cwlens.report.html import estimated_bytes, window_for
-
     n_head_layers = len(layers) if layers is not None else min(4, shape.n_layers)
-    window = args.window
+    n_tokens = min(shape.to_tokens(text, truncate=False).shape[-1], args.max_tokens)
+    window = min(args.window, n_tokens)  # a window past the text's end draws the text
     if estimated_bytes(shape.n_layers, shape.n_heads, n_head_layers, window) > args.max_mb * 1e6:
         window = window_for(args.max_mb, shape.n_layers, shape.n_heads, n_head_layers)
+        if window < 2:
+            raise InvalidArgumentError(
+                f"--max-mb {args.max_mb:g} leaves no room for the heatmaps of this "
+                f"{shape.n_layers}-layer, {shape.n_heads}-head model after the fixed "
+                f"{fixed_bytes() / 1e6:.1f} MB; pass a larger --max-mb, or fewer --layers")
         print(f"cwlens: note: --window {args.window} would make the report larger than "
               f"--max-mb {args.max_mb:g}; drawing the last {window} tokens instead", file=sys.stderr)
     analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,

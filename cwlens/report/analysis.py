@@ -191,10 +191,17 @@ def analyze_text(
         validation.max_tokens(max_tokens)
     from cwlens.engine.batching import fit_context
 
-    tokens = fit_context(model, wrap(model).to_tokens(text, truncate=False), max_tokens, "the text",
-                         past_context)
+    full = wrap(model).to_tokens(text, truncate=False)
+    tokens = fit_context(model, full, max_tokens, "the text", past_context)
     n = tokens.shape[1]
     str_tokens = [str(t) for t in wrap(model).to_str_tokens(tokens[0])]
+    if n == 1 and full.shape[1] > 1:
+        from cwlens.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"max_tokens={max_tokens} keeps one token ({str_tokens[0]!r}) of the text's "
+            f"{full.shape[1]}: one query that sees only itself has every weight 1, and "
+            "nothing of the text is analysed. Pass max_tokens of 2 or more (CLI: --max-tokens).")
     if window is None:
         win = (0, n)
     elif isinstance(window, int):

@@ -94,6 +94,11 @@ def _plotly_js_bytes() -> int:
     return len(get_plotlyjs().encode("utf-8"))
 
 
+def fixed_bytes() -> int:
+    """The report's size before any heatmap: inlined plotly.js and the tables."""
+    return _plotly_js_bytes() + FIXED_BYTES
+
+
 def estimated_bytes(n_layers: int, n_heads: int, n_head_layers: int, window: int) -> int:
     """About how large the report is: inlined plotly.js plus its heatmaps (5 numbers per
     drawn cell) plus the tables."""
