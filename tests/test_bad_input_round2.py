@@ -409,6 +409,11 @@ CLI = {
     "circuits-prompts-with-capitals": (C + ["--task", "capitals", "--prompts", "3", "--model", "{m}"],
                                        1, "--prompts does not apply to --task capitals"),
     "circuits-length-with-ioi": (C + ["--length", "5", "--model", "{m}"], 1, "--length applies to --task induction"),
+    # round 3: ignored without a word / one batch that grew without bound (6.5 GB in 60 s)
+    "circuits-ioi-corruption-with-induction": (C + ["--task", "induction", "--ioi-corruption", "swap"],
+                                               1, "--ioi-corruption applies to --task ioi only"),
+    "circuits-prompts-unbounded": (C + ["--task", "induction", "--prompts", "100000", "--length", "3"],
+                                   1, "--prompts 100000: the prompts run as one batch"),
     "circuits-length-past-context": (C + ["--task", "induction", "--length", "100", "--model", "{m}",
                                           "--out", "{p}/c", "--figures", "{p}/cf"],
                                      1, "more than the model's context of 128"),

@@ -197,9 +197,9 @@ def test_auto_rule(models, monkeypatch):
 def test_lockstep_refusals(models):
     model = model_of(models, "llama")
     tokens = torch.zeros(1, 5, dtype=torch.long)
-    with pytest.raises(InvalidArgumentError, match="scope='row'.*ranking_path='auto'"):
+    with pytest.raises(InvalidArgumentError, match="scope='row'.*ranking_path='auto'.*--ranking-path auto"):
         lockstep.use_lockstep(model, tokens, FaithfulnessConfig(ranking_path="lockstep", scope="layer"), ())
-    with pytest.raises(InvalidArgumentError, match="attention_gradient.*ranking_path='whole_layer'"):
+    with pytest.raises(InvalidArgumentError, match="attention_gradient.*ranking_path='whole_layer'.*--ranking-path whole_layer"):
         lockstep.use_lockstep(model, tokens, FaithfulnessConfig(ranking_path="lockstep"),
                               ("contribution", "attention_gradient"))
     with pytest.raises(UnknownOptionError, match="ranking_path='sideways'.*'lockstep'"):

@@ -66,7 +66,9 @@ def _keep_common_length(rows: list[dict[str, Any]], what: str) -> list[dict[str,
     if not rows:
         raise TaskBuildError(
             f"{what}: no prompt has single-token answers with this tokenizer; pass other "
-            "names/words (each must be one token after a space)."
+            "words, each one token after a space (Python: ioi_task(names=, places=, "
+            "objects=), capitals_task(pairs=)). The CLI uses the built-in lists: with this "
+            "model, use --task induction (random tokens, any tokenizer)."
         )
     length = Counter(len(r["clean"]) for r in rows).most_common(1)[0][0]
     kept = [r for r in rows if len(r["clean"]) == length and len(r["corrupted"]) == length]

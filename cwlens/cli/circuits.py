@@ -30,7 +30,7 @@ def register(sub) -> None:
                    help="patch from the corrupted prompts or mean-ablate (default: %(default)s)")
     p.add_argument("--rule", default="projection", choices=("projection", "signed", "absolute"),
                    help="token-flow share rule (default: %(default)s; see docs/circuits.md)")
-    p.add_argument("--ioi-corruption", default="abc", choices=("abc", "swap"),
+    p.add_argument("--ioi-corruption", default=None, choices=("abc", "swap"),
                    help="ioi: corrupted prompts with three random names (Wang et al.'s ABC, "
                         "default) or the second subject swapped for the indirect object")
     p.add_argument("--threshold", type=arg_types.non_negative_float, default=0.02,
@@ -42,14 +42,26 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+MAX_PROMPTS = 1024  # one batch: its activations are held at once
+
+
 def _task_kwargs(args) -> dict:
     from cwlens.errors import InvalidArgumentError
 
     if args.length is not None and args.task != "induction":
         raise InvalidArgumentError(f"--length applies to --task induction only (this is "
                                    f"--task {args.task}); drop it")
+    if args.ioi_corruption is not None and args.task != "ioi":
+        raise InvalidArgumentError(f"--ioi-corruption applies to --task ioi only (this is "
+                                   f"--task {args.task}); drop it")
+    if args.prompts is not None and args.prompts > MAX_PROMPTS:
+        raise InvalidArgumentError(
+            f"--prompts {args.prompts}: the prompts run as one batch, patched once per head, so "
+            f"memory grows with their number; at most {MAX_PROMPTS}. For more, run several "
+            "--seed values and pool the tables")
     if args.task == "ioi":
-        return {"n_prompts": args.prompts or 8, "seed": args.seed, "corruption": args.ioi_corruption}
+        return {"n_prompts": args.prompts or 8, "seed": args.seed,
+                "corruption": args.ioi_corruption or "abc"}
     if args.task == "induction":
         return {"n_prompts": args.prompts or 4, "length": args.length or 20, "seed": args.seed}
     if args.prompts is not None:

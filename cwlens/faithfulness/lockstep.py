@@ -70,12 +70,14 @@ def use_lockstep(model, tokens: torch.Tensor, cfg, job_metrics: Sequence[str | N
             raise InvalidArgumentError(
                 f"ranking_path='lockstep' ranks each query row alone, so it needs scope='row'; "
                 f"got scope={cfg.scope!r}, whose units span rows. Use ranking_path='auto' "
-                "(the whole-layer ranking) for head or layer scope.")
+                "(the whole-layer ranking) for head or layer scope (CLI: --ranking-path auto, "
+                "or --scope row).")
         if gradient:
             raise InvalidArgumentError(
                 f"ranking_path='lockstep' cannot rank by {', '.join(gradient)}: gradient metrics "
                 "need the clean backward pass's [head, n, n] scores of every layer. Drop them "
-                "from metrics, or use ranking_path='whole_layer' (memory grows as layers x n^2).")
+                "from metrics, or use ranking_path='whole_layer' (memory grows as layers x n^2; "
+                "CLI: --ranking-path whole_layer).")
         return True
     return cfg.scope == "row" and not gradient and use_blockwise(model, tokens, "auto")
 
