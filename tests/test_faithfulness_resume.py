@@ -521,3 +521,16 @@ def test_report_only_names_the_flags_it_does_not_follow(tmp_path, capsys):
                  "--scope row (asked: layer)", "no --non-causal (asked)", "--samples 3 (asked: 2)",
                  "--no-resume has no effect with --report-only"):
         assert part in err, part
+
+
+def test_results_without_their_config_file_name_the_missing_file(tmp_path):
+    """A deleted <dataset>.config.json was reported as "another configuration (differs in
+    batch_tokens, causal_only, ... every field)" with batch-tokens advice."""
+    path = tmp_path / "gsm8k.jsonl"
+    ResultsWriter(path, {"a": 1, "batch_tokens": 64}, rows_per_sample=3).write_sample(rows("s0"))
+    (tmp_path / "gsm8k.config.json").unlink()
+    with pytest.raises(ConfigMismatchError, match="gsm8k.config.json, the record of their "
+                       "configuration, is missing") as err:
+        ResultsWriter(path, {"a": 1, "batch_tokens": 64}, rows_per_sample=3)
+    assert "differs in" not in str(err.value) and "--batch-tokens" not in str(err.value)
+    assert ResultsWriter(path, {"a": 1}, rows_per_sample=3, resume=False).done == set()

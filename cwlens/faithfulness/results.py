@@ -171,7 +171,14 @@ class ResultsWriter:
                 p.unlink()
             existing = []
         elif existing:
-            old = read_config(self.config_path) if self.config_path.exists() else {}
+            if not self.config_path.exists():
+                raise ConfigMismatchError(
+                    f"{self.main} holds results but {self.config_path.name}, the record of "
+                    "their configuration, is missing beside it, so they cannot be resumed. "
+                    "Restore it (e.g. from version control), or use another output path "
+                    "(--out), or start afresh: --no-resume on the command line, resume=False "
+                    "in Python.")
+            old = read_config(self.config_path)
             if not same_config(old, config):
                 diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
                 why = (" --batch-tokens fixes the batches, so that a resumed run writes the "
