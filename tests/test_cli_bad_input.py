@@ -91,6 +91,9 @@ CASES = {
     "analyze-window-zero": (A + ["--window", "0"], 2, "--window"),
     "device-unknown": (["demo", "--device", "tpu"], 2, "Unknown device 'tpu'"),
     "device-bad-index": (["demo", "--device", "cuda:x"], 2, "Unknown device"),
+    "device-cpu-index": (["demo", "--device", "cpu:1"], 2, "there is one CPU device"),
+    "export-samples-with-text": (["export", "--text", "the cat", "--samples", "3"], 1,
+                                 "--samples applies to --dataset only (this run exports --text)"),
     "device-cuda-without-gpu": pytest.param(
         ["demo", "--device", "cuda"], 2, "--device cpu", marks=NO_GPU),
     "figures-unknown-step": (["figures", "--only", "plots"], 2, "unknown step 'plots'"),
@@ -109,6 +112,12 @@ CASES = {
     "summary-md-is-a-dir": (F + ["--summary-md", "{p}/a_dir", "--out", "{p}/o1"], 1, "is a folder"),
     "summary-md-is-a-notebook": (F + ["--summary-md", "{p}/nb.ipynb", "--out", "{p}/o1"], 1,
                                  "is not a Markdown page"),
+    # round 3: the same page twice was written twice; a trailing comma was accepted
+    "summary-md-twice": (F + ["--summary-md", "{p}/a.md,{p}/./a.md", "--out", "{p}/o1"], 2,
+                         "markdown file listed twice"),
+    "summary-md-empty-item": (F + ["--summary-md", "{p}/a.md,", "--out", "{p}/o1"], 2,
+                              "expected a comma-separated list of markdown files"),
+    "accuracy-summary-md-twice": (["accuracy", "--summary-md", "a.md,a.md"], 2, "listed twice"),
     "report-out-is-a-notebook": (A + ["--out", "{p}/nb.ipynb"], 1, "is not an .html file"),
     "sinks-out-is-a-file": (S + ["--out", "{p}/a_file"], 1, "is a file"),
     "sinks-figures-is-a-file": (S + ["--figures", "{p}/a_file"], 1, "is a file"),

@@ -46,7 +46,7 @@ def register(sub) -> None:
                    "model's chat template, zero-shot (default: %(default)s)")
     p.add_argument("--batch-tokens", type=arg_types.positive_int, default=2048,
                    help="padded tokens per forward pass (default: %(default)s)")
-    p.add_argument("--summary-md", default=None,
+    p.add_argument("--summary-md", default=None, type=arg_types.markdown_list,
                    help="write the table into these markdown files, comma-separated "
                    "(between <!-- clean-accuracy:start/end --> comments)")
     p.set_defaults(func=run)

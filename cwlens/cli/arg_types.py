@@ -34,6 +34,7 @@ _EXAMPLES = {
     "layer indices": "0,5,10",
     "names": "gsm8k,fineweb_edu",
     "counts": "50 or gsm8k=50,mmlu=100",
+    "markdown files": "docs/a.md,docs/b.md",
 }
 
 
@@ -47,6 +48,17 @@ def _no_duplicates(values: list, what: str, text: str) -> None:
         shown = ", ".join(map(str, dup))
         raise Error(f"{what} listed twice ({shown}) in {text!r}: each would be counted twice; "
                     "give each once")
+
+
+def markdown_list(text: str) -> str:
+    """``--summary-md``: comma-separated markdown paths, each once (``a.md,a.md`` wrote
+    the same block twice; ``a.md,`` is an empty path), returned as one comma-joined
+    string without the spaces around the items."""
+    items = _items(text, "markdown files")
+    from pathlib import Path
+
+    _no_duplicates([str(Path(t).expanduser().resolve()) for t in items], "markdown file", text)
+    return ",".join(items)
 
 
 def _int_at_least(text: str, minimum: int, expected: str, too_small: str) -> int:

@@ -4,7 +4,7 @@ from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args, add_past_context_flag
 from cwlens.core._types import STREAM_METRICS
 from cwlens.engine.handle import wrap
-from cwlens.errors import EmptyInputError, LayerOutOfRangeError
+from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 
 
 def register(sub) -> None:
@@ -26,8 +26,8 @@ def register(sub) -> None:
                      help="a UTF-8 text file, one text per line ('-': standard input)")
     src.add_argument("--dataset", type=arg_types.dataset_list(("text",)),
                      help="a shipped text dataset: gsm8k, fineweb_edu, ...")
-    p.add_argument("--samples", type=arg_types.positive_int, default=10,
-                   help="with --dataset: how many per dataset (default: %(default)s)")
+    p.add_argument("--samples", type=arg_types.positive_int, default=None,
+                   help="with --dataset: how many per dataset (default: 10)")
     p.add_argument("--out", default="runs/export", help="output folder (default: %(default)s)")
     p.add_argument("--metrics", default=("contribution", "attention"),
                    type=arg_types.choice_list(STREAM_METRICS, "metric"),
@@ -45,6 +45,9 @@ def register(sub) -> None:
 
 
 def _texts(args) -> tuple[list[str], list[str]]:
+    if args.samples is not None and not args.dataset:
+        raise InvalidArgumentError(f"--samples applies to --dataset only (this run exports "
+                                   f"{'--text' if args.text else '--file'}); drop it")
     if args.text:
         blank = [i for i, t in enumerate(args.text) if not t.strip()]
         if blank:
@@ -54,7 +57,7 @@ def _texts(args) -> tuple[list[str], list[str]]:
     if args.dataset:
         from cwlens.datasets import load_dataset
 
-        samples = [s for name in args.dataset for s in load_dataset(name, args.samples)]
+        samples = [s for name in args.dataset for s in load_dataset(name, args.samples or 10)]
         return [getattr(s, "text", "") for s in samples], [s.id for s in samples]
     lines = arg_types.read_text(args.file).splitlines()
     texts = [line for line in lines if line.strip()]

@@ -123,7 +123,7 @@ def register(sub) -> None:
     g.add_argument("--report-only", action="store_true", help="do not run: summarise existing results")
     g.add_argument("--figures", default="figures", help="figure folder, '' for none (default: %(default)s)")
     g.add_argument("--no-png", action="store_true", help="figures as HTML only")
-    g.add_argument("--summary-md", default=None,
+    g.add_argument("--summary-md", default=None, type=arg_types.markdown_list,
                    help="write the results tables into these markdown files, comma-separated "
                    "(between <!-- faithfulness-results:start/end --> comments; with three or "
                    "more rates also the AOPC tables, between <!-- faithfulness-aopc:start/end -->)")

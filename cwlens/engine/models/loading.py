@@ -228,6 +228,10 @@ def check_device(device: str | torch.device | None) -> torch.device:
                 f"Unknown device {device!r}: pass cpu, cuda, cuda:N (N a GPU index) or mps."
             ) from err
     if dev.type == "cpu":
+        if dev.index not in (None, 0):  # torch accepts cpu:1 and runs it on the one CPU device
+            raise DeviceNotAvailableError(
+                f"device {str(device)!r}: there is one CPU device (cpu, cpu:0); torch would "
+                "run cpu:N on it all the same. Pass --device cpu (device='cpu').")
         return dev
     if dev.type == "cuda":
         if not torch.cuda.is_available():
