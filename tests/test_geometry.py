@@ -135,6 +135,29 @@ def test_decomposition_table_matches_tensors():
     assert df.groupby("head").contribution.sum().sum() == pytest.approx(1.0, abs=1e-5)
 
 
+def test_decomposition_table_of_an_encoder_lists_every_key_and_checks_its_arguments():
+    """On BERT, query 0 got key 0 only (4 rows, weights summing to 0.21): the table
+    assumed a decoder; query=99 wrapped round to 1; a bad batch or a short token list
+    raised a bare IndexError."""
+    import cwlens
+    from cwlens.errors import InvalidArgumentError
+    from cwlens.testing import tiny_model
+
+    model = tiny_model("bert")
+    _, cache = cwlens.run_with_cache(model, "the cat sat on the mat")
+    parts = cwlens.decompose(cache, model, 0)
+    n = parts.contribution.shape[-1]
+    df = parts.to_dataframe(query=0)
+    assert not parts.causal and len(df) == model.cfg.n_heads * n
+    assert df.contribution.sum() == pytest.approx(float(parts.contribution[0, :, 0].sum()), abs=1e-5)
+    assert df.contribution.sum() == pytest.approx(1.0, abs=1e-5)  # inter: heads and keys sum to 1
+    for bad in ({"query": 99}, {"query": -n - 1}, {"batch": 3}, {"query": 1.0}):
+        with pytest.raises(InvalidArgumentError, match="out of range"):
+            parts.to_dataframe(**bad)
+    with pytest.raises(ShapeMismatchError, match="str_tokens has 1 tokens"):
+        parts.to_dataframe(str_tokens=["a"])
+
+
 @pytest.mark.parametrize("kind", ["intra", "inter"])
 def test_long_sequence_path_equals_naive(kind):
     """Sequences longer than d_model (once a separate Gram-matrix path, now the same one)."""

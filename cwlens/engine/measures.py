@@ -172,6 +172,8 @@ class Decomposition:
         contribution: the contribution weights ``c_ij``.
         kind: ``"inter"`` or ``"intra"``: the output ``o`` of the split.
         layers: the layers, in the order of the leading axis (one layer: no axis).
+        causal: whether the model is a decoder (keys ``j <= i`` only); ``to_dataframe``
+            lists the keys a query sees.
 
     Examples:
         >>> import cwlens, torch
@@ -191,6 +193,7 @@ class Decomposition:
     contribution: torch.Tensor
     kind: Kind
     layers: tuple[int, ...]
+    causal: bool = True
 
     @property
     def max_product_error(self) -> float:
@@ -206,20 +209,31 @@ class Decomposition:
             str_tokens: the tokens' strings, for a ``token`` column (optional).
 
         Returns:
-            A ``pandas.DataFrame`` with one row per (layer, head, key).
+            A ``pandas.DataFrame`` with one row per (layer, head, key): the keys the query
+            sees (``<= query`` on a decoder, every key on an encoder).
         """
         import pandas as pd
+
+        from cwlens.errors import InvalidArgumentError, ShapeMismatchError
 
         fields = ("attention", "relative_norm", "cosine", "contribution")
         tensors = {f: getattr(self, f) for f in fields}
         if self.attention.ndim == 4:  # one layer: add the layer axis back
             tensors = {f: t[None] for f, t in tensors.items()}
         rows = []
-        n_layers, _, n_heads, n_q, n_k = tensors["attention"].shape
-        q = query % n_q
+        n_layers, n_batch, n_heads, n_q, n_k = tensors["attention"].shape
+        for name, value, n in (("batch", batch, n_batch), ("query", query, n_q)):
+            if isinstance(value, bool) or not isinstance(value, int) or not -n <= value < n:
+                raise InvalidArgumentError(f"{name}={value!r} is out of range: this decomposition "
+                                           f"has {n} ({-n}..{n - 1}).")
+        if str_tokens is not None and len(str_tokens) != n_k:
+            raise ShapeMismatchError(f"str_tokens has {len(str_tokens)} tokens but the keys are "
+                                     f"{n_k}: pass the streamed text's model.to_str_tokens(...).")
+        q, batch = query % n_q, batch % n_batch
+        causal = self.causal and n_q == n_k
         for li, layer in enumerate(self.layers):
             for h in range(n_heads):
-                for k in range(q + 1 if n_q == n_k else n_k):
+                for k in range(q + 1 if causal else n_k):
                     row = {"layer": layer, "head": h, "query": q, "key": k}
                     if str_tokens is not None:
                         row["token"] = str_tokens[k]
@@ -271,7 +285,8 @@ def decompose(
         parts["cosine"].append(geo.cosine(kind).contiguous())
         parts["contribution"].append(geo.contribution(kind))
     stacked = {f: (v[0] if single else torch.stack(v)) for f, v in parts.items()}
-    return Decomposition(**stacked, kind=kind, layers=tuple(layers))
+    return Decomposition(**stacked, kind=kind, layers=tuple(layers),
+                         causal=not adapter.is_encoder(model))
 
 
 @dataclass(frozen=True)
