@@ -37,3 +37,16 @@ def test_circuits_task_that_does_not_tokenize_exits_1(tmp_path, capsys):
                  "--out", str(tmp_path), "--figures", str(tmp_path)]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert "single-token answers" in err and "use --task induction" in err  # a flag, not Python
+
+
+def test_circuits_without_figures_draws_nothing(tmp_path, capsys, monkeypatch):
+    """--figures '' drew into the working directory ('' read as '.'); it means none, as in
+    faithfulness, sinks and replicate."""
+    from cwlens.testing import save_tiny
+
+    model_dir = save_tiny("llama", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["circuits", "--model", str(model_dir), "--device", "cpu", "--task", "induction",
+                 "--length", "3", "--prompts", "2", "--k", "3", "--out", "runs", "--figures", "",
+                 "--no-png"]) == 0
+    assert not list(tmp_path.glob("*.html")) and sorted(p.suffix for p in (tmp_path / "runs").iterdir()) == [".csv"] * 3

@@ -52,6 +52,13 @@ CASES = {
     "rates-empty-item": (F + ["--rates", "0.1,,0.3"], 2, "comma-separated"),
     "rates-nan": (F + ["--rates", "nan"], 2, "not a finite number"),
     "figures-blank": (F + ["--figures", " ", "--out", "{p}/o2"], 1, "--figures ' ' is blank"),
+    # round 4: '' was read as '.', so the files landed in the working directory
+    "out-empty-faithfulness": (F + ["--out", ""], 1, "--out is empty: pass a path ('.' for the current folder)"),
+    "out-empty-demo": (["demo", "--out", ""], 1, "--out is empty"),
+    "out-empty-export": (["export", "--text", "a b", "--out", ""], 1, "--out is empty"),
+    "out-empty-sinks": (S + ["--out", "", "--figures", ""], 1, "--out is empty"),
+    "out-empty-circuits": (["circuits", "--out", ""], 1, "--out is empty"),
+    "out-empty-analyze": (A + ["--out", ""], 1, "--out is empty"),
     "rates-underflow": (F + ["--rates", "0.1,1e-400"], 2, "'1e-400' in '0.1,1e-400' is too small"),
     "scales-underflow": (S + ["--scales", "1,2e-999"], 2, "would be read as 0"),
     "samples-zero": (F + ["--samples", "0"], 2, "positive integer"),

@@ -37,7 +37,7 @@ def register(sub) -> None:
                    help="token-flow edges kept: |weight| >= this (default: %(default)s)")
     p.add_argument("--seed", type=arg_types.non_negative_int, default=0, help="seed of the templates / random tokens")
     p.add_argument("--out", default="runs/circuits", help="folder for CSV tables (default: %(default)s)")
-    p.add_argument("--figures", default="figures", help="folder for figures (default: %(default)s)")
+    p.add_argument("--figures", default="figures", help="folder for figures, '' for none (default: %(default)s)")
     p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
     p.set_defaults(func=run)
 
@@ -71,8 +71,6 @@ def _task_kwargs(args) -> dict:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     import cwlens
     from cwlens import circuits
     from cwlens.plotting.circuits import agreement_figure
@@ -80,8 +78,8 @@ def run(args) -> int:
     from cwlens.plotting.token_flow import token_flow_figure
 
     kwargs = _task_kwargs(args)
-    out, figures = arg_types.output_dir(args.out), Path(args.figures)
-    arg_types.output_dir(figures, "--figures")
+    out = arg_types.output_dir(args.out)
+    figures = arg_types.output_dir(args.figures, "--figures") if args.figures else None  # '': none
     model = cwlens.load_model(args.model, device=args.device)
     task = circuits.build_task(args.task, model, **kwargs)
     shape = wrap(model)
@@ -105,10 +103,11 @@ def run(args) -> int:
     edges = flow.edges_dataframe(target, args.threshold)
     edges.to_csv(out / f"{task.name}_flow_edges.csv", index=False)
     written = [out / f"{task.name}_{n}.csv" for n in ("heads", "agreement", "flow_edges")]
-    written += save_figure(agreement_figure(comparison), figures / f"circuits_{task.name}_agreement",
-                           png=not args.no_png)
-    written += save_figure(token_flow_figure(flow, target, args.threshold),
-                           figures / f"circuits_{task.name}_token_flow", png=not args.no_png)
+    if figures is not None:
+        written += save_figure(agreement_figure(comparison), figures / f"circuits_{task.name}_agreement",
+                               png=not args.no_png)
+        written += save_figure(token_flow_figure(flow, target, args.threshold),
+                               figures / f"circuits_{task.name}_token_flow", png=not args.no_png)
     print(f"{len(edges)} flow edges with |weight| >= {args.threshold}")
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

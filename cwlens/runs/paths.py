@@ -50,7 +50,9 @@ FILE_SUFFIXES = (".png", ".html", ".htm", ".pdf", ".svg", ".jsonl", ".json", ".g
 
 def _not_blank(path: str | Path, flag: str) -> None:
     text = str(path)
-    if text and not text.strip():  # Path(" ") is a folder named " "
+    if not text:  # Path("") is ".": the files would land in the working directory
+        raise OutputPathError(f"{flag} is empty: pass a path ('.' for the current folder)")
+    if not text.strip():  # Path(" ") is a folder named " "
         raise OutputPathError(f"{flag} {text!r} is blank: pass a path (or '' where the flag "
                               "allows none)")
 
