@@ -120,3 +120,21 @@ def test_paired_bootstrap_resolves_paired_shifts_and_not_noise():
     assert paired_bootstrap(base, shifted, seed=0) == paired_bootstrap(base, shifted, seed=0)
     with pytest.raises(ValueError):
         paired_bootstrap([1, 2], [1, 2, 3])
+
+
+def test_an_atomic_write_through_a_symlink_replaces_the_target_and_keeps_the_link(tmp_path):
+    """--summary-md / --docs given a link to a page turned the link into a plain file and
+    left the page as it was (the rename replaced the link)."""
+    from cwlens.faithfulness.report import write_block
+
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    page.write_text("# page\n")
+    link = tmp_path / "link.md"
+    link.symlink_to(page)
+    write_block(link, "| a | b |")
+    assert link.is_symlink() and "| a | b |" in page.read_text()
+    dangling = tmp_path / "dangling.md"
+    dangling.symlink_to(tmp_path / "docs" / "new.md")
+    atomic_write_text(dangling, "x")
+    assert dangling.is_symlink() and (tmp_path / "docs" / "new.md").read_text() == "x"

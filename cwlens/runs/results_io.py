@@ -207,8 +207,10 @@ def plain_file_mode(path: Path | None = None) -> int:
 
 def atomic_write(path, write: Callable[[Path], object]) -> Path:
     """Create ``path`` atomically: ``write(tmp)`` fills a temporary file beside it, which
-    is fsynced and renamed over ``path`` (with a plain file's permissions, not mkstemp's)."""
-    path = Path(path)
+    is fsynced and renamed over ``path`` (with a plain file's permissions, not mkstemp's).
+    A symbolic link is followed: its target is replaced, the link stays (a rename over the
+    link would have turned it into a plain file and left the page it points to as it was)."""
+    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=path.parent)
     os.close(fd)
