@@ -30,6 +30,17 @@ def test_sinks_command_writes_tables_figures_and_summary(tmp_path, capsys):
     assert 0 <= summary["observed_interior_frac_heads"] <= 1
     # --plot-only redraws from the tables without a model
     assert main(["sinks", "--plot-only", "--out", str(out), "--figures", str(figs), "--no-png"]) == 0
+    assert "note" not in capsys.readouterr().err
+    # another --eps: the stored sink heads were chosen at the run's eps, so the summary
+    # keeps it (it printed "mean rate > 0.9: 8 of 8" beside a mean rate of 0.19) and says so
+    assert main(["sinks", "--plot-only", "--out", str(out), "--figures", str(figs), "--no-png",
+                 "--eps", "0.9", "--samples", "7", "--scales", "3"]) == 0
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    for part in ("--eps 0.3 (asked: 0.9)", "--scales 0,0.5 (asked: 3)", "4 texts (asked: --samples 7)"):
+        assert part in err, part
+    assert "mean rate > 0.3" in captured.out
+    assert json.loads((out / "summary.json").read_text())["eps"] == 0.3
     # --figures "" draws nothing (it drew into the current folder)
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()

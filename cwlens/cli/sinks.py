@@ -125,7 +125,8 @@ def _run(args, placed=None, world=None) -> int:
         if not main:
             return 0  # rank 0 writes the summary and the figures
         print(f"wrote {len(tables)} tables to {args.out}/")
-    summary = sink_run.summarize(tables, args.eps)
+    eps = _stored_eps(args) if args.plot_only else args.eps
+    summary = sink_run.summarize(tables, eps)
     run_info = {"model": args.model, "model_label": label, "dataset": dataset,
                 "max_tokens": args.max_tokens}
     if args.plot_only:  # keep what the run that made the tables recorded
@@ -141,6 +142,47 @@ def _run(args, placed=None, world=None) -> int:
         written = all_figures(tables, args.figures, model_label=label, png=not args.no_png)
         print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _stored_eps(args) -> float:
+    """--plot-only: the eps the stored tables' sink heads were chosen with (the run's
+    ``raw/config.json``), and a note (stderr) for each flag given another value than its
+    default and than the stored run's, which redrawing does not follow."""
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(args.out) / "raw" / "config.json"
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        stored = {}
+    if not isinstance(stored, dict) or "eps" not in stored:
+        return args.eps  # tables from before the record: their eps is not known
+    asked = {  # flag: (stored key, this command's value, the flag's default)
+        "--eps": ("eps", args.eps, DEFAULT.eps),
+        "--model": ("model", args.model, "smollm2-135m"),
+        "--scales": ("scales", [float(x) for x in args.scales], [float(x) for x in DEFAULT.scales]),
+        "--max-tokens": ("max_tokens", args.max_tokens, DEFAULT.max_tokens),
+        "--seed": ("seed", args.seed, DEFAULT.seed),
+        "--batch-size": ("batch_size", args.batch_size, DEFAULT.batch_size),
+        "--no-intervention": ("intervention", not args.no_intervention, True),
+    }
+    differ = []
+    for flag, (key, value, default) in asked.items():
+        if key in stored and value != default and value != stored[key]:
+            shown = ",".join(f"{x:g}" for x in stored[key]) if isinstance(stored[key], list) else stored[key]
+            differ.append(f"no {flag} (asked)" if isinstance(value, bool) else f"{flag} {shown} "
+                          f"(asked: {','.join(f'{x:g}' for x in value) if isinstance(value, list) else value})")
+    ids = stored.get("samples")
+    if isinstance(ids, list) and args.samples != 50 and args.samples * len(args.dataset) != len(ids):
+        differ.append(f"{len(ids)} texts (asked: --samples {args.samples})")
+    if differ:
+        print(f"cwlens: note: --plot-only redraws the stored tables as they are; {args.out} was "
+              f"run with {'; '.join(differ)}: those flags are ignored here (the sink heads are "
+              "the run's). Rerun without --plot-only, with another --out, for the asked "
+              "configuration.", file=sys.stderr)
+    return float(stored["eps"])
 
 
 def _same_summary(summary: dict, out_dir) -> bool:
