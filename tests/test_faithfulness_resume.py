@@ -534,3 +534,18 @@ def test_results_without_their_config_file_name_the_missing_file(tmp_path):
         ResultsWriter(path, {"a": 1, "batch_tokens": 64}, rows_per_sample=3)
     assert "differs in" not in str(err.value) and "--batch-tokens" not in str(err.value)
     assert ResultsWriter(path, {"a": 1}, rows_per_sample=3, resume=False).done == set()
+
+
+def test_tables_name_the_masked_layers_of_a_subset_run():
+    """A --layers 1 run printed "scope = row" only, so it read as an all-layer result."""
+    from cwlens.faithfulness.report import markdown_tables
+
+    def table(layers):
+        out = []
+        for sid, v in (("a", 1.0), ("b", 2.0), ("c", 4.0)):
+            out.append({**rows(sid, 1)[0], "layers": layers, "measure": "delta_ppl", "value": v})
+        return pd.DataFrame(out)
+
+    subset, whole = table("1"), table("all")
+    assert "masked layers = 1" in markdown_tables(summarize(subset), subset)
+    assert "masked layers" not in markdown_tables(summarize(whole), whole)

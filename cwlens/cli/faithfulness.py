@@ -401,14 +401,16 @@ def report(paths, args) -> int:
         write_block(path, text)
         print(f"tables written to {path}")
     if args.figures:
-        from cwlens.faithfulness.report import setting_groups
+        from cwlens.faithfulness.report import masked_layers, setting_groups
         from cwlens.plotting import save_figure
         from cwlens.plotting.faithfulness import faithfulness_curves
 
         for ds in sorted(summary.dataset.unique()):
             for suffix, model, rows in setting_groups(summary, ds):
+                subset = sorted({x for x in rows.get("layers", []) if masked_layers(x)})
+                where = f", layers {' / '.join(subset)}" if subset else ""
                 fig = faithfulness_curves(rows, ds, main_measure(summary, ds),
-                                          title=f"{ds} — {model or args.model} (value masking)")
+                                          title=f"{ds} — {model or args.model} (value masking{where})")
                 written = save_figure(fig, Path(args.figures) / f"faithfulness_{ds}{suffix}",
                                       png=not args.no_png)
                 print("figure:", ", ".join(map(str, written)))

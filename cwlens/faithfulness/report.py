@@ -217,7 +217,18 @@ def setting_groups(summary, dataset: str):
 
 
 def _describe(setting: dict, varying: set) -> str:
-    return ", ".join(f"{k} = {setting[k]}" for k in setting if k in varying)
+    """The setting columns that tell this table from the others, and the masked layers
+    whenever they are not all (a ``--layers 1`` run read as an all-layer result)."""
+    parts = [f"{k} = {setting[k]}" for k in setting if k in varying]
+    if "layers" not in varying and masked_layers(setting.get("layers")):
+        parts.append(f"masked layers = {setting['layers']}")
+    return ", ".join(parts)
+
+
+def masked_layers(label) -> bool:
+    """Whether a ``layers`` label names a subset (not ``all``, the clean rows' ``none``
+    or missing)."""
+    return isinstance(label, str) and label not in ("all", "none", "")
 
 
 def markdown_tables(summary, table=None, datasets=None, measure: str | None = None,
