@@ -125,6 +125,12 @@ CASES = {
     "summary-md-empty-item": (F + ["--summary-md", "{p}/a.md,", "--out", "{p}/o1"], 2,
                               "expected a comma-separated list of markdown files"),
     "accuracy-summary-md-twice": (["accuracy", "--summary-md", "a.md,a.md"], 2, "listed twice"),
+    # round 4: a count for a dataset not run was dropped (faithfulness refuses it); --file
+    # is one document, so --samples did nothing
+    "accuracy-samples-extra-dataset": (["accuracy", "--dataset", "ioi", "--samples", "ioi=2,capital=3"], 1,
+                                       "--samples gives a count for capital, which --dataset (ioi)"),
+    "faithfulness-file-with-samples": (F + ["--file", "{p}/a_file", "--samples", "5", "--out", "{p}/o3"], 1,
+                                       "--samples applies to --dataset only"),
     "report-out-is-a-notebook": (A + ["--out", "{p}/nb.ipynb"], 1, "is not an .html file"),
     "sinks-out-is-a-file": (S + ["--out", "{p}/a_file"], 1, "is a file"),
     "sinks-figures-is-a-file": (S + ["--figures", "{p}/a_file"], 1, "is a file"),

@@ -91,6 +91,12 @@ def prompt_of(dataset: str, prompt: str) -> str:
 
 def run(args) -> int:
     counts = {d: _count(args.samples, d) for d in args.dataset}
+    extra = [d for d in args.samples or {} if d not in args.dataset] if isinstance(args.samples, dict) else []
+    if extra:  # a typo (capital=3) would go unnoticed
+        from cwlens.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"--samples gives a count for {', '.join(extra)}, which "
+                                   f"--dataset ({','.join(args.dataset)}) does not list")
     from cwlens.faithfulness.report import check_block
 
     md = [arg_types.markdown_file(p, "--summary-md") for p in (args.summary_md or "").split(",") if p]

@@ -71,8 +71,8 @@ def register(sub) -> None:
                      help="instead of --dataset: one UTF-8 text file scored as one language-"
                      "modelling document ('-': standard input), e.g. a long text with "
                      "--max-tokens 16384 (results in <out>/file_<name>.jsonl)")
-    g.add_argument("--samples", default="50", type=arg_types.samples_spec,
-                   help="samples per dataset: one number, or name=N,... (default: %(default)s)")
+    g.add_argument("--samples", default=None, type=arg_types.samples_spec,
+                   help="samples per dataset: one number, or name=N,... (default: 50)")
     g.add_argument("--num-fewshot", type=int, default=0, choices=range(6), metavar="{0..5}",
                    help="MMLU exemplars from the dev split, 0-5 (default: 0)")
     g.add_argument("--prompt", choices=PROMPTS, default="plain",
@@ -291,10 +291,16 @@ def _note_unused_flags(args, datasets) -> None:
 
 
 def run(args) -> int:
+    args.samples_given = args.samples is not None
     if args.file is not None:
+        if args.samples_given:
+            raise InvalidArgumentError("--samples applies to --dataset only: --file scores its "
+                                       "text as one document; drop --samples")
         args.samples = 1  # one document
         args.file_samples = _file_samples(args)
         args.dataset = (_file_dataset(args.file),)
+    elif args.samples is None:
+        args.samples = 50
     datasets = args.dataset
     counts = _samples(args.samples, datasets)
     if args.num_fewshot and "mmlu" not in datasets:
@@ -496,8 +502,8 @@ def _note_stored_config(paths, args) -> None:
                 differ.append(f"no {flag} (asked)" if isinstance(value, bool)
                               else f"{flag} {_shown(stored[key])} (asked: {_shown(value)})")
         ids = stored.get("samples")
-        want = counts.get(split_name_dataset(path), 50) if counts else args.samples
-        if isinstance(ids, list) and want != 50 and want != len(ids):
+        want = counts.get(split_name_dataset(path)) if counts else args.samples
+        if isinstance(ids, list) and args.samples_given and want is not None and want != len(ids):
             differ.append(f"--samples {len(ids)} (asked: {want})")
         if differ:
             print(f"cwlens: note: --report-only summarises the stored results as they are; "
