@@ -90,6 +90,18 @@ def test_markdown_escapes_the_pipes_of_metric_names():
     assert row.count(" | ") == 4  # five cells: the escaped pipes do not split the row
 
 
+def test_fewer_than_three_samples_print_means_without_intervals_or_verdicts():
+    """n = 2 printed "0.217 [nan, nan] | +0.000 [+nan, +nan]" and an "unresolved" hierarchy."""
+    clean = {"a": 1.0, "b": 1.5}
+    values = {(m, "comprehensiveness", 0.1, s): 2.0 + i + (s == "b")
+              for i, m in enumerate(("contribution", "attention")) for s in clean}
+    per = A.aopc(A.damages(_rows(values, clean)))
+    text = A.markdown(A.aopc_summary(per), "delta_nll", A.verdicts(per))
+    assert "nan" not in text and "2 samples: no interval, the bootstrap needs 3" in text
+    assert "No hierarchy: its paired test needs at least 3 samples (n = 2)" in text
+    assert "Hierarchy on AOPC" not in text and "**" not in text
+
+
 def test_aopc_of_a_real_run_equals_the_per_rate_delta_nll_by_hand():
     from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
     from cwlens.testing import tiny_model
@@ -163,3 +175,17 @@ def test_numbers_print_round_off_as_zero_and_keep_small_values_visible():
     assert A._num(-1.11e-18, "+") == "+0.000"
     assert A._num(0.00296, "+") == "+0.00296"
     assert A._num(0.5) == "0.500"
+
+
+def test_replicate_claims_print_no_nan_interval_below_three_samples():
+    from types import SimpleNamespace
+
+    from cwlens.replication.claims import _delta
+
+    clean = {"a": 1.0, "b": 1.5}
+    values = {(m, "comprehensiveness", 0.1, s): 2.0 + i + (s == "b")
+              for i, m in enumerate(("contribution", "attention")) for s in clean}
+    view = SimpleNamespace(aopc=A.aopc_summary(A.aopc(A.damages(_rows(values, clean)))))
+    res = SimpleNamespace(views={("removed", True): view}, aopc=view.aopc, encoder=False)
+    text = _delta(res, "attention")
+    assert "nan" not in text and "n = 2: no interval" in text and "unresolved" not in text

@@ -302,3 +302,22 @@ def test_flags_a_run_does_not_use_get_a_note(tmp_path, capsys):
     err = " ".join(capsys.readouterr().err.split())
     assert "--non-causal on a decoder: the future keys j > i" in err
     assert "--max-tokens truncates language-modelling documents only; ioi" in err
+
+
+def test_a_run_that_masks_nothing_is_refused(tmp_path, capsys):
+    """A one-token document at rate 0.3 (round_half_up(0.3 x 1) = 0) printed a table of
+    exact zeros that read as "no damage"."""
+    from cwlens.cli.main import main
+    from cwlens.testing import save_tiny
+
+    model = save_tiny("llama", tmp_path)
+    doc = tmp_path / "one.txt"
+    doc.write_text("the")
+    base = ["faithfulness", "--model", str(model), "--device", "cpu", "--file", str(doc),
+            "--metrics", "attention", "--figures", "", "--no-progress"]
+    assert main([*base, "--rates", "0.3", "--out", str(tmp_path / "a")]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no rate of 0.3 masks any entry: the longest scored row has 1 eligible key(s)" in err
+    assert main([*base, "--rates", "0.5,1", "--protect-first-token", "--out", str(tmp_path / "b")]) == 1
+    assert "has 0 eligible key(s)" in capsys.readouterr().err
+    assert main([*base, "--rates", "0.5", "--out", str(tmp_path / "c")]) == 0  # one key masked

@@ -236,9 +236,12 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
     faithfulness score against ``reference`` (+ = more faithful than it); then the
     hierarchy verdicts. ``parameterisation`` (:data:`PARAMETERISATIONS`) and
     ``bins_used`` (``{mode: "0.1,0.5"}``) are stated in the caption."""
+    from cwlens.core.bootstrap import MIN_N
     from cwlens.core.metrics import REGISTRY
 
     short = REGISTRY[reference].short
+    n = int(summary["n"].max())
+    few = n < MIN_N  # no interval and no paired test (they printed [nan, nan], "unresolved")
     param = ""
     if parameterisation is not None:
         param = f"{PARAMETERISATION_LABELS[parameterisation]}"
@@ -246,11 +249,17 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
             param += "; removal rates used: " + "; ".join(
                 f"{'comp' if m == 'comprehensiveness' else 'suff'} {b}" for m, b in sorted(bins_used.items()))
         param = f" [{param}]"
-    lines = [f"AOPC of {UNITS.get(measure, measure)}{param}, mean [95% bootstrap-t CI], "
-             f"n = {int(summary['n'].max())}; "
-             f"Δ = faithfulness score minus {short}'s, paired bootstrap-t 95% "
-             f"(+ = more faithful than {short}; **bold**: resolved after Holm's correction over "
-             f"every Δ of this table)", "",
+    if few:
+        caption = (f"AOPC of {UNITS.get(measure, measure)}{param}, mean ({n} sample"
+                   f"{'s' if n != 1 else ''}: no interval, the bootstrap needs {MIN_N}); "
+                   f"Δ = faithfulness score minus {short}'s, mean (+ = more faithful than {short})")
+    else:
+        caption = (f"AOPC of {UNITS.get(measure, measure)}{param}, mean [95% bootstrap-t CI], "
+                   f"n = {n}; "
+                   f"Δ = faithfulness score minus {short}'s, paired bootstrap-t 95% "
+                   f"(+ = more faithful than {short}; **bold**: resolved after Holm's correction over "
+                   f"every Δ of this table)")
+    lines = [caption, "",
              "| metric | comp AOPC | comp Δ | suff AOPC | suff Δ |", "|---|---|---|---|---|"]
     for metric in [m for m in REGISTRY if m in set(summary["metric"])]:
         cells = [REGISTRY[metric].short]
@@ -260,14 +269,18 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
                 cells += ["", ""]
                 continue
             r = hit.iloc[0]
-            cells.append(f"{_num(r.aopc)} [{_num(r.ci_low)}, {_num(r.ci_high)}]")
+            cells.append(_num(r.aopc) if few else f"{_num(r.aopc)} [{_num(r.ci_low)}, {_num(r.ci_high)}]")
             if r.delta != r.delta:  # NaN: the reference itself
                 cells.append("—")
+            elif few:
+                cells.append(_num(r.delta, "+"))
             else:
                 text = f"{_num(r.delta, '+')} [{_num(r.delta_low, '+')}, {_num(r.delta_high, '+')}]"
                 cells.append(f"**{text}**" if r.resolved else text)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    if verdict:
+    if few:
+        lines += ["", f"No hierarchy: its paired test needs at least {MIN_N} samples (n = {n})."]
+    elif verdict:
         lines += ["", "Hierarchy on AOPC (least < most faithful; Holm-corrected over both modes: "
                   "`<` resolved, `≈` unresolved, `=` identical):", ""]
         for (mode, variant), text in sorted(verdict.items()):

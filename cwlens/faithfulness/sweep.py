@@ -40,7 +40,7 @@ from typing import NamedTuple
 from cwlens.engine import adapter, validation
 from cwlens.engine.batching import check_past_context
 from cwlens.engine.handle import wrap
-from cwlens.errors import EmptyInputError
+from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.faithfulness.causal_scope import require_causal
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.passes import SweepStats, batch_outputs
@@ -163,6 +163,25 @@ def _job_stats(stats: SweepStats) -> SweepStats:
     return total
 
 
+def _require_something_masked(units, cfg: FaithfulnessConfig) -> None:
+    """A row-scope run on documents so short that no rate masks any entry of any scored
+    row (``round_half_up(r * n) = 0`` for the longest, ``n`` eligible keys) would print a
+    table of exact zeros that reads as "no damage": refused, naming the fix."""
+    if cfg.scope != "row" or not cfg.causal_only:
+        return
+    import math
+
+    longest = max(len(u.sequences[0]) for u in units) - 1  # the last scored row's keys
+    eligible = longest - (0 if cfg.mask_first_token else 1)
+    if all(math.floor(r * eligible + 0.5) == 0 for r in cfg.rates):
+        raise InvalidArgumentError(
+            f"no rate of {', '.join(f'{r:g}' for r in cfg.rates)} masks any entry: the longest "
+            f"scored row has {eligible} eligible key(s), so k = round_half_up(rate x {eligible}) "
+            "= 0 everywhere and every cell would be 0 by construction. Give longer texts "
+            "(--max-tokens, --file), higher rates"
+            + ("" if cfg.mask_first_token else ", or let the first token be masked") + ".")
+
+
 def run_faithfulness(
     model,
     dataset,
@@ -207,6 +226,8 @@ def run_faithfulness(
     check_past_context(model, cfg.past_context)
     units = choice_units(model, samples) if is_choice else \
         text_units(model, samples, cfg.max_tokens, cfg.past_context)
+    if not is_choice:
+        _require_something_masked(units, cfg)
     # ranking_path changes how, not what: a run resumes whichever path made its rows
     run_config = {"model": name, "dataset": ds_name,
                   **{k: v for k, v in asdict(cfg).items() if k != "ranking_path"},

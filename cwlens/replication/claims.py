@@ -118,6 +118,10 @@ def _delta(res: ModelResults, metric: str, param: str = "removed", first_masked:
         if not len(hit):
             continue
         r = hit.iloc[0]
+        if r.delta_low != r.delta_low:  # NaN: fewer than 3 samples, no paired test
+            parts.append(f"{tag} {r.delta:+.3f} (n = {int(r.n)}: no interval, the paired test "
+                         "needs 3)")
+            continue
         # an interval that keeps 0 after Holm is not a tie (equality is not shown): say so
         word = ("better" if r.delta > 0 else "worse") if r.resolved else "unresolved"
         parts.append(f"{tag} {r.delta:+.3f} [{r.delta_low:+.3f}, {r.delta_high:+.3f}] ({word})")
@@ -230,7 +234,9 @@ def _intervention(res: ModelResults) -> str:
             nll=lambda f: f["nll_sum"] / f["n_tokens"]).pivot(index="sample", columns="target",
                                                                values="nll")
         d = paired_bootstrap(p["random"].to_numpy(), p["sink"].to_numpy())
-        text += (f" (per-text ΔNLL sink − control {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}], "
+        text += (f" (per-text ΔNLL sink − control {d.mean:+.3f}, {len(p)} texts: no interval, "
+                 "the paired test needs 3)" if d.low != d.low else
+                 f" (per-text ΔNLL sink − control {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}], "
                  f"{'resolved' if d.sign else 'unresolved'})")
     if "cone_low_after_sink" in s:
         text += (f"; cone cosine of low-norm heads {s['cone_low_before_sink']:+.2f} → "
