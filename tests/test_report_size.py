@@ -57,3 +57,14 @@ def test_analyze_refuses_a_max_mb_below_the_fixed_part_and_one_token_of_text(tmp
     assert "leaves no room for the heatmaps" in capsys.readouterr().err
     assert main([*base, "--text", "hello world the cat", "--window", "100000"]) == 0
     assert "drawing the last" not in capsys.readouterr().err  # 5 tokens fit: no cap to speak of
+
+
+def test_default_layers_reach_the_last_layer_and_the_summary_follows_layers():
+    """_spread(2, 4) gave [0] and _spread(3, 4) [0, 1]: a small model's report and summary
+    left out its last layers; the printed summary ignored --layers."""
+    from cwlens.report.analysis import _spread
+
+    assert _spread(2, 4) == [0, 1] and _spread(3, 4) == [0, 1, 2] and _spread(30, 4) == [0, 10, 19, 29]
+    an = analyze_text(tiny_model("llama"), "the cat sat on the mat", window=4)
+    lines = an.summary_lines(layers=[1])
+    assert any(x.startswith("  layer  1:") for x in lines) and not any(x.startswith("  layer  0:") for x in lines)

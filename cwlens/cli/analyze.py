@@ -78,6 +78,6 @@ def run(args) -> int:
     analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,
                             window=window, past_context=args.past_context)
     written = render_report(analysis, out, layers)
-    print("\n".join(analysis.summary_lines()))
+    print("\n".join(analysis.summary_lines(layers=layers)))
     print(f"\nwrote {written} ({written.stat().st_size / 1e6:.1f} MB, opens offline)")
     return 0

@@ -81,7 +81,9 @@ class TextAnalysis:
         vals = self.top_values[layer, query, :k].tolist()
         return [(j, self.str_tokens[j], c) for j, c in zip(keys, vals, strict=True)]
 
-    def summary_lines(self, k: int = 3) -> list[str]:
+    def summary_lines(self, k: int = 3, layers: list[int] | None = None) -> list[str]:
+        """The printed summary; the top tokens of ``layers`` (default: 4 spread over the
+        depth, the report's default heatmap layers)."""
         q = len(self.str_tokens) - 1
         lines = [
             f"{self.model_name}: {len(self.str_tokens)} tokens, {self.n_layers} layers x {self.n_heads} heads",
@@ -91,7 +93,7 @@ class TextAnalysis:
             f"{int((self.sink_rate > 0.3).sum())} of {self.sink_rate.numel()}",
             f"top contributing tokens for the last query ({self.str_tokens[q]!r}):",
         ]
-        for layer in _spread(self.n_layers, 4):
+        for layer in layers if layers is not None else _spread(self.n_layers, 4):
             tops = ", ".join(f"{t!r} {c:+.2f}" for _, t, c in self.top_tokens(layer, q, k))
             lines.append(f"  layer {layer:>2}: {tops}")
         lines += self.notes
@@ -99,7 +101,9 @@ class TextAnalysis:
 
 
 def _spread(n: int, k: int) -> list[int]:
-    return sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(min(k, n))})
+    """``k`` layers spread from the first to the last (every layer when ``n <= k``)."""
+    k = min(k, n)
+    return sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
 
 
 def _factors(geo: AttentionGeometry, keys: slice) -> dict[str, torch.Tensor]:
