@@ -549,3 +549,23 @@ def test_tables_name_the_masked_layers_of_a_subset_run():
     subset, whole = table("1"), table("all")
     assert "masked layers = 1" in markdown_tables(summarize(subset), subset)
     assert "masked layers" not in markdown_tables(summarize(whole), whole)
+
+
+@pytest.mark.parametrize("line", ['{"x": 1}', "[1, 2]", '"text"'])
+def test_a_json_line_that_is_not_a_row_names_the_line(tmp_path, capsys, line):
+    """Valid JSON without the row fields raised a TypeError in --report-only and a
+    KeyError on resume (a non-JSON line got the one-line error)."""
+    from cwlens.cli.main import main
+
+    out = tmp_path / "r"
+    path = out / "gsm8k.jsonl"
+    w = ResultsWriter(path, {"samples": ["a"], "metrics": ["attention"]}, rows_per_sample=1)
+    w.write_sample([{**rows("a", 1)[0], "dataset": "gsm8k", "measure": "delta_ppl", "value": 1.0}])
+    with open(path, "a") as f:
+        f.write(line + "\n")
+    assert main(["faithfulness", "--dataset", "gsm8k", "--out", str(out), "--report-only",
+                 "--figures", ""]) == 1
+    err = capsys.readouterr().err
+    assert "gsm8k.jsonl, line 2: a JSON" in err and "delete that line" in err
+    with pytest.raises(ValueError, match="line 2: a JSON"):
+        ResultsWriter(path, {"samples": ["a"], "metrics": ["attention"]}, rows_per_sample=1)

@@ -126,7 +126,16 @@ def _parse(line: str, path: Path, number: int) -> dict:
             f"{path}, line {number}: not a JSON row ({e}). The file was edited or corrupted; "
             "delete that line (the sample is recomputed on the next run)."
         ) from None
+    missing = [c for c in REQUIRED if not isinstance(row, dict) or c not in row]
+    if missing:
+        raise ResultsFormatError(
+            f"{path}, line {number}: a JSON {type(row).__name__} without the row field(s) "
+            f"{', '.join(missing)}. The file was edited or corrupted; delete that line (the "
+            "sample is recomputed on the next run).")
     return row
+
+
+REQUIRED = ("sample_id", "metric", "mode", "measure", "value")  # every row, old files too
 
 
 def _key(row: dict) -> tuple:
