@@ -483,3 +483,12 @@ def test_a_text_longer_than_the_context_is_cut_with_a_note(ctx, command, capsys,
     assert got == 0, err
     notes = [x for x in err.splitlines() if x.startswith("cwlens: note: ")]
     assert any("241 tokens and the model's context (n_ctx) is 128" in x for x in notes), err
+
+
+def test_a_row_without_a_control_position_counts_its_real_tokens():
+    """One real token per row was reported as "real tokens per row [0, 0]" (the candidates)."""
+    from cwlens.core.sinks import random_non_sink_index
+    from cwlens.errors import ShapeMismatchError
+
+    with pytest.raises(ShapeMismatchError, match=r"real tokens per row \[1, 1\], candidates per row \[0, 0\]"):
+        random_non_sink_index(torch.zeros(2, dtype=torch.long), 1)

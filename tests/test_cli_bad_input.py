@@ -53,6 +53,8 @@ CASES = {
     "rates-nan": (F + ["--rates", "nan"], 2, "not a finite number"),
     "figures-blank": (F + ["--figures", " ", "--out", "{p}/o2"], 1, "--figures ' ' is blank"),
     # round 4: '' was read as '.', so the files landed in the working directory
+    "sinks-max-tokens-one": (S + ["--max-tokens", "1", "--no-intervention", "--out", "{p}/s1", "--figures", ""], 1,
+                             "--max-tokens) leaves the sink alone"),
     "out-empty-faithfulness": (F + ["--out", ""], 1, "--out is empty: pass a path ('.' for the current folder)"),
     "out-empty-demo": (["demo", "--out", ""], 1, "--out is empty"),
     "out-empty-export": (["export", "--text", "a b", "--out", ""], 1, "--out is empty"),

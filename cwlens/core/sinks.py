@@ -136,10 +136,13 @@ def random_non_sink_index(
         ok = ok & position_mask.cpu().bool()
     count = ok.sum(-1)
     if (count == 0).any():
+        real = (position_mask.cpu().bool().sum(-1) if position_mask is not None
+                else torch.full_like(count, n_pos))
         raise ShapeMismatchError(
-            f"Rows need at least {min_offset + 1} real tokens for a non-sink control; "
-            f"sink indices {sink_index.tolist()}, real tokens per row {count.tolist()}."
-        )
+            f"Rows need at least {min_offset + 1} real tokens for a non-sink control (a "
+            f"position at least {min_offset} after the sink); sink indices "
+            f"{sink_index.tolist()}, real tokens per row {real.tolist()}, candidates per row "
+            f"{count.tolist()}. Use longer texts (CLI: --max-tokens 2 or more).")
     u = torch.rand(sink_index.shape[0], generator=generator)
     k = (u * count).long().clamp_max(count - 1)  # the k-th candidate of each row
     index = (ok.cumsum(-1) <= k[:, None]).sum(-1)

@@ -44,6 +44,10 @@ class SinkConfig:
     def __post_init__(self):
         object.__setattr__(self, "scales", tuple(self.scales))
         validation.max_tokens(self.max_tokens)
+        if self.max_tokens is not None and self.max_tokens < 2:
+            raise InvalidArgumentError(
+                f"max_tokens={self.max_tokens} (CLI: --max-tokens) leaves the sink alone: the "
+                "sink statistics compare it with the tail tokens after it, so pass 2 or more.")
         validation.positive_int(self.batch_size, "batch_size")
         validation.flag(self.past_context, "past_context")
 
