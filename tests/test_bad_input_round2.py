@@ -492,3 +492,75 @@ def test_a_row_without_a_control_position_counts_its_real_tokens():
 
     with pytest.raises(ShapeMismatchError, match=r"real tokens per row \[1, 1\], candidates per row \[0, 0\]"):
         random_non_sink_index(torch.zeros(2, dtype=torch.long), 1)
+
+
+def test_sinks_api_refuses_empty_layers_odd_positions_and_scales():
+    """Round 4: layers=[] gave pandas' "No objects to concatenate" or interventions that
+    changed nothing; sink_positions past the text were clamped onto its last token; a text
+    instead of token ids, NaN or repeated scales reached the model."""
+    import cwlens
+    from cwlens import sinks as S
+    from cwlens.errors import InvalidArgumentError, LayerOutOfRangeError
+    from cwlens.testing import tiny_model
+
+    m = tiny_model("llama")
+    text = "When Mary and John went to the store"
+    tok = m.to_tokens(text)
+    _, cache = cwlens.run_with_cache(m, text)
+    for call in (lambda: S.sink_statistics(cache, m, layers=[]),
+                 lambda: S.alignment_statistics(cache, m, layers=[]),
+                 lambda: S.sweep_statistics(cache, m, layers=[]),
+                 lambda: S.sink_norm_intervention(m, tok, layers=[])):
+        with pytest.raises(LayerOutOfRangeError, match="no layer given"):
+            call()
+    for positions, match in (((), "empty"), ((-1,), "0 or more"), ((100,), "past the end"),
+                             ((0, 0), "twice")):
+        with pytest.raises(InvalidArgumentError, match=match):
+            S.sink_statistics(cache, m, sink_positions=positions)
+    for eps in (2, -1, float("nan")):
+        with pytest.raises(InvalidArgumentError, match=r"in \[0, 1\]"):
+            S.sink_statistics(cache, m, eps=eps)
+    with pytest.raises(InvalidArgumentError, match="tensor of token ids"):
+        S.sink_norm_intervention(m, text)
+    for scales, match in (([float("nan")], "finite"), ([0, 0], "twice"), ([], "non-empty")):
+        with pytest.raises(InvalidArgumentError, match=match):
+            S.sink_norm_intervention(m, tok, scales=scales)
+
+
+def test_cli_errors_name_the_flag_not_only_the_python_keyword():
+    """Round 4: 'pass layer=None', 'n_prompts must be', 'source="hf" gives the full split'
+    (wrong for ioi, which has no hub source) reached the command line as they were."""
+    from cwlens.datasets import load_dataset
+    from cwlens.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as err:
+        load_dataset("ioi", n=100000)
+    assert "(CLI: --samples)" in str(err.value) and "pass 300 or fewer" in str(err.value)
+    assert "source=" not in str(err.value)
+    with pytest.raises(InvalidArgumentError, match=r'source="hf" gives the full split'):
+        load_dataset("gsm8k", n=100000)
+
+
+def test_key_set_weight_checks_its_arguments_and_results_name_their_reducers():
+    """Round 4: keys=0 raised TypeError, metrics='attention' failed at run time with
+    "Unknown metric='a'", name='' was accepted, NumPy offsets refused; a missing result
+    name raised a bare KeyError."""
+    import numpy as np
+
+    import cwlens
+    from cwlens import reducers as R
+    from cwlens.engine.streaming import UnknownReducerError
+    from cwlens.errors import InvalidArgumentError, UnknownOptionError
+    from cwlens.testing import tiny_model
+
+    for kwargs, match in (({"keys": 0}, "list of offsets"), ({"metrics": "attention"}, "the string"),
+                          ({"metrics": ("nope",)}, "nope"), ({"name": ""}, "name"),
+                          ({"keys": (-1,)}, ">= 0"), ({"keys": (1, 1)}, "repeats")):
+        with pytest.raises((InvalidArgumentError, UnknownOptionError), match=match):
+            R.KeySetWeight(**kwargs)
+    assert R.KeySetWeight(keys=(np.int64(0), 1)).keys == (0, 1)
+    out = cwlens.stream_reduce(tiny_model("llama"), "the cat sat", [R.HeadSummary()])
+    with pytest.raises(UnknownReducerError, match="no reducer named 'top8'.*holds 'heads'"):
+        out["top8"]
+    with pytest.raises(KeyError):  # still a KeyError
+        out["top8"]

@@ -146,7 +146,7 @@ def ioi(
     """
     validation.positive_int(n_prompts, "n_prompts")
     if n_prompts < 2:
-        raise InvalidArgumentError("n_prompts must be at least 2 for ioi (prompts of one token "
+        raise InvalidArgumentError("n_prompts (CLI: --prompts) must be at least 2 for ioi (prompts of one token "
                                    "length are kept, and patching needs a batch); got 1.")
     names, places, objects = _words(names, "names", 2), _words(places, "places"), _words(objects, "objects")
     if corruption not in IOI_CORRUPTIONS:
@@ -199,7 +199,7 @@ def induction(model, n_prompts: int = 4, length: int = 20, seed: int = 0) -> Cir
     validation.positive_int(n_prompts, "n_prompts")
     validation.positive_int(length, "length")
     if length < 2:
-        raise InvalidArgumentError("length must be at least 2: the second copy needs a query "
+        raise InvalidArgumentError("length (CLI: --length) must be at least 2: the second copy needs a query "
                                    "that predicts a repeated token; got 1.")
     _fits(model, 2 * length + 1, f"induction length={length}", "pass a smaller length "
           "(at most (n_ctx - 1) // 2)")

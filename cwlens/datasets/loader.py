@@ -71,8 +71,10 @@ def load_dataset(
         if n > len(rows):
             where = path or source
             raise InvalidArgumentError(
-                f"n={n} but {name} ({where}) has only {len(rows)} rows"
-                + ('; source="hf" gives the full split' if source == "shipped" and not path else "")
+                f"n={n} (CLI: --samples) but {name} ({where}) has only {len(rows)} rows: pass "
+                f"{len(rows)} or fewer"
+                + ('; source="hf" gives the full split (Python, online)'
+                   if source == "shipped" and not path and spec.hub is not None else "")
             )
         rows = rows[:n]
     if spec.info.kind == "text":

@@ -134,7 +134,7 @@ def resolve_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
         if not -n <= index < n:
             raise LayerOutOfRangeError(
                 f"Layer {index} is out of range: this model has {n} layers (0..{n - 1}); "
-                "pass layer=None for all of them."
+                "pass layer=None for all of them (CLI: --layers all)."
             )
         layers.append(index % n)
     return layers, single

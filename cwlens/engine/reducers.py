@@ -444,17 +444,26 @@ class KeySetWeight(Reducer):
 
     def __init__(self, keys: Sequence[int] = (0,), metrics: Sequence[str] = ("attention", "contribution"),
                  name: str | None = None):
-        keys = tuple(keys)
-        if not keys or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in keys):
-            raise CwlensError(f"keys must be offsets >= 0 from the first real token, e.g. (0,) "
-                              f"or range(4); got {keys!r}.")
+        from cwlens.engine.adapter import _layer_index
+
+        if isinstance(keys, str | bytes) or not hasattr(keys, "__iter__"):
+            raise InvalidArgumentError(f"keys must be a list of offsets >= 0 from the first real "
+                                       f"token, e.g. (0,) or range(4); got {keys!r}.")
+        offsets = [_layer_index(k) for k in keys]  # ints, NumPy and 0-d torch integers
+        if not offsets or any(k is None or k < 0 for k in offsets):
+            raise InvalidArgumentError(f"keys must be offsets >= 0 from the first real token, "
+                                       f"e.g. (0,) or range(4); got {tuple(keys)!r}.")
+        keys = tuple(int(k) for k in offsets if k is not None)
         if len(set(keys)) != len(keys):
-            raise CwlensError(f"keys {keys!r} repeats an offset (it would count twice).")
+            raise InvalidArgumentError(f"keys {keys!r} repeats an offset (it would count twice).")
         self.keys = keys
-        self.metrics = tuple(dict.fromkeys(metrics))
+        if isinstance(metrics, str):  # "attention" would be split into its letters
+            raise InvalidArgumentError(f"metrics must be a list of metric names, e.g. "
+                                       f"({metrics!r},); got the string {metrics!r}.")
+        self.metrics = tuple(dict.fromkeys(_check_metric(m, "metrics") for m in metrics))
         if not self.metrics:
-            raise CwlensError("KeySetWeight needs a metric, e.g. ('attention', 'contribution').")
-        self.name = name or "keys_" + "_".join(map(str, keys))
+            raise InvalidArgumentError("KeySetWeight needs a metric, e.g. ('attention', 'contribution').")
+        self.name = "keys_" + "_".join(map(str, keys)) if name is None else validation.label(name, "name")
         self._rows: dict[tuple[int, str], list[tuple[int, torch.Tensor]]] = {}
         self._seen: dict[str, Any] = {}  # the position mask, the kind, the first query
 

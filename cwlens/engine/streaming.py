@@ -37,7 +37,7 @@ from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.engine import adapter, validation
 from cwlens.engine.adapter import Layers, TLModel
 from cwlens.engine.stream_pass import StreamedPass
-from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
+from cwlens.errors import CwlensError, EmptyInputError, InvalidArgumentError, UnknownOptionError
 
 DEFAULT_QUERY_BLOCK = 256
 #: ``query_block="auto"`` (the default): DEFAULT_QUERY_BLOCK rows up to 8192 keys, then
@@ -344,6 +344,13 @@ class BlockMeasures(dict):
         return value
 
 
+class UnknownReducerError(CwlensError, KeyError):
+    """A :class:`StreamResult` holds no reducer of that name."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass
 class StreamResult:
     """What :func:`stream_reduce` returns: the logits and each reducer's result by name.
@@ -367,6 +374,11 @@ class StreamResult:
     closure: Any = None  # a cwlens.engine.measures.Closure when asked for (closure=True)
 
     def __getitem__(self, name: str) -> Any:
+        if name not in self.results:
+            raise UnknownReducerError(
+                f"no reducer named {name!r} in this result; it holds "
+                f"{', '.join(map(repr, self.results)) or 'none'} (a reducer's name: its "
+                "name= argument, else e.g. 'top8_contribution', 'heads').")
         return self.results[name]
 
 

@@ -65,5 +65,6 @@ def require_causal(scope: str, causal_only: bool, what: str) -> None:
             f"scope={scope!r} with causal_only=False for {what}: the mask at query i would "
             "be decided from later rows, so it depends on the very tokens being scored. "
             "Use causal_only=True (the default: head/layer masks are then decided from "
-            "rows <= i, cwlens.faithfulness.causal_scope) or scope='row'."
+            "rows <= i, cwlens.faithfulness.causal_scope) or scope='row' (CLI: leave out "
+            "--non-causal, or --scope row)."
         )

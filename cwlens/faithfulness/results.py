@@ -196,7 +196,8 @@ class ResultsWriter:
                 raise ConfigMismatchError(
                     f"{self.main} was written with another configuration (differs in "
                     f"{', '.join(diff)}).{why} Use another output path (--out), or start it "
-                    "afresh: --no-resume on the command line, resume=False in Python."
+                    "afresh: --no-resume (cwlens faithfulness), resume=False in Python; for "
+                    "cwlens replicate, another --out or delete that model's folder."
                 )
         text = json.dumps(config, indent=1, sort_keys=True)
         if not (self.config_path.exists() and self.config_path.read_text() == text):

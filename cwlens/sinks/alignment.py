@@ -36,7 +36,7 @@ def layer_cosines(sg: SinkGeometry) -> dict[str, tuple[torch.Tensor, torch.Tenso
 
 
 def _sink_geometries(cache, model, attention_mask, layers):
-    resolved, _ = adapter.resolve_layers(model, layers)
+    resolved, _ = adapter.resolve_requested_layers(model, layers)
     for ly in resolved:
         geo = adapter.geometry(cache, model, ly, attention_mask)
         mask = None if attention_mask is None else attention_mask.bool()

@@ -72,6 +72,9 @@ def sink_norm_intervention(
         "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
     )
     all_layers, _ = adapter.resolve_layers(model, None)
+    if layers is not None:
+        adapter.resolve_requested_layers(model, layers)  # [] would intervene nowhere
+    _check_inputs(model, tokens, attention_mask, scales)
     mask = None if attention_mask is None else attention_mask.bool()
     b, n = tokens.shape
     ids = list(range(b)) if sample_ids is None else list(sample_ids)
@@ -106,6 +109,29 @@ def sink_norm_intervention(
                 head_rows += _head_rows(ids, target, scale, ly, clean[ly], after[ly], low[ly])
     ppl = pd.DataFrame(ppl_rows, columns=["sample", "target", "scale", "nll_sum", "n_tokens"])
     return ppl, pd.DataFrame(head_rows)
+
+
+def _check_inputs(model, tokens, attention_mask, scales) -> None:
+    """Token ids (a text has no batch to intervene on), finite scales, each once."""
+    import math
+
+    from cwlens.engine import validation
+    from cwlens.errors import InvalidArgumentError
+
+    if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2:
+        raise InvalidArgumentError(
+            f"tokens must be a [batch, pos] tensor of token ids (model.to_tokens(texts), or "
+            f"cwlens.engine.batching.pad_batch for several); got {type(tokens).__name__}.")
+    validation.model_input(model, tokens, attention_mask, "tokens")
+    values = list(scales) if hasattr(scales, "__iter__") and not isinstance(scales, str) else None
+    if not values or not all(isinstance(x, int | float) and not isinstance(x, bool)
+                             and math.isfinite(x) for x in values):
+        raise InvalidArgumentError(f"scales must be a non-empty list of finite numbers, e.g. "
+                                   f"(0.0, 0.5); got {scales!r}.")
+    twice = sorted({x for x in values if values.count(x) > 1})
+    if twice:
+        raise InvalidArgumentError(f"scales lists {twice} twice: each would be run twice; give "
+                                   "each once.")
 
 
 def _head_rows(ids, target, scale, layer, clean, after, low):

@@ -32,6 +32,23 @@ from cwlens.sinks.config import EPS_GU as EPS_GU  # Gu et al.'s sink threshold
 FACTORS = ("attention", "relative_norm", "cosine", "contribution")
 
 
+def check_sink_options(sink_positions, eps) -> None:
+    """``sink_positions``: offsets from the sink, non-negative ints, each once (a position
+    past the text was clamped onto its last token); ``eps`` in [0, 1]."""
+    import math
+
+    from cwlens.engine import validation
+    from cwlens.errors import InvalidArgumentError
+
+    offsets = validation.int_list(sink_positions, "sink_positions")
+    if any(x < 0 for x in offsets):
+        raise InvalidArgumentError(f"sink_positions are offsets after the sink (0 = the sink "
+                                   f"itself), so 0 or more; got {list(sink_positions)!r}.")
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) \
+            or not 0 <= eps <= 1:
+        raise InvalidArgumentError(f"eps is a threshold on a mean sink rate, in [0, 1]; got {eps!r}.")
+
+
 def sink_key_mask(sink_index: torch.Tensor, n_key: int, sink_positions=(0,)) -> torch.Tensor:
     """``[batch, key_pos]`` bool: the sink positions of each row (offsets from its sink)."""
     out = torch.zeros(sink_index.shape[0], n_key, dtype=torch.bool, device=sink_index.device)
@@ -67,6 +84,12 @@ def layer_statistics(
     check_kind(kind)
     b, h, q, k = geo.pattern.shape
     last = max(sink_positions)
+    if bool((sink_index + last >= k).any()):  # it was clamped onto the last token
+        from cwlens.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"sink_positions reach offset {last} after the sink, past the end of a row of {k} "
+            "positions: give offsets inside the texts (0 = the sink itself).")
     real = geo.position_mask
     queries = query_after_sink(sink_index + last, q, k, real)[:, None, :].expand(b, h, q)
     sinks = sink_key_mask(sink_index, k, sink_positions)  # [b, k]
@@ -116,7 +139,8 @@ def sink_statistics(
     kind: Kind = "intra",
 ) -> pd.DataFrame:
     """Tidy table, one row per ``(sample, layer, head)`` (see the module docstring)."""
-    resolved, _ = adapter.resolve_layers(model, layers)
+    resolved, _ = adapter.resolve_requested_layers(model, layers)
+    check_sink_options(sink_positions, eps)
     rows = [
         layer_frame(adapter.geometry(cache, model, ly, attention_mask), ly, attention_mask,
                     sample_ids, eps, sink_positions, kind, causal=not adapter.is_encoder(model))

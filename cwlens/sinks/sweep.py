@@ -146,7 +146,7 @@ def sweep_statistics(
     swept: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(stats, curves)``: see the module docstring; ``head = -1`` is the layer output."""
-    resolved, _ = adapter.resolve_layers(model, layers)
+    resolved, _ = adapter.resolve_requested_layers(model, layers)
     parts = [layer_sweep_tables(adapter.geometry(cache, model, ly, attention_mask), ly,
                                 attention_mask, sample_ids, grid, swept) for ly in resolved]
     return (pd.concat([p[0] for p in parts], ignore_index=True),

@@ -26,7 +26,13 @@ import torch
 
 from cwlens.core.sinks import scale_position, set_sink_rate
 from cwlens.engine import hook_names
-from cwlens.engine.adapter import Layers, TLModel, block_rows, current_block, resolve_layers
+from cwlens.engine.adapter import (
+    Layers,
+    TLModel,
+    block_rows,
+    current_block,
+    resolve_requested_layers,
+)
 from cwlens.engine.handle import wrap
 from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
 
@@ -75,7 +81,7 @@ def sink_rate_hooks(
 
     ``s`` may be a dict ``{layer: s}`` (e.g. each layer's own per-query rates).
     """
-    resolved, _ = resolve_layers(model, layers)
+    resolved, _ = resolve_requested_layers(model, layers)
     return [
         (hook_names.pattern(ly), sink_rate_hook(s[ly] if isinstance(s, dict) else s, sink_index))
         for ly in resolved
@@ -87,7 +93,7 @@ def sink_value_hooks(
     kv_heads=None,
 ) -> list[Hook]:
     """``fwd_hooks`` scaling the value at ``position_index`` in ``layers`` (default: all)."""
-    resolved, _ = resolve_layers(model, layers)
+    resolved, _ = resolve_requested_layers(model, layers)
     return [
         (hook_names.values(ly), value_scale_hook(scale, position_index, kv_heads))
         for ly in resolved
