@@ -337,3 +337,19 @@ def test_accuracy_refuses_an_encoder(tmp_path, capsys):
                  "--samples", "5"]) == 1
     assert "this model is an encoder" in capsys.readouterr().err
 
+
+
+def test_a_choice_item_past_the_context_is_refused_not_cut(model):
+    """A 5-shot prompt past n_ctx was cut with its answer ("choice 0 has an empty
+    continuation"); one just under it would have had its answer cut short and scored."""
+    from cwlens.errors import InputTooLongError
+    from cwlens.faithfulness.choice import encode_pair
+    from cwlens.faithfulness.units import choice_units
+
+    n_ctx = model.cfg.n_ctx
+    long_ctx = " ".join(["the cat sat on the mat ."] * (n_ctx // 7 + 2))
+    ctx, cont = encode_pair(model, long_ctx, " the cat sat")
+    assert len(ctx) > n_ctx and len(cont) == 3  # whole, not cut at n_ctx
+    item = ChoiceItem("long", (long_ctx, long_ctx), (" the cat sat", " a dog"), 0, "t")
+    with pytest.raises(InputTooLongError, match="more than the model's context"):
+        choice_units(model, [item])

@@ -43,8 +43,10 @@ def encode_pair(model, context: str, continuation: str) -> tuple[list[int], list
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces:
         context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
-    whole = token_ids(model, context + continuation).tolist()
-    ctx = token_ids(model, context).tolist()
+    # not cut at the context: a cut would drop the continuation (or its last tokens) and
+    # score what is left; an item longer than the context is refused whole (units._fits_context)
+    whole = token_ids(model, context + continuation, truncate=False).tolist()
+    ctx = token_ids(model, context, truncate=False).tolist()
     return ctx, whole[len(ctx):]
 
 
