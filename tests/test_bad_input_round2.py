@@ -564,3 +564,22 @@ def test_key_set_weight_checks_its_arguments_and_results_name_their_reducers():
         out["top8"]
     with pytest.raises(KeyError):  # still a KeyError
         out["top8"]
+
+
+def test_a_mask_that_does_not_match_the_cache_is_refused():
+    """Round 4: a padded batch cached without its mask, read with it, was off by 0.16;
+    a flipped mask sent the real rows to 0 -- both without an error."""
+    import cwlens
+    from cwlens.engine.batching import pad_batch
+    from cwlens.errors import ShapeMismatchError
+    from cwlens.testing import tiny_model
+
+    m = tiny_model("llama")
+    toks, am = pad_batch(m, ["short one", "When Mary and John went to the store"])
+    _, with_mask = cwlens.run_with_cache(m, toks, attention_mask=am)
+    cwlens.contribution_weights(with_mask, m, layer=1, attention_mask=am)  # the match: fine
+    _, without = cwlens.run_with_cache(m, toks)
+    with pytest.raises(ShapeMismatchError, match="does not match attention_mask"):
+        cwlens.contribution_weights(without, m, layer=1, attention_mask=am)
+    with pytest.raises(ShapeMismatchError, match="does not match attention_mask"):
+        cwlens.contribution_weights(with_mask, m, layer=1, attention_mask=am.flip(-1))

@@ -238,7 +238,32 @@ def geometry(
     v = read(cache, hook_names.values(layer), model)
     resid = hook_names.resid_pre(layer)
     residual = cache[resid] if resid in cache.keys() else None  # for ALTI, where cached
+    if attention_mask is not None:
+        _check_mask_matches(pattern, attention_mask, layer)
     return layer_geometry(model, layer, pattern, v, attention_mask, residual)
+
+
+MASK_LEAK = 1e-3  # attention a real query may put on keys the mask calls padding
+
+
+def _check_mask_matches(pattern: torch.Tensor, attention_mask, layer: int) -> None:
+    """A cached run made with one mask and read with another gives wrong weights silently
+    (a padded batch cached without its mask was off by 0.16): the real queries of a run
+    made with this mask put no attention on the keys it calls padding."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2 \
+            or attention_mask.shape[0] != pattern.shape[0] or attention_mask.shape[1] != pattern.shape[-1]:
+        return  # the shape checks downstream name that
+    real = attention_mask.to(pattern.device).bool()
+    pad = (~real).to(pattern.dtype)[:, None, :, None]  # [b, 1, k, 1]
+    leak = (pattern @ pad)[..., 0]  # [b, h, q]: attention on padding keys
+    queries = real[:, -pattern.shape[2]:][:, None, :].expand_as(leak)
+    worst = float(leak[queries].float().max()) if bool(queries.any()) else 0.0
+    if worst > MASK_LEAK:
+        raise ShapeMismatchError(
+            f"Layer {layer}: the cache does not match attention_mask: real queries put up to "
+            f"{worst:.3f} of their attention on positions the mask marks as padding, so the "
+            "cache was made without this mask (or with another). Cache the batch with it: "
+            "cwlens.run_with_cache(model, tokens, attention_mask=mask).")
 
 
 def layer_geometry(
