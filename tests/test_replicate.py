@@ -77,6 +77,15 @@ def test_rerun_computes_nothing_and_table_only_rebuilds(run, capsys, tmp_path):
         assert main(table_only) == 0
     text = docs.read_text()
     assert text.count(claims.START) == 1 and "| Hierarchy, comprehensiveness, signed c |" in text
+    assert "note" not in capsys.readouterr().err
+    # other sizes than the stored run's were ignored without a word; a trailing slash on
+    # --per-layer-model was "not one of --models"
+    other = [*table_only[:table_only.index("--samples")], "--samples", "5", "--rates", "0.2,0.4",
+             "--no-progress"]
+    other[other.index("--per-layer-model") + 1] = lm + "/"
+    assert main(other) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--samples 3 (asked: 5)" in err and "--rates 0.1,0.3,0.5 (asked: 0.2,0.4)" in err
 
 
 def test_table_only_on_an_empty_folder_is_refused(tmp_path, capsys):

@@ -101,10 +101,13 @@ def run(args) -> int:
     if args.per_layer_model is None:
         default = ReplicationConfig().per_layer_model
         args.per_layer_model = default if default in args.models else ""
-    elif args.per_layer_model and args.per_layer_model not in args.models:
-        raise InvalidArgumentError(
-            f"--per-layer-model {args.per_layer_model!r} is not one of --models "
-            f"({','.join(args.models)}): name one of them, or '' for no per-layer run")
+    elif args.per_layer_model:
+        same = [m for m in args.models if m.rstrip("/") == args.per_layer_model.rstrip("/")]
+        if not same:  # (a trailing slash on a directory names the same model)
+            raise InvalidArgumentError(
+                f"--per-layer-model {args.per_layer_model!r} is not one of --models "
+                f"({','.join(args.models)}): name one of them, or '' for no per-layer run")
+        args.per_layer_model = same[0]
     cfg = ReplicationConfig(samples=args.samples, max_tokens=args.max_tokens, rates=args.rates,
                             sentences=args.sentences, sink_samples=args.sink_samples,
                             per_layer_model=args.per_layer_model,
@@ -126,9 +129,51 @@ def run(args) -> int:
             raise InvalidArgumentError(
                 f"--table-only: {str(out)!r} holds no results for {','.join(args.models)}; run "
                 "`cwlens replicate` without --table-only first, or pass the --out of that run")
+        _note_stored_sizes(args, out)
     else:
         skipped = _compute(args, cfg, out)
     return _report(args, out, skipped)
+
+
+def _note_stored_sizes(args, out) -> None:
+    """--table-only builds the table from the stored rows as they are: a note (stderr) for
+    each size flag given another value than its default and than a stored run's."""
+    import json
+    import sys
+
+    from cwlens.replication.plan import (
+        ENCODER_FAITHFULNESS,
+        FAITHFULNESS,
+        ReplicationConfig,
+        model_dir,
+    )
+
+    d = ReplicationConfig()
+    for name in args.models:
+        for rel, count_flag, count in ((FAITHFULNESS, "--samples", args.samples),
+                                       (ENCODER_FAITHFULNESS, "--sentences", args.sentences)):
+            path = model_dir(out, name) / rel.replace(".jsonl", ".config.json")
+            try:
+                stored = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            differ = []
+            ids = stored.get("samples")
+            default = d.samples if count_flag == "--samples" else d.sentences
+            if isinstance(ids, list) and count != default and count != len(ids):
+                differ.append(f"{count_flag} {len(ids)} (asked: {count})")
+            rates = [float(r) for r in args.rates]
+            if "rates" in stored and rates != [float(r) for r in d.rates] and rates != stored["rates"]:
+                differ.append(f"--rates {','.join(f'{r:g}' for r in stored['rates'])} "
+                              f"(asked: {','.join(f'{r:g}' for r in rates)})")
+            if ("max_tokens" in stored and args.max_tokens != d.max_tokens
+                    and args.max_tokens != stored["max_tokens"]):
+                differ.append(f"--max-tokens {stored['max_tokens']} (asked: {args.max_tokens})")
+            if differ:
+                print(f"cwlens: note: --table-only builds the table from the stored results as "
+                      f"they are; {name} was run with {'; '.join(differ)}: those flags are "
+                      "ignored here. Rerun without --table-only, with another --out, for the "
+                      "asked sizes.", file=sys.stderr)
 
 
 def _compute(args, cfg, out) -> dict[str, str]:
