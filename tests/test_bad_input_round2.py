@@ -583,3 +583,14 @@ def test_a_mask_that_does_not_match_the_cache_is_refused():
         cwlens.contribution_weights(without, m, layer=1, attention_mask=am)
     with pytest.raises(ShapeMismatchError, match="does not match attention_mask"):
         cwlens.contribution_weights(with_mask, m, layer=1, attention_mask=am.flip(-1))
+
+
+def test_a_dataset_path_that_is_a_folder_and_a_docs_folder_are_named(tmp_path):
+    from cwlens.datasets import load_dataset
+    from cwlens.errors import DatasetFormatError, OutputPathError
+    from cwlens.runs.paths import markdown_file
+
+    with pytest.raises(DatasetFormatError, match="is a folder: pass the JSONL file"):
+        load_dataset("gsm8k", path=tmp_path)
+    with pytest.raises(OutputPathError, match="summary.md"):
+        markdown_file(tmp_path, "--docs")

@@ -48,5 +48,8 @@ def test_circuits_without_figures_draws_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["circuits", "--model", str(model_dir), "--device", "cpu", "--task", "induction",
                  "--length", "3", "--prompts", "2", "--k", "3", "--out", "runs", "--figures", "",
-                 "--no-png"]) == 0
+                 "--no-png", "--top", "100", "--threshold", "5"]) == 0
+    text = capsys.readouterr().out
+    # --top past the 8 heads printed 92 empty numbered rows; --threshold 5 kept 0 edges silently
+    assert "top 8 heads by each score" in text and "0 flow edges with |weight| >= 5.0 (none: the largest" in text
     assert not list(tmp_path.glob("*.html")) and sorted(p.suffix for p in (tmp_path / "runs").iterdir()) == [".csv"] * 3

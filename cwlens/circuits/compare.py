@@ -55,6 +55,7 @@ class Comparison:
         validation.positive_int(top, "top")
         names = list(self.scores)
         tops = {n: self.scores[n].top(top) for n in names}
+        top = min(top, max(len(t) for t in tops.values()))  # no empty numbered rows past the heads
         width = 22
         lines = [f"task {self.task.name}: {self.task.description}",
                  f"  {self.task.clean.shape[0]} prompts x {len(self.task.queries)} queries; "

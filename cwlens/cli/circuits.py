@@ -108,6 +108,9 @@ def run(args) -> int:
                                png=not args.no_png)
         written += save_figure(token_flow_figure(flow, target, args.threshold),
                                figures / f"circuits_{task.name}_token_flow", png=not args.no_png)
-    print(f"{len(edges)} flow edges with |weight| >= {args.threshold}")
+    print(f"{len(edges)} flow edges with |weight| >= {args.threshold}"
+          + (" (none: the largest |weight| is "
+             f"{float(flow.edges_dataframe(target, 0.0)['weight'].abs().max()):.3f}; lower --threshold)"
+             if edges.empty else ""))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

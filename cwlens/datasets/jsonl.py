@@ -100,6 +100,9 @@ def validate_row(obj: Any, schema: Schema, source: str, line: int) -> dict[str, 
 def iter_rows(path: str | Path, schema: Schema) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, row)`` for each non-blank line of a JSONL file."""
     path = Path(path)
+    if path.is_dir():
+        raise DatasetFormatError(f"{path} is a folder: pass the JSONL file of the dataset "
+                                 "(one JSON object per line), e.g. a path ending in .jsonl")
     if not path.is_file():
         raise FileNotFoundError(f"dataset file not found: {path}")
     source = str(path)

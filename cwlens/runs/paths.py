@@ -77,13 +77,13 @@ def output_dir(path: str | Path, flag: str = "--out", must_write: bool = True) -
     return p
 
 
-def output_file(path: str | Path, flag: str = "--out") -> Path:
+def output_file(path: str | Path, flag: str = "--out", example: str = "report.html") -> Path:
     """A file to (over)write: not a folder, its folder creatable and writable."""
     _not_blank(path, flag)
     p = Path(path).expanduser()
     if p.is_dir() or str(path).endswith(("/", os.sep)):
         raise OutputPathError(f"{flag} {str(p)!r} is a folder; pass a file name, e.g. "
-                              f"{str(p / 'report.html')!r}")
+                              f"{str(p / example)!r}")
     if p.exists() and not os.access(p, os.W_OK):
         raise OutputPathError(f"{flag} {str(p)!r} exists and is read-only; pass another file")
     _check_ancestors(p, flag)
@@ -97,7 +97,7 @@ def markdown_file(path: str | Path, flag: str = "--summary-md") -> Path:
     """A Markdown page to write a generated block into: :func:`output_file`, named
     ``*.md`` or ``*.markdown`` (a notebook, a script or a results file would be rewritten
     as text)."""
-    p = output_file(path, flag)
+    p = output_file(path, flag, "summary.md")
     if not p.name.lower().endswith(MARKDOWN_SUFFIXES):
         raise OutputPathError(
             f"{flag} {str(p)!r} is not a Markdown page (.md or .markdown); the tables are "
