@@ -23,7 +23,7 @@ class _Model:
         self.tokenizer, self.bos = tokenizer, bos
         self.cfg = SimpleNamespace(attention_dir="causal")
 
-    def to_tokens(self, text, move_to_device=False):
+    def to_tokens(self, text, move_to_device=False, truncate=True):  # (no context: never cut)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return torch.tensor([[self.bos, *ids]])
 
