@@ -594,3 +594,14 @@ def test_a_dataset_path_that_is_a_folder_and_a_docs_folder_are_named(tmp_path):
         load_dataset("gsm8k", path=tmp_path)
     with pytest.raises(OutputPathError, match="summary.md"):
         markdown_file(tmp_path, "--docs")
+
+
+def test_sink_summaries_of_an_empty_table_are_named():
+    import pandas as pd
+
+    from cwlens.errors import InvalidArgumentError
+    from cwlens.sinks.statistics import head_summary, layer_summary
+
+    for f in (head_summary, layer_summary):
+        with pytest.raises(InvalidArgumentError, match="non-empty table of cwlens.sinks.sink_statistics"):
+            f(pd.DataFrame())

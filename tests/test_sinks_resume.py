@@ -93,3 +93,16 @@ def test_plot_only_on_a_corrupt_or_missing_folder_is_a_clear_error(tmp_path, cap
     assert main([*base, str(tmp_path / "nothing")]) == 1
     assert "no results folder" in capsys.readouterr().err
     assert not (tmp_path / "nothing").exists()
+
+
+def test_a_resume_with_another_dataset_says_which_texts_differ(tmp_path):
+    """Changing --dataset read "differs in samples" only; the message now says which."""
+    import pytest
+
+    from cwlens.sinks.store import RawStore, SinkResultsError
+
+    RawStore(tmp_path, {"samples": ["gsm8k-0000", "gsm8k-0001"], "eps": 0.3})
+    with pytest.raises(SinkResultsError, match=r"differs in samples: the stored run has 2 texts "
+                       r"of gsm8k, this one 3 texts of fineweb_edu"):
+        RawStore(tmp_path, {"samples": ["fineweb_edu-0000", "fineweb_edu-0001", "fineweb_edu-0002"],
+                            "eps": 0.3})

@@ -179,8 +179,21 @@ def _frame(stats: dict[str, torch.Tensor], layer: int, sample_ids) -> pd.DataFra
     return pd.DataFrame(data)
 
 
+def _require_stats(stats, columns) -> None:
+    """A non-empty table of :func:`sink_statistics` (an empty one raised KeyError 'layer')."""
+    from cwlens.errors import InvalidArgumentError
+
+    missing = [c for c in columns if not isinstance(stats, pd.DataFrame) or c not in stats.columns]
+    if missing or len(stats) == 0:
+        raise InvalidArgumentError(
+            "stats must be a non-empty table of cwlens.sinks.sink_statistics (one row per "
+            "sample, layer and head)" + (f"; it lacks {', '.join(missing)}" if missing else
+                                         "; it has no rows") + ".")
+
+
 def head_summary(stats: pd.DataFrame, eps: float = EPS_GU) -> pd.DataFrame:
     """Mean over samples per ``(layer, head)``; ``sink_head`` re-thresholded on the mean rate."""
+    _require_stats(stats, ("layer", "head", "sink_rate"))
     cols = [c for c in stats.columns if c not in ("sample", "layer", "head", "sink_head", "kind")]
     out = stats.groupby(["layer", "head"], as_index=False)[cols].mean()
     out["sink_head"] = out["sink_rate"] > eps
@@ -190,6 +203,7 @@ def head_summary(stats: pd.DataFrame, eps: float = EPS_GU) -> pd.DataFrame:
 def layer_summary(stats: pd.DataFrame, eps: float = EPS_GU) -> pd.DataFrame:
     """Per layer: mean head sink rate, the sink token's share of the layer output
     (``sink_contribution_inter`` summed over heads), sink heads, factor means."""
+    _require_stats(stats, ("sample", "layer", "sink_rate", "sink_contribution_inter"))
     per_sample = stats.groupby(["sample", "layer"], as_index=False).agg(
         sink_rate=("sink_rate", "mean"),
         sink_token_contribution=("sink_contribution_inter", "sum"),

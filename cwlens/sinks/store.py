@@ -50,6 +50,19 @@ def _frame_from_json(obj: dict) -> pd.DataFrame:
                          zip(obj["columns"], obj["dtypes"], obj["data"], strict=True)})
 
 
+def _samples_said(old: dict, new: dict) -> str:
+    """What a changed ``samples`` list means (--dataset, --samples): its ids' datasets and count."""
+    a, b = old.get("samples"), new.get("samples")
+    if a == b or not isinstance(a, list) or not isinstance(b, list):
+        return ""
+
+    def said(ids: list) -> str:
+        names = sorted({str(i).rsplit("-", 1)[0] for i in ids})
+        return f"{len(ids)} texts of {', '.join(names)}"
+
+    return f": the stored run has {said(a)}, this one {said(b)}"
+
+
 class RawStore:
     """``<out>/raw/``: ``config.json`` and one ``batch-<k>.json`` per finished batch
     (written atomically: a batch is done iff its file exists). Batches are fixed by the
@@ -76,7 +89,8 @@ class RawStore:
                 diff = sorted(k for k in set(old) | set(self.config) if old.get(k) != self.config.get(k))
                 raise SinkResultsError(
                     f"{out_dir} holds a sinks run with another configuration (differs in "
-                    f"{', '.join(diff)}). Use another --out, or --no-resume to start it afresh.")
+                    f"{', '.join(diff)}{_samples_said(old, self.config)}). Use another --out, "
+                    "or --no-resume to start it afresh.")
         self.dir.mkdir(parents=True, exist_ok=True)
         if not cfg_path.exists() or json.loads(cfg_path.read_text()) != self.config:
             atomic_write_text(cfg_path, json.dumps(self.config, indent=1, sort_keys=True))
