@@ -1,13 +1,16 @@
 """Flags shared by every subcommand, so they read the same everywhere."""
 
 import argparse
+from collections.abc import Mapping
 
 from cwlens.cli import arg_types
+
+DEFAULT_MODEL = "smollm2-135m"  # --model's default (cwlens.engine.models.DEFAULT_MODEL, light)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", default="smollm2-135m",
+        "--model", default=DEFAULT_MODEL,
         help="short name, local Hugging Face directory or hub id (default: %(default)s, offline)",
     )
     p.add_argument("--device", default=None, type=arg_types.device,
@@ -31,3 +34,40 @@ def add_past_context_flag(p: argparse.ArgumentParser) -> None:
         "rotary-position models only (Llama, Mistral, Qwen, Gemma, SmolLM2), which run on at "
         "positions never seen in training (a note says so); refused on learned-position "
         "models (GPT-2, BERT)")
+
+
+def stored_differences(stored: dict, asked: Mapping[str, tuple[str, object, object]]) -> list[str]:
+    """What a command that reads stored results (``--report-only``, ``--plot-only``,
+    ``--table-only``) does not follow: ``asked`` maps each flag to ``(stored key, this
+    command's value, the flag's default)``; one entry per flag given another value than
+    its default and than ``stored``'s, e.g. ``--rates 0.5 (asked: 0.3)``, or
+    ``no --non-causal (asked)`` for a switch."""
+    import json
+
+    out = []
+    for flag, (key, value, default) in asked.items():
+        value, default = json.loads(json.dumps(value)), json.loads(json.dumps(default))
+        if key in stored and value != default and value != stored[key]:
+            out.append(f"no {flag} (asked)" if isinstance(value, bool)
+                       else f"{flag} {shown(stored[key])} (asked: {shown(value)})")
+    return out
+
+
+def shown(value) -> str:
+    """A stored value the way its flag spells it (lists comma-separated, None as ``all``)."""
+    if isinstance(value, list | tuple):
+        return ",".join(map(shown, value))
+    if value is None:
+        return "all"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def note_ignored(mode: str, doing: str, where, differ: list[str], why: str = "") -> None:
+    """The note (stderr) that ``mode`` (e.g. ``--report-only``) ignores the ``differ``
+    flags (:func:`stored_differences`) of the run stored in ``where``."""
+    import sys
+
+    if differ:
+        print(f"cwlens: note: {mode} {doing} as they are; {where} was run with "
+              f"{'; '.join(differ)}: those flags are ignored here{why}. Rerun without {mode}, "
+              "with another --out, for the asked configuration.", file=sys.stderr)

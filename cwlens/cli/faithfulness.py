@@ -469,19 +469,19 @@ def _note_stored_config(paths, args) -> None:
     """--report-only summarises the stored rows as they are: a note (stderr) for each
     flag given another value than its default and than the stored run's, which the
     report therefore does not follow (--metrics alone filters the tables)."""
-    import json
     import sys
 
+    from cwlens.cli.common import DEFAULT_MODEL, note_ignored, stored_differences
     from cwlens.faithfulness.results import config_path, read_config
 
     cfg = _config(args)
     asked = {  # flag: (stored key, this command's value, the flag's default)
-        "--model": ("model", args.model, "smollm2-135m"),
-        "--rates": ("rates", list(cfg.rates), list(DEFAULT.rates)),
-        "--modes": ("modes", list(cfg.modes), list(DEFAULT.modes)),
+        "--model": ("model", args.model, DEFAULT_MODEL),
+        "--rates": ("rates", cfg.rates, DEFAULT.rates),
+        "--modes": ("modes", cfg.modes, DEFAULT.modes),
         "--scope": ("scope", cfg.scope, DEFAULT.scope),
         "--kind": ("kind", cfg.kind, DEFAULT.kind),
-        "--layers": ("layers", None if cfg.layers is None else list(cfg.layers), None),
+        "--layers": ("layers", cfg.layers, None),
         "--per-layer": ("per_layer", cfg.per_layer, False),
         "--non-causal": ("causal_only", cfg.causal_only, True),
         "--protect-first-token": ("mask_first_token", cfg.mask_first_token, True),
@@ -495,21 +495,13 @@ def _note_stored_config(paths, args) -> None:
         if not config_path(path).exists():
             continue
         stored = read_config(config_path(path))
-        differ = []
-        for flag, (key, value, default) in asked.items():
-            value, default = json.loads(json.dumps(value)), json.loads(json.dumps(default))
-            if key in stored and value != default and value != stored[key]:
-                differ.append(f"no {flag} (asked)" if isinstance(value, bool)
-                              else f"{flag} {_shown(stored[key])} (asked: {_shown(value)})")
+        differ = stored_differences(stored, asked)
         ids = stored.get("samples")
         want = counts.get(split_name_dataset(path)) if counts else args.samples
         if isinstance(ids, list) and args.samples_given and want is not None and want != len(ids):
             differ.append(f"--samples {len(ids)} (asked: {want})")
-        if differ:
-            print(f"cwlens: note: --report-only summarises the stored results as they are; "
-                  f"{path} was run with {'; '.join(differ)}: those flags are ignored here "
-                  "(--metrics alone filters the tables). Rerun without --report-only, with "
-                  "another --out, for the asked configuration.", file=sys.stderr)
+        note_ignored("--report-only", "summarises the stored results", path, differ,
+                     " (--metrics alone filters the tables)")
     if args.no_resume:
         print("cwlens: note: --no-resume has no effect with --report-only (nothing is "
               "computed or deleted)", file=sys.stderr)
@@ -519,19 +511,8 @@ def split_name_dataset(path) -> str:
     """The dataset a results file holds (``mmlu`` for ``mmlu_5shot_chat.jsonl.gz``)."""
     from cwlens.faithfulness.results import split_name
 
-    base = split_name(path)[0]
-    for suffix in ("_chat",):
-        base = base.removesuffix(suffix)
+    base = split_name(path)[0].removesuffix("_chat")
     return base.split("_", 1)[0] if "shot" in base else base
-
-
-def _shown(value) -> str:
-    """A stored value the way the flag spells it."""
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    if value is None:
-        return "all"
-    return str(value)
 
 
 AOPC_START, AOPC_END = "<!-- faithfulness-aopc:start -->", "<!-- faithfulness-aopc:end -->"

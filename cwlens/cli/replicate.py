@@ -139,8 +139,8 @@ def _note_stored_sizes(args, out) -> None:
     """--table-only builds the table from the stored rows as they are: a note (stderr) for
     each size flag given another value than its default and than a stored run's."""
     import json
-    import sys
 
+    from cwlens.cli.common import note_ignored, stored_differences
     from cwlens.replication.plan import (
         ENCODER_FAITHFULNESS,
         FAITHFULNESS,
@@ -162,18 +162,10 @@ def _note_stored_sizes(args, out) -> None:
             default = d.samples if count_flag == "--samples" else d.sentences
             if isinstance(ids, list) and count != default and count != len(ids):
                 differ.append(f"{count_flag} {len(ids)} (asked: {count})")
-            rates = [float(r) for r in args.rates]
-            if "rates" in stored and rates != [float(r) for r in d.rates] and rates != stored["rates"]:
-                differ.append(f"--rates {','.join(f'{r:g}' for r in stored['rates'])} "
-                              f"(asked: {','.join(f'{r:g}' for r in rates)})")
-            if ("max_tokens" in stored and args.max_tokens != d.max_tokens
-                    and args.max_tokens != stored["max_tokens"]):
-                differ.append(f"--max-tokens {stored['max_tokens']} (asked: {args.max_tokens})")
-            if differ:
-                print(f"cwlens: note: --table-only builds the table from the stored results as "
-                      f"they are; {name} was run with {'; '.join(differ)}: those flags are "
-                      "ignored here. Rerun without --table-only, with another --out, for the "
-                      "asked sizes.", file=sys.stderr)
+            differ += stored_differences(stored, {
+                "--rates": ("rates", [float(r) for r in args.rates], [float(r) for r in d.rates]),
+                "--max-tokens": ("max_tokens", args.max_tokens, d.max_tokens)})
+            note_ignored("--table-only", "builds the table from the stored results", name, differ)
 
 
 def _compute(args, cfg, out) -> dict[str, str]:

@@ -10,6 +10,7 @@ from cwlens.errors import InvalidArgumentError
 from cwlens.sinks.config import SinkConfig
 
 DEFAULT = SinkConfig()  # the flags' defaults are the configuration's
+SAMPLES = 50  # --samples' default: texts per dataset
 
 
 def register(sub) -> None:
@@ -33,7 +34,7 @@ def register(sub) -> None:
     add_placement_args(p)
     p.add_argument("--dataset", default="gsm8k", type=arg_types.dataset_list(("text",)),
                    help="gsm8k, fineweb_edu, or both comma-separated (default: %(default)s)")
-    p.add_argument("--samples", type=arg_types.positive_int, default=50,
+    p.add_argument("--samples", type=arg_types.positive_int, default=SAMPLES,
                    help="texts per dataset (default: %(default)s)")
     p.add_argument("--max-tokens", type=arg_types.max_tokens, default=DEFAULT.max_tokens,
                    help="truncate each text (default: %(default)s)")
@@ -149,8 +150,9 @@ def _stored_eps(args) -> float:
     ``raw/config.json``), and a note (stderr) for each flag given another value than its
     default and than the stored run's, which redrawing does not follow."""
     import json
-    import sys
     from pathlib import Path
+
+    from cwlens.cli.common import DEFAULT_MODEL, note_ignored, stored_differences
 
     path = Path(args.out) / "raw" / "config.json"
     try:
@@ -161,27 +163,19 @@ def _stored_eps(args) -> float:
         return args.eps  # tables from before the record: their eps is not known
     asked = {  # flag: (stored key, this command's value, the flag's default)
         "--eps": ("eps", args.eps, DEFAULT.eps),
-        "--model": ("model", args.model, "smollm2-135m"),
+        "--model": ("model", args.model, DEFAULT_MODEL),
         "--scales": ("scales", [float(x) for x in args.scales], [float(x) for x in DEFAULT.scales]),
         "--max-tokens": ("max_tokens", args.max_tokens, DEFAULT.max_tokens),
         "--seed": ("seed", args.seed, DEFAULT.seed),
         "--batch-size": ("batch_size", args.batch_size, DEFAULT.batch_size),
         "--no-intervention": ("intervention", not args.no_intervention, True),
     }
-    differ = []
-    for flag, (key, value, default) in asked.items():
-        if key in stored and value != default and value != stored[key]:
-            shown = ",".join(f"{x:g}" for x in stored[key]) if isinstance(stored[key], list) else stored[key]
-            differ.append(f"no {flag} (asked)" if isinstance(value, bool) else f"{flag} {shown} "
-                          f"(asked: {','.join(f'{x:g}' for x in value) if isinstance(value, list) else value})")
+    differ = stored_differences(stored, asked)
     ids = stored.get("samples")
-    if isinstance(ids, list) and args.samples != 50 and args.samples * len(args.dataset) != len(ids):
+    if isinstance(ids, list) and args.samples != SAMPLES and args.samples * len(args.dataset) != len(ids):
         differ.append(f"{len(ids)} texts (asked: --samples {args.samples})")
-    if differ:
-        print(f"cwlens: note: --plot-only redraws the stored tables as they are; {args.out} was "
-              f"run with {'; '.join(differ)}: those flags are ignored here (the sink heads are "
-              "the run's). Rerun without --plot-only, with another --out, for the asked "
-              "configuration.", file=sys.stderr)
+    note_ignored("--plot-only", "redraws the stored tables", args.out, differ,
+                 " (the sink heads are the run's)")
     return float(stored["eps"])
 
 
