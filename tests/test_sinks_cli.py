@@ -74,3 +74,33 @@ def test_model_label_names_the_quantisation_of_every_offline_model(name, label):
     from cwlens.engine.models.registry import model_label
 
     assert model_label(name) == label
+
+
+def test_sinks_without_sink_heads_write_strict_json_and_say_none(tmp_path, capsys):
+    """No head above --eps: the means over sink heads are NaN. summary.json held bare NaN
+    tokens (not JSON for jq or JavaScript) and the summary printed "sink rate nan"."""
+    from cwlens.sinks.summary import read_summary
+
+    out = tmp_path / "run"
+    argv = ["sinks", "--model", str(save_tiny("llama", tmp_path)), "--samples", "2",
+            "--max-tokens", "12", "--eps", "0.999", "--scales", "0", "--out", str(out),
+            "--figures", ""]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "sink heads: none (no head's mean sink rate is above 0.999)" in printed
+    assert "sink rate nan" not in printed and "nan vs nan" not in printed
+
+    def refuse(token):
+        raise ValueError(f"not strict JSON: {token}")
+
+    raw = json.loads((out / "summary.json").read_text(), parse_constant=refuse)
+    assert raw["n_sink_heads"] == 0 and raw["sink_heads_mean_rate"] is None
+    back = read_summary(out)
+    assert back["sink_heads_mean_rate"] != back["sink_heads_mean_rate"]  # NaN again
+    assert back["sink_heads_factors"]["cosine"] != back["sink_heads_factors"]["cosine"]
+    assert back["max_tokens"] == 12 and back["n_heads"] == raw["n_heads"]
+    # --plot-only finds the same summary (null equals NaN) and leaves the file alone
+    before = (out / "summary.json").stat().st_mtime_ns
+    assert main(["sinks", "--plot-only", "--out", str(out), "--figures", str(tmp_path / "figs"),
+                 "--no-png"]) == 0
+    assert (out / "summary.json").stat().st_mtime_ns == before

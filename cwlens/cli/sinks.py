@@ -181,10 +181,12 @@ def _stored_eps(args) -> float:
 
 def _same_summary(summary: dict, out_dir) -> bool:
     """Whether ``out_dir/summary.json`` already holds this summary (numbers within 1e-6:
-    tables re-read from CSV round the last digits; NaN equals NaN)."""
+    tables re-read from CSV round the last digits; a non-finite number is stored null)."""
     import json
     import math
     from pathlib import Path
+
+    from cwlens.sinks import run as sink_run
 
     def same(a, b) -> bool:
         if isinstance(a, float | int) and isinstance(b, float | int) and not isinstance(a, bool):
@@ -199,4 +201,4 @@ def _same_summary(summary: dict, out_dir) -> bool:
         old = json.loads((Path(out_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return False
-    return same(old, json.loads(json.dumps(summary)))
+    return same(old, json.loads(sink_run.to_json(summary)))

@@ -7,7 +7,6 @@ gradient metrics need a next-token loss, which an encoder has not) reads "n/a" w
 reason. Nothing here computes on a model: every number comes from the files.
 """
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pandas as pd
 
 from cwlens.faithfulness import aopc as A
 from cwlens.replication import plan
+from cwlens.sinks.summary import read_summary
 
 
 @dataclass
@@ -86,7 +86,7 @@ def load(out, name: str, n_boot: int = 2000) -> ModelResults:
                 res.per_sample, res.aopc, res.verdicts = main.per_sample, main.aopc, main.verdicts
     sink_dir = folder / plan.SINKS
     if (sink_dir / "summary.json").exists():
-        res.sinks = json.loads((sink_dir / "summary.json").read_text())
+        res.sinks = read_summary(sink_dir)
         al = pd.read_csv(sink_dir / "alignment_layers.csv")
         res.alignment_layers = al
         res.n_layers = int(al["layer"].max()) + 1

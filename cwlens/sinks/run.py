@@ -26,12 +26,20 @@ from cwlens.sinks.store import (
     load_tables,
     save_tables,
 )
-from cwlens.sinks.summary import format_summary, read_run_info, summarize, write_summary
+from cwlens.sinks.summary import (
+    format_summary,
+    read_run_info,
+    read_summary,
+    summarize,
+    to_json,
+    write_summary,
+)
 
 __all__ = [
     "MANIFEST", "RAW_DIR", "RAW_PARTS", "TABLES", "RawStore", "SinkBatch", "SinkConfig", "SinkJob",
     "SinkResultsError", "analyse", "analyse_batch", "batches", "derive", "format_summary",
-    "load_tables", "read_run_info", "run_to_folder", "save_tables", "summarize", "write_summary",
+    "load_tables", "read_run_info", "read_summary", "run_to_folder", "save_tables", "summarize",
+    "to_json", "write_summary",
 ]
 
 

@@ -1,6 +1,7 @@
 """The headline numbers of a sink run (``summary.json``) and their printed form."""
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -65,40 +66,80 @@ def summarize(t: dict[str, pd.DataFrame], eps: float = statistics.EPS_GU) -> dic
     return out
 
 
+RUN_INFO = ("model", "model_label", "dataset", "max_tokens")
+
+
 def read_run_info(out_dir) -> dict:
     """``model``, ``model_label``, ``dataset``, ``max_tokens`` from an earlier summary.json."""
     path = Path(out_dir) / "summary.json"
     if not path.exists():
         return {}
     old = json.loads(path.read_text())
-    return {k: old[k] for k in ("model", "model_label", "dataset", "max_tokens") if k in old}
+    return {k: old[k] for k in RUN_INFO if k in old}
+
+
+def to_json(summary: dict) -> str:
+    """The summary as strict JSON: a number that is not finite (a mean over no sink heads)
+    is written ``null``, which ``jq`` and JavaScript read; :func:`read_summary` maps it back."""
+    def safe(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: safe(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [safe(v) for v in x]
+        return x
+    return json.dumps(safe(summary), indent=2, allow_nan=False)
+
+
+def read_summary(out_dir) -> dict:
+    """``out_dir/summary.json`` with its ``null`` numbers as NaN again (the run information
+    keeps its ``null``: ``max_tokens`` None means whole texts)."""
+    def back(x):
+        if x is None:
+            return math.nan
+        if isinstance(x, dict):
+            return {k: back(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [back(v) for v in x]
+        return x
+    raw = json.loads((Path(out_dir) / "summary.json").read_text())
+    return {k: v if k in RUN_INFO else back(v) for k, v in raw.items()}
 
 
 def write_summary(summary: dict, out_dir) -> Path:
-    return atomic_write_text(Path(out_dir) / "summary.json", json.dumps(summary, indent=2))
+    return atomic_write_text(Path(out_dir) / "summary.json", to_json(summary))
 
 
-def format_summary(s: dict) -> str:
-    """The printed summary of ``cwlens sinks``."""
+def _sink_head_lines(s: dict) -> list[str]:
     f, tf = s["sink_heads_factors"], s["sink_heads_tail_factors"]
-    lines = [
-        f"\nsink summary ({s['n_samples']} texts; the sink is the first real token)",
-        f"  sink heads (mean rate > {s['eps']}): {s['n_sink_heads']} of {s['n_heads']}",
-        f"  per layer: sink attention {s['layer_mean_sink_attention']:.3f} vs sink share of the "
-        f"layer output {s['layer_mean_sink_contribution']:.3f} (means over layers)",
+    return [
         f"  sink heads: sink rate {s['sink_heads_mean_rate']:.3f}, sink contribution (intra) "
         f"{s['sink_heads_mean_contribution']:.3f}",
         f"  factor split sink vs tail token: attention {f['attention']:.3f} vs {tf['attention']:.3f}, "
         f"relative norm {f['relative_norm']:.3f} vs {tf['relative_norm']:.3f}, cosine "
         f"{f['cosine']:+.3f} vs {tf['cosine']:+.3f}",
+    ]
+
+
+def format_summary(s: dict) -> str:
+    """The printed summary of ``cwlens sinks``."""
+    lines = [
+        f"\nsink summary ({s['n_samples']} texts; the sink is the first real token)",
+        f"  sink heads (mean rate > {s['eps']}): {s['n_sink_heads']} of {s['n_heads']}",
+        f"  per layer: sink attention {s['layer_mean_sink_attention']:.3f} vs sink share of the "
+        f"layer output {s['layer_mean_sink_contribution']:.3f} (means over layers)",
+        *(_sink_head_lines(s) if s["n_sink_heads"] else
+          [f"  sink heads: none (no head's mean sink rate is above {s['eps']})"]),
         f"  anti-alignment: cos(sink value, tail values) mean {s['cos_value_mean']:+.3f} "
         f"({100 * s['cos_value_neg']:.0f}% negative); cos(sink, tail mixture) "
         f"{s['cos_tail_mix_mean']:+.3f} ({100 * s['cos_tail_mix_neg']:.0f}% negative)",
         f"  sink-rate curve: s* interior for {100 * s['sweep_interior_frac_heads']:.0f}% of "
-        f"(head, query) curves ({100 * s['sweep_interior_frac_sink_heads']:.0f}% in sink heads, "
-        f"{100 * s['sweep_interior_frac_layers']:.0f}% for layer outputs); sink heads: median s* "
-        f"{s['sweep_s_star_median_sink_heads']:.3f} vs actual rate "
-        f"{s['sweep_actual_rate_sink_heads']:.3f}",
+        f"(head, query) curves ("
+        + (f"{100 * s['sweep_interior_frac_sink_heads']:.0f}% in sink heads, " if s["n_sink_heads"] else "")
+        + f"{100 * s['sweep_interior_frac_layers']:.0f}% for layer outputs)"
+        + (f"; sink heads: median s* {s['sweep_s_star_median_sink_heads']:.3f} vs actual rate "
+           f"{s['sweep_actual_rate_sink_heads']:.3f}" if s["n_sink_heads"] else ""),
         f"  swept vs closed form: max relative gap {s['sweep_max_rel_error']:.1e}; convex "
         f"fraction (min) {s['sweep_convex_frac_min']:.3f} (convex by construction: the "
         "counterfactual curve is the norm of an affine map)",
