@@ -274,3 +274,28 @@ def test_shipped_tasks_equal_cwlens_on_smollm2(name, smollm2):
             list(item.pairs) for item in items]
         assert_same_scores(name, samples, cwlens_scores(model, items, metric, mode, rate),
                            abs_ll=1e-9)
+
+
+def test_model_args_are_read_strictly():
+    """lm-eval passes every model_arg but the literals true/false as a string: bool("no") is
+    True, int("1.5") raised a bare ValueError, and seed=1.5 was cut to 1."""
+    for off in ("no", "off", "false", "False", "0", 0, False):
+        assert masking_config("contribution", rate=0.3, renormalize=off).renormalize is False
+        assert masking_config("contribution", rate=0.3, mask_first_token=off).mask_first_token is False
+    for on in ("yes", "ON", "true", "1", 1, True):
+        assert masking_config("contribution", rate=0.3, renormalize=on).renormalize is True
+    with pytest.raises(UnknownOptionError, match="renormalize='maybe'"):
+        masking_config("contribution", rate=0.3, renormalize="maybe")
+    assert masking_config("random", rate=0.3, seed="7", batch_tokens="512").seed == 7
+    for name, bad in (("seed", 1.5), ("seed", "abc"), ("batch_tokens", "2.7")):
+        with pytest.raises(UnknownOptionError, match=f"{name}=.*whole number"):
+            masking_config("random", rate=0.3, **{name: bad})
+    for bad in ("abc", "30%", True):
+        with pytest.raises(UnknownOptionError, match="rate=.*fraction"):
+            masking_config("attention", rate=bad)
+    with pytest.raises(UnknownOptionError, match="listed twice"):
+        masking_config("attention", rate=0.3, layers="0;0")
+    with pytest.raises(UnknownOptionError, match="layer indices"):
+        masking_config("attention", rate=0.3, layers=1.5)
+    with pytest.raises(UnknownOptionError, match="label margin"):
+        masking_config("attention_gradient", rate=0.3)
