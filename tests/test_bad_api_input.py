@@ -271,6 +271,29 @@ def test_faithfulness_config_refuses_bad_values(kwargs):
         FaithfulnessConfig(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(renormalize="no"), "renormalize must be True or False"),
+    (dict(mask_first_token=1), "mask_first_token must be True or False"),
+    (dict(causal_only="False"), "causal_only must be True or False"),
+    (dict(seed=1.5), "seed must be an integer"),
+    (dict(metrics="attention"), "metrics must be a list or tuple"),
+    (dict(modes="sufficiency"), "modes must be a list or tuple"),
+    (dict(rates=0.5), "rates must be a list or tuple"),
+    (dict(layers=2), "layers must be a list or tuple"),
+])
+def test_faithfulness_config_reads_no_truthy_strings(kwargs, words):
+    """renormalize="no" renormalised (a non-empty string is true), seed=1.5 was kept,
+    metrics="attention" was split into letters ("Unknown metric='a'"), rates=0.5 raised a
+    TypeError."""
+    import numpy as np
+
+    from cwlens.faithfulness import FaithfulnessConfig
+
+    with pytest.raises(CwlensError, match=words):
+        FaithfulnessConfig(**kwargs)
+    assert FaithfulnessConfig(seed=np.int64(3)).seed == 3
+
+
 def test_too_many_samples_is_a_cwlens_error():
     from cwlens.datasets import load_dataset
 
@@ -295,8 +318,22 @@ def test_something_else_where_the_model_goes_is_named(llama):
         cwlens.wrap(None)
     with pytest.raises(InvalidArgumentError, match="name_or_path must be a model name"):
         cwlens.load_model(5)
-    with pytest.raises(InvalidArgumentError, match="dtype must be a torch.dtype"):
-        cwlens.load_model("smollm2-135m", dtype="float16")
+    with pytest.raises(InvalidArgumentError, match="dtype must be a floating torch.dtype"):
+        cwlens.load_model("smollm2-135m", dtype="half-ish")
+    # an integer dtype was blamed on the model folder ("not a complete Hugging Face model")
+    with pytest.raises(InvalidArgumentError, match="dtype must be a floating torch.dtype"):
+        cwlens.load_model("smollm2-135m", dtype=torch.int8)
+    # compatibility_mode="no" folded LayerNorm (a non-empty string is true)
+    with pytest.raises(InvalidArgumentError, match="compatibility_mode must be True or False"):
+        cwlens.load_model("smollm2-135m", compatibility_mode="no")
+    # a bare torch module (a Hugging Face model) raised AttributeError 'cfg'
+    with pytest.raises(InvalidArgumentError, match="got Linear .*cwlens.load_model"):
+        cwlens.wrap(torch.nn.Linear(2, 2))
+
+
+def test_load_model_takes_a_dtype_by_name(tmp_path):
+    model = cwlens.load_model(str(save_tiny("llama", tmp_path)), device="cpu", dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("layer, words", [([], "no layer given"), (range(0), "no layer given"),

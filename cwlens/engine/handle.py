@@ -424,15 +424,20 @@ def _require_model(model: Any) -> None:
     passed where the model goes, arguments swapped, a model name not yet loaded)."""
     import os
 
+    import torch
+
     kind = type(model).__name__
-    if not (model is None or kind == "ActivationCache" or isinstance(
+    bare_module = isinstance(model, torch.nn.Module) and not hasattr(model, "cfg")
+    if not (model is None or kind == "ActivationCache" or bare_module or isinstance(
             model, str | bytes | os.PathLike | int | float | dict | list | tuple)):
         return  # a model, or a stand-in with what the caller needs (a tokenizer, ...)
     from cwlens.errors import InvalidArgumentError
 
     hint = {"ActivationCache": " (the cache: arguments swapped? the order is (cache, model))",
             "str": " (a model name or path: load it first, model = cwlens.load_model(name))",
-            "NoneType": ""}.get(kind, "")
+            "NoneType": ""}.get(kind, " (a torch module without a TransformerLens cfg: a "
+                                  "Hugging Face model loads through cwlens.load_model(name "
+                                  "or folder))" if bare_module else "")
     raise InvalidArgumentError(
         f"expected a TransformerLens model (HookedTransformer, HookedEncoder or "
         f"TransformerBridge, e.g. from cwlens.load_model); got {kind}{hint}.")

@@ -5,6 +5,7 @@ the CLI flags, the lm-eval model arguments and the provenance columns of every r
 derived from it. :class:`Condition` is one (metric, mode, rate, layer set) of a sweep.
 """
 
+import numbers
 from dataclasses import dataclass, field, fields
 
 from cwlens.core import metrics
@@ -80,6 +81,21 @@ class FaithfulnessConfig:
     ranking_path: str = "auto"
 
     def __post_init__(self):
+        for name, example in (("metrics", "('contribution',)"), ("rates", "(0.1, 0.5)"),
+                              ("modes", "('comprehensiveness',)")):
+            value = getattr(self, name)
+            if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+                raise InvalidArgumentError(  # a bare string would be split into letters
+                    f"{name} must be a list or tuple, e.g. {name}={example}; got {value!r}.")
+        for name in ("renormalize", "causal_only", "mask_first_token", "per_layer", "reuse"):
+            validation.flag(getattr(self, name), name)  # "no" would be true
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise InvalidArgumentError(f"seed must be an integer; got {self.seed!r}.")
+        if self.layers is not None and (isinstance(self.layers, str | bytes)
+                                        or not hasattr(self.layers, "__iter__")):
+            raise InvalidArgumentError(
+                f"layers must be a list or tuple of layer indices (or None for all), e.g. "
+                f"layers=(0,); got {self.layers!r}.")
         # repeated entries would repeat conditions and count every sample twice
         for name in ("metrics", "rates", "modes", "layers"):
             value = getattr(self, name)

@@ -69,7 +69,7 @@ def load_model(
     name_or_path: str | os.PathLike = DEFAULT_MODEL,
     *,
     device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     compatibility_mode: bool = False,
     generation: Generation = "auto",
     n_devices: int | None = None,
@@ -83,8 +83,9 @@ def load_model(
             ``"mistral-7b"``, ``"qwen3-8b"``, ``"deepseek-7b"``, ``"gpt2"``,
             ``"gemma-3-270m"`` load from the hub), a local HF directory or a hub id.
         device: ``"cpu"``, ``"cuda"``... (default: cuda if available).
-        dtype: weights dtype; cwlens computes its measures in float32 anyway.
-        compatibility_mode: TransformerBridge only: fold LayerNorm and centre weights
+        dtype: weights dtype, a floating ``torch.dtype`` or its name (``"bfloat16"``);
+            cwlens computes its measures in float32 anyway.
+        compatibility_mode: True or False. TransformerBridge only: fold LayerNorm and centre weights
             (value biases are kept in the heads: ``fold_value_biases=False``).
         generation: ``"bridge"`` (TransformerLens 4.x), ``"hooked"`` (3.x
             ``HookedTransformer``) or ``"auto"`` (bridge on 4.x, hooked on 3.x).
@@ -124,9 +125,15 @@ def load_model(
             f"name_or_path must be a model name (e.g. {DEFAULT_MODEL!r}) or a local folder; "
             f"got {type(name_or_path).__name__} {name_or_path!r}")
     name_or_path = os.fspath(name_or_path)  # a pathlib.Path works like its string
-    if not isinstance(dtype, torch.dtype):
+    if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
+        dtype = getattr(torch, dtype)  # "float16", "bfloat16": the common spelling
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise InvalidArgumentError(
-            f"dtype must be a torch.dtype (e.g. torch.float16); got {dtype!r}")
+            f"dtype must be a floating torch.dtype (torch.float32, torch.float16, "
+            f"torch.bfloat16, or its name); got {dtype!r}")
+    from cwlens.engine import validation
+
+    validation.flag(compatibility_mode, "compatibility_mode")  # "no" would fold LayerNorm
     from cwlens.engine.device_map import PlacementError, check_device_map
 
     check_device_map(device_map, torch.cuda.device_count() if torch.cuda.is_available() else 0,
