@@ -131,7 +131,7 @@ def _run(args, placed=None, world=None) -> int:
     run_info = {"model": args.model, "model_label": label, "dataset": dataset,
                 "max_tokens": args.max_tokens}
     if args.plot_only:  # keep what the run that made the tables recorded
-        run_info.update(sink_run.read_run_info(args.out))
+        run_info.update(_stored_run_info(args.out))
         label = run_info["model_label"]
     summary.update(run_info)
     if not (args.plot_only and _same_summary(summary, args.out)):  # read-only folders: no write
@@ -145,21 +145,63 @@ def _run(args, placed=None, world=None) -> int:
     return 0
 
 
+def _stored_config(out) -> dict:
+    """The run's ``raw/config.json`` ({} when absent or unreadable: tables from before it)."""
+    import json
+    from pathlib import Path
+
+    try:
+        stored = json.loads((Path(out) / "raw" / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def _stored_datasets(stored: dict) -> list[str] | None:
+    """The datasets of the stored run, from its sample ids (``gsm8k-0000``); None where an
+    id is not one of a shipped dataset's."""
+    from cwlens.datasets.registry import DATASET_NAMES
+
+    ids = stored.get("samples")
+    if not isinstance(ids, list) or not ids:
+        return None
+    names = [str(i).rsplit("-", 1)[0] for i in ids]
+    if not all(n in DATASET_NAMES for n in names):
+        return None
+    return list(dict.fromkeys(names))
+
+
+def _stored_run_info(out) -> dict:
+    """What the run that made the tables recorded: summary.json where it can be read, else
+    its ``raw/config.json`` (model, max_tokens; the dataset from the sample ids), never
+    this command's flags, which redrawing does not follow."""
+    from cwlens.engine.models.registry import model_label
+    from cwlens.sinks import run as sink_run
+
+    stored = _stored_config(out)
+    info: dict = {}
+    if "model" in stored:
+        info.update(model=stored["model"], model_label=model_label(stored["model"]))
+    if "max_tokens" in stored:
+        info["max_tokens"] = stored["max_tokens"]
+    datasets = _stored_datasets(stored)
+    if datasets:
+        info["dataset"] = ",".join(datasets)
+    try:
+        info.update(sink_run.read_run_info(out))
+    except ValueError:  # a summary.json cut short: it is rewritten from the tables
+        pass
+    return info
+
+
 def _stored_eps(args) -> float:
     """--plot-only: the eps the stored tables' sink heads were chosen with (the run's
     ``raw/config.json``), and a note (stderr) for each flag given another value than its
     default and than the stored run's, which redrawing does not follow."""
-    import json
-    from pathlib import Path
-
     from cwlens.cli.common import DEFAULT_MODEL, note_ignored, stored_differences
 
-    path = Path(args.out) / "raw" / "config.json"
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        stored = {}
-    if not isinstance(stored, dict) or "eps" not in stored:
+    stored = _stored_config(args.out)
+    if "eps" not in stored:
         return args.eps  # tables from before the record: their eps is not known
     asked = {  # flag: (stored key, this command's value, the flag's default)
         "--eps": ("eps", args.eps, DEFAULT.eps),
@@ -172,8 +214,13 @@ def _stored_eps(args) -> float:
     }
     differ = stored_differences(stored, asked)
     ids = stored.get("samples")
+    datasets = _stored_datasets(stored)
+    asked_datasets = list(args.dataset)
+    if datasets and asked_datasets != ["gsm8k"] and asked_datasets != datasets:
+        differ.append(f"--dataset {','.join(datasets)} (asked: {','.join(args.dataset)})")
     if isinstance(ids, list) and args.samples != SAMPLES and args.samples * len(args.dataset) != len(ids):
-        differ.append(f"{len(ids)} texts (asked: --samples {args.samples})")
+        of = f" of {len(args.dataset)} datasets" if len(args.dataset) > 1 else ""
+        differ.append(f"{len(ids)} texts (asked: --samples {args.samples}{of})")
     note_ignored("--plot-only", "redraws the stored tables", args.out, differ,
                  " (the sink heads are the run's)")
     return float(stored["eps"])

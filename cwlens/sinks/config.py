@@ -6,6 +6,7 @@ configuration record (:meth:`SinkConfig.record`) is derived from it, and
 fields as keywords.
 """
 
+import numbers
 from dataclasses import asdict, dataclass, fields, replace
 
 from cwlens.engine import validation
@@ -42,7 +43,20 @@ class SinkConfig:
     past_context: bool = False
 
     def __post_init__(self):
+        from cwlens.sinks.norm_intervention import check_scales
+        from cwlens.sinks.statistics import check_sink_options
+
+        check_scales(self.scales)
         object.__setattr__(self, "scales", tuple(self.scales))
+        check_sink_options((0,), self.eps)
+        validation.flag(self.intervention, "intervention")  # "no" would be true
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise InvalidArgumentError(f"seed must be an integer; got {self.seed!r}.")
+        if isinstance(self.swept_batches, bool) or not isinstance(self.swept_batches, numbers.Integral) \
+                or self.swept_batches < 0:
+            raise InvalidArgumentError(
+                f"swept_batches must be 0 or more (batches whose curve is also swept); got "
+                f"{self.swept_batches!r}.")
         validation.max_tokens(self.max_tokens)
         if self.max_tokens is not None and self.max_tokens < 2:
             raise InvalidArgumentError(

@@ -113,8 +113,6 @@ def sink_norm_intervention(
 
 def _check_inputs(model, tokens, attention_mask, scales) -> None:
     """Token ids (a text has no batch to intervene on), finite scales, each once."""
-    import math
-
     from cwlens.engine import validation
     from cwlens.errors import InvalidArgumentError
 
@@ -123,6 +121,16 @@ def _check_inputs(model, tokens, attention_mask, scales) -> None:
             f"tokens must be a [batch, pos] tensor of token ids (model.to_tokens(texts), or "
             f"cwlens.engine.batching.pad_batch for several); got {type(tokens).__name__}.")
     validation.model_input(model, tokens, attention_mask, "tokens")
+    check_scales(scales)
+
+
+def check_scales(scales) -> None:
+    """A non-empty list of finite numbers, each once (a string would be split into
+    characters, a bare number has no order)."""
+    import math
+
+    from cwlens.errors import InvalidArgumentError
+
     values = list(scales) if hasattr(scales, "__iter__") and not isinstance(scales, str) else None
     if not values or not all(isinstance(x, int | float) and not isinstance(x, bool)
                              and math.isfinite(x) for x in values):

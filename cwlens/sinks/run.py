@@ -127,6 +127,34 @@ def derive(parts: dict[str, list[pd.DataFrame]], eps: float = statistics.EPS_GU)
     return t
 
 
+def check_samples(samples) -> list:
+    """``samples`` as a list of text samples (``.id`` and ``.text``), each id once: the
+    tables are keyed by sample id, so a repeated id kept one text (or broke pandas)."""
+    from collections import Counter
+
+    from cwlens.errors import EmptyInputError, InvalidArgumentError
+
+    fix = ("pass text samples: cwlens.datasets.load_dataset(name, n=...), or "
+           "TextSample(id, text, dataset) from cwlens.datasets for your own texts")
+    if isinstance(samples, str | bytes) or not hasattr(samples, "__iter__"):
+        raise InvalidArgumentError(f"samples must be a list of text samples; got {samples!r}: {fix}.")
+    samples = list(samples)
+    if not samples:
+        raise EmptyInputError("No samples to analyse: pass at least one text.")
+    for s in samples:
+        if not (isinstance(getattr(s, "id", None), str) and isinstance(getattr(s, "text", None), str)):
+            raise InvalidArgumentError(
+                f"samples must hold text samples (with .id and .text); got "
+                f"{type(s).__name__} {str(s)[:60]!r}: {fix}.")
+    twice = [(i, n) for i, n in Counter(s.id for s in samples).items() if n > 1]
+    if twice:
+        i, n = twice[0]
+        raise InvalidArgumentError(
+            f"sample id {i!r} is given {n} times ({len(twice)} repeated id(s)): the tables are "
+            "keyed by sample id; give each text its own id.")
+    return samples
+
+
 def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool = True,
             **settings) -> dict[str, pd.DataFrame]:
     """All tables of :data:`TABLES` for ``samples`` (a list of ``TextSample``), in memory
@@ -140,6 +168,7 @@ def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool 
     cfg = SinkConfig.of(config, **settings)
     if not samples:
         raise EmptyInputError("No samples to analyse: pass at least one text.")
+    samples = check_samples(samples)
     _check_model(model, cfg.intervention)
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in RAW_PARTS}
     todo = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
@@ -211,7 +240,7 @@ def run_to_folder(model, samples, out_dir, config: SinkConfig | None = None, *, 
     cfg = SinkConfig.of(config, **settings)
     _check_model(model, cfg.intervention)
     distributed.require_session()
-    samples = list({s.id: s for s in reversed(samples)}.values())[::-1]  # one per id
+    samples = check_samples(samples)
     plan = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
     record = {"model": model_name or wrap(model).name or "model",
               "samples": [s.id for s in samples], **cfg.record()}

@@ -140,6 +140,9 @@ def save_tables(tables: dict[str, pd.DataFrame], out_dir) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     for name in (MANIFEST, "summary.json"):
         (out / name).unlink(missing_ok=True)
+    for key, name in TABLES.items():  # an earlier run's tables that this one does not write
+        if key not in tables:         # (e.g. the intervention's, after --no-intervention)
+            (out / name).unlink(missing_ok=True)
     paths = []
     for key, name in TABLES.items():
         if key in tables:

@@ -2,6 +2,7 @@
 
 import json
 import math
+from os import PathLike
 from pathlib import Path
 
 import pandas as pd
@@ -93,8 +94,8 @@ def to_json(summary: dict) -> str:
 
 
 def read_summary(out_dir) -> dict:
-    """``out_dir/summary.json`` with its ``null`` numbers as NaN again (the run information
-    keeps its ``null``: ``max_tokens`` None means whole texts)."""
+    """``out_dir/summary.json`` (or that file's path) with its ``null`` numbers as NaN again
+    (the run information keeps its ``null``: ``max_tokens`` None means whole texts)."""
     def back(x):
         if x is None:
             return math.nan
@@ -103,7 +104,26 @@ def read_summary(out_dir) -> dict:
         if isinstance(x, list):
             return [back(v) for v in x]
         return x
-    raw = json.loads((Path(out_dir) / "summary.json").read_text())
+    from cwlens.errors import InvalidArgumentError
+
+    if not isinstance(out_dir, str | PathLike):
+        raise InvalidArgumentError(
+            f"read_summary takes the folder of a sink run (its --out); got {out_dir!r}.")
+    path = Path(out_dir)
+    path = path if path.name == "summary.json" and path.is_file() else path / "summary.json"
+    if not path.is_file():
+        raise InvalidArgumentError(
+            f"{path} does not exist: pass the --out folder of a finished `cwlens sinks` run "
+            "(a run writes summary.json last; `cwlens sinks --plot-only --out <folder> "
+            "--figures <folder>` rewrites it from the tables).")
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as e:
+        raise InvalidArgumentError(
+            f"{path} is not valid JSON ({e}): delete it; `cwlens sinks --plot-only --out "
+            f"{path.parent} --figures <folder>` rewrites it from the tables.") from None
+    if not isinstance(raw, dict):
+        raise InvalidArgumentError(f"{path} holds a {type(raw).__name__}, not a sink summary.")
     return {k: v if k in RUN_INFO else back(v) for k, v in raw.items()}
 
 
@@ -125,7 +145,8 @@ def _sink_head_lines(s: dict) -> list[str]:
 def format_summary(s: dict) -> str:
     """The printed summary of ``cwlens sinks``."""
     lines = [
-        f"\nsink summary ({s['n_samples']} texts; the sink is the first real token)",
+        f"\nsink summary ({s['n_samples']} texts{' of ' + s['dataset'] if s.get('dataset') else ''}; "
+        "the sink is the first real token)",
         f"  sink heads (mean rate > {s['eps']}): {s['n_sink_heads']} of {s['n_heads']}",
         f"  per layer: sink attention {s['layer_mean_sink_attention']:.3f} vs sink share of the "
         f"layer output {s['layer_mean_sink_contribution']:.3f} (means over layers)",

@@ -178,10 +178,20 @@ def layer_sums(geo: AttentionGeometry, classes: torch.Tensor, causal: bool,
 
 
 def _texts(texts) -> list[str]:
-    out = [t[1] if isinstance(t, (tuple, list)) else t for t in texts]
+    """The strings of ``texts`` (strings or (id, text) pairs); anything else is refused: a
+    bare string was split into characters, a tensor analysed as the text "tensor([...])"."""
+    if isinstance(texts, str | bytes) or not isinstance(texts, Sequence):
+        raise InvalidArgumentError(
+            f"texts must be a list of strings or (id, text) pairs; got {type(texts).__name__}"
+            + (": a single text: pass [text]" if isinstance(texts, str) else "") + ".")
+    out = [t[1] if isinstance(t, (tuple, list)) and len(t) == 2 else t for t in texts]
     if not out:
         raise EmptyInputError("No texts: pass at least one text (or (id, text) pair).")
-    return [str(t) for t in out]
+    for t in out:
+        if not isinstance(t, str) or not t.strip():
+            raise InvalidArgumentError(
+                f"texts must hold non-empty strings or (id, text) pairs; got {t!r}.")
+    return out
 
 
 def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int = 16,
