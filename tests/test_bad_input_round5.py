@@ -115,3 +115,165 @@ def test_a_fresh_run_removes_the_tables_it_does_not_write(sink_run, tmp_path):
     assert main(["sinks", "--model", str(model), "--samples", "2", "--max-tokens", "10",
                  "--out", str(copy), "--figures", "", "--no-resume", "--no-intervention"]) == 0
     assert not (copy / "ppl.csv").exists() and not (copy / "norm_intervention.csv").exists()
+
+
+def test_run_faithfulness_refuses_samples_it_would_mislabel(tmp_path):
+    """Repeated ids kept one sample without a word; a second dataset's rows were labelled
+    with the first's name; strings and mixed kinds raised AttributeError; out=<folder>
+    read as results whose config file is missing."""
+    from cwlens.datasets import load_dataset
+    from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
+
+    m = tiny_model("llama")
+    cfg = FaithfulnessConfig(metrics=("attention",), rates=(0.5,), max_tokens=10)
+    docs = load_dataset("gsm8k", n=3)
+    cases = [
+        ([dataclasses.replace(s, id="same") for s in docs], "sample id 'same' is given 3 times"),
+        (docs[:1] + load_dataset("fineweb_edu", n=1), "come from 2 datasets"),
+        (["the cat sat on the mat"], "TextSample or ChoiceItem"),
+        (docs[:1] + load_dataset("mmlu", n=1), "mix documents"),
+    ]
+    for samples, words in cases:
+        with pytest.raises(InvalidArgumentError, match=words):
+            run_faithfulness(m, samples, cfg, progress=False)
+    with pytest.raises(InvalidArgumentError, match="is a folder; pass the path of a .jsonl"):
+        run_faithfulness(m, docs, cfg, out=tmp_path, progress=False)
+    assert len(run_faithfulness(m, docs, cfg, progress=False).table["sample_id"].unique()) == 3
+
+
+def test_a_csv_export_reads_back_as_its_parquet_twin(tmp_path):
+    """read_tables read CSV ids with pandas' defaults: 'NA' became NaN and '007' became 7.0
+    (a join with a Parquet export matched nothing)."""
+    import pandas as pd
+
+    from cwlens.report.export import export_texts, read_tables
+
+    m = tiny_model("llama")
+    for fmt in ("parquet", "csv"):
+        export_texts(m, ["the cat", "the dog"], tmp_path / fmt, text_ids=["NA", "007"], fmt=fmt)
+    pq, csv = read_tables(tmp_path / "parquet"), read_tables(tmp_path / "csv")
+    assert list(csv["heads"]["text_id"].unique()) == ["NA", "007"]
+    for name in pq:
+        pd.testing.assert_frame_equal(pq[name].reset_index(drop=True), csv[name].reset_index(drop=True),
+                                      check_dtype=False, atol=1e-6)
+
+
+def test_export_refuses_one_token_and_a_string_of_ids(tmp_path, capsys):
+    """--max-tokens 1 exported <bos> rows only (rc 0; analyze refuses it); text_ids="ab" was
+    split into the ids 'a' and 'b'."""
+    from cwlens.report.export import export_texts
+
+    m = tiny_model("llama")
+    with pytest.raises(InvalidArgumentError, match="max_tokens=1 keeps one token"):
+        export_texts(m, ["the cat sat"], tmp_path / "a", max_tokens=1)
+    with pytest.raises(InvalidArgumentError, match="text_ids must be a list"):
+        export_texts(m, ["the cat", "the dog"], tmp_path / "b", text_ids="ab")
+    model = save_tiny("llama", tmp_path)
+    assert main(["export", "--model", str(model), "--device", "cpu", "--text", "hello world",
+                 "--max-tokens", "1", "--out", str(tmp_path / "c")]) == 1
+    assert "--max-tokens" in capsys.readouterr().err
+    assert not (tmp_path / "c" / "topk.parquet").exists()
+
+
+def test_export_helpers_refuse_a_string_of_tokens():
+    """reduction_tables(res, "abcd") took characters as token strings."""
+    from cwlens.engine.streaming import stream_reduce
+    from cwlens.report.export import circuitsvis_heads, default_reducers, reduction_tables
+
+    m = tiny_model("llama")
+    res = stream_reduce(m, m.to_tokens("the cat sat"), default_reducers())
+    with pytest.raises(InvalidArgumentError, match="str_tokens must be a list"):
+        reduction_tables(res, "abcd")
+    import torch
+
+    with pytest.raises(InvalidArgumentError, match="str_tokens must be a list"):
+        circuitsvis_heads(torch.ones(2, 4, 4), "abcd")
+
+
+@pytest.fixture(scope="module")
+def circuit(tmp_path_factory):
+    from cwlens import circuits
+
+    m = tiny_model("llama")
+    task = circuits.build_task("induction", m, n_prompts=2, length=5)
+    logits, cache = circuits.run_with_cache(m, task.clean)
+    return m, task, logits, cache
+
+
+def test_token_flow_checks_positions_tokens_and_its_cache(circuit):
+    """target=999 wrapped round to position 9 (another token's graph); str_tokens of the
+    wrong length failed later with IndexError; a cwlens.run_with_cache cache was told to
+    use cwlens.run_with_cache."""
+    import cwlens
+    from cwlens import circuits
+    from cwlens.errors import MissingHookError, ShapeMismatchError
+
+    m, task, _, cache = circuit
+    n = task.clean.shape[1]
+    flow = circuits.token_flow(cache, m, batch=0)
+    assert flow.edges(target=-1) == flow.edges(target=n - 1)
+    for bad in (n, 999, -n - 1):
+        with pytest.raises(InvalidArgumentError, match=f"target position {bad} is out of range"):
+            flow.edges(target=bad)
+    with pytest.raises(InvalidArgumentError, match="integer position"):
+        flow.input_attribution(2.5)
+    with pytest.raises(ShapeMismatchError, match=f"list of {n} token strings"):
+        circuits.token_flow(cache, m, str_tokens=["a"])
+    with pytest.raises(ShapeMismatchError, match="a string"):
+        circuits.token_flow(cache, m, str_tokens="abc")
+    with pytest.raises(InvalidArgumentError, match="batch 5 is out of range"):
+        circuits.token_flow(cache, m, batch=5)
+    _, plain = cwlens.run_with_cache(m, "the cat sat")
+    with pytest.raises(MissingHookError, match=r"cwlens.circuits.run_with_cache\(model, tokens\)"):
+        circuits.token_flow(plain, m)
+
+
+def test_head_scores_and_logit_attribution_check_positions_and_ids(circuit):
+    """Empty queries gave all-NaN scores, a key after its query a 'measured' 0, positions
+    and token ids out of range raised bare IndexError / RuntimeError."""
+    import torch
+
+    from cwlens import circuits
+    from cwlens.errors import NonFiniteError, ShapeMismatchError
+
+    m, task, logits, cache = circuit
+    b, n = task.clean.shape
+    q = task.queries
+    assert torch.equal(circuits.head_scores(cache, m, q, task.keys)["contribution_key"].values,
+                       circuits.head_scores(cache, m, [x - n if x >= 0 else x for x in q],
+                                            task.keys)["contribution_key"].values)
+    with pytest.raises(InvalidArgumentError, match="queries is empty"):
+        circuits.head_scores(cache, m, (), None)
+    with pytest.raises(InvalidArgumentError, match="queries position 99 is out of range"):
+        circuits.head_scores(cache, m, (99,), task.keys[:, :1])
+    with pytest.raises(InvalidArgumentError, match="outside 0.."):
+        circuits.head_scores(cache, m, (2,), torch.full((b, 1), 100))
+    with pytest.raises(InvalidArgumentError, match="after its query"):
+        circuits.head_scores(cache, m, (2,), torch.full((b, 1), 8))
+    with pytest.raises(InvalidArgumentError, match="keys must be a"):
+        circuits.head_scores(cache, m, (2,), [[1], [1]])
+    with pytest.raises(ShapeMismatchError, match="one key per query"):
+        circuits.head_scores(cache, m, (2,), torch.ones(b + 1, 1, dtype=torch.long))
+    dla = circuits.direct_logit_attribution
+    with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
+        dla(cache, m, logits, q, torch.full_like(task.answers, 10**6), None)
+    with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
+        dla(cache, m, logits, q, task.answers, torch.full_like(task.answers, -1))
+    with pytest.raises(ShapeMismatchError, match="logits of the cached run"):
+        dla(cache, m, logits[:1], q, task.answers, None)
+    with pytest.raises(NonFiniteError, match="NaN or inf"):
+        dla(cache, m, torch.full_like(logits, float("nan")), q, task.answers, None)
+    assert dla(cache, m, logits, q, task.answers, task.foils).completeness_error < 1e-4
+
+
+def test_an_item_past_the_context_gets_advice_that_applies(tmp_path, capsys):
+    """A BoolQ passage past the context was told to use --num-fewshot (MMLU's only flag),
+    and `accuracy --dataset mmlu,boolq` scored MMLU first, then failed without its table."""
+    model = str(save_tiny("llama", tmp_path))  # n_ctx 128: BoolQ passages are longer
+    assert main(["accuracy", "--model", model, "--device", "cpu", "--dataset", "mmlu,boolq",
+                 "--samples", "mmlu=2,boolq=2"]) == 1
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert "boolq items are zero-shot, so only a model with a longer context" in err
+    assert "--num-fewshot" not in err
+    assert "mmlu:" not in captured.out  # refused before any scoring

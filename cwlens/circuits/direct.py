@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens.circuits import direct_math
+from cwlens.circuits import checks, direct_math
 from cwlens.circuits.results import HeadScores
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.handle import wrap
+from cwlens.errors import NonFiniteError, ShapeMismatchError
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,24 @@ def direct_logit_attribution(
             "answer logit minus the mean logit".
     """
     adapter.check_residual_model(model, "Direct logit attribution")
+    checks.residual_hooks(cache, model, "Direct logit attribution")
+    b, n = adapter.read(cache, hook_names.resid_pre(0), model).shape[:2]
+    q = checks.positions(queries, n)
+    W_U, b_U = wrap(model).unembed()
+    d_vocab = W_U.shape[-1]
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (b, n, d_vocab):
+        raise ShapeMismatchError(
+            f"logits must be the [batch, pos, d_vocab] = [{b}, {n}, {d_vocab}] logits of the "
+            "cached run (the first output of cwlens.circuits.run_with_cache); got "
+            + (str(list(logits.shape)) if isinstance(logits, torch.Tensor) else type(logits).__name__) + ".")
+    if not bool(torch.isfinite(logits[:, q]).all()):
+        raise NonFiniteError("logits hold NaN or inf at the queries: the completeness check "
+                             "would be NaN. Run the model in float32 or bfloat16.")
+    checks.token_ids(answers, (b, len(q)), d_vocab, "answers")
+    if foils is not None:
+        checks.token_ids(foils, (b, len(q)), d_vocab, "foils")
     adapter.check_residual_sum(cache, model, "Direct logit attribution")
     n_layers = wrap(model).n_layers
-    q = torch.as_tensor(list(queries), dtype=torch.long)
-    W_U, b_U = wrap(model).unembed()
     w_ln, b_ln, centres = wrap(model).final_norm()
     device = logits.device
     answers = answers.to(device)

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cwlens.circuits import flow_math
+from cwlens.circuits import checks, flow_math
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.handle import wrap
+from cwlens.errors import ShapeMismatchError
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class TokenFlow:
         return self.layer_flows.shape[0]
 
     def _target(self, target: int) -> int:
-        return target % self.layer_flows.shape[-1]
+        return checks.index(target, self.layer_flows.shape[-1], "target position")
 
     def input_attribution(self, target: int = -1) -> torch.Tensor:
         """``[pos]``: how much of the final stream at ``target`` comes from each input token."""
@@ -79,6 +80,16 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
     """
     flow_math.check_rule(rule)
     adapter.check_residual_model(model, "The token flow")
+    checks.residual_hooks(cache, model, "The token flow")
+    b, n = adapter.read(cache, hook_names.resid_pre(0), model).shape[:2]
+    batch = checks.index(batch, b, "batch")
+    if str_tokens is not None:
+        if isinstance(str_tokens, str | bytes) or len(str_tokens) != n:
+            raise ShapeMismatchError(
+                f"str_tokens must be a list of {n} token strings (the cached run's positions, "
+                f"e.g. model.to_str_tokens(tokens[{batch}])); got "
+                + (f"a string {str_tokens!r}" if isinstance(str_tokens, str | bytes)
+                   else f"{len(str_tokens)} entries") + ".")
     adapter.check_residual_sum(cache, model, "The token flow", closure_tolerance)
     resid_share, attn_share, layer_flows = [], [], []
     for layer in range(wrap(model).n_layers):
@@ -96,7 +107,6 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
         layer_flows.append(flow_math.layer_flow(r, a, c, rule, dots))
     flows = torch.stack(layer_flows).cpu()
     if str_tokens is None:
-        tokens = adapter.read(cache, hook_names.resid_pre(0), model).shape[1]
-        str_tokens = [str(i) for i in range(tokens)]
+        str_tokens = [str(i) for i in range(n)]
     return TokenFlow(flows, flow_math.compose(flows), torch.stack(resid_share).cpu(),
                      torch.stack(attn_share).cpu(), tuple(str_tokens), rule)

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
+from cwlens.circuits import checks
 from cwlens.circuits.results import HeadScores
-from cwlens.engine import adapter
+from cwlens.engine import adapter, hook_names
 from cwlens.engine.handle import wrap
 
 
@@ -44,7 +45,10 @@ def head_scores(
 ) -> dict[str, HeadScores]:
     """``{"contribution_share", "contribution_key", "attention_key"}`` (the last two only
     when ``keys`` is given) as :class:`HeadScores` ``[layer, head]``."""
-    q = torch.as_tensor(list(queries), dtype=torch.long)
+    b, _, n, _ = adapter.read(cache, hook_names.pattern(0), model).shape
+    q = checks.positions(queries, n)
+    if keys is not None:
+        checks.key_positions(keys, q, b, n, causal=not adapter.is_encoder(model))
     share, con_key, att_key = [], [], []
     for layer in range(wrap(model).n_layers):
         geo = adapter.geometry(cache, model, layer, attention_mask)

@@ -121,6 +121,10 @@ def run(args) -> int:
         chat = partial(chat_prompt, model)
         items.update({d: load_dataset(d, n=counts[d], chat=chat)
                       for d, p in prompts.items() if p == "chat"})
+    from cwlens.faithfulness.units import choice_units
+
+    for d in args.dataset:  # every dataset's lengths before any scoring (seconds: tokens only)
+        choice_units(model, items[d])
     checks = []
     for d in args.dataset:
         checks.append(clean_accuracy(model, items[d], batch_tokens=args.batch_tokens))

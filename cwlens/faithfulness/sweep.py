@@ -182,6 +182,40 @@ def _require_something_masked(units, cfg: FaithfulnessConfig) -> None:
             + ("" if cfg.mask_first_token else ", or let the first token be masked") + ".")
 
 
+def _check_samples(samples: list) -> None:
+    """One kind of sample (documents or multiple-choice items) from one dataset, each id
+    once: the rows are keyed by sample id and labelled with one dataset name, so a repeated
+    id kept one sample and a second dataset's rows were filed under the first's name."""
+    from collections import Counter
+
+    from cwlens.datasets import ChoiceItem, TextSample
+
+    fix = ("load them with cwlens.datasets.load_dataset(name, n=...), or build "
+           "TextSample(id, text, dataset) / ChoiceItem objects for your own")
+    for s in samples:
+        if not isinstance(s, TextSample | ChoiceItem):
+            raise InvalidArgumentError(
+                f"the samples must be TextSample or ChoiceItem objects; got {type(s).__name__} "
+                f"{str(s)[:60]!r}: {fix}.")
+    kinds = {type(s).__name__ for s in samples}
+    if len(kinds) > 1:
+        raise InvalidArgumentError(
+            "the samples mix documents (TextSample) and multiple-choice items (ChoiceItem): "
+            "they are scored differently (ΔNLL vs the label margin); run each kind separately.")
+    datasets = list(dict.fromkeys(s.dataset for s in samples))
+    if len(datasets) > 1:
+        raise InvalidArgumentError(
+            f"the samples come from {len(datasets)} datasets ({', '.join(map(str, datasets))}); "
+            "a run's rows carry one dataset name: run each dataset separately (one results "
+            "file each, as cwlens faithfulness --dataset a,b does).")
+    twice = [(i, n) for i, n in Counter(s.id for s in samples).items() if n > 1]
+    if twice:
+        i, n = twice[0]
+        raise InvalidArgumentError(
+            f"sample id {i!r} is given {n} times ({len(twice)} repeated id(s)): the rows are "
+            "keyed by sample id; give each sample its own id.")
+
+
 def run_faithfulness(
     model,
     dataset,
@@ -213,12 +247,16 @@ def run_faithfulness(
     cfg = config or FaithfulnessConfig()
     require_causal(cfg.scope, cfg.causal_only, "the next-token faithfulness test (ΔNLL)")
     adapter.require_metrics(model, cfg.metrics)
+    if out is not None and Path(out).is_dir():
+        raise InvalidArgumentError(
+            f"out={str(out)!r} is a folder; pass the path of a .jsonl results file, e.g. "
+            f"{str(Path(out) / 'results.jsonl')!r} (the CLI's --out is the folder).")
     t0 = time.perf_counter()
     num_fewshot = load.get("num_fewshot", 0)
     samples = load_dataset(dataset, **load) if isinstance(dataset, str) else list(dataset)
     if not samples:
         raise EmptyInputError("No samples to evaluate: pass a dataset name or a non-empty list.")
-    samples = list({s.id: s for s in reversed(samples)}.values())[::-1]  # one per id, first kept
+    _check_samples(samples)
     is_choice = isinstance(samples[0], ChoiceItem)
     ds_name = samples[0].dataset + (f"_{num_fewshot}shot" if is_choice and num_fewshot else "")
     name = model_name or wrap(model).name or "model"

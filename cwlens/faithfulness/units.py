@@ -60,7 +60,7 @@ def choice_units(model, items) -> list[Unit]:
     for index, item in enumerate(items):
         reqs = by_item[index]
         inputs, which = choice.unique_inputs(reqs)
-        _fits_context(model, item.id, inputs)
+        _fits_context(model, item.id, inputs, item.dataset)
 
         def score(logits, rows, offsets, tokens, mask, reqs=reqs, which=which, item=item):
             lls = [choice.continuation_logprob(logits, rows[w], offsets[w], r)
@@ -77,19 +77,23 @@ def _margin(logits, rows, offsets, reqs, which, gold):
     return choice.margin_loss(logits, reqs, which, rows, offsets, gold)
 
 
-def _fits_context(model, item_id, inputs) -> None:
+def _fits_context(model, item_id, inputs, dataset: str = "") -> None:
     """A choice prompt cannot be cut without losing its question: refuse one longer than
-    the model's context (docs/inputs.md)."""
+    the model's context (docs/inputs.md). Few-shot examples are MMLU's only; other
+    items are long by their own text."""
     from cwlens.engine.adapter import context_length
     from cwlens.errors import InputTooLongError
 
     limit = context_length(model)
     longest = max((len(x) for x in inputs), default=0)
     if limit is not None and longest > limit:
+        fix = ("use fewer few-shot examples (--num-fewshot) or a model with a longer context"
+               if dataset.startswith("mmlu") else
+               f"{dataset or 'its'} items are zero-shot, so only a model with a longer context "
+               "takes it")
         raise InputTooLongError(
             f"item {item_id}: a prompt with its answer has {longest} tokens, more than the "
-            f"model's context of {limit} (n_ctx); use fewer few-shot examples (--num-fewshot) "
-            "or a model with a longer context.")
+            f"model's context of {limit} (n_ctx); {fix}.")
 
 
 def plan_batches(units: Sequence[Unit], batch_tokens: int) -> list[list[int]]:

@@ -26,7 +26,7 @@ import torch
 
 from cwlens.engine import batching, reducers, validation
 from cwlens.engine.handle import wrap
-from cwlens.errors import CwlensError
+from cwlens.errors import CwlensError, InvalidArgumentError
 
 TABLES = ("topk", "column_sums", "token_level", "heads")
 
@@ -91,6 +91,9 @@ def reduction_tables(result, str_tokens: Sequence[str], model: str = "model",
     leaves out the top-k entries of keys after their query: :class:`~cwlens.reducers.TopK`
     ranks a row as the dense ``torch.topk`` would, so a query with fewer than ``k`` keys
     fills its row with those keys' zeros."""
+    if isinstance(str_tokens, str | bytes):
+        raise InvalidArgumentError("str_tokens must be a list of token strings (e.g. "
+                                   "model.to_str_tokens(text)); got one string.")
     tokens = [str(t) for t in str_tokens]
     _check_one_text(result, len(tokens))
     parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
@@ -223,6 +226,9 @@ def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict
         raise EmptyInputError("texts is empty: pass at least one text to export.")
     for i, t in enumerate(texts):
         validation.text(t, f"text {i}")
+    if isinstance(text_ids, str | bytes):
+        raise InvalidArgumentError(f"text_ids must be a list of ids, one per text; got the string "
+                                   f"{text_ids!r} (a single text: text_ids=[{text_ids!r}]).")
     ids = [str(i) for i in range(len(texts))] if text_ids is None else [str(i) for i in text_ids]
     if len(ids) != len(texts):
         raise ShapeMismatchError(f"text_ids has {len(ids)} ids for {len(texts)} texts: give one "
@@ -245,6 +251,11 @@ def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict
         raise InvalidArgumentError(f"metrics lists a metric twice: {metrics!r}; give each once.")
     validation.positive_int(k, "k")
     validation.max_tokens(max_tokens)
+    if max_tokens == 1:
+        raise InvalidArgumentError(
+            "max_tokens=1 keeps one token of each text (its first, e.g. <bos>): one query that "
+            "sees only itself has every weight 1, and nothing of the text is exported. Pass "
+            "max_tokens of 2 or more (CLI: --max-tokens).")
     n_layers = wrap(model).n_layers
     layers = validation.int_list(token_layers, "token_layers", allow_empty=True)
     bad = [ly for ly in layers if not -n_layers <= ly < n_layers]
@@ -268,13 +279,27 @@ def _writer(df: pd.DataFrame, fmt: str):
     return write
 
 
+TEXT_COLUMNS = ("model", "text_id", "metric", "query_token", "key_token", "token")
+
+
+def _read_csv(path) -> pd.DataFrame:
+    """A CSV export as its Parquet twin reads: ids and tokens stay strings (pandas' defaults
+    read the text id '007' as 7 and the tokens 'NA', 'null' or '' as NaN)."""
+    header = pd.read_csv(path, nrows=0).columns
+    text = [c for c in header if c in TEXT_COLUMNS]
+    frame = pd.read_csv(path, dtype={c: str for c in text}, keep_default_na=False,
+                        na_values={c: ["", "NaN", "nan", "NA", "N/A", "null", "None", "<NA>"]
+                                   for c in header if c not in text})
+    return frame
+
+
 def read_tables(out_dir) -> dict[str, pd.DataFrame]:
     """The tables :func:`export_texts` wrote (Parquet or CSV)."""
     from cwlens.errors import InvalidArgumentError
 
     out = {}
     for name in TABLES:
-        for fmt, reader in (("parquet", pd.read_parquet), ("csv", pd.read_csv)):
+        for fmt, reader in (("parquet", pd.read_parquet), ("csv", _read_csv)):
             path = Path(out_dir) / f"{name}.{fmt}"
             if path.exists():
                 out[name] = reader(path)
@@ -289,14 +314,18 @@ def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: 
     """``circuitsvis.attention.attention_heads`` of ``[head, query, key]`` weights (e.g.
     contribution weights of one text and layer), for notebook users who know that widget.
 
-    The widget expects non-negative weights; signed contribution weights are shown as
-    ``|c|`` (``signed=True`` passes them as they are, which the widget draws with negative
-    cells clipped)."""
+    The widget expects non-negative weights: ``signed=True`` (default) passes signed
+    contribution weights as they are, which the widget draws with negative cells clipped;
+    ``signed=False`` shows ``|c|``. ``str_tokens``: one string per query (a bare string is
+    refused: it would be read character by character)."""
     from cwlens.errors import InvalidArgumentError, ShapeMismatchError
 
     if not isinstance(weights, torch.Tensor):
         raise InvalidArgumentError(f"weights must be a [head, query, key] tensor; got "
                                    f"{type(weights).__name__}.")
+    if isinstance(str_tokens, str | bytes):
+        raise InvalidArgumentError("str_tokens must be a list of token strings (e.g. "
+                                   "model.to_str_tokens(text)); got one string.")
     w = weights.detach().float().cpu()
     if w.ndim == 2:
         w = w[None]

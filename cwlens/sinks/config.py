@@ -15,6 +15,15 @@ from cwlens.errors import InvalidArgumentError
 EPS_GU = 0.3  # Gu et al.'s sink threshold: a sink head's mean sink rate exceeds it
 
 
+def check_eps(eps) -> None:
+    """The sink-head threshold: a finite number in [0, 1] (not a bool)."""
+    import math
+
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) \
+            or not 0 <= eps <= 1:
+        raise InvalidArgumentError(f"eps is a threshold on a mean sink rate, in [0, 1]; got {eps!r}.")
+
+
 @dataclass(frozen=True)
 class SinkConfig:
     """Every choice of a sink run.
@@ -44,11 +53,10 @@ class SinkConfig:
 
     def __post_init__(self):
         from cwlens.sinks.norm_intervention import check_scales
-        from cwlens.sinks.statistics import check_sink_options
 
         check_scales(self.scales)
         object.__setattr__(self, "scales", tuple(self.scales))
-        check_sink_options((0,), self.eps)
+        check_eps(self.eps)
         validation.flag(self.intervention, "intervention")  # "no" would be true
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise InvalidArgumentError(f"seed must be an integer; got {self.seed!r}.")

@@ -28,6 +28,7 @@ from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.sinks import first_real_index, key_onehot, query_after_sink
 from cwlens.engine import adapter
 from cwlens.sinks.config import EPS_GU as EPS_GU  # Gu et al.'s sink threshold
+from cwlens.sinks.config import check_eps
 
 FACTORS = ("attention", "relative_norm", "cosine", "contribution")
 
@@ -35,8 +36,6 @@ FACTORS = ("attention", "relative_norm", "cosine", "contribution")
 def check_sink_options(sink_positions, eps) -> None:
     """``sink_positions``: offsets from the sink, non-negative ints, each once (a position
     past the text was clamped onto its last token); ``eps`` in [0, 1]."""
-    import math
-
     from cwlens.engine import validation
     from cwlens.errors import InvalidArgumentError
 
@@ -44,9 +43,7 @@ def check_sink_options(sink_positions, eps) -> None:
     if any(x < 0 for x in offsets):
         raise InvalidArgumentError(f"sink_positions are offsets after the sink (0 = the sink "
                                    f"itself), so 0 or more; got {list(sink_positions)!r}.")
-    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) \
-            or not 0 <= eps <= 1:
-        raise InvalidArgumentError(f"eps is a threshold on a mean sink rate, in [0, 1]; got {eps!r}.")
+    check_eps(eps)
 
 
 def sink_key_mask(sink_index: torch.Tensor, n_key: int, sink_positions=(0,)) -> torch.Tensor:

@@ -131,9 +131,9 @@ def load_model(
         raise InvalidArgumentError(
             f"dtype must be a floating torch.dtype (torch.float32, torch.float16, "
             f"torch.bfloat16, or its name); got {dtype!r}")
-    from cwlens.engine import validation
-
-    validation.flag(compatibility_mode, "compatibility_mode")  # "no" would fold LayerNorm
+    if not isinstance(compatibility_mode, bool):  # "no" would fold LayerNorm
+        raise InvalidArgumentError(
+            f"compatibility_mode must be True or False; got {compatibility_mode!r}.")
     from cwlens.engine.device_map import PlacementError, check_device_map
 
     check_device_map(device_map, torch.cuda.device_count() if torch.cuda.is_available() else 0,
