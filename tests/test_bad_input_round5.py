@@ -277,3 +277,48 @@ def test_an_item_past_the_context_gets_advice_that_applies(tmp_path, capsys):
     assert "boolq items are zero-shot, so only a model with a longer context" in err
     assert "--num-fewshot" not in err
     assert "mmlu:" not in captured.out  # refused before any scoring
+
+
+@pytest.mark.parametrize("bad, words", [
+    ("half", "0 \\(padding\\) and 1"), ("zeros", "has no real token"), ("list", "tensor of 0/1"),
+    ("3d", "must be \\[batch, pos\\]"),
+])
+def test_attention_geometry_checks_its_position_mask(bad, words):
+    """A 0.5 mask summed contributions to 14 over 7 positions (read as all ones), an
+    all-zero one to 0; a list raised AttributeError."""
+    import torch
+
+    from cwlens.core.geometry import AttentionGeometry
+    from cwlens.errors import CwlensError
+    from cwlens.testing import random_layer
+
+    p, v, W = random_layer()[:3]
+    b, k = p.shape[0], p.shape[-1]
+    ok = torch.ones(b, k)
+    AttentionGeometry(p, v, W, ok).contribution()
+    mask = {"half": torch.full((b, k), 0.5), "zeros": torch.zeros(b, k), "list": ok.tolist(),
+            "3d": ok[None]}[bad]
+    with pytest.raises(CwlensError, match=words):
+        AttentionGeometry(p, v, W, mask)
+
+
+def test_small_cli_messages(tmp_path, capsys):
+    """'all' inside a list was 'unknown' and then offered as valid; analyze --out newdir/
+    said the new folder 'is a folder'; sinks had no --no-progress."""
+    from cwlens.cli import arg_types
+    from cwlens.runs.paths import output_file
+
+    parse = arg_types.choice_list(("attention", "random"), "metric", allow_all=True)
+    with pytest.raises(arg_types.Error, match="'all' stands alone"):
+        parse("all,random")
+    assert parse("all") == ("attention", "random")
+    from cwlens.errors import CwlensError
+
+    with pytest.raises(CwlensError, match="ends with '/', which names a folder"):
+        output_file(str(tmp_path / "newdir") + "/")
+    model = save_tiny("llama", tmp_path)
+    capsys.readouterr()
+    assert main(["sinks", "--model", str(model), "--samples", "1", "--max-tokens", "8",
+                 "--out", str(tmp_path / "s"), "--figures", "", "--no-intervention",
+                 "--no-progress"]) == 0
+    assert "batch" not in capsys.readouterr().err

@@ -179,9 +179,12 @@ def choice_list(valid: tuple[str, ...], what: str, allow_all: bool | tuple[str, 
                         f"{','.join(valid[:2])}; got {text!r}")
         names = _items(text, "names")
         unknown = [n for n in names if n not in valid]
+        if allow_all and "all" in unknown:
+            raise Error(f"'all' stands alone (every {what}); got {text!r}: give 'all' or a "
+                        f"list of names, e.g. {','.join(valid[:2])}")
         if unknown:
             raise Error(f"unknown {what} {', '.join(map(repr, unknown))}; valid: "
-                        + ", ".join(valid) + (", or all" if allow_all else ""))
+                        + ", ".join(valid) + (", or all (alone)" if allow_all else ""))
         _no_duplicates(names, what, text)
         return tuple(names)
 

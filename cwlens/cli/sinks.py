@@ -56,6 +56,7 @@ def register(sub) -> None:
     p.add_argument("--no-resume", action="store_true",
                    help="start afresh (default: each batch is saved in --out/raw as it finishes, "
                    "and rerunning the same command computes only the missing batches)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
@@ -122,7 +123,8 @@ def _run(args, placed=None, world=None) -> int:
                             intervention=not args.no_intervention, seed=args.seed,
                             past_context=args.past_context)
         tables = sink_run.run_to_folder(model, samples, args.out, config,
-                                        resume=not args.no_resume, model_name=args.model)
+                                        resume=not args.no_resume, model_name=args.model,
+                                        progress=not args.no_progress)
         if not main:
             return 0  # rank 0 writes the summary and the figures
         print(f"wrote {len(tables)} tables to {args.out}/")

@@ -397,6 +397,25 @@ def _check_finite(pattern: torch.Tensor, v: torch.Tensor, layer: int | None) -> 
             )
 
 
+def _check_position_mask(position_mask, where: str) -> None:
+    """0 (padding) and 1 (real token), at least one 1 per row: 0.5 everywhere read as all
+    real (contributions summing to 14 over 7 positions) and all 0 as an empty sum."""
+    if not isinstance(position_mask, torch.Tensor):
+        raise InvalidArgumentError(
+            f"position_mask must be a [batch, pos] tensor of 0/1{where}; got "
+            f"{type(position_mask).__name__} (convert it with torch.as_tensor).")
+    if position_mask.ndim != 2:
+        raise ShapeMismatchError(f"position_mask must be [batch, pos]{where}; got shape "
+                                 f"{tuple(position_mask.shape)}.")
+    if bool(((position_mask != 0) & (position_mask != 1)).any()):
+        raise InvalidArgumentError(
+            f"position_mask must hold 0 (padding) and 1 (real token) only{where}.")
+    empty = (position_mask.sum(-1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise EmptyInputError(f"position_mask row {empty[0]} has no real token (all 0){where}: "
+                              "every row needs at least one 1.")
+
+
 def _check_shapes(pattern, v, W_O, position_mask, layer) -> None:
     where = "" if layer is None else f" (layer {layer})"
     for name, t in (("pattern", pattern), ("v", v), ("W_O", W_O)):
@@ -411,6 +430,8 @@ def _check_shapes(pattern, v, W_O, position_mask, layer) -> None:
         if t.device.type == "meta":
             raise InvalidArgumentError(
                 f"{name} is on the meta device{where} (no data): load the model's weights first.")
+    if position_mask is not None:
+        _check_position_mask(position_mask, where)
     if pattern.ndim != 4 or v.ndim != 4 or W_O.ndim != 3:
         raise ShapeMismatchError(
             f"Expected pattern [batch, head, query, key], v [batch, key, kv_head, d_head] and "

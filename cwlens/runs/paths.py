@@ -82,7 +82,8 @@ def output_file(path: str | Path, flag: str = "--out", example: str = "report.ht
     _not_blank(path, flag)
     p = Path(path).expanduser()
     if p.is_dir() or str(path).endswith(("/", os.sep)):
-        raise OutputPathError(f"{flag} {str(p)!r} is a folder; pass a file name, e.g. "
+        what = "is a folder" if p.is_dir() else "ends with '/', which names a folder"
+        raise OutputPathError(f"{flag} {str(path)!r} {what}; pass a file name, e.g. "
                               f"{str(p / example)!r}")
     if p.exists() and not os.access(p, os.W_OK):
         raise OutputPathError(f"{flag} {str(p)!r} exists and is read-only; pass another file")
