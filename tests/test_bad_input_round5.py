@@ -322,3 +322,18 @@ def test_small_cli_messages(tmp_path, capsys):
                  "--out", str(tmp_path / "s"), "--figures", "", "--no-intervention",
                  "--no-progress"]) == 0
     assert "batch" not in capsys.readouterr().err
+
+
+def test_an_edited_file_is_named_on_resume(tmp_path, capsys):
+    """An edited --file was refused with "differs in samples" alone."""
+    model = str(save_tiny("llama", tmp_path))
+    doc = tmp_path / "doc.txt"
+    argv = ["faithfulness", "--model", model, "--device", "cpu", "--file", str(doc), "--metrics",
+            "attention", "--rates", "0.5", "--out", str(tmp_path / "f"), "--figures", "",
+            "--no-progress"]
+    doc.write_text("the cat sat on the mat and the dog ran")
+    assert main(argv) == 0
+    doc.write_text("the cat sat on the mat and the dog ran away")
+    assert main(argv) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the file changed since the stored run" in err

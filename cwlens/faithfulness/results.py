@@ -142,6 +142,23 @@ def _key(row: dict) -> tuple:
     return tuple(json.dumps(row.get(c)) for c in KEY)
 
 
+def _samples_differ(old: list, new: list) -> str:
+    """Which samples differ, in words (a --file's id carries a hash of its text, so an
+    edited file is another sample)."""
+    gone = [i for i in old if i not in set(new)]
+    added = [i for i in new if i not in set(old)]
+    text = f" The stored run has {len(old)} sample(s), this one {len(new)}"
+    if gone or added:
+        text += (f"; {len(added)} are not in the stored run (e.g. {added[0]!r})" if added else "") + \
+                (f"; {len(gone)} stored ones are not asked (e.g. {gone[0]!r})" if gone else "")
+    else:
+        text += " in another order"
+    text += "."
+    if any(str(i).startswith("file_") for i in added):
+        text += " A --file sample's id ends with a hash of its text: the file changed since the stored run."
+    return text
+
+
 class ResultsWriter:
     """Append-only JSONL writer with resume (see the module docstring).
 
@@ -193,6 +210,8 @@ class ResultsWriter:
                 why = (" --batch-tokens fixes the batches, so that a resumed run writes the "
                        "numbers of an uninterrupted one bit for bit; after running out of "
                        "memory, lower it with another --out." if "batch_tokens" in diff else "")
+                if "samples" in diff:
+                    why += _samples_differ(old.get("samples") or [], config.get("samples") or [])
                 raise ConfigMismatchError(
                     f"{self.main} was written with another configuration (differs in "
                     f"{', '.join(diff)}).{why} Use another output path (--out), or start it "
