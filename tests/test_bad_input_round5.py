@@ -1,4 +1,4 @@
-"""Round 5 of bad input (a helper's probe, /work notes): each test fails on the code
+"""Round 5 of bad input (a probe with bad values, as a new user would try): each test fails on the code
 before its fix. The sinks Python API, its summary file and --plot-only's run record."""
 
 import dataclasses
