@@ -72,11 +72,13 @@ def test_read_summary_names_what_is_wrong(sink_run, tmp_path):
         read_summary(tmp_path)
     with pytest.raises(InvalidArgumentError, match="folder of a sink run"):
         read_summary(None)
+    from cwlens.sinks.store import SinkResultsError
+
     (tmp_path / "summary.json").write_text("{trunc")
-    with pytest.raises(InvalidArgumentError, match="not valid JSON"):
+    with pytest.raises(SinkResultsError, match="not valid JSON"):
         read_summary(tmp_path)
     (tmp_path / "summary.json").write_text("[1, 2]")
-    with pytest.raises(InvalidArgumentError, match="holds a list"):
+    with pytest.raises(SinkResultsError, match="holds a list"):
         read_summary(tmp_path)
 
 

@@ -156,6 +156,7 @@ def test_table_only_names_a_damaged_stored_table(run, capsys, tmp_path):
     assert main(["replicate", "--models", lm, "--per-layer-model", lm, "--out", str(out),
                  "--figures", "", "--table-only", *SIZES]) == 1
     err = capsys.readouterr().err
-    assert "cannot be read (JSONDecodeError" in err and "without --table-only" in err
+    assert "cannot be read (SinkResultsError" in err and "JSONDecodeError" in err
+    assert "without --table-only" in err
     assert "Traceback" not in err
 

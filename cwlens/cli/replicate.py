@@ -199,11 +199,12 @@ def _load(claims, out, name):
     import pandas as pd
 
     from cwlens.errors import CwlensError
+    from cwlens.sinks.store import SinkResultsError
 
     try:
         return claims.load(out, name)
     except (json.JSONDecodeError, UnicodeDecodeError, pd.errors.EmptyDataError,
-            pd.errors.ParserError) as e:
+            pd.errors.ParserError, SinkResultsError) as e:
         raise CwlensError(
             f"a stored table of {name} under {out} cannot be read ({type(e).__name__}: {e}): "
             "it is damaged. Move that file away and rerun `cwlens replicate` without "

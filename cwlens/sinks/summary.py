@@ -116,14 +116,17 @@ def read_summary(out_dir) -> dict:
             f"{path} does not exist: pass the --out folder of a finished `cwlens sinks` run "
             "(a run writes summary.json last; `cwlens sinks --plot-only --out <folder> "
             "--figures <folder>` rewrites it from the tables).")
+    from cwlens.sinks.store import SinkResultsError
+
     try:
         raw = json.loads(path.read_text())
     except ValueError as e:
-        raise InvalidArgumentError(
-            f"{path} is not valid JSON ({e}): delete it; `cwlens sinks --plot-only --out "
-            f"{path.parent} --figures <folder>` rewrites it from the tables.") from None
+        raise SinkResultsError(
+            f"{path} is not valid JSON ({type(e).__name__}: {e}): delete it; `cwlens sinks "
+            f"--plot-only --out {path.parent} --figures <folder>` rewrites it from the tables."
+        ) from None
     if not isinstance(raw, dict):
-        raise InvalidArgumentError(f"{path} holds a {type(raw).__name__}, not a sink summary.")
+        raise SinkResultsError(f"{path} holds a {type(raw).__name__}, not a sink summary.")
     return {k: v if k in RUN_INFO else back(v) for k, v in raw.items()}
 
 
