@@ -33,6 +33,14 @@ def positive_int(value: object, name: str) -> int:
     return value
 
 
+def seed(value: object, name: str = "seed") -> None:
+    """An integer (NumPy ints too; bools and floats refused: 1.5 is not a seed)."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidArgumentError(f"{name} must be an integer; got {value!r}.")
+
+
 def max_tokens(value: object, name: str = "max_tokens") -> int | None:
     """A truncation length: a positive int, or None for whole texts (0 and negatives refused:
     they would silently mean "everything" or "drop the end")."""
@@ -253,3 +261,16 @@ def _check_token_ids(model, tokens, what: str) -> None:
             f"Token id {bad} in the {what} is outside this model's vocabulary 0..{(vocab or 1) - 1}: "
             "pass ids made by this model's tokenizer (model.to_tokens(text))."
         )
+
+
+def unique_ids(ids, keyed: str) -> None:
+    """Each sample id once: results ``keyed`` by sample id ("the rows", "the tables") would
+    keep one sample of a repeated id, or mix them."""
+    from collections import Counter
+
+    twice = [(i, n) for i, n in Counter(ids).items() if n > 1]
+    if twice:
+        i, n = twice[0]
+        raise InvalidArgumentError(
+            f"sample id {i!r} is given {n} times ({len(twice)} repeated id(s)): {keyed} are "
+            "keyed by sample id; give each sample its own id.")

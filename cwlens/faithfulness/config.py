@@ -5,7 +5,6 @@ the CLI flags, the lm-eval model arguments and the provenance columns of every r
 derived from it. :class:`Condition` is one (metric, mode, rate, layer set) of a sweep.
 """
 
-import numbers
 from dataclasses import dataclass, field, fields
 
 from cwlens.core import metrics
@@ -89,8 +88,7 @@ class FaithfulnessConfig:
                     f"{name} must be a list or tuple, e.g. {name}={example}; got {value!r}.")
         for name in ("renormalize", "causal_only", "mask_first_token", "per_layer", "reuse"):
             validation.flag(getattr(self, name), name)  # "no" would be true
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise InvalidArgumentError(f"seed must be an integer; got {self.seed!r}.")
+        validation.seed(self.seed)
         if self.layers is not None and (isinstance(self.layers, str | bytes)
                                         or not hasattr(self.layers, "__iter__")):
             raise InvalidArgumentError(

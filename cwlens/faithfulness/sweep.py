@@ -186,8 +186,6 @@ def _check_samples(samples: list) -> None:
     """One kind of sample (documents or multiple-choice items) from one dataset, each id
     once: the rows are keyed by sample id and labelled with one dataset name, so a repeated
     id kept one sample and a second dataset's rows were filed under the first's name."""
-    from collections import Counter
-
     from cwlens.datasets import ChoiceItem, TextSample
 
     fix = ("load them with cwlens.datasets.load_dataset(name, n=...), or build "
@@ -208,12 +206,7 @@ def _check_samples(samples: list) -> None:
             f"the samples come from {len(datasets)} datasets ({', '.join(map(str, datasets))}); "
             "a run's rows carry one dataset name: run each dataset separately (one results "
             "file each, as cwlens faithfulness --dataset a,b does).")
-    twice = [(i, n) for i, n in Counter(s.id for s in samples).items() if n > 1]
-    if twice:
-        i, n = twice[0]
-        raise InvalidArgumentError(
-            f"sample id {i!r} is given {n} times ({len(twice)} repeated id(s)): the rows are "
-            "keyed by sample id; give each sample its own id.")
+    validation.unique_ids([s.id for s in samples], "the rows")
 
 
 def run_faithfulness(

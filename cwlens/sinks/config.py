@@ -58,8 +58,7 @@ class SinkConfig:
         object.__setattr__(self, "scales", tuple(self.scales))
         check_eps(self.eps)
         validation.flag(self.intervention, "intervention")  # "no" would be true
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise InvalidArgumentError(f"seed must be an integer; got {self.seed!r}.")
+        validation.seed(self.seed)
         if isinstance(self.swept_batches, bool) or not isinstance(self.swept_batches, numbers.Integral) \
                 or self.swept_batches < 0:
             raise InvalidArgumentError(

@@ -130,8 +130,6 @@ def derive(parts: dict[str, list[pd.DataFrame]], eps: float = statistics.EPS_GU)
 def check_samples(samples) -> list:
     """``samples`` as a list of text samples (``.id`` and ``.text``), each id once: the
     tables are keyed by sample id, so a repeated id kept one text (or broke pandas)."""
-    from collections import Counter
-
     from cwlens.errors import EmptyInputError, InvalidArgumentError
 
     fix = ("pass text samples: cwlens.datasets.load_dataset(name, n=...), or "
@@ -146,12 +144,7 @@ def check_samples(samples) -> list:
             raise InvalidArgumentError(
                 f"samples must hold text samples (with .id and .text); got "
                 f"{type(s).__name__} {str(s)[:60]!r}: {fix}.")
-    twice = [(i, n) for i, n in Counter(s.id for s in samples).items() if n > 1]
-    if twice:
-        i, n = twice[0]
-        raise InvalidArgumentError(
-            f"sample id {i!r} is given {n} times ({len(twice)} repeated id(s)): the tables are "
-            "keyed by sample id; give each text its own id.")
+    validation.unique_ids([s.id for s in samples], "the tables")
     return samples
 
 
