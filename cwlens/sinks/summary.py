@@ -9,6 +9,7 @@ import pandas as pd
 
 from cwlens.runs.results_io import atomic_write_text
 from cwlens.sinks import observed, statistics
+from cwlens.sinks.store import SinkResultsError
 
 
 def summarize(t: dict[str, pd.DataFrame], eps: float = statistics.EPS_GU) -> dict:
@@ -116,8 +117,6 @@ def read_summary(out_dir) -> dict:
             f"{path} does not exist: pass the --out folder of a finished `cwlens sinks` run "
             "(a run writes summary.json last; `cwlens sinks --plot-only --out <folder> "
             "--figures <folder>` rewrites it from the tables).")
-    from cwlens.sinks.store import SinkResultsError
-
     try:
         raw = json.loads(path.read_text())
     except ValueError as e:
