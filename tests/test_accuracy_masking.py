@@ -353,3 +353,93 @@ def test_a_choice_item_past_the_context_is_refused_not_cut(model):
     item = ChoiceItem("long", (long_ctx, long_ctx), (" the cat sat", " a dog"), 0, "t")
     with pytest.raises(InputTooLongError, match="more than the model's context"):
         choice_units(model, [item])
+
+
+class _Stop(Exception):
+    pass
+
+
+def _rows_run(model):
+    """Number of sequences each forward of ``model`` is given (a list per call)."""
+    seen: list[int] = []
+    handle = model.register_forward_hook(lambda m, args, out: seen.append(len(args[0]))
+                                         if args else None)
+    return seen, handle
+
+
+def test_a_resumed_run_reads_the_clean_accuracy_of_its_written_items(model, tmp_path):
+    """The clean check of a rerun that resumes ``out`` reads the items already written
+    from their clean ``acc`` rows and runs only the others; its numbers equal a fresh
+    check's. Rows of another configuration, or resume=False, are not read."""
+    from cwlens.faithfulness.accuracy import written_accuracies
+
+    cfg = FaithfulnessConfig(metrics=("random",), rates=(0.5,), batch_tokens=40)
+    out = tmp_path / "toy.jsonl"
+    done: list[str] = []
+
+    def stop_after_three(sample_id):
+        done.append(sample_id)
+        if len(done) == 3:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        run_faithfulness(model, ITEMS, cfg, out=out, progress=False, on_sample=stop_after_three)
+    fresh = clean_accuracy(model, ITEMS, batch_tokens=40)
+    expected = dict(zip((i.id for i in ITEMS), item_accuracies(model, ITEMS, 40), strict=True))
+    written = written_accuracies(model, ITEMS, cfg, out)
+    assert sorted(written) == sorted(done) and {k: expected[k] for k in written} == written
+    # only the items not written are run
+    seen, handle = _rows_run(model)
+    try:
+        check = clean_accuracy(model, ITEMS, batch_tokens=40, known=written)
+        n_partial = sum(seen)
+        seen.clear()
+        clean_accuracy(model, ITEMS, batch_tokens=40, known=expected)
+        n_none = sum(seen)
+        seen.clear()
+        clean_accuracy(model, ITEMS, batch_tokens=40)
+        n_all = sum(seen)
+    finally:
+        handle.remove()
+    assert (check.correct, check.n, check.low, check.high, check.line()) == \
+        (fresh.correct, fresh.n, fresh.low, fresh.high, fresh.line())
+    assert (check.reused, fresh.reused) == (3, 0)
+    assert n_none == 0 < n_partial < n_all
+    # another configuration (here its rates) would not resume from these rows: none read
+    other = FaithfulnessConfig(metrics=("random",), rates=(0.3,), batch_tokens=40)
+    assert written_accuracies(model, ITEMS, other, out) == {}
+    assert written_accuracies(model, ITEMS[:5], cfg, out) == {}  # other samples
+    assert written_accuracies(model, ITEMS, cfg, tmp_path / "none.jsonl") == {}
+    # run_accuracy_test resumes: the clean check reads the 3, then all 8
+    test = run_accuracy_test(model, ITEMS, cfg, allow_chance=True, out=out, progress=False)
+    assert (test.clean.reused, test.clean.correct) == (3, fresh.correct)
+    again = run_accuracy_test(model, ITEMS, cfg, allow_chance=True, out=out, progress=False)
+    assert (again.clean.reused, again.clean.correct) == (len(ITEMS), fresh.correct)
+    afresh = run_accuracy_test(model, ITEMS, cfg, allow_chance=True, out=out, resume=False,
+                               progress=False)
+    assert (afresh.clean.reused, afresh.clean.correct) == (0, fresh.correct)
+
+
+def test_the_gate_of_a_resumed_command_reads_its_written_items(tmp_path, capsys, monkeypatch):
+    """cwlens faithfulness --require-above-chance, rerun on its --out: the clean line is
+    the same and says how many items it read from the results file; --no-resume reads none."""
+    import cwlens.faithfulness.accuracy as accuracy
+    from cwlens.cli.main import main
+    from cwlens.testing import save_tiny
+
+    monkeypatch.setattr(accuracy, "require_above_chance", lambda check: None)  # a random model
+    model_dir = save_tiny("llama", tmp_path)
+    argv = ["faithfulness", "--model", str(model_dir), "--device", "cpu", "--dataset", "capitals",
+            "--samples", "20", "--rates", "0.5", "--metrics", "attention", "--out",
+            str(tmp_path / "runs"), "--figures", "", "--no-progress", "--require-above-chance"]
+
+    def clean_line(args):
+        assert main(args) == 0
+        return next(x for x in capsys.readouterr().out.splitlines() if x.startswith("clean accuracy:"))
+
+    first = clean_line(argv)
+    second = clean_line(argv)
+    results = tmp_path / "runs" / "capitals.jsonl"
+    assert "read from" not in first
+    assert second == f"{first} (20 of them read from {results})"
+    assert clean_line([*argv, "--no-resume"]) == first

@@ -81,7 +81,8 @@ def register(sub) -> None:
                    "cwlens accuracy --prompt chat; default: %(default)s)")
     g.add_argument("--require-above-chance", action="store_true",
                    help="multiple-choice datasets: measure the clean accuracy first and refuse a "
-                   "dataset whose exact 95%% interval does not clear chance (see cwlens accuracy)")
+                   "dataset whose exact 95%% interval does not clear chance (see cwlens accuracy); "
+                   "resuming, the items already in the results file are read from their rows")
     g.add_argument("--max-tokens", type=arg_types.max_tokens, default=DEFAULT.max_tokens,
                    help="truncate language-modelling documents to their first N tokens (default: %(default)s)")
     add_past_context_flag(p)
@@ -340,7 +341,8 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
         shots = args.num_fewshot if d == "mmlu" else 0
         source = args.file_samples if args.file is not None else _source(args, model, d, counts[d])
         if args.require_above_chance and args.file is None:
-            _check_chance(model, source, counts[d], shots, cfg, world)
+            _check_chance(model, source, counts[d], shots, cfg, world,
+                          path if not args.no_resume else None, args.model)
         result = run_faithfulness(
             model, source, cfg, n=counts[d], num_fewshot=shots, out=path, resume=not args.no_resume,
             model_name=args.model, progress=not args.no_progress,
@@ -353,18 +355,25 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
     return report(paths, args) if world.main else 0
 
 
-def _check_chance(model, dataset, n, shots, cfg, world) -> None:
+def _check_chance(model, dataset, n, shots, cfg, world, path, model_name) -> None:
     """A multiple-choice dataset (a name, or its items): its clean accuracy must clear
-    chance (else AtChanceError)."""
+    chance (else AtChanceError). Resuming ``path`` (None: not resumed), the items it
+    already holds are read from their clean rows, not run again."""
     from cwlens.datasets import ChoiceItem, load_dataset
-    from cwlens.faithfulness.accuracy import clean_accuracy, require_above_chance
+    from cwlens.faithfulness.accuracy import (
+        clean_accuracy,
+        require_above_chance,
+        written_accuracies,
+    )
 
     items = load_dataset(dataset, n=n, num_fewshot=shots) if isinstance(dataset, str) else dataset
     if not items or not isinstance(items[0], ChoiceItem):
         return
-    check = clean_accuracy(model, items, batch_tokens=cfg.batch_tokens)
+    known = written_accuracies(model, items, cfg, path, model_name=model_name, num_fewshot=shots)
+    check = clean_accuracy(model, items, batch_tokens=cfg.batch_tokens, known=known)
     if world.main:
-        print(f"clean accuracy: {check.line()}", flush=True)
+        read = f" ({check.reused} of them read from {path})" if check.reused else ""
+        print(f"clean accuracy: {check.line()}{read}", flush=True)
     require_above_chance(check)
 
 

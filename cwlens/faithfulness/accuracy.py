@@ -27,10 +27,12 @@ lower end is above chance; otherwise it refuses with :class:`AtChanceError`
     test.result.summary()
 
 The clean pass is one plain forward per batch (the batches of the sweep, left-padded);
-its accuracy equals the sweep's clean ``acc`` rows.
+its accuracy equals the sweep's clean ``acc`` rows. So a rerun that resumes a results
+file (``out=``) reads the clean accuracy of the items already written from their rows
+(:func:`written_accuracies`) and runs only the rest.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +63,7 @@ class CleanAccuracy:
     high: float
     level: float = 0.95
     constant: str | None = None
+    reused: int = 0  # items read from a resumed run's rows, not run (clean_accuracy's known)
 
     @property
     def accuracy(self) -> float:
@@ -124,12 +127,17 @@ def _estimated_constant(items: Sequence) -> tuple[str | None, float]:
     return constant_answer(items) if len(items) >= MIN_CONSTANT_ITEMS else (None, 0.0)
 
 
-def item_accuracies(model, items: Sequence, batch_tokens: int = 2048) -> list[float]:
-    """``acc`` (1.0 / 0.0) of every item on the clean model, in item order."""
+def item_accuracies(model, items: Sequence, batch_tokens: int = 2048,
+                    known: Mapping[str, float] | None = None) -> list[float]:
+    """``acc`` (1.0 / 0.0) of every item on the clean model, in item order. ``known``:
+    accuracies already measured, by item id (:func:`written_accuracies`); those items
+    are not run again."""
     from cwlens.faithfulness.units import choice_units, plan_batches
 
-    units = choice_units(model, items)
-    acc = [float("nan")] * len(units)
+    known = known or {}
+    todo = [i for i, item in enumerate(items) if item.id not in known]
+    acc = [float(known[item.id]) if item.id in known else float("nan") for item in items]
+    units = choice_units(model, [items[i] for i in todo])
     for batch in plan_batches(units, batch_tokens):
         seqs: list = []
         rows_of: list[list[int]] = []
@@ -141,13 +149,38 @@ def item_accuracies(model, items: Sequence, batch_tokens: int = 2048) -> list[fl
         with torch.no_grad():
             logits = model(tokens, **adapter.forward_kwargs(model, mask))
         for u, rows in zip(batch, rows_of, strict=True):
-            acc[u] = units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)["acc"]
+            score = units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)
+            acc[todo[u]] = score["acc"]
     return acc
 
 
+def written_accuracies(model, items: Sequence, config, out, *, model_name: str | None = None,
+                       num_fewshot: int = 0) -> dict[str, float]:
+    """The clean ``acc`` of the items whose rows a masking run of ``config`` on ``items``
+    has already written to ``out`` (its ``.jsonl`` / ``.jsonl.gz`` results file), by item
+    id: the values that the rerun resuming it computes no more. Empty when ``out`` holds
+    no rows of that run (:func:`~cwlens.faithfulness.results.clean_values`).
+    ``model_name`` and ``num_fewshot`` as given to
+    :func:`~cwlens.faithfulness.run_faithfulness`."""
+    from cwlens.engine.handle import wrap
+    from cwlens.faithfulness.results import clean_values
+    from cwlens.faithfulness.sweep import dataset_name, stored_config
+
+    items = list(items)
+    if out is None or not items:
+        return {}
+    name = model_name or wrap(model).name or "model"
+    expected = stored_config(name, dataset_name(items, num_fewshot), config, [i.id for i in items])
+    ids = set(expected["samples"])
+    return {k: v for k, v in clean_values(out, expected).items() if k in ids}
+
+
 def clean_accuracy(model, items: Sequence, level: float = 0.95,
-                   batch_tokens: int = 2048) -> CleanAccuracy:
-    """The clean accuracy of ``items`` (:class:`~cwlens.datasets.ChoiceItem`) on ``model``."""
+                   batch_tokens: int = 2048,
+                   known: Mapping[str, float] | None = None) -> CleanAccuracy:
+    """The clean accuracy of ``items`` (:class:`~cwlens.datasets.ChoiceItem`) on ``model``;
+    ``known``: item accuracies already measured, by id (:func:`written_accuracies`: a
+    resumed run's rows), which are read instead of run (``reused`` counts them)."""
     from cwlens.datasets import ChoiceItem
 
     items = list(items)
@@ -157,12 +190,13 @@ def clean_accuracy(model, items: Sequence, level: float = 0.95,
         raise InvalidArgumentError(
             "clean_accuracy needs multiple-choice items (ChoiceItem, e.g. load_dataset('ioi')); "
             f"got a {type(next(i for i in items if not isinstance(i, ChoiceItem))).__name__}.")
-    correct = int(sum(item_accuracies(model, items, batch_tokens)))
+    known = {i.id: known[i.id] for i in items if i.id in known} if known else {}
+    correct = int(sum(item_accuracies(model, items, batch_tokens, known)))
     low, high = clopper_pearson(correct, len(items), level)
     answer, const = _estimated_constant(items)
     uniform = uniform_chance(items)
     return CleanAccuracy(items[0].dataset, len(items), correct, max(uniform, const), low, high,
-                         level, answer if const > uniform else None)
+                         level, answer if const > uniform else None, len(known))
 
 
 def require_above_chance(check: CleanAccuracy) -> None:
@@ -195,7 +229,11 @@ def run_accuracy_test(model, dataset, config=None, *, n: int | None = None,
     items = load_dataset(dataset, n) if isinstance(dataset, str) else list(dataset)
     cfg = config or FaithfulnessConfig()
     adapter.require_metrics(model, cfg.metrics)  # before the clean pass
-    check = clean_accuracy(model, items, level, cfg.batch_tokens)
+    known = written_accuracies(model, items, cfg, kwargs.get("out"),
+                               model_name=kwargs.get("model_name"),
+                               num_fewshot=kwargs.get("num_fewshot", 0)) \
+        if kwargs.get("resume", True) else {}
+    check = clean_accuracy(model, items, level, cfg.batch_tokens, known)
     if not allow_chance:
         require_above_chance(check)
     return AccuracyTest(check, run_faithfulness(model, items, cfg, **kwargs))

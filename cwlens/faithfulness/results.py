@@ -279,6 +279,31 @@ def read_results(paths: str | Path | Iterable[str | Path]):
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+def clean_values(path, config: dict, measure: str = "acc") -> dict[str, float]:
+    """By sample id, the clean run's ``measure`` already in ``path`` (with its shards),
+    when the configuration stored beside it is ``config``: what a resumed run's clean
+    accuracy check reads instead of running those items again. Empty when there is no
+    such file or it was written with another configuration (a run that would refuse to
+    resume from it). A complete clean row of a sample cut short by a kill holds the value
+    computed, so it is read too."""
+    path = Path(path)
+    files = result_files(path)
+    stored = config_path(path)
+    if not files or not stored.exists():
+        return {}
+    if not same_config(read_config(stored), json.loads(json.dumps(config))):  # tuples: lists
+        return {}
+    values: dict[str, float] = {}
+    for f in files:
+        for i, line in enumerate(complete_lines(f), 1):
+            if '"clean"' not in line:  # most rows: skip the parse
+                continue
+            row = _parse(line, f, i)
+            if row["mode"] == "clean" and row["measure"] == measure:
+                values.setdefault(row["sample_id"], float(row["value"]))
+    return values
+
+
 def partial_samples(df) -> list[str]:
     """The samples of ``df`` (a :func:`read_results` table) written only in part: fewer
     rows of some metric (in one setting) than that metric's fullest sample has -- a write

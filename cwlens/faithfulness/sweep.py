@@ -209,6 +209,24 @@ def _check_samples(samples: list) -> None:
     validation.unique_ids([s.id for s in samples], "the rows")
 
 
+def dataset_name(samples, num_fewshot: int = 0) -> str:
+    """The ``dataset`` a run's rows carry: the samples' dataset, ``_<k>shot`` added for
+    multiple-choice items with ``k`` exemplars."""
+    from cwlens.datasets import ChoiceItem
+
+    shots = isinstance(samples[0], ChoiceItem) and num_fewshot
+    return samples[0].dataset + (f"_{num_fewshot}shot" if shots else "")
+
+
+def stored_config(model_name: str, dataset: str, cfg: FaithfulnessConfig, sample_ids) -> dict:
+    """The configuration a results file records beside it (``<base>.config.json``), which
+    a resumed run must match. ``ranking_path`` changes how, not what: a run resumes
+    whichever path made its rows."""
+    return {"model": model_name, "dataset": dataset,
+            **{k: v for k, v in asdict(cfg).items() if k != "ranking_path"},
+            "samples": list(sample_ids)}
+
+
 def run_faithfulness(
     model,
     dataset,
@@ -251,7 +269,7 @@ def run_faithfulness(
         raise EmptyInputError("No samples to evaluate: pass a dataset name or a non-empty list.")
     _check_samples(samples)
     is_choice = isinstance(samples[0], ChoiceItem)
-    ds_name = samples[0].dataset + (f"_{num_fewshot}shot" if is_choice and num_fewshot else "")
+    ds_name = dataset_name(samples, num_fewshot)
     name = model_name or wrap(model).name or "model"
     adapter.resolve_layers(model, list(cfg.layers) if cfg.layers is not None else None)
     check_past_context(model, cfg.past_context)
@@ -259,10 +277,7 @@ def run_faithfulness(
         text_units(model, samples, cfg.max_tokens, cfg.past_context)
     if not is_choice:
         _require_something_masked(units, cfg)
-    # ranking_path changes how, not what: a run resumes whichever path made its rows
-    run_config = {"model": name, "dataset": ds_name,
-                  **{k: v for k, v in asdict(cfg).items() if k != "ranking_path"},
-                  "samples": [u.sample_id for u in units]}
+    run_config = stored_config(name, ds_name, cfg, [u.sample_id for u in units])
     columns = {"model": name, "dataset": ds_name, **cfg.provenance()}
     distributed.require_session()
     n_conditions = len(cfg.conditions(wrap(model).n_layers))
