@@ -410,6 +410,8 @@ def test_a_resumed_run_reads_the_clean_accuracy_of_its_written_items(model, tmp_
     assert written_accuracies(model, ITEMS, other, out) == {}
     assert written_accuracies(model, ITEMS[:5], cfg, out) == {}  # other samples
     assert written_accuracies(model, ITEMS, cfg, tmp_path / "none.jsonl") == {}
+    with pytest.raises(InvalidArgumentError, match="other than 0 or 1"):
+        clean_accuracy(model, ITEMS, known={"t-0": 0.5})
     # run_accuracy_test resumes: the clean check reads the 3, then all 8
     test = run_accuracy_test(model, ITEMS, cfg, allow_chance=True, out=out, progress=False)
     assert (test.clean.reused, test.clean.correct) == (3, fresh.correct)

@@ -171,8 +171,7 @@ def written_accuracies(model, items: Sequence, config, out, *, model_name: str |
         return {}
     name = model_name or wrap(model).name or "model"
     expected = stored_config(name, dataset_name(items, num_fewshot), config, [i.id for i in items])
-    ids = set(expected["samples"])
-    return {k: v for k, v in clean_values(out, expected).items() if k in ids}
+    return clean_values(out, expected)  # the stored samples are these items
 
 
 def clean_accuracy(model, items: Sequence, level: float = 0.95,
@@ -191,6 +190,12 @@ def clean_accuracy(model, items: Sequence, level: float = 0.95,
             "clean_accuracy needs multiple-choice items (ChoiceItem, e.g. load_dataset('ioi')); "
             f"got a {type(next(i for i in items if not isinstance(i, ChoiceItem))).__name__}.")
     known = {i.id: known[i.id] for i in items if i.id in known} if known else {}
+    wrong = {k: v for k, v in known.items() if v not in (0, 1)}
+    if wrong:
+        raise InvalidArgumentError(
+            f"known holds accuracies other than 0 or 1 ({dict(list(wrong.items())[:3])}): an "
+            "item's clean accuracy is 1.0 when its gold choice scores highest, else 0.0. Pass "
+            "the values written_accuracies reads from a results file, or leave known out.")
     correct = int(sum(item_accuracies(model, items, batch_tokens, known)))
     low, high = clopper_pearson(correct, len(items), level)
     answer, const = _estimated_constant(items)

@@ -81,8 +81,10 @@ def config_path(path) -> Path:
 
 def same_config(a: dict, b: dict) -> bool:
     """Whether two stored configurations describe the same run: equal, but for the order
-    of ``metrics`` (a metric's rows do not depend on the others', nor on their order)."""
+    of ``metrics`` (a metric's rows do not depend on the others', nor on their order),
+    and as stored: a tuple equals the list JSON reads back."""
     def key(cfg):
+        cfg = json.loads(json.dumps(cfg))
         m = cfg.get("metrics")
         return {**cfg, "metrics": sorted(m)} if isinstance(m, list) else cfg
 
@@ -291,7 +293,7 @@ def clean_values(path, config: dict, measure: str = "acc") -> dict[str, float]:
     stored = config_path(path)
     if not files or not stored.exists():
         return {}
-    if not same_config(read_config(stored), json.loads(json.dumps(config))):  # tuples: lists
+    if not same_config(read_config(stored), config):
         return {}
     values: dict[str, float] = {}
     for f in files:
