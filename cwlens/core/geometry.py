@@ -25,10 +25,14 @@ so a layer costs about one extra attention-times-values product, and every resul
 the size of the attention pattern.
 
 Degenerate outputs: where ``||o|| = 0`` (padding, a head whose values are all zero) the
-weights are undefined; they are returned as 0 and flagged by :meth:`zero_output`.
-Non-finite activations raise :class:`~cwlens.errors.NonFiniteError`.
+weights are undefined; they are returned as 0 (never NaN) and flagged by :meth:`zero_output`.
+NaN or inf raises :class:`~cwlens.errors.NonFiniteError` naming the layer and the heads: in
+the inputs (the pattern, the values, ``W_O``; checked once per layer) and in every measure
+and factor a method returns (finite inputs can still overflow, e.g. ``||v~||^2`` past
+float32's range): one reduction per tensor, no tensor of the pattern's size.
 """
 
+import functools
 import inspect
 from functools import cached_property
 
@@ -38,13 +42,13 @@ from cwlens.core._types import (
     Kind,
     PairWeights,
 )
+from cwlens.core.numerics import check_finite
 from cwlens.core.numerics import check_kind as check_kind  # re-exported: callers import it here
 from cwlens.core.numerics import safe_divide as safe_divide  # re-exported
 from cwlens.errors import (
     EmptyInputError,
     InvalidArgumentError,
     MissingHookError,
-    NonFiniteError,
     ShapeMismatchError,
     UnknownOptionError,
 )
@@ -55,10 +59,28 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
+def _checked(method):
+    """A method returning a ``[batch, head_index, query_pos, key_pos]`` tensor that is
+    refused (:class:`~cwlens.errors.NonFiniteError`, naming the layer and the heads) if
+    it holds NaN or inf."""
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        out = method(self, *args, **kwargs)
+        check_finite(out, f"the {method.__name__} weights", self.layer, head_dim=1,
+                     fix="The inputs are finite, so the computation overflowed: run the model "
+                     "in float64 (model.to(torch.float64)) or check the values' and W_O's scale.")
+        return out
+
+    return checked
+
+
 def _measure(method):
-    """Mark a method of :class:`AttentionGeometry` as a per-entry measure (:data:`MEASURES`)."""
-    method.per_entry_measure = True
-    return method
+    """Mark a method of :class:`AttentionGeometry` as a per-entry measure (:data:`MEASURES`),
+    its result checked for NaN and inf (:func:`_checked`)."""
+    checked = _checked(method)
+    checked.per_entry_measure = True
+    return checked
 
 
 class AttentionGeometry:
@@ -122,7 +144,7 @@ class AttentionGeometry:
         if position_mask is not None:  # pad keys: no value, so every factor is 0 there too
             self.v = self.v * position_mask.to(device=device, dtype=dtype)[:, :, None, None]
         self.W_O = W_O.to(device=device, dtype=dtype)
-        _check_finite(self.pattern, self.v, layer)
+        _check_finite(self.pattern, self.v, layer, self.W_O)
         self.n_heads = pattern.shape[1]
         self.n_kv = v.shape[2]
         self.group = self.n_heads // self.n_kv
@@ -144,6 +166,8 @@ class AttentionGeometry:
                 f"residual must be [batch, pos, d_model] = [{b}, {k}, {self.W_O.shape[-1]}]; "
                 f"got {tuple(residual.shape)}. Pass hook_resid_pre of the same layer and run."
             )
+        check_finite(residual, "the residual stream entering the layer (hook_resid_pre)", self.layer)
+        check_finite(b_O, "the output bias b_O", self.layer)
         self._residual = (residual.to(self.pattern.device), b_O.to(self.pattern.device), norm)
         return self
 
@@ -267,12 +291,11 @@ class AttentionGeometry:
 
     def _projection(self, kind: Kind) -> tuple[torch.Tensor, torch.Tensor]:
         proj, norm_sq = self._intra if check_kind(kind) == "intra" else self._inter
-        if not torch.isfinite(norm_sq).all():
-            where = "" if self.layer is None else f" in layer {self.layer}"
-            raise NonFiniteError(
-                f"Non-finite attention outputs{where} (NaN or inf in hook_pattern/hook_v). "
-                "This is usually fp16 overflow: run the model in float32 or bfloat16."
-            )
+        # the inputs are finite (checked in __init__): only an overflow gets here
+        check_finite(norm_sq, f"the squared norm of the attention output ({kind})", self.layer,
+                     head_dim=1 if kind == "intra" else None,
+                     fix="The pattern, the values and W_O are finite, so ||o||^2 overflowed: "
+                     "run the model in float64 (model.to(torch.float64)) or check the values' scale.")
         return proj, norm_sq
 
     def output_norm(self, kind: Kind = "inter") -> torch.Tensor:
@@ -334,11 +357,13 @@ class AttentionGeometry:
         """``|c_ij|``: the contribution's magnitude."""
         return self.contribution(kind).abs_()  # a fresh tensor: abs in place
 
+    @_checked
     def relative_norm(self, kind: Kind = "inter") -> PairWeights:
         """``||v~_j|| / ||o_i||`` broadcast to ``[batch, head_index, query_pos, key_pos]``."""
         rel = self._inverse(kind, 1)[..., None] * self.value_norm[:, :, None, :]
         return rel.expand_as(self.pattern)
 
+    @_checked
     def cosine(self, kind: Kind = "inter") -> PairWeights:
         """``cos(o_i, v~_j)``; 0 where either vector is zero."""
         inv_v = safe_divide(torch.ones_like(self.value_norm), self.value_norm)
@@ -381,20 +406,20 @@ MEASURES: tuple[str, ...] = tuple(
 )
 
 
-def _check_finite(pattern: torch.Tensor, v: torch.Tensor, layer: int | None) -> None:
-    """NaN or inf in the pattern or the values poisons every measure (attention included).
+def _check_finite(pattern: torch.Tensor, v: torch.Tensor, layer: int | None,
+                  W_O: torch.Tensor | None = None) -> None:
+    """NaN or inf in the pattern, the values or ``W_O`` poisons every measure of the layer
+    (attention included: its rows would no longer be the heads' mixing weights).
 
-    One reduction each (no tensor of the pattern's size): a sum is finite exactly when
-    every term is, unless finite terms overflow, which attention probabilities (at most
-    1) and float32/64 activations do not.
+    One reduction each (no tensor of the pattern's size, :func:`~cwlens.core.numerics.check_finite`),
+    naming the layer and the heads.
     """
-    for name, t in (("hook_pattern", pattern), ("hook_v", v)):
-        if not torch.isfinite(t.sum()):
-            where = "" if layer is None else f" in layer {layer}"
-            raise NonFiniteError(
-                f"Non-finite activations{where} (NaN or inf in {name}). This is usually "
-                "fp16 overflow: run the model in float32 or bfloat16."
-            )
+    check_finite(pattern, "the attention pattern (hook_pattern)", layer, head_dim=1)
+    check_finite(v, "the values (hook_v; heads are kv heads)", layer, head_dim=2)
+    if W_O is not None:
+        check_finite(W_O, "the output projection W_O (a model weight)", layer, head_dim=0,
+                     fix="A weight that is not finite breaks the model itself (its logits are "
+                     "NaN too): reload the model or find the parameter with torch.isfinite.")
 
 
 def _check_position_mask(position_mask, where: str) -> None:

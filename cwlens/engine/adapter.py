@@ -6,6 +6,7 @@ Works with anything that looks like a TransformerLens model (``HookedTransformer
 tensors that :mod:`cwlens.core` takes, and raises a clear error when something is off.
 """
 
+import math
 import operator
 from collections.abc import Iterable
 from typing import Any, cast
@@ -22,6 +23,7 @@ from cwlens.engine.handle import wrap
 from cwlens.errors import (
     LayerOutOfRangeError,
     MissingHookError,
+    NonFiniteError,
     ShapeMismatchError,
     UnsupportedModelError,
 )
@@ -387,6 +389,11 @@ def check_residual_sum(cache: Cache, model: TLModel, what: str, tolerance: float
                  ("MLP", "hook_mlp_out", post - mid, mlp))
         for part, hook, added, rebuilt in parts:
             err = float((added - rebuilt).norm() / added.norm().clamp_min(1e-30))
+            if not math.isfinite(err):  # NaN > tolerance is False: it would pass
+                raise NonFiniteError(
+                    f"{what}: in layer {layer}, the residual stream or {hook} holds NaN or inf "
+                    f"(the {part} block's check is {err}): fp16 overflow or a weight that is not "
+                    "finite. Run the model in float32, or find the parameter with torch.isfinite.")
             if err > tolerance:
                 raise UnsupportedModelError(
                     f"{what}: in layer {layer}, what the {part} block added to the residual "

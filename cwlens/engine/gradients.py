@@ -30,6 +30,7 @@ from contextlib import contextmanager
 
 import torch
 
+from cwlens.core.numerics import check_finite
 from cwlens.core.scoring import token_nll
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.adapter import Layers
@@ -72,6 +73,9 @@ def attention_gradient(
     scalar: the faithfulness sweep passes each multiple-choice item's label margin,
     :func:`cwlens.faithfulness.choice.margin_loss`); pad queries and keys get 0. One
     forward and one backward pass with gradients (the only cwlens metric that needs them).
+
+    Raises :class:`~cwlens.errors.NonFiniteError` naming the layer (and the heads) where a
+    pattern or the scores hold NaN or inf, or where the loss does.
     """
     from cwlens.engine.interventions.value_masking import hooks_applied
 
@@ -102,6 +106,13 @@ def attention_gradient(
         missing = [ly for ly in resolved if ly not in deltas]
         if missing:
             raise CwlensError(f"{hook_names.pattern(missing[0])!r} did not fire: no gradient.")
+        for ly in resolved:  # the first broken layer, before the loss that it poisons
+            check_finite(patterns[ly], f"the attention pattern ({hook_names.pattern(ly)})", ly, head_dim=1)
+            check_finite(wrap(model).W_O(ly), "the output projection W_O (a model weight)", ly, head_dim=0)
+        check_finite(value.detach(), "the loss whose gradient is taken", None,
+                     fix="The attention patterns and W_O are finite, so a later weight (an MLP, "
+                     "the unembedding) or an overflow made the logits or the loss NaN or inf: "
+                     "check the model's weights with torch.isfinite, or run it in float32.")
         grads = torch.autograd.grad(value, [deltas[ly] for ly in resolved], allow_unused=True)
     out = {}
     for ly, grad in zip(resolved, grads, strict=True):
@@ -111,6 +122,9 @@ def attention_gradient(
                 "pattern hook's output is not the one the heads use, so no gradient exists."
             )
         score = -(patterns[ly].float() * grad.float())
+        check_finite(score, "the attention x gradient scores", ly, head_dim=1,
+                     fix="The pattern and the loss are finite, so dL/da overflowed: run the model "
+                     "in float32 (or float64).")
         if attention_mask is not None:
             m = attention_mask.bool().to(score.device)
             score = score * (m[:, None, :, None] & m[:, None, None, :])

@@ -8,6 +8,7 @@ or ``None`` for all layers (result with a leading ``layer`` axis). Results are f
 with; pad positions then get weight 0. Shapes: see :mod:`cwlens.core._types`.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,9 +18,11 @@ from cwlens.core import metrics
 from cwlens.core._types import Cache, Kind, LayerPairWeights, LayerTokenWeights
 from cwlens.core.geometry import check_kind
 from cwlens.core.metrics import get as get_metric
+from cwlens.core.numerics import worst
 from cwlens.engine import adapter, hook_names, validation
 from cwlens.engine.adapter import Layers, TLModel
 from cwlens.engine.handle import wrap
+from cwlens.errors import NonFiniteError
 
 
 def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
@@ -304,6 +307,10 @@ class Closure:
         max_abs_error: per layer, the largest absolute difference.
         relative_error: per layer, ``||rebuilt - target|| / ||target||``.
 
+    Raises:
+        NonFiniteError: an error that is NaN or inf (the rebuilt or the model's own output
+            holds NaN or inf), naming the layers: a check that cannot be made never passes.
+
     Examples:
         >>> import cwlens
         >>> from cwlens.testing import tiny_model
@@ -318,9 +325,20 @@ class Closure:
     max_abs_error: tuple[float, ...]
     relative_error: tuple[float, ...]
 
+    def __post_init__(self) -> None:
+        bad = [ly for ly, a, r in zip(self.layers, self.max_abs_error, self.relative_error, strict=True)
+               if not (math.isfinite(a) and math.isfinite(r))]
+        if bad:
+            raise NonFiniteError(
+                f"The closure check is NaN or inf in layer{'s' if len(bad) > 1 else ''} "
+                f"{', '.join(map(str, bad))}: the heads' rebuilt output or the model's own "
+                "attention output there holds NaN or inf (fp16 overflow, or a weight that is "
+                "not finite: find it with torch.isfinite). Run the model in float32.")
+
     @property
     def worst_relative_error(self) -> float:
-        return max(self.relative_error)
+        """The largest per-layer relative error (NaN-aware: never a NaN dropped)."""
+        return worst(self.relative_error)
 
 
 def closure(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cwlens.core.geometry import AttentionGeometry
+from cwlens.core.numerics import worst
 from cwlens.engine import reducers, validation
 from cwlens.engine.handle import wrap
 from cwlens.engine.streaming import pass_options, stream_reduce
@@ -88,7 +89,7 @@ class TextAnalysis:
         lines = [
             f"{self.model_name}: {len(self.str_tokens)} tokens, {self.n_layers} layers x {self.n_heads} heads",
             f"checks: weights sum to 1 within {self.sum_error:.1e}; heads x keys rebuild the "
-            f"attention output within {max(self.closure_error):.1e} (relative)",
+            f"attention output within {worst(self.closure_error):.1e} (relative)",
             f"sink heads (mean attention on the first token > 0.3): "
             f"{int((self.sink_rate > 0.3).sum())} of {self.sink_rate.numel()}",
             f"top contributing tokens for the last query ({self.str_tokens[q]!r}):",
@@ -143,12 +144,12 @@ class _ReportReducer(reducers.Reducer):
         self._sink[layer] = self._sink.get(layer, 0) + a[0, :, :, 0].sum(-1)
         tail_sums = torch.stack([(a[0, :, :, 0] * tail).sum(-1), (c[0, :, :, 0] * tail).sum(-1)], -1)
         self._sink_tail[layer] = self._sink_tail.get(layer, 0) + tail_sums
-        self._err["sum"] = max(self._err.get("sum", 0.0), float((c.sum((1, 3)) - 1).abs().max()))
+        self._err["sum"] = worst([self._err.get("sum", 0.0), float((c.sum((1, 3)) - 1).abs().max())])
         if self.check_intra:
             intra = block.contribution("intra").sum(-1)  # [1, h, bq]: 1 where o^h != 0
             ok = ~block.zero_output("intra")
             err = ((intra - 1).abs() * ok).max() if ok.any() else torch.tensor(0.0)
-            self._err["intra"] = max(self._err.get("intra", 0.0), float(err))
+            self._err["intra"] = worst([self._err.get("intra", 0.0), float(err)])
         w0, w1 = self.window
         r0, r1 = max(w0, query_start) - query_start, min(w1, query_start + bq) - query_start
         if r0 < r1:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 import cwlens
+from cwlens.core.numerics import worst
 from cwlens.datasets import load_dataset
 from cwlens.report.analysis import analyze_text
 
@@ -53,7 +54,7 @@ def run_demo(
         "checks: inter-head weights sum to 1 within "
         f"{an.sum_error:.1e}; intra rows within "
         f"{an.intra_sum_error:.1e}; heads x keys rebuild "
-        f"the attention output within {max(an.closure_error):.1e} (relative)"
+        f"the attention output within {worst(an.closure_error):.1e} (relative)"
     )
     q = len(str_tokens) - 1
     sink_att = an.last_query["attention"][:, :, 0].mean(-1)  # [layer]: mean over heads
