@@ -2,10 +2,29 @@
 
 Attention matrices on the top row, contribution matrices on the bottom row, one column
 per head; contributions use a diverging scale centred at 0 (red = adds along the
-output, blue = opposes it). Hover shows the factor split.
+output, blue = opposes it). Hover shows the factor split. Masked cells (a decoder's keys
+after the query) are drawn in :data:`MASKED_COLOUR`, apart from the colour of a 0.
 """
 
 import numpy as np
+
+MASKED_COLOUR = "#b8b8b8"  # NaN cells are transparent: the plot background shows through
+MASKED_NOTE = "grey: masked (key after the query), no weight at all; a 0 is drawn in the colour scale"
+
+
+def causal_mask(n_queries: int, n_keys: int | None = None, start: int = 0) -> np.ndarray:
+    """``[query, key]`` bool: True where a decoder's query cannot see the key (key after the
+    query); queries and keys both numbered from ``start``."""
+    n_keys = n_queries if n_keys is None else n_keys
+    return np.arange(n_keys)[None, :] > np.arange(n_queries)[:, None]
+
+
+def with_masked(values, masked) -> np.ndarray:
+    """``values`` as floats, NaN where ``masked`` (drawn as :data:`MASKED_COLOUR`)."""
+    out = np.array(values, dtype=float)
+    if masked is not None:
+        out[np.asarray(masked, dtype=bool)] = np.nan
+    return out
 
 
 def token_labels(str_tokens, start: int = 0) -> list[str]:
@@ -19,6 +38,7 @@ def attention_vs_contribution(
     str_tokens: list[str],
     title: str = "Where heads look (attention) vs what they move (contribution)",
     contribution_label: str = "contribution (intra-head)",
+    masked=None,
 ):
     """A 2-row figure: attention (top) and contribution (bottom) for each head.
 
@@ -27,6 +47,8 @@ def attention_vs_contribution(
             ``attention``, ``contribution``, and optionally ``relative_norm``, ``cosine``
             for the hover text.
         str_tokens: token strings of the sequence (axis labels).
+        masked: ``[query, key]`` bool, True on the cells no query sees (a decoder's keys
+            after the query: :func:`causal_mask`), drawn grey, apart from zeros; None: none.
     """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -41,11 +63,11 @@ def attention_vs_contribution(
         horizontal_spacing=0.04,
         vertical_spacing=0.12,
     )
-    c_max = max(float(np.nanmax(np.abs(np.asarray(h["contribution"])))) for h in heads) or 1.0
+    c_max = max(float(np.nanmax(np.abs(with_masked(h["contribution"], masked)))) for h in heads) or 1.0
     for col, head in enumerate(heads, start=1):
-        att = np.asarray(head["attention"], dtype=float)
-        con = np.asarray(head["contribution"], dtype=float)
-        hover = _hover(head, labels)
+        att = with_masked(head["attention"], masked)
+        con = with_masked(head["contribution"], masked)
+        hover = _hover(head, labels, masked)
         fig.add_trace(
             go.Heatmap(
                 z=att, x=labels, y=labels, colorscale="Viridis", zmin=0, zmax=1,
@@ -64,23 +86,31 @@ def attention_vs_contribution(
             row=2, col=col,
         )
     side = max(300, 22 * len(labels))
-    fig.update_yaxes(autorange="reversed", tickfont=dict(size=9), title_text="query")
+    fig.update_yaxes(autorange="reversed", tickfont=dict(size=9))
+    for row in (1, 2):  # only the first column: an inner one's title would sit on the
+        fig.update_yaxes(title_text="query", row=row, col=1)  # tick labels of its left neighbour
     fig.update_xaxes(tickfont=dict(size=9), tickangle=-60, title_text="key")
+    if masked is not None and np.asarray(masked).any():
+        title = f"{title}<br><sup>{MASKED_NOTE}</sup>"
     fig.update_layout(
         title=title, width=min(2400, 120 + side * n), height=2 * side + 220,
-        font=dict(size=11), margin=dict(t=90),
+        font=dict(size=11), margin=dict(t=100), plot_bgcolor=MASKED_COLOUR,
     )
     return fig
 
 
-def _hover(head, labels):
+def _hover(head, labels, masked=None):
     att = np.asarray(head["attention"], dtype=float)
     con = np.asarray(head["contribution"], dtype=float)
     rel = np.asarray(head.get("relative_norm", np.full_like(att, np.nan)), dtype=float)
     cos = np.asarray(head.get("cosine", np.full_like(att, np.nan)), dtype=float)
     out = np.empty(att.shape, dtype=object)
+    hidden = np.zeros(att.shape, dtype=bool) if masked is None else np.asarray(masked, dtype=bool)
     for i in range(att.shape[0]):
         for j in range(att.shape[1]):
+            if hidden[i, j]:
+                out[i, j] = f"query {labels[i]}<br>key {labels[j]}<br>masked: the query does not see this key"
+                continue
             out[i, j] = (
                 f"query {labels[i]}<br>key {labels[j]}<br>attention {att[i, j]:.3f}"
                 f"<br>relative norm {rel[i, j]:.3f}<br>cosine {cos[i, j]:+.3f}"

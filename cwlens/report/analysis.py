@@ -20,6 +20,7 @@ from cwlens.core.numerics import worst
 from cwlens.engine import reducers, validation
 from cwlens.engine.handle import wrap
 from cwlens.engine.streaming import pass_options, stream_reduce
+from cwlens.report.printed import entry_list, listed_entries, token_at
 
 FACTORS = ("attention", "relative_norm", "cosine", "contribution")
 DEFAULT_WINDOW = 64
@@ -37,7 +38,10 @@ class TextAnalysis:
     ``sink_rate``: ``[layer, head]`` mean attention on the first token over all queries;
     ``sink_attention`` / ``sink_contribution``: ``[layer]`` means over queries after the first
     of the attention (mean over heads) and of the token-level contribution of the first token.
-    ``top_keys`` / ``top_values``: ``[layer, query, k]`` top contributing tokens (|c|, heads summed).
+    ``top_keys`` / ``top_values``: ``[layer, query, k]`` top contributing tokens (|c|, heads
+    summed) among the keys each query sees; a query that sees fewer than ``k`` keys (a
+    decoder's early queries) has its other entries marked ``-1`` / NaN.
+    ``causal``: a decoder (query ``i`` sees keys ``0..i``); False for an encoder.
     """
 
     model_name: str
@@ -58,6 +62,7 @@ class TextAnalysis:
     sum_error: float
     intra_sum_error: float
     notes: list[str] = field(default_factory=list)
+    causal: bool = True
 
     @property
     def n_layers(self) -> int:
@@ -77,10 +82,11 @@ class TextAnalysis:
         return self.contribution.sum(1)
 
     def top_tokens(self, layer: int, query: int, k: int = 5) -> list[tuple[int, str, float]]:
-        """Top-k keys by |token contribution| for one query: (key, token, contribution)."""
-        keys = self.top_keys[layer, query, :k].tolist()
-        vals = self.top_values[layer, query, :k].tolist()
-        return [(j, self.str_tokens[j], c) for j, c in zip(keys, vals, strict=True)]
+        """Top-k keys by |token contribution| for one query: (key, token, contribution),
+        only keys the query sees (fewer than ``k`` for a decoder's early queries)."""
+        entries = listed_entries(self.top_keys[layer, query], self.top_values[layer, query], query,
+                                 len(self.str_tokens), self.causal)
+        return [(j, self.str_tokens[j], c) for j, c in entries[:k]]
 
     def summary_lines(self, k: int = 3, layers: list[int] | None = None) -> list[str]:
         """The printed summary; the top tokens of ``layers`` (default: 4 spread over the
@@ -92,11 +98,12 @@ class TextAnalysis:
             f"attention output within {worst(self.closure_error):.1e} (relative)",
             f"sink heads (mean attention on the first token > 0.3): "
             f"{int((self.sink_rate > 0.3).sum())} of {self.sink_rate.numel()}",
-            f"top contributing tokens for the last query ({self.str_tokens[q]!r}):",
+            f"top contributing tokens for the last query ({token_at(q, self.str_tokens)}; "
+            "key:token, contribution of the token to the layer output, heads summed):",
         ]
         for layer in layers if layers is not None else _spread(self.n_layers, 4):
-            tops = ", ".join(f"{t!r} {c:+.2f}" for _, t, c in self.top_tokens(layer, q, k))
-            lines.append(f"  layer {layer:>2}: {tops}")
+            tops = [(j, c) for j, _, c in self.top_tokens(layer, q, k)]
+            lines.append(f"  layer {layer:>2}: {entry_list(tops, self.str_tokens, 2)}")
         lines += self.notes
         return lines
 
@@ -223,6 +230,8 @@ def analyze_text(
         [reducers.in_query_order(report._win[ly][key], 1) for ly in layers]).cpu()
     sink_tail = torch.stack([report._sink_tail[ly] for ly in layers]).cpu()  # [L, h, 2]
     n_tail = max(n - 1, 1)
+    causal = not wrap(model).is_encoder
+    top_keys, top_values = _seen_only(res["top"], n, causal)
     notes = []
     if win != (0, n):
         notes.append(f"heatmaps show tokens {win[0]}..{win[1] - 1} of {n} (window); "
@@ -240,10 +249,27 @@ def analyze_text(
         sink_rate=(torch.stack([report._sink[ly] for ly in layers]) / n).cpu(),
         sink_attention=sink_tail[..., 0].mean(-1) / n_tail,
         sink_contribution=sink_tail[..., 1].sum(-1) / n_tail,
-        top_keys=res["top"].indices[:, 0, 0].long().cpu(),
-        top_values=res["top"].values[:, 0, 0].cpu(),
+        top_keys=top_keys,
+        top_values=top_values,
         closure_error=res.closure.relative_error,
         sum_error=report._err.get("sum", 0.0),
         intra_sum_error=report._err.get("intra", float("nan")),
         notes=notes,
+        causal=causal,
     )
+
+
+def _seen_only(top, n: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[layer, query, k]`` keys and values of a one-text :class:`~cwlens.reducers.TopK`
+    result, with every entry that is not a key its query sees set to -1 / NaN: keys after
+    the query on a decoder, and whatever the reducer marks (a ``valid`` mask, -1, NaN)."""
+    keys = top.indices[:, 0, 0].long().cpu()
+    values = top.values[:, 0, 0].float().cpu()
+    query = torch.arange(keys.shape[1])[None, :, None]
+    ok = (keys >= 0) & (keys < n) & values.isfinite()
+    if causal:
+        ok &= keys <= query
+    valid = getattr(top, "valid", None)
+    if valid is not None:
+        ok &= valid[:, 0, 0].bool().cpu()
+    return keys.masked_fill(~ok, -1), values.masked_fill(~ok, float("nan"))

@@ -13,6 +13,7 @@ import cwlens
 from cwlens.core.numerics import worst
 from cwlens.datasets import load_dataset
 from cwlens.report.analysis import analyze_text
+from cwlens.report.printed import entry_list, plain, row_top, signed, token_at
 
 
 def pick_sink_heads(rates: torch.Tensor, n: int) -> list[tuple[int, int, float]]:
@@ -24,9 +25,12 @@ def pick_sink_heads(rates: torch.Tensor, n: int) -> list[tuple[int, int, float]]
     return [(ly, int(best_head[ly]), float(best_rate[ly])) for ly in sorted(layers)]
 
 
-def top_tokens(row: torch.Tensor, tokens: list[str], k: int, by_abs: bool = False) -> str:
-    order = (row.abs() if by_abs else row).argsort(descending=True)[:k].tolist()
-    return ", ".join(f"{j}:{tokens[j]!r} {row[j]:+.3f}" for j in order)
+def top_tokens(row: torch.Tensor, tokens: list[str], k: int, by_abs: bool = False,
+               query: int | None = None, causal: bool = True) -> str:
+    """``12:' the' +0.034, ...``: the top ``k`` of ``row`` among the keys ``query`` (default:
+    the last token) sees; a decoder's keys after the query are never listed."""
+    query = len(tokens) - 1 if query is None else query
+    return entry_list(row_top(row, query, k, causal, by_abs), tokens)
 
 
 def run_demo(
@@ -68,6 +72,8 @@ def run_demo(
         "factor split: contribution = attention x rel.norm x cosine, with rel.norm = "
         "||v~_j|| / ||o_i|| and cosine = cos(o_i, v~_j), o_i = the layer's attention output"
     )
+    print("lists: key:token and its weight, over the keys the last query sees; top contributing "
+          "ranks by |contribution| (+ adds along the layer output, - opposes it)")
     parts = an  # [layer, head, query, key] factors of every token
     heads = pick_sink_heads(an.sink_rate, n_heads)
     fig_heads = []
@@ -81,27 +87,29 @@ def run_demo(
             f"\nL{layer}H{head}  sink rate {rate:.2f}  (query {q}: {str_tokens[q]!r}; this head "
             f"carries {share:+.3f} of the layer output, sink alone {float(c[q, 0]):+.3f})"
         )
-        print(f"  top attended:     {top_tokens(a[q], str_tokens, top_k)}")
-        print(f"  top contributing: {top_tokens(c[q], str_tokens, top_k, by_abs=True)}")
-        print("  factor split   token           attention  rel.norm   cosine  contribution")
-        shown = [0] + [j for j in c[q].abs().argsort(descending=True).tolist() if j != 0][:2]
-        for j in shown:
+        print(f"  top attended:     {top_tokens(a[q], str_tokens, top_k, False, q, an.causal)}")
+        print(f"  top contributing: {top_tokens(c[q], str_tokens, top_k, True, q, an.causal)}")
+        print("  factor split   key:token          attention  rel.norm   cosine  contribution")
+        top = [j for j, _ in row_top(c[q], q, 3, an.causal, by_abs=True) if j != 0]
+        for j in [0, *top[:2]]:
             role = "sink" if j == 0 else "top"
             print(
-                f"  {role:<5} {j:>4}  {str_tokens[j]!r:<14} {a[q, j]:9.3f} {rel[q, j]:9.3f} "
-                f"{cos[q, j]:+8.3f} {c[q, j]:+12.3f}"
+                f"  {role:<5} {token_at(j, str_tokens):<22} {plain(a[q, j]):>9} "
+                f"{plain(rel[q, j]):>9} {signed(cos[q, j]):>8} {signed(c[q, j]):>12}"
             )
         fig_heads.append(
             dict(name=f"L{layer}H{head}", attention=a.numpy(), contribution=c.numpy(),
                  relative_norm=rel.numpy(), cosine=cos.numpy())
         )
     from cwlens.plotting import attention_vs_contribution, save_figure
+    from cwlens.plotting.heatmaps import causal_mask
 
     fig = attention_vs_contribution(
         fig_heads, str_tokens,
         title=f"{model_name}: attention (top) vs contribution to the layer output (bottom), "
         "most sink-heavy heads",
         contribution_label="contribution (inter-head)",
+        masked=causal_mask(len(str_tokens)) if an.causal else None,
     )
     paths = save_figure(fig, Path(out_dir) / "demo_attention_vs_contribution", png=png)
     print("\nwrote " + ", ".join(str(p) for p in paths))

@@ -1,8 +1,10 @@
 """Render a :class:`~cwlens.report.analysis.TextAnalysis` as one self-contained HTML page.
 
 plotly.js is inlined once (no CDN: the page works offline); every figure after the first
-reuses it. Heatmaps of signed weights use a diverging scale centred at 0 and show the
-factor split on hover.
+reuses it. Heatmaps of signed weights use a diverging scale centred at 0, scaled to each
+slider step's own range (the range in the step's name and colour bar; a button switches
+to one range for all steps), and show the factor split on hover. Masked cells (a decoder's
+keys after the query) are grey, apart from the colour of a 0.
 """
 
 import html
@@ -10,8 +12,15 @@ from pathlib import Path
 
 import numpy as np
 
-from cwlens.plotting.heatmaps import token_labels
+from cwlens.plotting.heatmaps import (
+    MASKED_COLOUR,
+    MASKED_NOTE,
+    causal_mask,
+    token_labels,
+    with_masked,
+)
 from cwlens.report.analysis import TextAnalysis, _spread
+from cwlens.report.printed import entry_list, plain, signed, token_at
 
 HOVER = (
     "query %{y}<br>key %{x}<br>attention %{customdata[0]:.3f}<br>"
@@ -20,32 +29,51 @@ HOVER = (
 )
 
 
-def _slider_figure(pairs, labels, title, step_names, contribution_name):
-    """Attention | contribution heatmap pairs, one slider step per pair."""
+def _slider_figure(pairs, labels, title, step_names, contribution_name, masked=None):
+    """Attention | contribution heatmap pairs, one slider step per pair.
+
+    Each step's contribution colour scale spans its own ``±max|c|`` (shown in the step's
+    name and its colour bar); the buttons switch every step to one shared range and back.
+    ``masked``: ``[query, key]`` bool, drawn grey (NaN) in both heatmaps."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("attention", contribution_name),
                         horizontal_spacing=0.14)
-    c_max = max(float(np.abs(c).max()) for _, c, _ in pairs) or 1.0
+    ranges = [float(np.nanmax(np.abs(with_masked(c, masked)), initial=0.0)) or 1.0 for _, c, _ in pairs]
+    shared = max(ranges)
     for i, (att, con, custom) in enumerate(pairs):
         visible = i == 0
-        fig.add_trace(go.Heatmap(z=att, x=labels, y=labels, colorscale="Viridis", zmin=0, zmax=1,
-                                 visible=visible, colorbar=dict(x=0.43, title="α"),
+        fig.add_trace(go.Heatmap(z=with_masked(att, masked), x=labels, y=labels, colorscale="Viridis",
+                                 zmin=0, zmax=1, visible=visible, colorbar=dict(x=0.43, title="α"),
                                  hovertemplate="query %{y}<br>key %{x}<br>attention %{z:.3f}<extra></extra>"),
                       row=1, col=1)
-        fig.add_trace(go.Heatmap(z=con, x=labels, y=labels, colorscale="RdBu_r", zmid=0,
-                                 zmin=-c_max, zmax=c_max, visible=visible, customdata=custom,
-                                 hovertemplate=HOVER, colorbar=dict(title="c")),
+        fig.add_trace(go.Heatmap(z=with_masked(con, masked), x=labels, y=labels, colorscale="RdBu_r",
+                                 zmid=0, zmin=-ranges[i], zmax=ranges[i], visible=visible, customdata=custom,
+                                 hovertemplate=HOVER, colorbar=dict(title=f"c, ±{ranges[i]:.2g}")),
                       row=1, col=2)
     steps = []
     for i, name in enumerate(step_names):
         vis = [False] * (2 * len(pairs))
         vis[2 * i] = vis[2 * i + 1] = True
-        steps.append(dict(method="update", label=name, args=[{"visible": vis}]))
+        steps.append(dict(method="update", label=f"{name} (±{ranges[i]:.2g})", args=[{"visible": vis}]))
+    con_traces = list(range(1, 2 * len(pairs), 2))
+
+    def scale(rs):
+        return dict(zmin=[-r for r in rs], zmax=list(rs), **{"colorbar.title.text": [f"c, ±{r:.2g}" for r in rs]})
+
+    buttons = [dict(method="restyle", label="colour scale: each step's own range",
+                    args=[scale(ranges), con_traces]),
+               dict(method="restyle", label=f"colour scale: one range for all (±{shared:.2g})",
+                    args=[scale([shared] * len(pairs)), con_traces])]
     side = max(420, 11 * len(labels))
+    if masked is not None and np.asarray(masked).any():
+        title = f"{title}<br><sup>{MASKED_NOTE}</sup>"
     fig.update_layout(title=title, sliders=[dict(active=0, steps=steps, pad=dict(t=60))],
-                      width=2 * side + 200, height=side + 220)
+                      updatemenus=[dict(type="buttons", direction="right", buttons=buttons, x=1.0,
+                                        xanchor="right", y=1.12, yanchor="bottom", showactive=True)],
+                      width=2 * side + 200, height=side + 240, plot_bgcolor=MASKED_COLOUR,
+                      margin=dict(t=130))
     fig.update_yaxes(autorange="reversed", tickfont=dict(size=8))
     fig.update_xaxes(tickfont=dict(size=8), tickangle=-60)
     return fig
@@ -120,6 +148,8 @@ def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = 
     :func:`~cwlens.report.analysis.analyze_text`); every table covers all tokens except the
     per-query top tokens, listed for the window's queries."""
     labels = token_labels(a.window_tokens, a.window[0])
+    w = a.window[1] - a.window[0]
+    masked = causal_mask(w) if a.causal else None  # window queries and keys: the same positions
     layers = layers if layers is not None else _spread(a.n_layers, 4)
     custom = lambda idx: np.stack(  # noqa: E731
         [a.attention[idx].numpy(), a.relative_norm[idx].numpy(), a.cosine[idx].numpy()], -1
@@ -138,9 +168,9 @@ def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = 
     figs = [
         _sink_figure(a),
         _slider_figure(token_pairs, labels, "Token level: mean attention over heads vs contribution to the layer output",
-                       [f"layer {ly}" for ly in range(a.n_layers)], "contribution (heads summed)"),
+                       [f"layer {ly}" for ly in range(a.n_layers)], "contribution (heads summed)", masked),
         _slider_figure(head_pairs, labels, "Per head: attention vs contribution to the layer output (inter-head)",
-                       head_names, "contribution (this head)"),
+                       head_names, "contribution (this head)", masked),
     ]
     fig_html = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
 
@@ -151,9 +181,10 @@ def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = 
                           f"{float(a.sink_contribution[ly]):+.3f}", f"{a.closure_error[ly]:.1e}"])
     top_rows = []
     for query in range(*a.window):
-        cells = [html.escape(f"{query}:{a.str_tokens[query]}")]
+        cells = [html.escape(token_at(query, a.str_tokens))]
         for ly in layers:
-            cells.append(", ".join(html.escape(f"{t!r} {c:+.2f}") for _, t, c in a.top_tokens(ly, query, 3)))
+            tops = [(j, c) for j, _, c in a.top_tokens(ly, query, 3)]
+            cells.append(html.escape(entry_list(tops, a.str_tokens, 2)))
         top_rows.append(cells)
     split_rows = []
     last = a.last_query
@@ -161,14 +192,15 @@ def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = 
         c = last["contribution"][ly]  # [head, key]
         for flat in c.abs().flatten().argsort(descending=True)[:5].tolist():
             h, j = divmod(flat, c.shape[1])
-            split_rows.append([ly, h, html.escape(f"{j}:{a.str_tokens[j]!r}"), f"{float(last['attention'][ly, h, j]):.3f}",
-                               f"{float(last['relative_norm'][ly, h, j]):.3f}", f"{float(last['cosine'][ly, h, j]):+.3f}",
-                               f"{float(c[h, j]):+.3f}"])
+            split_rows.append([ly, h, html.escape(token_at(j, a.str_tokens)), plain(last["attention"][ly, h, j]),
+                               plain(last["relative_norm"][ly, h, j]), signed(last["cosine"][ly, h, j]),
+                               signed(c[h, j])])
     summary = "<br>".join(html.escape(line) for line in a.summary_lines())
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>cwlens report: {html.escape(a.model_name)}</title>
 <style>body{{font-family:sans-serif;margin:24px;max-width:2200px}} table{{border-collapse:collapse;font-size:12px;margin:8px 0 24px}}
-td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} th{{background:#f0f0f0}} .mono{{font-family:monospace;white-space:pre-wrap}}</style>
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} th{{background:#f0f0f0}} .mono{{font-family:monospace;white-space:pre-wrap}}
+.legend{{font-size:12px;color:#444;margin:4px 0}}</style>
 </head><body>
 <h1>cwlens report — {html.escape(a.model_name)}</h1>
 <p>Contribution weights c<sub>ij</sub> = ⟨o<sub>i</sub>, α<sub>ij</sub>ṽ<sub>j</sub>⟩ / ‖o<sub>i</sub>‖² = attention × relative norm × cosine,
@@ -177,12 +209,20 @@ Red adds along the output, blue opposes it.</p>
 <h2>Text</h2>{_text_block(a)}
 <h2>Summary</h2><p class="mono">{summary}</p>
 <h2>Attention sinks</h2>{fig_html[0]}
+<p class="legend">Per layer: mean sink rate = attention on the first token, mean over heads and queries;
+sink heads = heads whose sink rate is above 0.3; first-token contribution = the first token's share of the layer's
+attention output (heads summed), mean over the queries after it; closure error = how far heads × keys rebuild the
+attention output (relative).</p>
 {_table(["layer", "mean sink rate", "sink heads (>0.3)", "first-token contribution", "closure error"], sink_rows)}
 <h2>Token level</h2>{fig_html[1]}
 <h2>Per head</h2>{fig_html[2]}
-<h2>Factor split for the last query ({html.escape(repr(a.str_tokens[q]))})</h2>
+<h2>Factor split for the last query ({html.escape(token_at(q, a.str_tokens))})</h2>
+<p class="legend">The 5 (head, key) entries of largest |contribution| per layer: contribution = attention ×
+relative norm (‖ṽ<sub>j</sub>‖ / ‖o<sub>i</sub>‖) × cosine (cos(o<sub>i</sub>, ṽ<sub>j</sub>)); key as position:token.</p>
 {_table(["layer", "head", "key", "attention", "relative norm", "cosine", "contribution"], split_rows)}
 <h2>Top contributing tokens per query (queries {a.window[0]}..{a.window[1] - 1})</h2>
+<p class="legend">Per query and layer, the 3 keys of largest |contribution| (heads summed) as position:token and
+contribution, among the keys the query sees{" (a decoder's query i sees keys 0..i: early queries list fewer)" if a.causal else ""}.</p>
 {_table(["query"] + [f"layer {ly}" for ly in layers], top_rows)}
 </body></html>
 """
