@@ -198,3 +198,22 @@ def test_a_zero_output_row_is_zero_not_nan():
         out = geo.measure(name, "intra")
         assert torch.equal(out, torch.zeros_like(out))
     assert bool(geo.zero_output("intra").all())
+
+
+def test_a_choice_log_likelihood_refuses_nan_logits():
+    """NaN logits made every choice's log-likelihood NaN, and max(..., key=...) over NaN
+    picked an arbitrary answer: accuracy (and lm-eval's acc) counted it."""
+    from cwlens.faithfulness.choice import ChoiceRequest, continuation_logprob
+
+    request = ChoiceRequest(item=4, choice=1, input_ids=(1, 2, 3), start=1, continuation_ids=(5, 6),
+                            continuation_chars=3)
+    logits = torch.randn(2, 3, 10)
+    ruled_out = logits.clone()
+    ruled_out[1, 1, 0] = -math.inf  # a token ruled out: still a log-likelihood
+    assert math.isfinite(continuation_logprob(ruled_out, 1, 0, request))
+    for bad in (math.nan, math.inf):
+        broken = logits.clone()
+        broken[1, 2, 7] = bad
+        with pytest.raises(NonFiniteError, match="item 4, choice 1"):
+            continuation_logprob(broken, 1, 0, request)
+    assert math.isfinite(continuation_logprob(broken, 0, 0, request))  # the other row is fine

@@ -23,7 +23,7 @@ import torch
 
 from cwlens.engine import lm
 from cwlens.engine.batching import token_ids
-from cwlens.errors import DatasetFormatError
+from cwlens.errors import DatasetFormatError, NonFiniteError
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,12 @@ def continuation_ll(logits, row: int, offset: int, request: ChoiceRequest) -> to
     n = len(request.continuation_ids)
     pos = offset + request.start + torch.arange(n)
     picked = lm.logits_at(logits, row, pos)
+    if bool(torch.isnan(picked).any() | torch.isposinf(picked).any()):  # (-inf: a token ruled out)
+        raise NonFiniteError(
+            f"The logits of item {request.item}, choice {request.choice} (batch row {row}, "
+            f"positions {pos.tolist()}) hold NaN or inf, so its log-likelihood is undefined and "
+            "the item's answer would be arbitrary: fp16 overflow or a weight that is not "
+            "finite. Run the model in float32, or find the parameter with torch.isfinite.")
     logp = torch.log_softmax(picked.double(), dim=-1)
     target = torch.tensor(request.continuation_ids, device=picked.device)
     return logp.gather(-1, target[:, None]).sum()
