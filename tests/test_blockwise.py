@@ -84,7 +84,8 @@ def test_reducers_and_closure_equal_eager(run):
         assert_close(block[name].values, eager[name].values, **TOL)
     for name in ("column_sums_value_weighted", "token_contribution"):
         assert_close(block[name].tensor, eager[name].tensor, rtol=1e-5, atol=1e-5)
-    for field in ("sink_rate", "sink_contribution", "entropy", "output_share"):
+    for field in ("sink_rate", "sink_contribution_intra", "sink_contribution_inter", "entropy",
+                  "output_share"):
         assert_close(getattr(block["heads"], field), getattr(eager["heads"], field), **TOL)
     for key, full in eager["matrices"].items():
         assert_close(block["matrices"][key], full, **TOL)

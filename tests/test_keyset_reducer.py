@@ -64,19 +64,22 @@ def test_keyset_weight_equals_the_full_tensor_reduction(run, block, kind):
 
 
 def test_the_first_token_set_is_the_sink_rate_and_all_keys_sum_to_one(run):
-    """Identities: keys (0,) give HeadSummary's per-head sink rate and sink contribution
-    (their mean over real queries); the set of every key gives token-level rows of 1 for
-    attention and the inter-head contribution on every real query (0 on pad queries)."""
+    """Identities: keys (0,) give HeadSummary's per-head sink rate and (inter) sink
+    contribution (their mean over the real queries after the sink); the set of every key
+    gives token-level rows of 1 for attention and the inter-head contribution on every real
+    query (0 on pad queries)."""
     model, tokens, mask, _ = run
     n = tokens.shape[1]
     res = cwlens.stream_reduce(
         model, tokens, [reducers.KeySetWeight((0,)), reducers.KeySetWeight(range(n), name="all"),
                         reducers.HeadSummary()], attention_mask=mask, query_block=2)
-    real = mask.bool()[None, :, None, :].float()
+    first = mask.bool().int().argmax(-1)
+    after = mask.bool() & (torch.arange(n)[None, :] > first[:, None])
+    real = after[None, :, None, :].float()
     sink = res["keys_0"].weights
     heads = res["heads"]
     assert_close((sink["attention"] * real).sum(-1) / real.sum(-1), heads.sink_rate, **TOL)
-    assert_close((sink["contribution"] * real).sum(-1) / real.sum(-1), heads.sink_contribution, **TOL)
+    assert_close((sink["contribution"] * real).sum(-1) / real.sum(-1), heads.sink_contribution_inter, **TOL)
     every = res["all"]
     for metric in ("attention", "contribution"):
         tok = every.token_level(metric)  # [L, b, q]

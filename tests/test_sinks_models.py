@@ -121,7 +121,7 @@ def test_tables_padded_batch_equals_single_runs(run):
             _, c1 = cwlens.run_with_cache(model, single)
         one = sink_statistics(c1, model, sample_ids=[sid])
         got = stats[stats["sample"] == sid].reset_index(drop=True)
-        for col in ("sink_rate", "sink_contribution", "tail_cosine", "sink_contribution_inter"):
+        for col in ("sink_rate", "sink_contribution_intra", "split_tail_cosine", "sink_contribution_inter"):
             assert_close(torch.tensor(got[col].values), torch.tensor(one[col].values),
                          rtol=1e-4, atol=1e-5)
 
@@ -131,7 +131,7 @@ def test_tables_have_the_documented_columns(run):
     stats = sink_statistics(cache, model, mask)
     n = model.cfg.n_layers * model.cfg.n_heads * len(TEXTS)
     assert len(stats) == n and stats["sink_rate"].between(0, 1).all()
-    assert {"sink_head", "tail_attention", "sink_relative_norm", "tail_contribution"} <= set(stats)
+    assert {"sink_head", "split_tail_attention", "split_sink_relative_norm", "split_tail_contribution"} <= set(stats)
     summary = layer_summary(stats)
     assert len(summary) == model.cfg.n_layers
     align = alignment_statistics(cache, model, mask)

@@ -92,13 +92,16 @@ def test_reducers_equal_reductions_of_full_tensors(run, block):
     heads = res["heads"]
     real = mask.bool()
     first = real.int().argmax(-1)
-    w = real[None, :, None, :].float()  # [1, b, 1, q]
+    after = real & (torch.arange(real.shape[1])[None, :] > first[:, None])  # the sink's query left out
+    w = after[None, :, None, :].float()  # [1, b, 1, q]
     n = w.sum(-1)
     idx = first[None, :, None, None, None].expand(*a.shape[:4], 1)
     sink_a = a.gather(-1, idx)[..., 0]
     sink_c = c.gather(-1, idx)[..., 0]
+    sink_intra = cached(cache, model, "contribution", "intra", mask).gather(-1, idx)[..., 0]
     assert_close(heads.sink_rate, (sink_a * w).sum(-1) / n, **TOL)
-    assert_close(heads.sink_contribution, (sink_c * w).sum(-1) / n, **TOL)
+    assert_close(heads.sink_contribution_inter, (sink_c * w).sum(-1) / n, **TOL)
+    assert_close(heads.sink_contribution_intra, (sink_intra * w).sum(-1) / n, **TOL)
     assert_close(heads.output_share.sum(-1), torch.ones_like(heads.output_share.sum(-1)), **TOL)
     ent = -(a * a.clamp_min(1e-30).log()).sum(-1)
     assert_close(heads.entropy, (ent * w).sum(-1) / n, **TOL)

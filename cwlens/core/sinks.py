@@ -26,8 +26,8 @@ from functools import cached_property
 
 import torch
 
-from cwlens.core._types import Pattern, PositionMask, Values
-from cwlens.core.geometry import AttentionGeometry, safe_divide
+from cwlens.core._types import Kind, Pattern, PositionMask, Values
+from cwlens.core.geometry import AttentionGeometry, check_kind, safe_divide
 from cwlens.errors import ShapeMismatchError
 
 #: Rows whose tail mass ``1 - a_i0`` is below this have no tail to rescale (left unchanged).
@@ -98,8 +98,31 @@ def query_after_sink(
     pos = torch.arange(first, first + n_query, device=sink_index.device)
     after = pos[None, :] > sink_index[:, None]
     if position_mask is not None:
-        after = after & position_mask.to(after.device).bool()[:, -n_query:]
+        after = after & position_mask.to(after.device).bool()[:, first : first + n_query]
     return after
+
+
+def key_contribution(geo: AttentionGeometry, key_index: torch.Tensor, kind: Kind = "inter") -> torch.Tensor:
+    """One key's contribution weight to every query, ``c_{i, key_index[b]}^h``:
+    ``[batch, head_index, query_pos]``.
+
+    The column ``key_index[b]`` of ``geo.contribution(kind)`` without building the
+    ``[batch, head, query, key]`` tensor: ``a_ij <o_i W_O^h^T, v_j> / ||o_i||^2`` for the one
+    ``j`` of each row (a ``d_head``-sized dot per query). ``geo`` may be a block of rows
+    (:meth:`~cwlens.core.geometry.AttentionGeometry.rows`); a key past the block's last key
+    (a pad query before the row's first real token) gives 0.
+    """
+    check_kind(kind)
+    b, h, q, k = geo.pattern.shape
+    index = key_index.to(geo.pattern.device)
+    inside = (index < k).to(geo.pattern.dtype)  # [b]
+    index = index.clamp_max(k - 1)
+    proj, _ = geo._projection(kind)  # o W_O^h^T: [b, q, h, d]
+    inv = geo._inverse(kind, 2)  # 1/||o||^2: [b, h or 1, q]
+    v_key = _row_gather(geo.v, index, 1).repeat_interleave(geo.group, dim=1)  # [b, h, d]
+    dots = torch.einsum("bqhd,bhd->bhq", proj, v_key.to(proj.dtype))
+    alpha = _row_gather(geo.pattern, index, 3)  # [b, h, q]
+    return alpha * dots * inv * inside[:, None, None]
 
 
 def _row_gather(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from cwlens.core import metrics as _metrics
+from cwlens.core.sinks import key_contribution, query_after_sink
 from cwlens.engine import validation
 from cwlens.engine.row_topk import shared_row_topk
 from cwlens.errors import CwlensError, InvalidArgumentError, LayerOutOfRangeError
@@ -225,16 +226,22 @@ class TokenLevel(Reducer):
 
 @dataclass(frozen=True)
 class HeadSummaryResult:
-    """Per ``[layer, batch, head]``, means over the real queries of each row:
+    """Per ``[layer, batch, head]``, means over the real queries strictly after the sink
+    (the first real token; in a decoder its own query can only attend to itself), the
+    convention and the names of :func:`cwlens.sinks.sink_statistics` (docs/sinks.md,
+    "Columns"; tested equal):
 
-    ``sink_rate``: attention on the sink (the first real token); ``sink_contribution``:
-    its contribution weight; ``entropy``: attention entropy (nats); ``output_share``: the
-    head's share ``sum_j c_ij^h`` of the output (inter: of the layer output, sums to 1
-    over heads; intra: 1 wherever the head's output is non-zero).
+    ``sink_rate``: attention on the sink; ``sink_contribution_intra``: its contribution
+    weight to the head's own output ``c_i0^h`` (``o = o_i^h``); ``sink_contribution_inter``:
+    its weight in the layer output (``o = o_i``; summed over heads, the sink token's share
+    of the layer); ``entropy``: attention entropy (nats); ``output_share``: the head's
+    share ``sum_j c_ij^h`` of the output under the run's ``kind`` (inter: of the layer
+    output, sums to 1 over heads; intra: 1 wherever the head's output is non-zero).
     """
 
     sink_rate: torch.Tensor
-    sink_contribution: torch.Tensor
+    sink_contribution_intra: torch.Tensor
+    sink_contribution_inter: torch.Tensor
     entropy: torch.Tensor
     output_share: torch.Tensor
     layers: tuple[int, ...]
@@ -250,7 +257,8 @@ class HeadSummaryResult:
                 for j in range(h):
                     rows.append({"sample": ids[i], "layer": layer, "head": j,
                                  "sink_rate": float(self.sink_rate[li, i, j]),
-                                 "sink_contribution": float(self.sink_contribution[li, i, j]),
+                                 "sink_contribution_intra": float(self.sink_contribution_intra[li, i, j]),
+                                 "sink_contribution_inter": float(self.sink_contribution_inter[li, i, j]),
                                  "entropy": float(self.entropy[li, i, j]),
                                  "output_share": float(self.output_share[li, i, j])})
         return pd.DataFrame(rows)
@@ -314,16 +322,17 @@ class HeadSummary(Reducer):
 
     def update(self, layer, query_start, weights, block):
         a, c = weights["attention"], weights["contribution"]
-        b, h, q, _ = a.shape
-        sink = first_real(block.position_mask, b, a.device).clamp_max(a.shape[-1] - 1)
-        # (a block of pad queries may end before the sink: those rows have weight 0 below)
-        idx = sink[:, None, None, None].expand(b, h, q, 1)
-        real_q = _real_queries(block.position_mask, b, query_start, q, a.device)  # [b, q]
-        w = real_q[:, None, :].to(a.dtype)
+        b, h, q, width = a.shape
+        sink = first_real(block.position_mask, b, a.device)
+        # the real queries after the sink (a block of pad queries may end before it)
+        after = query_after_sink(sink, q, width, block.position_mask, query_start)  # [b, q]
+        w = after[:, None, :].to(a.dtype)
+        idx = sink.clamp_max(width - 1)[:, None, None, None].expand(b, h, q, 1)
         ent = -(a * torch.log(a.clamp_min(1e-30))).sum(-1)
         parts = {
             "sink_rate": a.gather(-1, idx)[..., 0],
-            "sink_contribution": c.gather(-1, idx)[..., 0],
+            "sink_contribution_intra": key_contribution(block, sink, "intra").to(a.dtype),
+            "sink_contribution_inter": key_contribution(block, sink, "inter").to(a.dtype),
             "entropy": ent,
             "output_share": c.sum(-1),
         }
@@ -337,15 +346,10 @@ class HeadSummary(Reducer):
     def result(self) -> HeadSummaryResult:
         layers = tuple(self._acc)
         out = {}
-        for key in ("sink_rate", "sink_contribution", "entropy", "output_share"):
+        for key in ("sink_rate", "sink_contribution_intra", "sink_contribution_inter", "entropy",
+                    "output_share"):
             out[key] = torch.stack([self._acc[ly][key] / self._n[ly].clamp_min(1) for ly in layers])
         return HeadSummaryResult(**out, layers=layers)
-
-
-def _real_queries(position_mask, batch, query_start, q, device) -> torch.Tensor:
-    if position_mask is None:
-        return torch.ones(batch, q, dtype=torch.bool, device=device)
-    return position_mask.to(device).bool()[:, query_start : query_start + q]
 
 
 class FullMatrices(Reducer):

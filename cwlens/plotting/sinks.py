@@ -34,13 +34,13 @@ def sink_rate_vs_contribution(layers, heads, eps=0.3, model_label=""):
                              line=dict(color=TAIL)), 1, 1)
     fig.add_hline(y=0, line=dict(color="black", width=1), row=1, col=1)
     fig.add_trace(go.Scatter(
-        x=heads.sink_rate, y=heads.sink_contribution, mode="markers", name="heads",
+        x=heads.sink_rate, y=heads.sink_contribution_intra, mode="markers", name="heads",
         marker=dict(color=heads.layer, colorscale="Viridis", size=7, showscale=True,
                     colorbar=dict(title="layer", x=1.0)),
         text=[f"L{r.layer}H{r.head}" for r in heads.itertuples()],
         hovertemplate="%{text}<br>sink rate %{x:.3f}<br>sink contribution %{y:.3f}<extra></extra>",
         showlegend=False), 1, 2)
-    lim = float(max(1.0, heads.sink_contribution.max()))
+    lim = float(max(1.0, heads.sink_contribution_intra.max()))
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="contribution = attention",
                              line=dict(color="black", dash="dash", width=1)), 1, 2)
     fig.add_vline(x=eps, line=dict(color=CONTROL, dash="dot"), row=1, col=2)
@@ -66,7 +66,7 @@ def factor_split(layers, model_label=""):
     for col, key in enumerate(names, start=1):
         for who, color in (("sink", SINK), ("tail", TAIL)):
             fig.add_trace(go.Scatter(
-                x=layers.layer, y=layers[f"{who}_{key}"], mode="lines+markers",
+                x=layers.layer, y=layers[f"split_{who}_{key}"], mode="lines+markers",
                 marker=dict(size=5), line=dict(color=color),
                 name="sink token" if who == "sink" else "mean tail token", showlegend=col == 1,
             ), 1, col)

@@ -7,17 +7,20 @@ right-padded batches alike), or a set of positions counted from it
 (``sink_positions=(0, 1)``: the first two real tokens). Pad queries and pad keys never
 count, so a row's statistics equal those of the text run alone.
 
-Columns:
+Columns (docs/sinks.md, "Columns", defines each once; :class:`cwlens.reducers.HeadSummary`
+reports ``sink_rate``, ``sink_contribution_intra`` and ``sink_contribution_inter`` with
+the same definitions, tested equal):
 
 - ``sink_rate``: attention mass on the sink positions; ``sink_head``: ``sink_rate > eps``
-  (Gu et al., ICLR 2025, use ``eps = 0.3``).
-- ``sink_contribution`` (mean) and ``sink_contribution_median``: the sink's intra-head
-  contribution weight ``c_i0^h`` (the head's own output); ``sink_contribution_inter``:
-  its inter-head weight (a share of the layer output; summed over heads it is the sink
-  token's contribution to the layer).
-- Factor split ``c = attention x relative_norm x cosine`` (intra by default) for the
-  first sink token (``sink_*``) and the per-token means over the tail tokens
-  ``sink < j <= i`` (``tail_*``).
+  (Gu et al., ICLR 2025, use ``eps = 0.3``); ``n_queries``: the queries averaged over.
+- ``sink_contribution_intra`` (mean) and ``sink_contribution_intra_median``: the sink
+  positions' intra-head contribution weight ``c_i0^h`` (a share of the head's own
+  output); ``sink_contribution_inter``: their inter-head weight (a share of the layer
+  output; summed over heads it is the sink token's contribution to the layer). Both
+  whatever ``kind`` is.
+- ``split_sink_*`` / ``split_tail_*``: the factor split ``c = attention x relative_norm
+  x cosine`` under ``kind`` (column ``kind``, intra by default) of the first sink token and
+  the per-token means over the tail tokens ``sink < j <= i``.
 """
 
 import pandas as pd
@@ -113,15 +116,15 @@ def layer_statistics(
         "n_queries": queries.sum(-1).to(geo.pattern.dtype),
     }
     sink_c = (intra * sinks[:, None, None]).sum(-1)
-    out["sink_contribution"] = _masked_mean(sink_c, queries, -1)
-    out["sink_contribution_median"] = _masked_median(sink_c, queries)
+    out["sink_contribution_intra"] = _masked_mean(sink_c, queries, -1)
+    out["sink_contribution_intra_median"] = _masked_median(sink_c, queries)
     inter_c = (geo.contribution("inter") * sinks[:, None, None]).sum(-1)
     out["sink_contribution_inter"] = _masked_mean(inter_c, queries, -1)
     for name, x in values.items():
         at_sink = (x * first[:, None, None]).sum(-1)
-        out[f"sink_{name}"] = _masked_mean(at_sink, queries, -1)
+        out[f"split_sink_{name}"] = _masked_mean(at_sink, queries, -1)
         per_query_tail = _masked_mean(x, tail, -1)
-        out[f"tail_{name}"] = _masked_mean(per_query_tail, queries & tail.any(-1), -1)
+        out[f"split_tail_{name}"] = _masked_mean(per_query_tail, queries & tail.any(-1), -1)
     return out
 
 
@@ -209,10 +212,10 @@ def layer_summary(stats: pd.DataFrame, eps: float = EPS_GU) -> pd.DataFrame:
         ["sink_rate", "sink_token_contribution"]
     ].mean()
     heads = head_summary(stats, eps)
-    factor_cols = [f"{w}_{f}" for w in ("sink", "tail") for f in FACTORS]
+    factor_cols = [f"split_{w}_{f}" for w in ("sink", "tail") for f in FACTORS]
     extra = heads.groupby("layer", as_index=False).agg(
         n_sink_heads=("sink_head", "sum"),
         max_head_sink_rate=("sink_rate", "max"),
-        **{c: (c, "mean") for c in factor_cols + ["sink_contribution_median"]},
+        **{c: (c, "mean") for c in factor_cols + ["sink_contribution_intra_median"]},
     )
     return by_layer.merge(extra, on="layer")

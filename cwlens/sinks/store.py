@@ -39,6 +39,67 @@ class SinkResultsError(CwlensError, ValueError):
     """A sinks results folder that is incomplete, corrupt, or from another configuration."""
 
 
+# -- column names of tables written before the names were made explicit ----------------------
+_SPLIT = ("attention", "relative_norm", "cosine", "contribution")
+#: old column -> new column (``sink_contribution`` is handled by :func:`upgrade_columns`).
+RENAMED = {"sink_contribution_median": "sink_contribution_intra_median",
+           **{f"sink_{f}": f"split_sink_{f}" for f in _SPLIT if f != "contribution"},
+           **{f"tail_{f}": f"split_tail_{f}" for f in _SPLIT}}
+
+
+def upgrade_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """A sink table with the old column names (before #39.6) under the current ones.
+
+    The old ``sink_contribution`` of a per-head table was the factor split's value, which
+    ``cwlens sinks`` (``kind="intra"``, one sink token) made equal to the intra-head sink
+    contribution: it becomes ``sink_contribution_intra`` and ``split_sink_contribution``;
+    in the per-layer table it was the split's mean alone (``split_sink_contribution``).
+    The factor split's ``sink_*`` / ``tail_*`` become ``split_sink_*`` / ``split_tail_*``.
+    A table with the current names is returned unchanged. Values are never changed.
+    """
+    cols = list(df.columns)
+    if "sink_contribution" not in cols:
+        return df
+    per_head = "sink_contribution_inter" in cols
+    new = {c: RENAMED.get(c, c) for c in cols}
+    new["sink_contribution"] = "sink_contribution_intra" if per_head else "split_sink_contribution"
+    out = df.rename(columns=new)
+    if per_head and "split_tail_contribution" in out.columns:
+        out.insert(list(out.columns).index("split_tail_contribution"), "split_sink_contribution",
+                   out["sink_contribution_intra"])
+    return out
+
+
+def upgrade_folder(out_dir) -> list[Path]:
+    """Rewrite the sink tables of a finished run (``sink_stats.csv``, ``sink_heads.csv``,
+    ``sink_layers.csv``) with the current column names (:func:`upgrade_columns`) and
+    update the checksums in ``tables.json``; every value is copied as the text it was
+    stored as. Returns the files rewritten (none if they already had the current names).
+    ``python scripts/upgrade_sink_tables.py <folder>...`` runs it."""
+    out = Path(out_dir)
+    manifest = out / MANIFEST
+    sums = json.loads(manifest.read_text()) if manifest.exists() else None
+    done = []
+    for key in ("stats", "heads", "layers"):
+        path = out / TABLES[key]
+        if not path.exists():
+            continue
+        old = pd.read_csv(path, dtype=str, keep_default_na=False)
+        new = upgrade_columns(old)
+        if new is old:
+            continue
+        if sums is not None and sums.get(path.name) != _sha256(path):
+            raise SinkResultsError(f"{path} changed since the run wrote it (its checksum in "
+                                   f"{manifest} differs): not upgrading it.")
+        atomic_write(path, _csv_writer(new))
+        if sums is not None:
+            sums[path.name] = _sha256(path)
+        done.append(path)
+    if done and sums is not None:
+        atomic_write_text(manifest, json.dumps(sums, indent=1))
+    return done
+
+
 def _frame_to_json(df: pd.DataFrame) -> dict:
     """Exact JSON form of a table: Python floats are written with repr (round trip)."""
     return {"columns": list(df.columns), "dtypes": [str(d) for d in df.dtypes],
@@ -116,7 +177,7 @@ class RawStore:
         for bi in range(n_batches):
             obj = json.loads(self.path(bi).read_text())
             for k, v in obj["parts"].items():
-                parts[k].append(_frame_from_json(v))
+                parts[k].append(upgrade_columns(_frame_from_json(v)))
         return parts
 
 
@@ -181,7 +242,7 @@ def load_tables(out_dir) -> dict[str, pd.DataFrame]:
     tables = {}
     for k, n in names.items():
         try:
-            tables[k] = pd.read_csv(out / n)
+            tables[k] = upgrade_columns(pd.read_csv(out / n))
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
             raise SinkResultsError(f"{out / n} is empty or corrupt ({e}). {rerun}") from None
     return tables
