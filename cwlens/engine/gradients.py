@@ -71,7 +71,9 @@ def attention_gradient(
 
     ``L = sum_b L_b`` (see the module docstring), or ``loss(logits)`` where given (a
     scalar: the faithfulness sweep passes each multiple-choice item's label margin,
-    :func:`cwlens.faithfulness.choice.margin_loss`); pad queries and keys get 0. One
+    :func:`cwlens.faithfulness.choice.margin_loss`; the ground-truth scores, an output's
+    logit, :mod:`cwlens.groundtruth.methods`), which also works on encoders and
+    bidirectional models; pad queries and keys get 0. One
     forward and one backward pass with gradients (the only cwlens metric that needs them).
 
     Raises :class:`~cwlens.errors.NonFiniteError` naming the layer (and the heads) where a
@@ -79,9 +81,11 @@ def attention_gradient(
     """
     from cwlens.engine.interventions.value_masking import hooks_applied
 
-    adapter.require_next_token_model(
-        model, "attention_gradient", "Use a decoder (the gradient is of the next-token loss)."
-    )
+    if loss is None:  # a loss of the caller's own (e.g. an output's logit) suits any model
+        adapter.require_next_token_model(
+            model, "attention_gradient", "Use a decoder (the gradient is of the next-token "
+            "loss), or pass loss=... (a scalar function of the logits)."
+        )
     resolved, _ = adapter.resolve_layers(model, layers)
     if tokens.ndim == 1:
         tokens = tokens[None]

@@ -5,6 +5,7 @@ cwlens edits two hook points: ``hook_pattern`` (value masking, the sink-rate swe
 TransformerLens 4.x bridge fires ``hook_pattern`` after a wrapped BERT attention has
 used it), and every "effect" measured would be an exact, meaningless 0. So before the
 first intervention of a kind on a model, :func:`ensure_edits_act` runs a 6-token forward
+(fewer where the model's context is shorter)
 with the edit that must show:
 
 - ``pattern``: head 0's pattern set to 0 in every layer  =>  ``hook_z[:, :, 0] = 0``
@@ -38,7 +39,8 @@ def kinds_of(hook_point_names: Iterable[str]) -> set[str]:
 
 def _probe_tokens(handle) -> torch.Tensor:
     n_vocab = handle.d_vocab or 8
-    ids = [i % n_vocab for i in range(5, 11)]
+    n = min(6, handle.context_length() or 6)  # a compiled tracr model may take only 3
+    ids = [i % n_vocab for i in range(5, 5 + n)]
     return torch.tensor([ids], dtype=torch.long, device=handle.device)
 
 
