@@ -16,6 +16,7 @@ _PUBLIC = {
     "Closure": "cwlens.engine.measures",
     "names_filter": "cwlens.engine.measures",
     "run_with_cache": "cwlens.engine.measures",
+    "attention_mask_of": "cwlens.engine.measures",
     "load_model": "cwlens.engine.models",
     "wrap": "cwlens.engine.handle",
     "stream": "cwlens.engine.streaming",

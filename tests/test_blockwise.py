@@ -81,7 +81,7 @@ def test_reducers_and_closure_equal_eager(run):
     eager, block = reduce("eager"), reduce("blockwise")
     assert_close(block.logits, eager.logits, **LOGITS)
     for name in ("top3_contribution", f"top2_{alti}"):
-        assert_close(block[name].values, eager[name].values, **TOL)
+        assert_close(block[name].values, eager[name].values, equal_nan=True, **TOL)
     for name in ("column_sums_value_weighted", "token_contribution"):
         assert_close(block[name].tensor, eager[name].tensor, rtol=1e-5, atol=1e-5)
     for field in ("sink_rate", "sink_contribution_intra", "sink_contribution_inter", "entropy",
@@ -204,7 +204,7 @@ def test_text_report_equals_eager(run):
     got = [analyze_text(model, TEXTS[1], window=(2, 9), query_block=3, attention=a) for a in ("eager", "blockwise")]
     for field in ("attention", "contribution", "relative_norm", "cosine", "sink_rate",
                   "sink_attention", "sink_contribution", "top_values"):
-        assert_close(getattr(got[1], field), getattr(got[0], field), **TOL)
+        assert_close(getattr(got[1], field), getattr(got[0], field), equal_nan=True, **TOL)
     for f, t in got[0].last_query.items():
         assert_close(got[1].last_query[f], t, **TOL)
     assert max(got[1].closure_error) < 1e-5
@@ -233,7 +233,8 @@ def test_real_models_equal_eager(name, n, request):
     # sum of 5600 off by 2.6e-4, measured)
     assert_close(block["column_sums_contribution"].tensor, eager["column_sums_contribution"].tensor,
                  rtol=1e-3, atol=1e-3)
-    assert_close(block["top4_contribution"].values, eager["top4_contribution"].values, rtol=1e-3, atol=1e-4)
+    assert_close(block["top4_contribution"].values, eager["top4_contribution"].values, rtol=1e-3,
+                 atol=1e-4, equal_nan=True)
 
 
 def test_blocks_come_widest_first_and_last_closes_the_layer(run):

@@ -58,7 +58,8 @@ def test_topk_rows_of_a_decoder_hold_no_key_after_the_query(model, tmp_path):
     n = tokens.shape[1]
     res = cwlens.stream_reduce(model, tokens, [reducers.TopK(n, "attention")])
     dense = reduction_tables(res, model.to_str_tokens(tokens[0]), "tiny", "x")["topk"]
-    assert (dense.key > dense["query"]).any()  # TopK ranks a row like torch.topk
+    assert not (dense.key > dense["query"]).any()  # TopK never returns them (index -1)
+    assert res[f"top{n}_attention"].indices.min() == -1
     export_texts(model, [TEXTS[0]], tmp_path, k=n, metrics=("attention",))
     top = read_tables(tmp_path)["topk"]
     assert not (top.key > top["query"]).any()

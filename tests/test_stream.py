@@ -14,6 +14,8 @@ from cwlens.engine.batching import pad_batch
 from cwlens.errors import CwlensError, UnknownOptionError
 from cwlens.testing import ARCHITECTURES, tiny_model
 
+from ._masked_topk import check_topk
+
 TEXTS = [
     "the cat sat on the mat",
     "mary gave john a bottle of milk when they went to the store .",
@@ -76,13 +78,11 @@ def test_reducers_equal_reductions_of_full_tensors(run, block):
 
     top = res["top3_contribution"]
     assert top.layers == tuple(range(model.cfg.n_layers))
-    assert_close(top.values, c.topk(k, dim=-1).values, **TOL)
-    # the indices point at those values (ties may pick other indices)
-    assert_close(c.gather(-1, top.indices.long()), top.values, **TOL)
-    assert_close(res["top_att"].values, a.topk(k, dim=-1).values, **TOL)
-    tok = c.sum(2)
-    want = tok.gather(-1, tok.abs().topk(k, dim=-1).indices)
-    assert_close(res["top_tok_abs"].values[:, :, 0], want, **TOL)
+    # ranked among the keys each query attends to; the indices point at the values (ties
+    # may pick other indices); fewer keys than k: -1 / NaN
+    check_topk(top, c, model, k, mask=mask, **TOL)
+    check_topk(res["top_att"], a, model, k, mask=mask, **TOL)
+    check_topk(res["top_tok_abs"], c.sum(2, keepdim=True), model, k, by_abs=True, mask=mask, **TOL)
 
     assert_close(res["column_sums_contribution"].tensor, c.sum(3), **TOL)
     assert_close(res["column_sums_value_weighted"].tensor, vw.sum((2, 3)), rtol=1e-5, atol=1e-5)
@@ -170,10 +170,8 @@ def test_grouped_topk_equals_topk_on_the_rows_of_every_metric(run, group, monkey
     assert calls, "the grouped path did not run"
     for m in [*metrics, "abs"]:
         full = cached(cache, model, "contribution" if m == "abs" else m, "inter", mask)
-        score = full.abs() if m == "abs" else full
         top = res["abs" if m == "abs" else f"top{k}_{m}"]
-        assert_close(top.values, full.gather(-1, score.topk(k, dim=-1).indices), **TOL)
-        assert_close(full.gather(-1, top.indices.long()), top.values, **TOL)
+        check_topk(top, full, model, k, by_abs=m == "abs", mask=mask, **TOL)
 
 
 def test_grouped_topk_with_ties_and_negative_rows():
@@ -210,11 +208,7 @@ def test_topk_of_every_metric_in_blocks(run, kind):
     )
     for m in metrics:
         full = cached(cache, model, m, kind, mask)
-        top = res[f"top{k}_{m}"]
-        score = full.abs() if m == "contribution" else full
-        want = full.gather(-1, score.topk(k, dim=-1).indices)
-        assert_close(top.values, want, **TOL)
-        assert_close(full.gather(-1, top.indices.long()), top.values, **TOL)
+        check_topk(res[f"top{k}_{m}"], full, model, k, by_abs=m == "contribution", mask=mask, **TOL)
 
 
 def test_streamed_closure_equals_cached_closure(run):
@@ -285,7 +279,8 @@ def test_the_default_query_block_follows_the_length(monkeypatch, rule):
     blockwise = adapter.supports_blockwise(model)  # TransformerLens 4.x only
     for attention in ("blockwise", "eager") if blockwise else ("eager",):
         got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, attention=attention)
-        assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
+        assert_close(got["top2_contribution"].values, want["top2_contribution"].values,
+                     equal_nan=True, **TOL)
         assert_close(got["column_sums_contribution"].tensor, want["column_sums_contribution"].tensor, **TOL)
     # layers that run SDPA (no reader of their probabilities) are not held to the CPU cap
     sdpa_rows = rows if rule == "per_head" else streaming.DEFAULT_QUERY_BLOCK
@@ -317,7 +312,8 @@ def test_row_reducers_join_a_layers_blocks_when_the_layer_ends(run, monkeypatch)
     n_layers = adapter.ModelInfo.of(model).n_layers
     assert left["top"][:n_layers] == [1] * n_layers and left["keys"][:n_layers] == [1] * n_layers
     want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None)
-    assert_close(got["top2_contribution"].values, want["top2_contribution"].values, **TOL)
+    assert_close(got["top2_contribution"].values, want["top2_contribution"].values,
+                 equal_nan=True, **TOL)
     assert_close(got["keys_0_1"].weights["contribution"], want["keys_0_1"].weights["contribution"], **TOL)
 
 
@@ -334,7 +330,7 @@ def test_each_reducer_releases_its_blocks_once_its_result_is_built(run, monkeypa
     n_layers = model.cfg.n_layers
     assert sizes == [[n_layers, n_layers], [0, n_layers]]  # the first released before the second
     c = cached(cache, model, "contribution", "inter", mask)
-    assert_close(res["top2_contribution"].values, c.topk(2, dim=-1).values, **TOL)
+    check_topk(res["top2_contribution"], c, model, 2, mask=mask, **TOL)
 
 
 @pytest.mark.parametrize("layers", [[], [0, 0], [0, -2]])

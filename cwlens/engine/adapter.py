@@ -229,13 +229,34 @@ def read(cache: Cache, name: str, model: TLModel, closure=False):
     )
 
 
+#: The attribute under which :func:`remember_mask` keeps a cache's attention mask.
+MASK_ATTRIBUTE = "cwlens_attention_mask"
+
+
+def remember_mask(cache: Cache, attention_mask: torch.Tensor | None) -> Cache:
+    """``cache``, remembering the ``[batch, pos]`` mask its batch was run with, so that
+    every measure read from it leaves the pad positions out without being told
+    (``cwlens.run_with_cache`` of a list of texts pads it and remembers the mask)."""
+    if attention_mask is not None:
+        setattr(cache, MASK_ATTRIBUTE, attention_mask)
+    return cache
+
+
+def cache_mask(cache: Cache) -> torch.Tensor | None:
+    """The attention mask :func:`remember_mask` kept with ``cache`` (None: unpadded)."""
+    return getattr(cache, MASK_ATTRIBUTE, None)
+
+
 def geometry(
     cache: Cache,
     model: TLModel,
     layer: int,
     attention_mask: torch.Tensor | None = None,
 ) -> AttentionGeometry:
-    """The :class:`~cwlens.core.AttentionGeometry` of one layer of a cached run."""
+    """The :class:`~cwlens.core.AttentionGeometry` of one layer of a cached run
+    (``attention_mask`` None: the mask remembered with the cache, :func:`cache_mask`)."""
+    if attention_mask is None:
+        attention_mask = cache_mask(cache)
     pattern = read(cache, hook_names.pattern(layer), model)
     v = read(cache, hook_names.values(layer), model)
     resid = hook_names.resid_pre(layer)

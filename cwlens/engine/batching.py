@@ -16,7 +16,7 @@ from cwlens.engine.handle import wrap
 from cwlens.engine.tokens import token_ids as token_ids  # re-exported: callers import it here
 from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
 
-__all__ = ["fit_context", "is_encoder", "pad_batch", "token_ids"]
+__all__ = ["batch_input", "fit_context", "is_encoder", "pad_batch", "token_ids"]
 
 
 def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | None = None):
@@ -100,6 +100,36 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         mask[i, sl] = 1
     device = wrap(model).device
     return tokens.to(device), mask.to(device)
+
+
+def batch_input(model, input, attention_mask: torch.Tensor | None = None, what: str = "input"):
+    """``(input, attention_mask)`` as a forward pass should get them: ``input`` checked
+    (:func:`cwlens.engine.validation.run_input`), and a list of texts made into one batch
+    of tokens, padded by :func:`pad_batch` (left for decoders, right for encoders) with the
+    mask that goes with it. Every entry point that takes a list of texts runs through
+    here (``cwlens.stream``, ``stream_reduce``, ``stream_geometry``, ``run_with_cache``), so
+    pad positions are never counted as tokens: the mask reaches the model and the measures.
+
+    The mask is ``None`` where nothing is padded (one text, texts of the same length, or
+    tokens given without a mask); a text past a rotary model's context runs whole (with
+    the warning of :func:`cwlens.engine.validation.model_input`), as a lone text does.
+
+    Examples:
+        >>> from cwlens.engine.batching import batch_input
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> tokens, mask = batch_input(model, ["the cat sat on the mat", "a dog ran"])
+        >>> mask.tolist()  # what pad_batch gives: left-padded on a decoder
+        [[1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]]
+        >>> batch_input(model, ["the cat", "a dog"])[1] is None  # same length: no padding
+        True
+    """
+    texts = validation.texts_of(input)
+    if texts is None or len(texts) < 2 or attention_mask is not None:
+        return validation.run_input(model, input, attention_mask, what), attention_mask
+    validation.model_input(model, input, None, what)  # refusals and warnings, as for one text
+    tokens, mask = pad_batch(model, [token_ids(model, t, truncate=False) for t in texts])
+    return tokens, (None if bool(mask.all()) else mask)
 
 
 def check_past_context(model, past_context: bool) -> bool:

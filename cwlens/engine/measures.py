@@ -25,10 +25,18 @@ from cwlens.engine.handle import wrap
 from cwlens.errors import NonFiniteError
 
 
-def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
-    layers, single = adapter.resolve_requested_layers(model, layer)
+def _mask(cache, attention_mask):
+    """``attention_mask`` checked, or (None) the mask remembered with the cache
+    (:func:`run_with_cache` of a list of texts): pad positions are never counted."""
     if attention_mask is not None:
         validation.mask_values(attention_mask)
+        return attention_mask
+    return adapter.cache_mask(cache)
+
+
+def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
+    layers, single = adapter.resolve_requested_layers(model, layer)
+    attention_mask = _mask(cache, attention_mask)
     outs = [fn(adapter.geometry(cache, model, ly, attention_mask)) for ly in layers]
     return outs[0] if single else torch.stack(outs)
 
@@ -278,8 +286,7 @@ def decompose(
     """
     check_kind(kind)
     layers, single = adapter.resolve_requested_layers(model, layer)
-    if attention_mask is not None:
-        validation.mask_values(attention_mask)
+    attention_mask = _mask(cache, attention_mask)
     parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
     for ly in layers:
         geo = adapter.geometry(cache, model, ly, attention_mask)
@@ -369,8 +376,7 @@ def closure(
         True
     """
     layers, _ = adapter.resolve_requested_layers(model, layer)
-    if attention_mask is not None:
-        validation.mask_values(attention_mask)
+    attention_mask = _mask(cache, attention_mask)
     errors = [
         closure_errors(adapter.geometry(cache, model, ly, attention_mask).layer_output,
                        adapter.heads_output(cache, model, ly), attention_mask)
@@ -474,17 +480,38 @@ def run_with_cache(
         >>> len(cache) < 10  # pattern and values of 2 layers, nothing else
         True
     """
-    input = _check_input(model, input, attention_mask)
+    from cwlens.engine.batching import batch_input
+
+    # refuses empty, malformed or too long input and a mask unlike the tokens, before any
+    # compute; pads a list of texts of different lengths (with its mask)
+    input, attention_mask = batch_input(model, input, attention_mask)
     kwargs.update(adapter.forward_kwargs(model, attention_mask))
-    return wrap(model).cached_run(
+    logits, cache = wrap(model).cached_run(
         input, names_filter(model, layers, closure, residual), **kwargs
     )
+    return logits, adapter.remember_mask(cache, attention_mask)
 
 
-def _check_input(model: TLModel, input: object, attention_mask: torch.Tensor | None) -> object:
-    """Refuse empty, malformed or too long input, and a mask that does not match the
-    tokens, before any compute (:func:`cwlens.engine.validation.run_input`); return the input
-    to run."""
-    from cwlens.engine import validation
+def attention_mask_of(cache: Cache) -> torch.Tensor | None:
+    """The ``[batch, pos]`` attention mask a cache of :func:`run_with_cache` was made with
+    (1 on real tokens), or None where nothing was padded: a list of texts of different
+    lengths is padded (:func:`cwlens.engine.batching.pad_batch`: on the left for decoders,
+    on the right for encoders), and the measures read the cache with this mask.
 
-    return validation.run_input(model, input, attention_mask)
+    Args:
+        cache: the cache of :func:`run_with_cache`.
+
+    Returns:
+        The ``[batch, pos]`` mask (1 on real tokens), or None where the batch has no padding.
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> logits, cache = cwlens.run_with_cache(model, ["the cat sat on the mat", "a dog ran"])
+        >>> cwlens.attention_mask_of(cache).tolist()  # the short text is left-padded
+        [[1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]]
+        >>> logits.shape[:2]  # [batch, pos]: logits[:, -1] is each text's last token
+        torch.Size([2, 7])
+    """
+    return adapter.cache_mask(cache)

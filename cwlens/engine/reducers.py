@@ -30,7 +30,7 @@ import torch
 from cwlens.core import metrics as _metrics
 from cwlens.core.sinks import key_contribution, query_after_sink
 from cwlens.engine import validation
-from cwlens.engine.row_topk import shared_row_topk
+from cwlens.engine.row_topk import allowed_keys, shared_row_topk
 from cwlens.errors import CwlensError, InvalidArgumentError, LayerOutOfRangeError
 
 
@@ -101,17 +101,45 @@ def _streamed(layers: set[int], streamed: Sequence[int], name: str, what: str) -
 @dataclass(frozen=True)
 class TopKResult:
     """``indices`` (int32) and ``values`` ``[layer, batch, head or 1, query, k]``; rows sorted
-    from the largest. ``head`` is 1 when heads were summed first (token level)."""
+    from the largest. ``head`` is 1 when heads were summed first (token level,
+    ``summed_heads``). ``k`` is ``min(k, number of keys)``.
+
+    Only keys the query attends to are results: never a pad key or a pad query's row, a
+    key after the query on a decoder, or one outside a sliding window. Where a row has
+    fewer such keys than ``k`` (on a decoder, query ``i`` has ``i + 1``), its last entries
+    are marked with index **-1** and value **NaN**; :attr:`valid` is True on the others.
+    ``to_dataframe()`` lists the valid entries only.
+    """
 
     indices: torch.Tensor
     values: torch.Tensor
     layers: tuple[int, ...]
     metric: str
+    summed_heads: bool = False
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """``[layer, batch, head or 1, query, k]`` bool: True on real entries (index >= 0)."""
+        return self.indices >= 0
+
+    def to_dataframe(self, attention_mask: torch.Tensor | None = None):
+        """Long table, one row per valid entry: ``layer, batch, head, query, rank, key,
+        value`` (``head = -1``: heads summed). With ``attention_mask`` (a padded batch:
+        ``cwlens.StreamResult.attention_mask``) ``query`` and ``key`` count from each
+        text's first real token."""
+        from cwlens.engine.result_tables import topk_table
+
+        return topk_table(self, attention_mask)
 
 
 class TopK(Reducer):
     """The ``k`` largest entries of each row (per head, or of the head sum with
-    ``sum_heads=True``). ``by_abs=True`` ranks by ``|w|`` (values keep their sign)."""
+    ``sum_heads=True``). ``by_abs=True`` ranks by ``|w|`` (values keep their sign).
+
+    Only the keys a query attends to are ranked: pad keys and pad queries, keys after the
+    query on a decoder and keys outside a sliding window are never results; a row with
+    fewer keys than ``k`` ends in entries marked index -1, value NaN
+    (:attr:`TopKResult.valid`)."""
 
     def __init__(self, k: int = 8, metric: str = "contribution", by_abs: bool = False,
                  sum_heads: bool = False, name: str | None = None):
@@ -126,13 +154,16 @@ class TopK(Reducer):
 
     def update(self, layer, query_start, weights, block):
         n_keys = getattr(weights, "n_keys", None)
+        allowed = allowed_keys(weights, block, query_start)  # pad, causal, window: never results
         if self.metric == "value_weighted_output_normalized" and not self.sum_heads and hasattr(weights, "kind"):
             # ||o|| is one positive constant per row (inter: per query, intra: per head and
             # query), so the row order is value_weighted's: rank that, then rescale
-            idx, val = shared_row_topk(weights, "value_weighted", self.k, self.by_abs, False, n_keys)
+            idx, val = shared_row_topk(weights, "value_weighted", self.k, self.by_abs, False, n_keys,
+                                       allowed)
             val = val * block._inverse(weights.kind, 1)[..., None]
         else:
-            idx, val = shared_row_topk(weights, self.metric, self.k, self.by_abs, self.sum_heads, n_keys)
+            idx, val = shared_row_topk(weights, self.metric, self.k, self.by_abs, self.sum_heads,
+                                       n_keys, allowed)
         self._idx.setdefault(layer, []).append((query_start, idx.int()))
         self._val.setdefault(layer, []).append((query_start, val))
 
@@ -142,12 +173,12 @@ class TopK(Reducer):
                 store[layer] = [joined(store[layer], 2)]
 
     def check(self, n_layers, n_heads, layers, name):
-        pass  # rows shorter than k give all their keys (see row_topk._row_topk)
+        pass  # rows with fewer keys than k are marked -1 / NaN (see row_topk._row_topk)
 
     def result(self) -> TopKResult:
         layers = tuple(self._idx)
         return TopKResult(_layers_of_rows(self._idx, layers), _layers_of_rows(self._val, layers),
-                          layers, self.metric)
+                          layers, self.metric, self.sum_heads)
 
     def release(self) -> None:
         self.reset()  # the result is a copy: the per-block rows can go
@@ -164,6 +195,16 @@ class LayerTensor:
     layers: tuple[int, ...]
     metric: str
     kind: str = ""
+
+    def to_dataframe(self, attention_mask: torch.Tensor | None = None):
+        """Long table, one row per number: ``layer, batch, head, key, value`` for column
+        sums (``head = -1``: heads summed), ``layer, batch, query, key, value`` for the
+        token level. With ``attention_mask`` (a padded batch:
+        ``cwlens.StreamResult.attention_mask``) pad positions are left out and
+        ``query`` and ``key`` count from each text's first real token."""
+        from cwlens.engine.result_tables import layer_tensor_table
+
+        return layer_tensor_table(self, attention_mask)
 
 
 class ColumnSums(Reducer):
@@ -426,6 +467,13 @@ class KeySetResult:
     layers: tuple[int, ...]
     keys: tuple[int, ...]
     kind: str
+
+    def to_dataframe(self):
+        """Long table, one row per real query: ``layer, batch, head, query`` and one column
+        per metric (pad queries left out; ``query`` counts from each text's first real token)."""
+        from cwlens.engine.result_tables import keyset_table
+
+        return keyset_table(self)
 
     def token_level(self, metric: str) -> torch.Tensor:
         """``[layer, batch, query]``, heads combined so that a row is a share of one

@@ -33,10 +33,41 @@ def _topk_indices(score: torch.Tensor, k: int) -> torch.Tensor:
     return score.topk(min(k, width), dim=-1).indices
 
 
-def shared_row_topk(weights, metric: str, k: int, by_abs: bool, sum_heads: bool, n_keys: int | None):
+def allowed_keys(weights, block, query_start: int) -> torch.Tensor | None:
+    """``[batch or 1, 1, q, width]`` bool for one block of ``q`` queries (the first at
+    position ``query_start``) and ``width`` keys: True where the query may attend to the key.
+    A key is left out when it is padding or its query is (``block.position_mask``), after
+    the query on a decoder (``weights.causal``), or outside a sliding-window layer's window
+    (``weights.window``: query ``i`` sees keys ``i - window < j <= i``). None where every
+    key is allowed. Computed once per block and shared by the reducers (``weights.derived``)."""
+    cache = getattr(weights, "derived", None)
+    if cache is not None and "allowed_keys" in cache:
+        return cache["allowed_keys"]
+    q, width, device = block.pattern.shape[-2], block.pattern.shape[-1], block.pattern.device
+    causal, window = getattr(weights, "causal", False), getattr(weights, "window", None)
+    allowed = None
+    if causal:
+        pos = torch.arange(query_start, query_start + q, device=device)[:, None]
+        key = torch.arange(width, device=device)[None, :]
+        allowed = key <= pos
+        if window is not None:
+            allowed = allowed & (key > pos - window)
+        allowed = allowed[None, None]
+    mask = getattr(block, "position_mask", None)
+    if mask is not None:
+        m = mask.to(device).bool()
+        real = m[:, None, query_start : query_start + q, None] & m[:, None, None, :width]
+        allowed = real if allowed is None else allowed & real
+    if cache is not None:
+        cache["allowed_keys"] = allowed
+    return allowed
+
+
+def shared_row_topk(weights, metric: str, k: int, by_abs: bool, sum_heads: bool, n_keys: int | None,
+                    allowed: torch.Tensor | None = None):
     """:func:`_row_topk` of one block's measure, computed once per block for every reducer
     that asks the same (e.g. ``TopK(8, "value_weighted")`` and the output-normalised
-    baseline, which ranks by it)."""
+    baseline, which ranks by it); ``allowed``: :func:`allowed_keys` of the block."""
     cache = getattr(weights, "derived", None)
     key = ("row_topk", metric, k, by_abs, sum_heads)
     if cache is not None and key in cache:
@@ -44,28 +75,41 @@ def shared_row_topk(weights, metric: str, k: int, by_abs: bool, sum_heads: bool,
     w = weights[metric]
     if sum_heads:
         w = w.sum(1, keepdim=True)
-    idx, val = _row_topk(w, k, by_abs, n_keys)
+    idx, val = _row_topk(w, k, by_abs, n_keys, allowed)
     out = idx.int(), val  # int32 once: the reducers sharing it hold one copy
     if cache is not None:
         cache[key] = out
     return out
 
 
-def _row_topk(w: torch.Tensor, k: int, by_abs: bool, n_keys: int | None):
-    """Top-k of each row of ``w`` ``[..., width]``, as if the row went on with zeros up to
-    ``n_keys`` (a causal block's keys after its last query are 0 in every measure)."""
+def _row_topk(w: torch.Tensor, k: int, by_abs: bool, n_keys: int | None,
+              allowed: torch.Tensor | None = None):
+    """Top-k of each row of ``w`` ``[..., width]`` among the keys ``allowed`` (broadcast to
+    ``w``; None: every key), ``min(k, n_keys)`` entries a row, sorted from the largest.
+
+    A key left out (padding, after the query, outside the window, or past ``width``: a
+    causal block stops at its last query) is never a result: where a row has fewer keys
+    than that, its last entries are marked with index -1 and value NaN. The plain top-k is
+    taken first; only a block where it picked a key left out is ranked again with those
+    keys at -inf (a causal run: the block of the first ``k`` queries), so a long row costs
+    what ``torch.topk`` costs."""
     width = w.shape[-1]
-    n_keys = width if n_keys is None else n_keys
+    n_out = min(k, width if n_keys is None else max(n_keys, width))
     score = w.abs() if by_abs else w
-    idx = _topk_indices(score, k)
+    idx = _topk_indices(score, min(n_out, width))
+    ok = None
+    if allowed is not None:
+        allowed = allowed.expand(w.shape)
+        ok = allowed.gather(-1, idx)
+        if not bool(ok.all()):
+            idx = _topk_indices(score.masked_fill(~allowed, float("-inf")), min(n_out, width))
+            ok = allowed.gather(-1, idx)
     val = w.gather(-1, idx)
-    n_zero = min(k, n_keys - width)
-    # the zeros after the block compete where a row has fewer than k entries or a negative
-    # one among its k largest (|w| ranks a zero last, and a tie may pick either index)
-    if n_zero > 0 and (idx.shape[-1] < k or (not by_abs and bool((val[..., -1] < 0).any()))):
-        zero_idx = torch.arange(width, width + n_zero, device=w.device).expand(*w.shape[:-1], n_zero)
-        idx = torch.cat([idx, zero_idx], -1)
-        val = torch.cat([val, torch.zeros(zero_idx.shape, dtype=w.dtype, device=w.device)], -1)
-        keep = (val.abs() if by_abs else val).topk(min(k, idx.shape[-1]), dim=-1).indices
-        idx, val = idx.gather(-1, keep), val.gather(-1, keep)
+    if ok is not None and not bool(ok.all()):
+        idx = idx.masked_fill(~ok, -1)
+        val = val.masked_fill(~ok, float("nan"))
+    if idx.shape[-1] < n_out:  # fewer keys than k in the block: the rest are marked
+        extra = (*idx.shape[:-1], n_out - idx.shape[-1])
+        idx = torch.cat([idx, idx.new_full(extra, -1)], -1)
+        val = torch.cat([val, val.new_full(extra, float("nan"))], -1)
     return idx, val

@@ -26,7 +26,6 @@ float32 rounding up to the order of the sums; tested on every tiny architecture)
 
 import contextlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,8 +35,11 @@ from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.engine import adapter, validation
 from cwlens.engine.adapter import Layers, TLModel
+from cwlens.engine.batching import batch_input
 from cwlens.engine.stream_pass import StreamedPass
-from cwlens.errors import CwlensError, EmptyInputError, InvalidArgumentError, UnknownOptionError
+from cwlens.engine.stream_result import StreamResult as StreamResult  # re-exported
+from cwlens.engine.stream_result import UnknownReducerError as UnknownReducerError  # re-exported
+from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
 
 DEFAULT_QUERY_BLOCK = 256
 #: ``query_block="auto"`` (the default): DEFAULT_QUERY_BLOCK rows up to 8192 keys, then
@@ -143,14 +145,16 @@ def attention_context(model: TLModel, input, attention: str, query_block: int | 
     return contextlib.nullcontext()
 
 
-def _tokens(model: TLModel, input, attention_mask=None) -> torch.Tensor | Any:
-    """``input`` checked (:func:`cwlens.engine.validation.model_input`: empty, malformed, out of the
-    vocabulary, longer than a learned-position context; texts past a rotary context are
-    tokenized whole, with a warning); 1-d token ids get a batch axis."""
-    input = validation.run_input(model, input, attention_mask)
+def _tokens(model: TLModel, input, attention_mask=None) -> tuple[Any, torch.Tensor | None]:
+    """``(input, attention_mask)``: ``input`` checked (:func:`cwlens.engine.validation.model_input`:
+    empty, malformed, out of the vocabulary, longer than a learned-position context; texts
+    past a rotary context are tokenized whole, with a warning), a list of texts of
+    different lengths padded with its mask (:func:`cwlens.engine.batching.batch_input`);
+    1-d token ids get a batch axis."""
+    input, attention_mask = batch_input(model, input, attention_mask)
     if isinstance(input, torch.Tensor) and input.ndim == 1:
-        return input[None]
-    return input
+        return input[None], attention_mask
+    return input, attention_mask
 
 
 def _check_fn(fn: object) -> None:
@@ -218,8 +222,9 @@ def stream_geometry(
     run = pass_options("stream_geometry", options, PASS_OPTIONS, forward_rest=True)
     _check_fn(fn)
     _check_flags(closure, run["logits"], run["query_block"])
+    adapter.resolve_requested_layers(model, layers)  # a bad layer is refused before tokenizing
+    input, attention_mask = _tokens(model, input, attention_mask)
     engine = StreamedPass(model, layers, attention_mask, closure)
-    input = _tokens(model, input, attention_mask)
     context = attention_context(model, input, run.pop("attention"), run.pop("query_block"))
     out = engine.run(input, fn, None, context, run.pop("logits"), run)
     return out
@@ -331,55 +336,21 @@ class BlockMeasures(dict):
     ``key_width`` may be less than ``n_keys`` (a causal block stops at its last query):
     the entries after it are 0 in every measure. ``kind`` and ``geometry`` are there for
     reducers that use them (e.g. :class:`~cwlens.reducers.TopK` ranks the output-normalised
-    baseline by the value-weighted one, which orders every row the same way).
+    baseline by the value-weighted one, which orders every row the same way); ``causal``
+    (a decoder: keys after the query are masked) and ``window`` (the layer's sliding
+    window, or None) say which keys a query attends to (:func:`cwlens.engine.row_topk.allowed_keys`).
     """
 
-    def __init__(self, geometry: AttentionGeometry, kind: Kind, n_keys: int):
+    def __init__(self, geometry: AttentionGeometry, kind: Kind, n_keys: int, causal: bool = False,
+                 window: int | None = None):
         super().__init__()
         self.geometry, self.kind, self.n_keys = geometry, kind, n_keys
+        self.causal, self.window = causal, window
         self.derived: dict[tuple, Any] = {}  # what reducers derive from a measure, shared
 
     def __missing__(self, metric: str) -> torch.Tensor:
         self[metric] = value = _metrics.from_geometry(self.geometry, check_metric(metric), self.kind)
         return value
-
-
-class UnknownReducerError(CwlensError, KeyError):
-    """A :class:`StreamResult` holds no reducer of that name."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
-
-
-@dataclass
-class StreamResult:
-    """What :func:`stream_reduce` returns: the logits and each reducer's result by name.
-
-    Attributes:
-        logits: the model's logits (None when run with ``logits=False``).
-        results: ``{reducer name: its result}``; ``result[name]`` reads one.
-        closure: a :class:`~cwlens.engine.measures.Closure` with ``closure=True``, else None.
-
-    Examples:
-        >>> import cwlens, torch
-        >>> from cwlens.testing import tiny_model
-        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
-        >>> out = cwlens.stream_reduce(model, "the cat sat", [cwlens.reducers.HeadSummary()])
-        >>> sorted(out.results)
-        ['heads']
-    """
-
-    logits: torch.Tensor | None  # None when run with logits=False
-    results: dict[str, Any] = field(default_factory=dict)
-    closure: Any = None  # a cwlens.engine.measures.Closure when asked for (closure=True)
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.results:
-            raise UnknownReducerError(
-                f"no reducer named {name!r} in this result; it holds "
-                f"{', '.join(map(repr, self.results)) or 'none'} (a reducer's name: its "
-                "name= argument, else e.g. 'top8_contribution', 'heads').")
-        return self.results[name]
 
 
 def stream_reduce(
@@ -451,12 +422,13 @@ def stream_reduce(
     info = adapter.ModelInfo.of(model)
     for name, r in named.items():
         r.check(info.n_layers, info.n_heads, resolved, name)
-    input = _tokens(model, input, attention_mask)
+    input, attention_mask = _tokens(model, input, attention_mask)
 
     for r in named.values():
         r.reset()
 
     causal = not adapter.is_encoder(model)
+    windows = {ly: adapter.attention_window(model, ly) for ly in resolved}
 
     def per_layer(layer: int, geo: AttentionGeometry) -> None:
         for r in named.values():
@@ -472,7 +444,7 @@ def stream_reduce(
             # causal: keys after the block's last query have a = 0 in every row of it
             key_stop = geo.query_start + stop if causal else n_k
             block = geo if (step >= n_q and key_stop >= n_k) else geo.rows(start, stop, key_stop)
-            weights = BlockMeasures(block, kind, n_k)
+            weights = BlockMeasures(block, kind, n_k, causal, windows[layer])
             for r in named.values():
                 r.update(layer, geo.query_start + start, weights, block)
             del weights, block
@@ -492,7 +464,7 @@ def stream_reduce(
                 r.start_layer(layer, base)
         base = bases[layer]
         block = base.with_rows(rows, info.query_start)
-        weights = BlockMeasures(block, kind, info.n_keys)
+        weights = BlockMeasures(block, kind, info.n_keys, causal, windows[layer])
         for r in named.values():
             r.update(layer, info.query_start, weights, block)
         if closure:
@@ -516,4 +488,4 @@ def stream_reduce(
         release = getattr(r, "release", None)  # (a reducer not derived from Reducer may lack it)
         if release is not None:
             release()  # before the next result is built (TopK: ~0.3 GB a reducer at 16k tokens)
-    return StreamResult(out[0], results, out[2] if closure else None)
+    return StreamResult(out[0], results, out[2] if closure else None, attention_mask)

@@ -109,7 +109,9 @@ def int_list(value: object, name: str, allow_empty: bool = False) -> list[int]:
     return out
 
 
-def _texts_of(input: object) -> list[str] | None:
+def texts_of(input: object) -> list[str] | None:
+    """``input`` as a list of texts if it is a text or a non-empty list (or tuple) of
+    texts, else None (tokens, or something malformed)."""
     if isinstance(input, str):
         return [input]
     if isinstance(input, list | tuple) and input and all(isinstance(t, str) for t in input):
@@ -138,7 +140,7 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
 
     if isinstance(input, list | tuple) and not input:
         raise EmptyInputError(f"The {what} is an empty list of texts: pass at least one text.")
-    texts = _texts_of(input)
+    texts = texts_of(input)
     tokens = None
     if texts is not None:
         empty = [i for i, t in enumerate(texts) if not t.strip()]

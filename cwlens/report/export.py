@@ -38,7 +38,7 @@ def _topk_rows(res: reducers.TopKResult, tokens: list[str], causal: bool) -> pd.
                           indexing="ij")
     layer, head, query, rank = (g.flatten() for g in grid)
     key = idx.flatten()
-    keep = key < len(tokens)  # zero entries past the end of a causal block are not tokens
+    keep = (key >= 0) & (key < len(tokens))  # -1: a row with fewer keys than k (TopKResult.valid)
     if causal:  # nor, on a decoder, the keys after the query (0 in every measure): a query
         keep &= key <= query  # with fewer than k keys listed them at ranks with value 0
     df = pd.DataFrame({
