@@ -1,9 +1,11 @@
-"""Test helpers: read a PNG with the standard library, screenshot a page with headless Chromium."""
+"""Test helpers: read a PNG with the standard library, screenshot a page with headless
+Chromium, and drive the system Chromium with playwright (:func:`browser_page`)."""
 
 import struct
 import subprocess
 import tempfile
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -90,3 +92,90 @@ def screenshot_html(html_path, png_path, width=1200, height=900, timeout=120):
                            f"stdout {res.stdout[-1000:]!r} stderr {res.stderr[-2000:]!r}")
     console = [line for line in res.stderr.splitlines() if ":CONSOLE" in line]
     return console, [line for line in console if "Uncaught" in line or "Error" in line]
+
+
+# --- a real browser, driven by playwright-python (the system Chromium, never a download) ---
+
+BROWSER_ARGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+)
+
+
+def chromium_or_skip() -> str:
+    """The system Chromium for playwright, or skip with the reason (fail under CI, where
+    scripts/setup.sh installs both Chromium and playwright)."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    from cwlens.plotting.export import find_chrome
+
+    chrome = find_chrome()
+    missing = None
+    if chrome is None:
+        missing = "no Chromium on PATH (scripts/setup.sh installs it: apt-get install chromium)"
+    elif importlib.util.find_spec("playwright") is None:
+        missing = "playwright is not installed (pip install playwright; part of the dev extra)"
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(missing)
+        pytest.skip(missing)
+    return str(chrome)
+
+
+class PageLog:
+    """What went wrong on a page: console errors, uncaught exceptions, requests that failed
+    or left the machine (every non-``file:`` request is blocked: the page must work offline)."""
+
+    def __init__(self):
+        self.errors: list[str] = []
+        self.blocked: list[str] = []
+
+    def problems(self) -> list[str]:
+        return self.errors + [f"network request (blocked, the page must work offline): {u}"
+                              for u in self.blocked]
+
+
+def _route(log: PageLog):
+    def handle(route):
+        url = route.request.url
+        if url.startswith(("file:", "data:", "blob:", "about:")):
+            route.continue_()
+        else:
+            log.blocked.append(url)
+            route.abort()
+
+    return handle
+
+
+@contextmanager
+def browser_page(width: int = 1400, height: int = 1000):
+    """``(page, log)``: a fresh headless Chromium (new user-data-dir) whose network is cut
+    (only ``file:`` and inline URLs load) and whose console errors land in ``log``."""
+    from playwright.sync_api import sync_playwright
+
+    chrome = chromium_or_skip()
+    log = PageLog()
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            profile, executable_path=chrome, args=list(BROWSER_ARGS), headless=True,
+            viewport={"width": width, "height": height})
+        try:
+            page = context.new_page()
+            page.on("console", lambda m: log.errors.append(f"console {m.type}: {m.text}")
+                    if m.type in ("error", "assert") else None)
+            page.on("pageerror", lambda e: log.errors.append(f"uncaught: {e}"))
+            page.on("requestfailed", lambda r: log.errors.append(f"request failed: {r.url}")
+                    if r.url not in log.blocked else None)
+            page.route("**/*", _route(log))
+            yield page, log
+        finally:
+            context.close()
+
+
+def open_file(page, path, settle_ms: int = 500) -> None:
+    """Load a local file and wait until it has loaded and settled."""
+    page.goto(Path(path).resolve().as_uri(), wait_until="load")
+    page.wait_for_timeout(settle_ms)

@@ -86,10 +86,10 @@ def attention_vs_contribution(
             row=2, col=col,
         )
     side = max(300, 22 * len(labels))
-    fig.update_yaxes(autorange="reversed", tickfont=dict(size=9))
+    fig.update_yaxes(autorange="reversed", tickfont=dict(size=9), showgrid=False, zeroline=False)
     for row in (1, 2):  # only the first column: an inner one's title would sit on the
         fig.update_yaxes(title_text="query", row=row, col=1)  # tick labels of its left neighbour
-    fig.update_xaxes(tickfont=dict(size=9), tickangle=-60, title_text="key")
+    fig.update_xaxes(tickfont=dict(size=9), tickangle=-60, title_text="key", showgrid=False, zeroline=False)
     if masked is not None and np.asarray(masked).any():
         title = f"{title}<br><sup>{MASKED_NOTE}</sup>"
     fig.update_layout(

@@ -15,7 +15,8 @@ table              columns (besides ``model, text_id``)
 :func:`export_texts` runs the streaming engine on texts (one at a time: no padding) and
 writes one Parquet file per table (``pip install pyarrow``); :func:`read_tables` reads them
 back. :func:`circuitsvis_heads` shows contribution weights (or any ``[head, query, key]``
-weights) in ``circuitsvis.attention.attention_heads`` (``pip install circuitsvis``).
+weights) in ``circuitsvis.attention.attention_heads`` (``pip install circuitsvis``), with the
+widget's JavaScript inlined so that it works offline (:mod:`cwlens.report.circuitsvis`).
 """
 
 from collections.abc import Sequence
@@ -310,9 +311,15 @@ def read_tables(out_dir) -> dict[str, pd.DataFrame]:
     return out
 
 
-def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: bool = True):
+def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: bool = True,
+                      title: str = "contribution weights"):
     """``circuitsvis.attention.attention_heads`` of ``[head, query, key]`` weights (e.g.
     contribution weights of one text and layer), for notebook users who know that widget.
+
+    Returns a :class:`~cwlens.report.circuitsvis.CircuitsVisView` whose JavaScript is
+    inlined (circuitsvis' own ``str(view)`` loads it from a CDN and shows a blank page
+    offline): it shows itself in a notebook, and ``view.save("view.html")`` writes a page
+    that opens from disk without network (``title``: the page's heading).
 
     The widget expects non-negative weights: ``signed=True`` (default) passes signed
     contribution weights as they are, which the widget draws with negative cells clipped;
@@ -338,7 +345,10 @@ def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: 
     _require("circuitsvis", "The CircuitsVis view", "pip install circuitsvis")
     from circuitsvis.attention import attention_heads
 
-    return attention_heads(attention=w if signed else w.abs(), tokens=[str(t) for t in str_tokens])
+    from cwlens.report.circuitsvis import offline_view
+
+    rendered = attention_heads(attention=w if signed else w.abs(), tokens=[str(t) for t in str_tokens])
+    return offline_view(rendered, str(title))
 
 
 def _require(module: str, what: str, fix: str) -> None:

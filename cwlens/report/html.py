@@ -69,13 +69,14 @@ def _slider_figure(pairs, labels, title, step_names, contribution_name, masked=N
     side = max(420, 11 * len(labels))
     if masked is not None and np.asarray(masked).any():
         title = f"{title}<br><sup>{MASKED_NOTE}</sup>"
-    fig.update_layout(title=title, sliders=[dict(active=0, steps=steps, pad=dict(t=60))],
+    fig.update_layout(title=dict(text=title, y=0.97, yanchor="top"),
+                      sliders=[dict(active=0, steps=steps, pad=dict(t=60))],
                       updatemenus=[dict(type="buttons", direction="right", buttons=buttons, x=1.0,
-                                        xanchor="right", y=1.12, yanchor="bottom", showactive=True)],
-                      width=2 * side + 200, height=side + 240, plot_bgcolor=MASKED_COLOUR,
-                      margin=dict(t=130))
-    fig.update_yaxes(autorange="reversed", tickfont=dict(size=8))
-    fig.update_xaxes(tickfont=dict(size=8), tickangle=-60)
+                                        xanchor="right", y=1.05, yanchor="bottom", showactive=True)],
+                      width=2 * side + 200, height=side + 260, plot_bgcolor=MASKED_COLOUR,
+                      margin=dict(t=150))
+    fig.update_yaxes(autorange="reversed", tickfont=dict(size=8), showgrid=False, zeroline=False)
+    fig.update_xaxes(tickfont=dict(size=8), tickangle=-60, showgrid=False, zeroline=False)
     return fig
 
 
