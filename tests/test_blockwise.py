@@ -203,7 +203,7 @@ def test_text_report_equals_eager(run):
     model, _, _ = run
     got = [analyze_text(model, TEXTS[1], window=(2, 9), query_block=3, attention=a) for a in ("eager", "blockwise")]
     for field in ("attention", "contribution", "relative_norm", "cosine", "sink_rate",
-                  "sink_attention", "sink_contribution", "top_values"):
+                  "sink_attention", "sink_token_contribution", "top_values"):
         assert_close(getattr(got[1], field), getattr(got[0], field), equal_nan=True, **TOL)
     for f, t in got[0].last_query.items():
         assert_close(got[1].last_query[f], t, **TOL)

@@ -84,9 +84,9 @@ def test_streamed_analysis_equals_cached_measures(arch):
         full = getattr(parts, f)[:, 0]
         assert_close(getattr(a, f), full[:, :, 3:11, 3:11], **tol)
         assert_close(a.last_query[f], full[:, :, -1, :], **tol)
-    assert_close(a.sink_rate, parts.attention[:, 0, :, :, 0].mean(-1), **tol)
+    assert_close(a.sink_rate, parts.attention[:, 0, :, 1:, 0].mean(-1), **tol)  # after the sink
     tok = parts.contribution[:, 0].sum(1)  # [layer, q, k]
-    assert_close(a.sink_contribution, tok[:, 1:, 0].mean(-1), **tol)
+    assert_close(a.sink_token_contribution, tok[:, 1:, 0].mean(-1), **tol)
     want_keys = tok.abs().topk(4, dim=-1).indices
     want = tok.gather(-1, want_keys)
     if arch != "bert":  # a decoder's query i sees keys 0..i: the others are marked -1 / NaN

@@ -35,9 +35,10 @@ class TextAnalysis:
     ``attention``/``contribution``/``relative_norm``/``cosine``: ``[layer, head, w, w]`` on
     the window positions ``window = (start, stop)`` (queries and keys both in it).
     ``last_query``: ``{factor: [layer, head, key]}``, every key of the last query.
-    ``sink_rate``: ``[layer, head]`` mean attention on the first token over all queries;
-    ``sink_attention`` / ``sink_contribution``: ``[layer]`` means over queries after the first
-    of the attention (mean over heads) and of the token-level contribution of the first token.
+    ``sink_rate``: ``[layer, head]`` mean attention on the first token over the queries
+    after it (the names of docs/sinks.md, "Columns"); ``sink_attention``: its mean over
+    heads, ``[layer]``; ``sink_token_contribution``: ``[layer]`` the first token's
+    token-level (heads summed, inter) contribution, mean over the queries after it.
     ``top_keys`` / ``top_values``: ``[layer, query, k]`` top contributing tokens (|c|, heads
     summed) among the keys each query sees; a query that sees fewer than ``k`` keys (a
     decoder's early queries) has its other entries marked ``-1`` / NaN.
@@ -55,7 +56,7 @@ class TextAnalysis:
     last_query: dict[str, torch.Tensor]
     sink_rate: torch.Tensor
     sink_attention: torch.Tensor
-    sink_contribution: torch.Tensor
+    sink_token_contribution: torch.Tensor
     top_keys: torch.Tensor
     top_values: torch.Tensor
     closure_error: tuple[float, ...]
@@ -134,7 +135,6 @@ class _ReportReducer(reducers.Reducer):
         self.name = "report"
         self._win: dict[int, dict[str, list]] = {}
         self._last: dict[int, dict[str, torch.Tensor]] = {}
-        self._sink: dict[int, torch.Tensor] = {}  # [h]: sum over queries of a_i0
         self._sink_tail: dict[int, torch.Tensor] = {}  # [h, 2]: sums over queries >= 1
         self._err: dict[str, float] = {}
 
@@ -148,7 +148,6 @@ class _ReportReducer(reducers.Reducer):
         a, c = weights["attention"], weights["contribution"]  # [1, h, bq, width]
         bq = a.shape[2]
         tail = (torch.arange(query_start, query_start + bq) >= 1).to(a.dtype)
-        self._sink[layer] = self._sink.get(layer, 0) + a[0, :, :, 0].sum(-1)
         tail_sums = torch.stack([(a[0, :, :, 0] * tail).sum(-1), (c[0, :, :, 0] * tail).sum(-1)], -1)
         self._sink_tail[layer] = self._sink_tail.get(layer, 0) + tail_sums
         self._err["sum"] = worst([self._err.get("sum", 0.0), float((c.sum((1, 3)) - 1).abs().max())])
@@ -246,9 +245,9 @@ def analyze_text(
         relative_norm=stack("relative_norm"),
         cosine=stack("cosine"),
         last_query={f: torch.stack([report._last[ly][f] for ly in layers]).cpu() for f in FACTORS},
-        sink_rate=(torch.stack([report._sink[ly] for ly in layers]) / n).cpu(),
+        sink_rate=sink_tail[..., 0] / n_tail,
         sink_attention=sink_tail[..., 0].mean(-1) / n_tail,
-        sink_contribution=sink_tail[..., 1].sum(-1) / n_tail,
+        sink_token_contribution=sink_tail[..., 1].sum(-1) / n_tail,
         top_keys=top_keys,
         top_values=top_values,
         closure_error=res.closure.relative_error,

@@ -9,7 +9,7 @@ table              columns (besides ``model, text_id``)
 ``topk``           ``metric, layer, head, query, rank, key, value, query_token, key_token``
 ``column_sums``    ``metric, layer, head, key, value, key_token`` (``head = -1``: heads summed)
 ``token_level``    ``metric, layer, query, key, value, query_token, key_token``
-``heads``          ``layer, head, sink_rate, sink_contribution, entropy, output_share``
+``heads``          ``layer, head, sink_rate, sink_contribution_intra, sink_contribution_inter, entropy, output_share`` (docs/sinks.md, "Columns")
 =================  ==========================================================================
 
 :func:`export_texts` runs the streaming engine on texts (one at a time: no padding) and

@@ -85,7 +85,7 @@ def _sink_figure(a: TextAnalysis):
 
     layers = list(range(a.n_layers))
     att_sink = a.sink_attention.numpy()
-    con_sink = a.sink_contribution.numpy()
+    con_sink = a.sink_token_contribution.numpy()
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=layers, y=att_sink, mode="lines+markers", name="attention on first token (mean over heads, queries)"))
     fig.add_trace(go.Scatter(x=layers, y=con_sink, mode="lines+markers", name="contribution of first token to the layer output"))
@@ -179,7 +179,7 @@ def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = 
     sink_rows = []
     for ly in range(a.n_layers):
         sink_rows.append([ly, f"{float(a.sink_rate[ly].mean()):.2f}", int((a.sink_rate[ly] > 0.3).sum()),
-                          f"{float(a.sink_contribution[ly]):+.3f}", f"{a.closure_error[ly]:.1e}"])
+                          f"{float(a.sink_token_contribution[ly]):+.3f}", f"{a.closure_error[ly]:.1e}"])
     top_rows = []
     for query in range(*a.window):
         cells = [html.escape(token_at(query, a.str_tokens))]
@@ -210,7 +210,7 @@ Red adds along the output, blue opposes it.</p>
 <h2>Text</h2>{_text_block(a)}
 <h2>Summary</h2><p class="mono">{summary}</p>
 <h2>Attention sinks</h2>{fig_html[0]}
-<p class="legend">Per layer: mean sink rate = attention on the first token, mean over heads and queries;
+<p class="legend">Per layer: mean sink rate = attention on the first token, mean over heads and the queries after it;
 sink heads = heads whose sink rate is above 0.3; first-token contribution = the first token's share of the layer's
 attention output (heads summed), mean over the queries after it; closure error = how far heads × keys rebuild the
 attention output (relative).</p>
