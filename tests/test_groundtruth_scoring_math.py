@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from cwlens.core.ranking_scores import auroc, midranks, precision_at_k
+from cwlens.core.ranking_scores import (
+    auroc,
+    auroc_rows,
+    midranks,
+    midranks_rows,
+    precision_at_k,
+    precision_rows,
+)
 from cwlens.core.rollout import rollout
 from cwlens.errors import InvalidArgumentError, NonFiniteError, ShapeMismatchError
 
@@ -125,3 +132,18 @@ def test_rollout_refuses_bad_shapes():
         rollout(torch.zeros(2, 3, 3))
     with pytest.raises(InvalidArgumentError, match="1.5"):
         rollout(torch.zeros(1, 1, 3, 3), residual_weight=1.5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_row_versions_equal_the_scalar_ones(data):
+    n = data.draw(st.integers(2, 9))
+    rows = data.draw(st.integers(1, 4))
+    s = torch.tensor(data.draw(st.lists(st.lists(st.sampled_from([0.0, 0.5, 1.0, -2.0, 3.0]),
+                                                 min_size=n, max_size=n), min_size=rows, max_size=rows)))
+    y = torch.tensor(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    got_a, got_p = auroc_rows(s, y), precision_rows(s, y)
+    for r in range(rows):
+        assert_close(midranks_rows(s)[r], midranks(s[r]))
+        for got, want in ((got_a[r], auroc(s[r], y)), (got_p[r], precision_at_k(s[r], y))):
+            assert (math.isnan(want) and math.isnan(float(got))) or float(got) == pytest.approx(want, abs=1e-12)

@@ -96,3 +96,65 @@ def precision_at_k(scores: torch.Tensor, labels: torch.Tensor, k: int | None = N
     m, a = int(above.sum()), int((above & y).sum())
     g, p = int(tied.sum()), int((tied & y).sum())
     return (a + (k - m) * p / g) / k
+
+
+def _rows(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(scores, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        raise InvalidArgumentError(
+            f"scores and labels must be tensors; got {type(scores).__name__} and "
+            f"{type(labels).__name__}. Wrap them with torch.as_tensor(...).")
+    if scores.ndim != 2 or labels.shape != scores.shape[1:]:
+        raise ShapeMismatchError(
+            f"scores must be [rows, entries] and labels [entries]; got {list(scores.shape)} "
+            f"and {list(labels.shape)}.")
+    s = scores.detach().to(torch.float64).cpu()
+    if not bool(torch.isfinite(s).all()):
+        raise NonFiniteError(
+            f"{int((~torch.isfinite(s)).sum())} of {s.numel()} scores are NaN or infinite: they "
+            "have no rank. Leave the entries where a measure is undefined out first.")
+    return s, labels.detach().to(torch.bool).cpu()
+
+
+def midranks_rows(scores: torch.Tensor) -> torch.Tensor:
+    """:func:`midranks` of every row of a ``[rows, entries]`` tensor at once."""
+    s = scores.to(torch.float64)
+    values, order = torch.sort(s, dim=-1, stable=True)
+    n = s.shape[-1]
+    idx = torch.arange(n).expand_as(values)
+    first = torch.ones_like(values, dtype=torch.bool)
+    first[:, 1:] = values[:, 1:] != values[:, :-1]
+    last = torch.ones_like(values, dtype=torch.bool)
+    last[:, :-1] = first[:, 1:]
+    start = torch.where(first, idx, torch.zeros_like(idx)).cummax(-1).values
+    end = torch.where(last, idx, torch.full_like(idx, n - 1)).flip(-1).cummin(-1).values.flip(-1)
+    ranks = torch.empty_like(s)
+    ranks.scatter_(-1, order, (start + end).to(torch.float64) / 2 + 1)
+    return ranks
+
+
+def auroc_rows(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """:func:`auroc` of every row of ``scores`` ``[rows, entries]`` against one ``labels``
+    ``[entries]``: ``[rows]`` float64 (NaN without a positive or a negative)."""
+    s, y = _rows(scores, labels)
+    pos = int(y.sum())
+    neg = y.numel() - pos
+    if pos == 0 or neg == 0:
+        return torch.full((s.shape[0],), math.nan, dtype=torch.float64)
+    r_pos = midranks_rows(s)[:, y].sum(-1)
+    return (r_pos - pos * (pos + 1) / 2) / (pos * neg)
+
+
+def precision_rows(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """:func:`precision_at_k` at ``k = |truth|`` of every row of ``scores`` ``[rows,
+    entries]``: ``[rows]`` float64 (NaN without a positive)."""
+    s, y = _rows(scores, labels)
+    k = int(y.sum())
+    if k == 0:
+        return torch.full((s.shape[0],), math.nan, dtype=torch.float64)
+    threshold = torch.sort(s, dim=-1, descending=True).values[:, k - 1:k]
+    above, tied = s > threshold, s == threshold
+    a = (above & y).sum(-1).to(torch.float64)
+    m = above.sum(-1).to(torch.float64)
+    p = (tied & y).sum(-1).to(torch.float64)
+    g = tied.sum(-1).to(torch.float64)
+    return (a + (k - m) * p / g) / k

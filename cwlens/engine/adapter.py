@@ -185,14 +185,15 @@ def post_attention_layernorm(model: TLModel, layer: int):
     BERT-like post-LN encoders (``LN(resid_pre + attn_out)``: the block's ``ln1``), an
     :class:`~cwlens.core.alti.AttentionOutputNorm` for models with an RMSNorm between the
     heads and the residual sum (Gemma-2/3: ``resid_pre + N(attn_out)``), or None for pre-LN
-    models (the norm sits before the values and the residual sum is the whole)."""
+    models (the norm sits before the values and the residual sum is the whole) and for
+    models without any norm (a bidirectional tracr model, :mod:`cwlens.groundtruth`)."""
     from cwlens.core.alti import AttentionOutputNorm, PostNorm
 
     info = ModelInfo.of(model)
     if info.post_attn_norm:
         gamma, eps = wrap(model).attention_output_norm(layer)
         return AttentionOutputNorm(gamma.detach(), eps)
-    if not is_encoder(model):
+    if not is_encoder(model) or not wrap(model).normalized:  # no norm at all: tracr's models
         return None
     ln, weight, bias, eps = wrap(model).post_attention_norm(layer)
     if weight is None or eps is None:

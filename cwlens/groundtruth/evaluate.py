@@ -1,0 +1,165 @@
+"""Run a compiled program's inputs through every method and score them against its truth:
+:func:`evaluate` (per-input rows) and :func:`score_program` (those rows and the summary).
+
+Inputs are drawn by the program's own sampler (``program.sample_inputs(n, seed)``), run in
+batches of equal length through a float64 copy of the model (:func:`float64_copy`), and
+the truth comes from the program (``program.truth``), not from the network. Activation patching reads, for each input, a *corrupted* input of the
+same length in which every token after the BOS is replaced by another vocabulary token
+(seeded), so every position's token differs.
+"""
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cwlens.engine.handle import wrap
+from cwlens.errors import CwlensWarning, InvalidArgumentError
+from cwlens.groundtruth import scoring
+from cwlens.groundtruth.methods import answers_of
+
+DEFAULT_INPUTS = 256
+MIN_INPUTS = 3  # the bootstrap-t needs three (cwlens.core.bootstrap.MIN_N)
+
+
+@dataclass(frozen=True)
+class ProgramScores:
+    """What :func:`score_program` returns.
+
+    Attributes:
+        program: the program's name.
+        n_inputs: inputs scored.
+        per_input: one row per input, method and scope (:data:`scoring.COLUMNS`).
+        summary: one row per method and scope (:func:`scoring.summarize`).
+        output_mismatches: inputs whose model output differs from the program's (0 for an
+            exact conversion; a warning says so otherwise).
+    """
+
+    program: str
+    n_inputs: int
+    per_input: Any
+    summary: Any
+    output_mismatches: int = 0
+
+
+def all_scores(model, tokens: torch.Tensor, corrupted: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """``({level: {method: [batch, ...]}}, logits)`` of every method on ``tokens``."""
+    from cwlens.circuits.compare import circuit_cache
+    from cwlens.groundtruth.input_scores import input_scores
+    from cwlens.groundtruth.layer_scores import component_scores, layer_scores
+
+    logits, cache = circuit_cache(model, tokens)
+    answers = answers_of(logits)
+    out = {"layer": layer_scores(model, tokens, cache, answers),
+           "input": input_scores(model, tokens, cache, answers),
+           "component": component_scores(model, tokens, cache, answers, corrupted)}
+    return out, logits
+
+
+def float64_copy(model):
+    """A float64 copy of ``model`` for scoring (float32 weights are exact in float64). In
+    float32, a query that fell back to a value-less BOS leaves an attention output of
+    ~1e-22 (the softmax's leak), whose squared norm is subnormal: 1 / ||o||^2 overflows
+    and the contribution weights of those rows would be NaN."""
+    import copy
+
+    return copy.deepcopy(model).to(torch.float64)
+
+
+def corrupt(inputs: Sequence[Sequence], vocab: Sequence, seed: int) -> list[list]:
+    """Each input with every token after the first (BOS) replaced by a different vocabulary
+    token drawn at random (seeded)."""
+    vocab = list(vocab)
+    if len(vocab) < 2:
+        raise InvalidArgumentError(
+            f"activation patching needs a vocabulary of two tokens or more to corrupt an input; "
+            f"this program's is {vocab}.")
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for row in inputs:
+        new = [row[0]]
+        for token in row[1:]:
+            others = [v for v in vocab if v != token]
+            new.append(others[int(torch.randint(len(others), (1,), generator=g))])
+        out.append(new)
+    return out
+
+
+def _same(a: Sequence, b: Sequence) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a[1:], b[1:], strict=True):
+        if isinstance(x, float) or isinstance(y, float):
+            if x is None or y is None or abs(float(x) - float(y)) > 1e-3:
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_size: int = 32,
+             progress: bool = False) -> tuple[list[dict], int]:
+    """Per-input rows (:data:`scoring.COLUMNS`) of every method on ``n_inputs`` inputs of
+    ``program`` (a :class:`~cwlens.groundtruth.library.CompiledProgram`), and the number
+    of inputs whose model output differs from the program's."""
+    from cwlens.groundtruth.codec import decode, encode
+
+    if isinstance(n_inputs, bool) or not isinstance(n_inputs, int) or n_inputs < MIN_INPUTS:
+        raise InvalidArgumentError(
+            f"n_inputs must be an int >= {MIN_INPUTS} (the bootstrap intervals need three "
+            f"inputs; the shipped tables use {DEFAULT_INPUTS}); got {n_inputs!r}.")
+    model = float64_copy(program.model)
+    handle = wrap(model)
+    causal = not handle.is_encoder
+    inputs = program.sample_inputs(n_inputs, seed=seed)
+    truths = program.truth(inputs)
+    corrupted = corrupt(inputs, program.vocab, seed + 1)
+    heads = scoring.component_labels(program.components, handle.n_layers, handle.n_heads)
+    groups: dict[int, list[int]] = {}
+    for i, row in enumerate(inputs):
+        groups.setdefault(len(row), []).append(i)
+    batches = [ids[s:s + batch_size] for _, ids in sorted(groups.items())
+               for s in range(0, len(ids), batch_size)]
+    rows: list[dict] = []
+    mismatches = 0
+    bar = _bar(len(inputs), program.name, progress)
+    for ids in batches:
+        tokens = encode(model, [inputs[i] for i in ids])
+        bad = encode(model, [corrupted[i] for i in ids])
+        scores, logits = all_scores(model, tokens, bad)
+        decoded = decode(model, logits)
+        decoded = [decoded] if len(ids) == 1 else decoded
+        for b, i in enumerate(ids):
+            truth = truths[i]
+            mismatches += not _same(decoded[b], truth.output)
+            one = {lv: {m: v[b] for m, v in per.items()} for lv, per in scores.items()}
+            for r in scoring.score_input(truth, one, heads, causal):
+                rows.append({"program": program.name, "input_id": i, "length": len(inputs[i]), **r})
+        bar.update(len(ids))
+    bar.close()
+    if mismatches:
+        warnings.warn(f"{program.name}: the model's output differs from the program's on "
+                      f"{mismatches} of {len(inputs)} inputs, so its truth does not describe "
+                      "what the network computed there; the scores include them.",
+                      CwlensWarning, stacklevel=2)
+    return rows, mismatches
+
+
+def score_program(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0,
+                  batch_size: int = 32, progress: bool = False, n_boot: int = 1999) -> ProgramScores:
+    """:func:`evaluate` and :func:`scoring.summarize` of one program."""
+    rows, mismatches = evaluate(program, n_inputs, seed, batch_size, progress)
+    per_input = scoring.per_input_frame(rows)
+    return ProgramScores(program.name, n_inputs, per_input,
+                         scoring.summarize(per_input, n_boot=n_boot, seed=seed), mismatches)
+
+
+def _bar(total: int, name: str, on: bool):
+    import sys
+
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"{name}: inputs", unit="input", file=sys.stderr,
+                disable=not on, leave=False)
