@@ -26,7 +26,7 @@ models: a short name (smollm2-135m works offline), a local HF directory, or a hu
 
 # Each subcommand lives in its own module with a ``register(subparsers)`` function.
 SUBCOMMANDS = ("demo", "analyze", "sinks", "faithfulness", "accuracy", "figures", "circuits",
-               "export", "replicate")
+               "export", "replicate", "groundtruth")
 
 
 def build_parser() -> argparse.ArgumentParser:

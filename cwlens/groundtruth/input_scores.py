@@ -18,7 +18,7 @@ from cwlens.groundtruth.methods import IG_STEPS, outputs
 FLOW_RULES = ("projection", "signed", "absolute")
 
 
-def _captum():
+def require_captum():
     try:
         import captum.attr as attr
     except ImportError as err:
@@ -78,7 +78,7 @@ def captum_scores(model, tokens: torch.Tensor, answers: torch.Tensor) -> dict[st
     One captum call per method: the batch is repeated once per output position, and row
     ``(q, b)`` returns ``y_q`` of sequence ``b`` (each row's attribution is its own: rows
     do not interact)."""
-    attr = _captum()
+    attr = require_captum()
     handle = wrap(model)
     b, n = tokens.shape
     name = hook_names.resid_pre(0)

@@ -1,0 +1,98 @@
+"""``cwlens groundtruth`` end to end on a shipped program (few inputs), the ``--json`` shape,
+and one clear error per bad input (unknown program, a file without ``program``, the
+extras missing)."""
+
+import json
+import sys
+
+import pandas as pd
+import pytest
+
+from cwlens.cli.main import main
+from cwlens.groundtruth import library
+from cwlens.groundtruth.methods import METHODS
+
+pytestmark = pytest.mark.skipif("frac_prevs" not in library.names(),
+                                reason="the shipped program frac_prevs is not built yet")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gt")
+    md = out / "page.md"
+    md.write_text("# page\n\n<!-- groundtruth-scores:start -->\nold\n<!-- groundtruth-scores:end -->\n")
+    argv = ["groundtruth", "--program", "frac_prevs", "--inputs", "12", "--bootstrap", "200",
+            "--out", str(out / "run"), "--json", str(out / "scores.json"), "--no-png",
+            "--summary-md", str(md), "--no-progress"]
+    assert main(argv) == 0
+    return out
+
+
+def test_writes_tables_figure_and_page(run):
+    files = {p.name for p in (run / "run").iterdir()}
+    assert {"per_input.csv", "summary.csv", "tables.md", "figures"} <= files
+    assert (run / "run" / "figures" / "groundtruth_auroc.html").is_file()
+    summary = pd.read_csv(run / "run" / "summary.csv")
+    assert set(summary["method"]) == {m.name for m in METHODS}
+    per_input = pd.read_csv(run / "run" / "per_input.csv")
+    assert per_input["input_id"].nunique() == 12
+    page = (run / "page.md").read_text()
+    assert "old" not in page and "`cwlens groundtruth --program frac_prevs --inputs 12 --bootstrap 200`" in page
+    assert page.count("<!-- groundtruth-scores:start -->") == 1
+
+
+def test_json_shape(run):
+    doc = json.loads((run / "scores.json").read_text())
+    assert set(doc) == {"program", "n_inputs", "methods"}
+    assert doc["program"] == "frac_prevs" and doc["n_inputs"] == 12
+    assert list(doc["methods"]) == [m.name for m in METHODS]
+    for name, entry in doc["methods"].items():
+        assert set(entry) == {"level", "auroc", "ci", "precision_at_truth"}, name
+        assert entry["level"] in ("layer", "input", "component")
+        assert isinstance(entry["ci"], list) and len(entry["ci"]) == 2
+        for x in (entry["auroc"], *entry["ci"], entry["precision_at_truth"]):
+            assert x is None or 0.0 <= x <= 1.0
+
+
+def test_unknown_program_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["groundtruth", "--program", "frac_prev"])
+    assert err.value.code == 2
+    message = capsys.readouterr().err
+    assert "unknown program 'frac_prev'" in message and "frac_prevs" in message
+
+
+def test_file_without_program(tmp_path, capsys):
+    pytest.importorskip("tracr")
+    path = tmp_path / "mine.py"
+    path.write_text("vocab = {'a', 'b'}\nmax_seq_len = 4\n")
+    assert main(["groundtruth", "--program", str(path), "--out", str(tmp_path / "o")]) == 1
+    message = capsys.readouterr().err
+    assert "defines no program" in message and "mine.py" in message
+    assert len(message.strip().splitlines()) == 1
+
+
+def test_missing_tracr_extra(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "mine.py"
+    path.write_text("from tracr.compiler import lib\nprogram = lib.make_hist()\n")
+    for name in ("tracr", "tracr.compiler", "tracr.compiler.compiling", "tracr.rasp"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
+    assert main(["groundtruth", "--program", str(path), "--out", str(tmp_path / "o")]) == 1
+    message = capsys.readouterr().err
+    assert "cwlens[tracr]" in message and "mine.py" in message
+
+
+def test_missing_captum(tmp_path, capsys, monkeypatch):
+    for name in ("captum", "captum.attr"):
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["groundtruth", "--program", "frac_prevs", "--out", str(tmp_path / "o")]) == 1
+    message = capsys.readouterr().err
+    assert "captum" in message and "cwlens[groundtruth]" in message
+    assert not (tmp_path / "o").exists()  # refused before anything ran
+
+
+def test_too_few_inputs(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["groundtruth", "--inputs", "2"])
+    assert err.value.code == 2
+    assert "at least 3" in capsys.readouterr().err
