@@ -147,6 +147,13 @@ class ModelHandle:
         ungrouped = bool(getattr(self._cfg, "ungroup_grouped_query_attention", False))
         return {info.n_kv_heads, info.n_heads} if ungrouped else {info.n_kv_heads}
 
+    @property
+    def normalized(self) -> bool:
+        """Whether the model normalises its residual stream at all: False for a config with
+        ``normalization_type=None`` (tracr's compiled transformers, :mod:`cwlens.groundtruth`:
+        no norm anywhere, so a bidirectional one is no post-norm encoder)."""
+        return getattr(self._cfg, "normalization_type", "LN") is not None
+
     def residual_problems(self) -> list[str]:
         """Why the residual stream is not the plain sum of the blocks' outputs that the
         circuit tools assume (empty for a pre-norm decoder)."""
@@ -156,7 +163,7 @@ class ModelHandle:
             problems.append("a norm after attention (Gemma-2/3) sits between the heads and the residual")
         if getattr(cfg, "parallel_attn_mlp", False):
             problems.append("attention and MLP run in parallel (no resid_mid)")
-        if self.is_encoder or "Bert" in str(getattr(cfg, "original_architecture", "")):
+        if (self.is_encoder or "Bert" in str(getattr(cfg, "original_architecture", ""))) and self.normalized:
             problems.append("it is an encoder with post-norm residual blocks")
         if float(getattr(cfg, "output_logits_soft_cap", 0.0) or 0.0) > 0:
             problems.append("its logits are soft-capped (not linear in the residual)")
@@ -333,7 +340,7 @@ class ModelHandle:
         ln = self.model.ln_final
         weight = getattr(ln, "w", None)
         bias = getattr(ln, "b", None)
-        centres = not str(getattr(self._cfg, "normalization_type", "LN") or "").startswith("RMS")
+        centres = self.normalized and not str(getattr(self._cfg, "normalization_type", "LN")).startswith("RMS")
         weight = None if weight is None else weight.detach()
         bias = None if bias is None else bias.detach()
         return weight, bias, centres

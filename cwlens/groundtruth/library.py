@@ -1,0 +1,231 @@
+"""Compiled programs: the shipped ones (:func:`names`, :func:`load`) and a user's own
+(:func:`from_file`), each a :class:`CompiledProgram` (model, vocabulary, RASP source,
+input sampler, ground truth).
+
+A program file defines ``program`` (a RASP SOp), ``vocab`` (a set of tokens) and
+``max_seq_len``; optionally ``description``, ``sample_inputs(n, seed)`` (a list of inputs,
+each a list of tokens without the BOS or with it) or ``sampling`` (``{"distinct": True}``:
+no token twice in an input; ``"min_length"``/``"max_length"``: the lengths drawn after
+the BOS, 1..max_seq_len by default). The shipped programs live in
+``cwlens/groundtruth/programs/``: ``<name>.py`` (the source), ``<name>.json`` and
+``<name>.npz`` (weights, layout, placements, the truth of ``sample_inputs(256, seed=0)``
+and tracr's own residuals on a few inputs), written by ``python
+scripts/compile_groundtruth.py`` (needs tracr); loading them needs no jax.
+"""
+
+import json
+import random
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cwlens.errors import InvalidArgumentError, ModelNotAvailableError, UnknownOptionError
+from cwlens.groundtruth import codec
+from cwlens.groundtruth.compiler import Placement
+from cwlens.groundtruth.convert import INSTALL, TracrLayout, build, from_tracr, require_tracr
+from cwlens.groundtruth.network import TracrTransformer
+from cwlens.groundtruth.truth import Truth, compute, unpack
+
+PROGRAMS = Path(__file__).parent / "programs"
+FORMAT = "cwlens-groundtruth/1"
+SHIPPED_INPUTS = (256, 0)  # the shipped truth: sample_inputs(256, seed=0)
+
+
+def sorted_vocab(vocab: Any) -> tuple:
+    return tuple(sorted(vocab, key=lambda v: (type(v).__name__, v)))
+
+
+@dataclass(frozen=True)
+class CompiledProgram:
+    """A RASP program compiled by tracr, as a cwlens model with its ground truth.
+
+    Attributes:
+        name: the program's name.
+        model: the converted model (:class:`~cwlens.groundtruth.network.TracrTransformer`).
+        vocab: the input tokens (without the BOS).
+        max_seq_len: the longest input after the BOS.
+        bos: the BOS token.
+        source: the RASP source text.
+        description: what the program computes.
+        components: ``("attn", layer, head)`` and ``("mlp", layer)`` that compute the
+            program (the compiled graph); every other head and MLP is zero.
+        placements: where each operation runs (:class:`~cwlens.groundtruth.compiler.Placement`).
+        sampling: the input sampler's options (``distinct``, ``min_length``, ``max_length``).
+    """
+
+    name: str
+    model: TracrTransformer
+    vocab: tuple
+    max_seq_len: int
+    bos: str
+    source: str
+    description: str
+    components: frozenset
+    placements: tuple = ()
+    sampling: dict = field(default_factory=dict)
+    _shipped: dict = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def sample_inputs(self, n: int, seed: int = 0) -> list[list]:
+        """``n`` random inputs, each BOS first (the program's own sampler where its file
+        has one; else tokens drawn uniformly, lengths 1..max_seq_len after the BOS)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidArgumentError(f"n must be an int >= 0 (how many inputs); got {n!r}.")
+        sampler = self._cache.get("sampler")
+        if sampler is not None:
+            rows = [list(r) for r in sampler(n, seed)]
+            return [r if r[:1] == [self.bos] else [self.bos, *r] for r in rows]
+        rng = random.Random(seed)
+        low = int(self.sampling.get("min_length", 1))
+        high = int(self.sampling.get("max_length", self.max_seq_len))
+        distinct = bool(self.sampling.get("distinct", False))
+        rows = []
+        for _ in range(n):
+            length = rng.randint(low, high)
+            tokens = rng.sample(self.vocab, length) if distinct else [rng.choice(self.vocab) for _ in range(length)]
+            rows.append([self.bos, *tokens])
+        return rows
+
+    def truth(self, inputs: list[list]) -> list[Truth]:
+        """The :class:`~cwlens.groundtruth.truth.Truth` of each input (BOS first).
+
+        With tracr installed, computed for any input with tracr's RASP evaluator; without
+        it, the shipped programs answer for the inputs of ``sample_inputs(256, seed=0)``.
+
+        Raises:
+            InvalidArgumentError / InputTooLongError: an input the program cannot take
+                (a token outside the vocabulary, no BOS first, too long).
+            ModelNotAvailableError: tracr is not installed and an input is not one whose
+                truth was shipped.
+        """
+        if isinstance(inputs, str) or not isinstance(inputs, list | tuple):
+            raise InvalidArgumentError(
+                f"truth takes a list of inputs (each a list of tokens, BOS first); got "
+                f"{type(inputs).__name__}.")
+        known = self.model.tokenizer.tokens
+        keys = [tuple(known[i] for i in codec.check_input(self.model, t)) for t in inputs]
+        missing = [k for k in keys if k not in self._shipped]
+        if missing:
+            program = self._program(f"the truth of {list(missing[0])!r} (not among the shipped inputs)")
+            n_layers, n_heads = self.model.cfg.n_layers, self.model.cfg.n_heads
+            for k in missing:
+                self._shipped[k] = compute(program, list(k), self.vocab, list(self.placements),
+                                           n_layers, n_heads)
+        return [self._shipped[k] for k in keys]
+
+    def _program(self, what: str) -> Any:
+        """The RASP program (its source run once; needs tracr)."""
+        if "program" not in self._cache:
+            require_tracr(what)
+            self._cache["program"] = _run_source(self.source, self.name)["program"]
+        return self._cache["program"]
+
+
+def names() -> list[str]:
+    """The shipped programs' names (``cwlens.groundtruth.load(name)`` loads one)."""
+    return sorted(p.stem for p in PROGRAMS.glob("*.json"))
+
+
+def load(name: str) -> CompiledProgram:
+    """A shipped program (:func:`names`), from its files; needs no jax or tracr."""
+    if not isinstance(name, str) or name not in names():
+        raise UnknownOptionError(
+            f"no shipped program {name!r}: the shipped ones are {names()}. A program of your "
+            "own: cwlens.groundtruth.from_file('my_program.py') (needs the tracr extra).")
+    meta = json.loads((PROGRAMS / f"{name}.json").read_text())
+    if meta.get("format") != FORMAT:
+        raise InvalidArgumentError(
+            f"{PROGRAMS / name}.json has format {meta.get('format')!r}, not {FORMAT!r}: "
+            "rebuild it with python scripts/compile_groundtruth.py --program " + name)
+    with np.load(PROGRAMS / f"{name}.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    weights = {k[len("w."):]: v for k, v in arrays.items() if k.startswith("w.")}
+    model = build(weights, TracrLayout.from_json(meta["layout"]), name)
+    truth = {k[len("truth."):]: v for k, v in arrays.items() if k.startswith("truth.")}
+    inputs = [list(r) for r in meta["inputs"]]
+    truths = unpack(truth, inputs, meta["outputs"], model.cfg.n_layers, model.cfg.n_heads)
+    return CompiledProgram(
+        name, model, tuple(meta["vocab"]), int(meta["max_seq_len"]), meta["bos"],
+        (PROGRAMS / f"{name}.py").read_text(), meta["description"],
+        frozenset(tuple(c) for c in meta["components"]),
+        tuple(Placement.from_json(p) for p in meta["placements"]), dict(meta.get("sampling", {})),
+        {tuple(t.tokens): t for t in truths})
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    """The names a program file defines (it is run: it imports tracr), checked."""
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidArgumentError(
+            f"no program file {str(path)!r}: pass a Python file that defines program, vocab and "
+            "max_seq_len (see cwlens/groundtruth/programs/ for examples).")
+    require_tracr(f"the program file {path}")
+    return _checked(_run_source(path.read_text(), str(path)), str(path))
+
+
+def _run_source(source: str, where: str) -> dict[str, Any]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        file = Path(folder) / "program.py"
+        file.write_text(source)
+        try:
+            return runpy.run_path(str(file), run_name="cwlens_program")
+        except ImportError as err:
+            if "tracr" in str(err) or "jax" in str(err) or "haiku" in str(err):
+                raise ModelNotAvailableError(
+                    f"{where} needs tracr, which is not installed: {INSTALL}.") from err
+            raise
+
+
+def _checked(names: dict[str, Any], where: str) -> dict[str, Any]:
+    from tracr.rasp import rasp
+
+    missing = [n for n in ("program", "vocab", "max_seq_len") if n not in names]
+    if missing:
+        defined = sorted(n for n in names if not n.startswith("_"))
+        raise InvalidArgumentError(
+            f"{where} defines no {', '.join(missing)} (it defines {defined[:12]}): a program "
+            "file defines program (a RASP SOp), vocab (a set of tokens) and max_seq_len (an "
+            "int), e.g. program = tracr.compiler.lib.make_reverse(rasp.tokens).")
+    if not isinstance(names["program"], rasp.SOp):
+        raise InvalidArgumentError(
+            f"{where}: program is a {type(names['program']).__name__}, not a RASP SOp: define "
+            "program = <an SOp>, e.g. tracr.compiler.lib.make_hist().")
+    return names
+
+
+def from_file(path: str | Path, name: str | None = None) -> CompiledProgram:
+    """Compile a user's RASP program file (see the module docstring) into a
+    :class:`CompiledProgram`; needs the tracr extra. Its truth is computed on demand."""
+    path = Path(path)
+    defined = read_file(path)
+    return from_definitions(defined, name or path.stem, path.read_text())
+
+
+def from_definitions(defined: dict[str, Any], name: str, source: str) -> CompiledProgram:
+    """A :class:`CompiledProgram` of a program file's names (compiles: needs tracr)."""
+    from cwlens.groundtruth.compiler import compile_program
+
+    bos = str(defined.get("bos", "BOS"))
+    assembled, placements = compile_program(defined["program"], defined["vocab"],
+                                            defined["max_seq_len"], bos)
+    model = from_tracr(assembled, name)
+    program = CompiledProgram(
+        name, model, sorted_vocab(defined["vocab"]), int(defined["max_seq_len"]), bos, source,
+        str(defined.get("description") or (defined.get("__doc__") or name).strip().splitlines()[0]),
+        components_of(placements), tuple(placements), dict(defined.get("sampling") or {}))
+    program._cache["program"] = defined["program"]
+    if callable(defined.get("sample_inputs")):
+        program._cache["sampler"] = defined["sample_inputs"]
+    program._cache["assembled"] = assembled
+    return program
+
+
+def components_of(placements: list[Placement]) -> frozenset:
+    """``("attn", layer, head)`` and ``("mlp", layer)`` of the placements."""
+    return frozenset(("mlp", p.layer) if p.head is None else ("attn", p.layer, p.head)
+                     for p in placements)
