@@ -6,6 +6,7 @@ or inf, and every worst-of reduction is NaN-aware.
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -217,3 +218,146 @@ def test_a_choice_log_likelihood_refuses_nan_logits():
         with pytest.raises(NonFiniteError, match="item 4, choice 1"):
             continuation_logprob(broken, 1, 0, request)
     assert math.isfinite(continuation_logprob(broken, 0, 0, request))  # the other row is fine
+
+
+# -- #39.3: things that are not models are refused up front ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def sound():
+    model = tiny_model("llama")
+    return model, cwlens.run_with_cache(model, TEXT, closure=True, residual=True)[1]
+
+
+NOT_MODELS = {  # what a user passes by mistake -> words of the refusal
+    "object": (lambda m: object(), "got object, which has no cfg"),
+    "tokenizer": (lambda m: m.tokenizer, "tokenizer .*not model.tokenizer"),
+    "tl config": (lambda m: m.cfg, "configuration .*not a model"),
+    "hf config": (lambda m: m.original_model.config, "configuration .*load_model"),
+    "hf module": (lambda m: m.original_model, "torch module without a TransformerLens cfg"),
+    "name": (lambda m: "smollm2-135m", "'smollm2-135m'.*cwlens.load_model"),
+    "cfg without shape": (lambda m: _Stub(cfg=SimpleNamespace(n_layers=2)), "no positive integer n_heads, d_model, d_head"),
+    "no hooks API": (lambda m: _Stub(cfg=m.cfg), "lacks TransformerLens' hooks API .*run_with_hooks, hooks"),
+}
+
+
+class _Stub:
+    def __init__(self, **attrs):
+        vars(self).update(attrs)
+
+
+def _entry_points():
+    from cwlens import circuits, report, sinks
+    from cwlens.datasets.records import ChoiceItem
+    from cwlens.engine.gradients import attention_gradient
+    from cwlens.engine.interventions import run_masked
+    from cwlens.faithfulness import run_faithfulness
+    from cwlens.faithfulness.accuracy import clean_accuracy
+    from cwlens.report.export import export_texts
+    from cwlens.sinks.token_classes import class_shares
+
+    tokens = torch.tensor([[1, 5, 7, 9]])
+    item = ChoiceItem("x-0", ("the cat", "the cat"), (" sat", " ran"), 0, "x")
+    return {
+        "wrap": lambda m, c: cwlens.wrap(m),
+        "contribution_weights": lambda m, c: cwlens.contribution_weights(c, m, 0),
+        "token_contributions": lambda m, c: cwlens.token_contributions(c, m, 0),
+        "importance": lambda m, c: cwlens.importance(c, m, 0, "attention"),
+        "decompose": lambda m, c: cwlens.decompose(c, m, 0),
+        "closure": lambda m, c: cwlens.closure(c, m),
+        "names_filter": lambda m, c: cwlens.names_filter(m),
+        "run_with_cache": lambda m, c: cwlens.run_with_cache(m, TEXT),
+        "stream": lambda m, c: cwlens.stream(m, TEXT, lambda layer, w: None),
+        "stream_geometry": lambda m, c: cwlens.stream_geometry(m, TEXT, lambda layer, g: None),
+        "stream_reduce": lambda m, c: cwlens.stream_reduce(m, TEXT, [reducers.HeadSummary()]),
+        "head_scores": lambda m, c: circuits.head_scores(c, m, [2]),
+        "direct_logit_attribution": lambda m, c: circuits.direct_logit_attribution(
+            c, m, torch.zeros(1, 7, 10), [2], torch.tensor([1])),
+        "patch_heads": lambda m, c: circuits.patch_heads(m, tokens, lambda logits: logits.sum()),
+        "build_task": lambda m, c: circuits.build_task("ioi", m),
+        "token_flow": lambda m, c: circuits.token_flow(c, m),
+        "circuits.run_with_cache": lambda m, c: circuits.run_with_cache(m, tokens),
+        "sink_statistics": lambda m, c: sinks.sink_statistics(c, m),
+        "alignment_statistics": lambda m, c: sinks.alignment_statistics(c, m),
+        "cosine_histograms": lambda m, c: sinks.cosine_histograms(c, m),
+        "sweep_statistics": lambda m, c: sinks.sweep_statistics(c, m),
+        "sink_norm_intervention": lambda m, c: sinks.sink_norm_intervention(m, tokens),
+        "class_shares": lambda m, c: class_shares(m, [TEXT]),
+        "attention_gradient": lambda m, c: attention_gradient(m, tokens),
+        "run_masked": lambda m, c: run_masked(m, tokens, {}),
+        "run_faithfulness": lambda m, c: run_faithfulness(m, "gsm8k"),
+        "clean_accuracy": lambda m, c: clean_accuracy(m, [item]),
+        "analyze_text": lambda m, c: report.analyze_text(m, TEXT),
+        "export_texts": lambda m, c: export_texts(m, [TEXT], "/nonexistent-cwlens-out"),
+    }
+
+
+@pytest.mark.parametrize("what", NOT_MODELS)
+def test_every_entry_point_refuses_what_is_not_a_model(sound, what):
+    """cwlens.wrap(object()) returned a handle; stream(model.tokenizer, ...) and
+    stream_reduce(AutoConfig..., ...) ended in a raw AttributeError."""
+    from cwlens.errors import InvalidArgumentError
+
+    model, cache = sound
+    make, words = NOT_MODELS[what]
+    bad = make(model)
+    failures = {}
+    for name, call in _entry_points().items():
+        try:
+            call(bad, cache)
+            failures[name] = "accepted"
+        except InvalidArgumentError as err:
+            if "expected a TransformerLens model" not in str(err) or not __import__("re").search(words, str(err)):
+                failures[name] = str(err)[:200]
+        except Exception as err:  # noqa: BLE001 (what the test is about)
+            failures[name] = f"{type(err).__name__}: {str(err)[:200]}"
+    assert not failures, failures
+
+
+def test_a_model_is_judged_by_what_it_has(sound):
+    """Not by its class: a cfg with the four shape numbers and the hooks API (what a
+    tracr-compiled HookedRootModule has) is a model; the handle is made once."""
+    model, _ = sound
+    cfg = SimpleNamespace(n_layers=2, n_heads=4, d_model=8, d_head=2)
+    own = _Stub(cfg=cfg, run_with_hooks=model.run_with_hooks, hooks=model.hooks)
+    handle = cwlens.wrap(own)
+    assert (handle.n_layers, handle.n_heads) == (2, 4) and cwlens.wrap(own) is handle
+    assert cwlens.wrap(handle) is handle and cwlens.wrap(model).model is model
+    from cwlens.errors import InvalidArgumentError
+
+    for bad_cfg in (dict(n_layers=0), dict(n_heads=True), dict(d_model=8.0), dict(d_head="2")):
+        with pytest.raises(InvalidArgumentError, match="no positive integer"):
+            cwlens.wrap(_Stub(cfg=SimpleNamespace(**{**vars(cfg), **bad_cfg}), run_with_hooks=print, hooks=print))
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (dict(n_devices="2"), r"n_devices must be a whole number .*got str '2': pass n_devices=2"),
+    (dict(n_devices=1.5), "n_devices must be a whole number .*float 1.5"),
+    (dict(n_devices=True), "n_devices must be a whole number .*bool True"),
+    (dict(device_map=5), "device_map must be one of 'auto'.*got int 5"),
+    (dict(device_map=["auto"]), "device_map must be one of .*got list"),
+    (dict(device_map="fastest"), "device_map='fastest' is not a strategy"),
+    (dict(device_map={}), "non-empty dict"),
+    (dict(max_memory={0: "1GiB"}), "max_memory is the per-device budget of a device map"),
+    (dict(device_map="auto", max_memory=3), "max_memory must be a non-empty dict .*got int 3"),
+    (dict(device_map="auto", max_memory={"gpu0": 10}), "max_memory key 'gpu0' is not a device"),
+    (dict(device_map="auto", max_memory={"cpu": "lots"}), r"max_memory\['cpu'\] = 'lots' is not a memory size"),
+    (dict(device_map="auto", max_memory={"cpu": -1}), "is not a memory size"),
+    (dict(device_map="auto", max_memory={7: "1GiB"}), "budgets GPU 7, but this machine has"),
+    (dict(dtype="float17"), "dtype must be a floating torch.dtype.*'float17'"),
+    (dict(dtype=torch.int8), "dtype must be a floating"),
+    (dict(compatibility_mode="no"), "compatibility_mode must be True or False"),
+    (dict(generation=4), "generation must be 'auto', 'bridge' or 'hooked'; got 4"),
+    (dict(device=True), "Unknown device True"),
+    (dict(device=["cpu"]), r"Unknown device \['cpu'\]"),
+])
+def test_load_model_refuses_each_argument_of_the_wrong_type(arguments, words, monkeypatch):
+    """n_devices="2" gave TypeError: '>' not supported between 'str' and 'int'; a
+    device_map of the wrong type blamed the model's files; max_memory=5 was ignored."""
+    from cwlens.engine.models import loading
+    from cwlens.errors import InvalidArgumentError, UnknownOptionError
+
+    monkeypatch.setattr(loading, "_load", lambda *a: pytest.fail("it went on to load the model"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises((InvalidArgumentError, UnknownOptionError), match=words):
+        cwlens.load_model("smollm2-135m", **arguments)

@@ -19,7 +19,12 @@ class _Model:
 
     def __init__(self, tokenizer, bos: int):
         self.tokenizer, self.bos = tokenizer, bos
-        self.cfg = SimpleNamespace(attention_dir="causal")
+        self.cfg = SimpleNamespace(attention_dir="causal", n_layers=1, n_heads=1, d_model=1, d_head=1)
+
+    def run_with_hooks(self, *args, **kwargs):  # (the hooks API that makes it a model to cwlens.wrap)
+        raise NotImplementedError
+
+    hooks = run_with_hooks
 
     def to_tokens(self, text, move_to_device=False, truncate=True):  # (no context: never cut)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]

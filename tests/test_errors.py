@@ -75,6 +75,11 @@ class _FakeModel:
         attn = types.SimpleNamespace(W_O=W, b_O=None)
         self.blocks = [types.SimpleNamespace(attn=attn)] * 2
 
+    def run_with_hooks(self, *args, **kwargs):  # (the hooks API that makes it a model to cwlens.wrap)
+        raise NotImplementedError
+
+    hooks = run_with_hooks
+
 
 def test_wrong_mask_shape(llama):
     model, cache = llama

@@ -124,7 +124,9 @@ def test_batch_tokens_keep_one_batch_of_logits_within_budget():
     from cwlens.replication.stages import LOGIT_BUDGET, batch_tokens
 
     cfg = ReplicationConfig()
-    sizes = {v: batch_tokens(SimpleNamespace(cfg=SimpleNamespace(d_vocab=v)), cfg)
+    shape = dict(n_layers=1, n_heads=1, d_model=1, d_head=1)  # what cwlens.wrap asks of a model
+    sizes = {v: batch_tokens(SimpleNamespace(cfg=SimpleNamespace(d_vocab=v, **shape), run_with_hooks=print,
+                                             hooks=print), cfg)
              for v in (49152, 262144, 10**7)}
     assert sizes[49152] == cfg.batch_tokens  # SmolLM2: unchanged
     assert sizes[262144] == 512 and sizes[262144] * 262144 <= LOGIT_BUDGET  # Gemma-3

@@ -231,7 +231,9 @@ def test_minilm_tokenizer_marks_cls_sep_and_punctuation():
     enc = tok(["Hello, world. It's fine!", "Short one."], padding=True, return_tensors="pt")
     tokens, mask = enc["input_ids"], enc["attention_mask"]
     assert tok.padding_side == "right" and not mask[1].all()
-    classes = token_classes(SimpleNamespace(tokenizer=tok), tokens, mask)
+    shape = SimpleNamespace(n_layers=1, n_heads=1, d_model=1, d_head=1)  # what cwlens.wrap asks of a model
+    stub = SimpleNamespace(tokenizer=tok, cfg=shape, run_with_hooks=print, hooks=print)
+    classes = token_classes(stub, tokens, mask)
     for row, m, cl in zip(tokens, mask, classes, strict=True):
         pieces = tok.convert_ids_to_tokens(row[m.bool()].tolist())
         labels = [CLASSES[int(c)] for c in cl[m.bool()]]

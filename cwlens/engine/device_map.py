@@ -6,13 +6,14 @@ places each torchrun rank with the same checks.
 
 import os
 
-from cwlens.errors import CwlensError
+from cwlens.errors import InvalidArgumentError
 
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-class PlacementError(CwlensError, ValueError):
-    """A device / n_devices / device_map combination that cannot work."""
+class PlacementError(InvalidArgumentError):
+    """A device / n_devices / device_map / max_memory value or combination that cannot work
+    (an :class:`~cwlens.errors.InvalidArgumentError`, so a ``CwlensError`` and a ``ValueError``)."""
 
 
 def parse_device_map(text: str) -> str | dict:

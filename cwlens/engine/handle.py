@@ -426,28 +426,70 @@ def wrap(model: Any) -> ModelHandle:
     return handle
 
 
-def _require_model(model: Any) -> None:
-    """A clear error for something that is not a TransformerLens model (a cache or text
-    passed where the model goes, arguments swapped, a model name not yet loaded)."""
+SHAPE_FIELDS = ("n_layers", "n_heads", "d_model", "d_head")  # what every measure reads off cfg
+HOOK_METHODS = ("run_with_hooks", "hooks")  # how cwlens reads and edits activations
+
+
+def model_problem(model: Any) -> str | None:
+    """Why ``model`` is not something cwlens can measure (None: it is).
+
+    A model is judged by what it has, not by its class: a ``cfg`` with positive integers
+    ``n_layers``, ``n_heads``, ``d_model`` and ``d_head``, and TransformerLens' hooks API
+    (``run_with_hooks`` and ``hooks``). ``HookedTransformer``, ``HookedEncoder``,
+    ``TransformerBridge`` and any ``HookedRootModule`` built like them (e.g. a tracr-compiled
+    model, :mod:`cwlens.groundtruth`) have both.
+    """
+    import numbers
     import os
 
-    import torch
-
     kind = type(model).__name__
-    bare_module = isinstance(model, torch.nn.Module) and not hasattr(model, "cfg")
-    if not (model is None or kind == "ActivationCache" or bare_module or isinstance(
-            model, str | bytes | os.PathLike | int | float | dict | list | tuple)):
-        return  # a model, or a stand-in with what the caller needs (a tokenizer, ...)
+    if model is None:
+        return "got None"
+    if isinstance(model, str | bytes | os.PathLike):
+        return (f"got the {kind} {str(model)[:80]!r}: a model name or path is loaded first, "
+                "model = cwlens.load_model(name)")
+    if kind == "ActivationCache":
+        return "got the ActivationCache (arguments swapped? the order is (cache, model))"
+    cfg = getattr(model, "cfg", None)
+    if cfg is None:
+        if callable(getattr(model, "encode", None)) and callable(getattr(model, "decode", None)):
+            return f"got a tokenizer ({kind}): pass the model itself, not model.tokenizer"
+        if all(hasattr(model, f) for f in SHAPE_FIELDS) or (
+                hasattr(model, "to_dict") and hasattr(model, "model_type")):
+            return (f"got a configuration ({kind}), not a model: pass the model itself (not "
+                    "its cfg or config), or load one with cwlens.load_model(name or folder)")
+        import torch
+
+        if isinstance(model, torch.nn.Module):
+            return (f"got a torch module without a TransformerLens cfg ({kind}): a Hugging Face "
+                    "model loads through cwlens.load_model(name or folder)")
+        return f"got {kind}, which has no cfg"
+    missing = [f for f in SHAPE_FIELDS
+               if not isinstance(getattr(cfg, f, None), numbers.Integral)
+               or isinstance(getattr(cfg, f), bool) or getattr(cfg, f) < 1]
+    if missing:
+        return (f"got {kind} whose cfg ({type(cfg).__name__}) has no positive integer "
+                f"{', '.join(missing)}")
+    no_hooks = [m for m in HOOK_METHODS if not callable(getattr(model, m, None))]
+    if no_hooks:
+        return (f"got {kind}, which lacks TransformerLens' hooks API ({', '.join(no_hooks)}): "
+                "cwlens reads the activations through hook points")
+    return None
+
+
+def _require_model(model: Any) -> None:
+    """Refuse, naming what was passed and what is expected, anything that is not a model
+    (:func:`model_problem`): a cache or text where the model goes, a tokenizer, a
+    configuration, a Hugging Face module, a model name not yet loaded."""
+    problem = model_problem(model)
+    if problem is None:
+        return
     from cwlens.errors import InvalidArgumentError
 
-    hint = {"ActivationCache": " (the cache: arguments swapped? the order is (cache, model))",
-            "str": " (a model name or path: load it first, model = cwlens.load_model(name))",
-            "NoneType": ""}.get(kind, " (a torch module without a TransformerLens cfg: a "
-                                  "Hugging Face model loads through cwlens.load_model(name "
-                                  "or folder))" if bare_module else "")
     raise InvalidArgumentError(
-        f"expected a TransformerLens model (HookedTransformer, HookedEncoder or "
-        f"TransformerBridge, e.g. from cwlens.load_model); got {kind}{hint}.")
+        "expected a TransformerLens model (HookedTransformer, HookedEncoder, TransformerBridge, "
+        "or an object with a cfg holding n_layers, n_heads, d_model, d_head and the hooks API "
+        f"run_with_hooks/hooks), e.g. model = cwlens.load_model(name); {problem}.")
 
 
 def unwrap(model: Any) -> Any:

@@ -101,8 +101,13 @@ def load_model(
         eval mode, on ``device``.
 
     Raises:
-        PlacementError: ``device`` with ``device_map``, ``n_devices < 1`` or more than the
-            visible GPUs, or multi-device loading on TransformerLens 3.x.
+        InvalidArgumentError: an argument of the wrong type or value (a name that is not a
+            string or path, a dtype that is not floating, a ``compatibility_mode`` other than
+            True/False, ...), before anything loads.
+        PlacementError: ``device`` with ``device_map``, ``n_devices`` that is not an int
+            >= 1 or more than the visible GPUs, a ``device_map`` that is not a strategy or
+            a dict, ``max_memory`` that is not ``{device: size}`` or comes without a
+            ``device_map``, or multi-device loading on TransformerLens 3.x.
         ModelNotAvailableError: a broken model directory, a hub id while offline, or a
             short name whose package is not installed (the message says what to install).
 
@@ -136,8 +141,9 @@ def load_model(
             f"compatibility_mode must be True or False; got {compatibility_mode!r}.")
     from cwlens.engine.device_map import PlacementError, check_device_map
 
-    check_device_map(device_map, torch.cuda.device_count() if torch.cuda.is_available() else 0,
-                     "device_map")
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    _check_placement_types(n_devices, device_map, max_memory, cuda_count)
+    check_device_map(device_map, cuda_count, "device_map")
     multi = device_map is not None or (n_devices or 1) > 1 or max_memory is not None
     if device_map is not None and device is not None:
         raise PlacementError(f"device={device!r} and device_map are exclusive: pass one.")
@@ -163,6 +169,60 @@ def load_model(
                                        ("max_memory", max_memory)) if v is not None}
         return _load(source, hub_id, generation, placed_device, dtype, placement, multi,
                      compatibility_mode)
+
+
+_SIZE = r"\d+(\.\d+)?\s*([KMGT]i?)?B"  # a Hugging Face memory size: "10GiB", "500MB", "1024B"
+
+
+def _check_placement_types(n_devices: object, device_map: object, max_memory: object,
+                           cuda_count: int) -> None:
+    """Refuse a placement argument of the wrong type before anything loads (a string
+    n_devices ended in a TypeError, a max_memory without a device map was ignored, a
+    device map of the wrong type in an error blaming the model's files)."""
+    import re
+
+    from cwlens.engine.device_map import DEVICE_MAP_STRATEGIES, PlacementError
+
+    if n_devices is not None and (isinstance(n_devices, bool) or not isinstance(n_devices, int)):
+        raise PlacementError(
+            f"n_devices must be a whole number of GPUs (an int >= 1) or None; got "
+            f"{type(n_devices).__name__} {n_devices!r}" + (
+                f": pass n_devices={int(n_devices)}." if isinstance(n_devices, str)
+                and n_devices.strip().isdigit() else "."))
+    strategies = ", ".join(map(repr, DEVICE_MAP_STRATEGIES))
+    if isinstance(device_map, str) and device_map not in DEVICE_MAP_STRATEGIES:
+        raise PlacementError(
+            f"device_map={device_map!r} is not a strategy: pass one of {strategies}, or a dict "
+            "{module name: device}.")
+    if device_map is not None and not isinstance(device_map, str) and (
+            not isinstance(device_map, dict) or not device_map
+            or not all(isinstance(k, str) for k in device_map)):
+        raise PlacementError(
+            f"device_map must be one of {strategies} or a non-empty dict {{module name: device}}; "
+            f"got {type(device_map).__name__} {device_map!r}.")
+    if max_memory is None:
+        return
+    if device_map is None:
+        raise PlacementError(
+            "max_memory is the per-device budget of a device map, and no device_map was given: "
+            f"pass device_map (one of {strategies}) with it, or leave max_memory out.")
+    example = "e.g. {0: '20GiB', 1: '20GiB', 'cpu': '64GiB'}"
+    if not isinstance(max_memory, dict) or not max_memory:
+        raise PlacementError(f"max_memory must be a non-empty dict {{device: size}}, {example}; got "
+                             f"{type(max_memory).__name__} {max_memory!r}.")
+    for key, size in max_memory.items():
+        gpu = isinstance(key, int) and not isinstance(key, bool) and 0 <= key
+        if not (gpu or key in ("cpu", "disk", "mps")):
+            raise PlacementError(f"max_memory key {key!r} is not a device: use a GPU index "
+                                 f"(0..), 'cpu' or 'disk', {example}.")
+        if gpu and key >= cuda_count:
+            raise PlacementError(f"max_memory budgets GPU {key}, but this machine has "
+                                 f"{cuda_count} CUDA GPU(s).")
+        ok = (isinstance(size, int) and not isinstance(size, bool) and size > 0) or (
+            isinstance(size, str) and re.fullmatch(_SIZE, size.strip(), re.IGNORECASE))
+        if not ok:
+            raise PlacementError(f"max_memory[{key!r}] = {size!r} is not a memory size: pass bytes "
+                                 f"(an int > 0) or a size such as '20GiB' or '500MB', {example}.")
 
 
 def _load(source, hub_id, generation, placed_device, dtype, placement, multi,
