@@ -135,6 +135,17 @@ def _unit(x) -> float:
     return min(1.0, max(0.0, float(x))) if x == x else float("nan")
 
 
+def _interval(values, n_boot: int, level: float, seed: int) -> tuple[float, float, float]:
+    """``(mean, low, high)``: :func:`~cwlens.core.bootstrap.studentized`, or ``[v, v]`` when
+    every value is ``v`` (the bootstrap-t would divide rounding noise by rounding noise:
+    the mean of 30 copies of 2/3 is not exactly 2/3)."""
+    if len(values) and bool((values == values[0]).all()):
+        v = float(values[0])
+        return v, v, v
+    mean, low, high, _ = studentized(values, n_boot, level, seed)
+    return float(mean), float(low), float(high)
+
+
 def summarize(per_input, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 0):
     """One row per ``(program, method, scope)`` of the per-input rows (a DataFrame with
     :data:`COLUMNS`): ``n`` inputs with a defined AUROC, ``auroc`` and its ``auroc_low`` /
@@ -161,8 +172,8 @@ def summarize(per_input, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: 
                 # bit would give a spread of 1e-17, and a degenerate bootstrap-t interval
                 a = wide.loc[defined, name].to_numpy(dtype=float).round(12)
                 p = prec.loc[defined, name].to_numpy(dtype=float).round(12)
-                mean, lo, hi, _ = studentized(a, n_boot, level, seed)
-                pmean, plo, phi, _ = studentized(p, n_boot, level, seed)
+                mean, lo, hi = _interval(a, n_boot, level, seed)
+                pmean, plo, phi = _interval(p, n_boot, level, seed)
                 row = dict(program=program, method=name, level=lv, scope=scope, n=len(a),
                            n_inputs=int(cell["input_id"].nunique()),
                            auroc=float(mean), auroc_low=_unit(lo), auroc_high=_unit(hi),
