@@ -352,6 +352,10 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
             ranks = f" over {world.size} processes" if world.size > 1 else ""
             print(f"{d}: {s.n_forwards} forward passes in {s.n_batches} batches{ranks}, "
                   f"{s.wall_seconds:.0f}s -> {path}")
+            from cwlens.engine.handle import wrap
+            from cwlens.faithfulness.passes import sharing_note
+
+            print(f"  {sharing_note(cfg.conditions(wrap(model).n_layers), cfg)}")
     return report(paths, args) if world.main else 0
 
 

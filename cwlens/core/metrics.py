@@ -189,6 +189,21 @@ def registered(*entries: Metric) -> Iterator[None]:
         _derive()
 
 
+def legend(names) -> str:
+    """One line that spells out the table labels of ``names`` (in registry order), e.g.
+    ``Legend: attn = attention (`a_ij`); vw = value-weighted (`a_ij ||v~_j||`); ...``: printed
+    under every table that uses the short labels."""
+    parts = []
+    for name, m in REGISTRY.items():
+        if name in set(names):
+            note = ""
+            if name == "value_weighted_output_normalized":
+                note = (": ||o_i|| is one constant per row, so at row scope it ranks, masks and "
+                        "scores exactly as vw")
+            parts.append(f"{m.short} = {m.label} (`{m.math}`{note})")
+    return "Legend: " + "; ".join(parts) + "." if parts else ""
+
+
 def get(name: str, allowed: tuple[str, ...] | None = None) -> Metric:
     """The :class:`Metric` called ``name`` (one of ``allowed``, default: every name), or an
     error listing the valid names."""

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from cwlens.core.metrics import MODES
+from cwlens.core.metrics import MODES, legend
 from cwlens.errors import InvalidArgumentError
 
 DAMAGE_MEASURES = ("delta_nll", "delta_ppl", "acc", "acc_norm", "gold_ll", "embedding_damage")
@@ -278,6 +278,8 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
                 text = f"{_num(r.delta, '+')} [{_num(r.delta_low, '+')}, {_num(r.delta_high, '+')}]"
                 cells.append(f"**{text}**" if r.resolved else text)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", legend(set(summary["metric"])) + " comp / suff: comprehensiveness (top entries "
+              "removed) / sufficiency (bottom entries removed)."]
     if few:
         lines += ["", f"No hierarchy: its paired test needs at least {MIN_N} samples (n = {n})."]
     elif verdict:

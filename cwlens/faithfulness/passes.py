@@ -102,6 +102,30 @@ def mask_jobs(conditions: list[Condition], cfg: FaithfulnessConfig) -> tuple[dic
     return jobs, key_of
 
 
+def sharing_note(conditions: list[Condition], cfg: FaithfulnessConfig) -> str:
+    """Why a run needs fewer forward passes than it has conditions, in one line: the
+    conditions that share a mask (:func:`mask_jobs`) and what each batch then runs."""
+    jobs, key_of = mask_jobs(conditions, cfg)
+    clean = sum(key is None for key in key_of.values())
+    every = [c for c, key in key_of.items() if key is not None and key[0] == "all"]
+    as_vw = [c for c, key in key_of.items() if key is not None and key[0] != "all"
+             and scored_as(c.metric, cfg) != c.metric]
+    why = []
+    if clean:
+        why.append(f"rate 0 is the clean pass ({clean} conditions)")
+    if every:
+        n_every = len({key_of[c] for c in every})
+        why.append(f"rate 1 removes every entry, whatever the metric or mode ({len(every)} "
+                   f"conditions, {n_every} mask{'s' if n_every != 1 else ''})")
+    if as_vw:
+        why.append(f"vwon ranks as vw at row scope, ||o_i|| being one constant per row "
+                   f"({len(as_vw)} conditions)")
+    n = len(conditions)
+    return (f"{n} condition{'s' if n != 1 else ''} per sample, {len(jobs)} distinct "
+            f"mask{'s' if len(jobs) != 1 else ''}" + (f" ({'; '.join(why)})" if why else "")
+            + f"; each batch runs 1 clean pass + 1 per mask = {1 + len(jobs)} forward passes")
+
+
 def layer_masks(geo, layer: int, plan: BatchPlan, window: int | None = None) -> dict:
     """Rank one layer's entries by every metric some job needs; ``{job key: PackedMask}``.
 

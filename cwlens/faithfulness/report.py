@@ -277,7 +277,8 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
             hit = cells[(cells.metric == metric) & (cells["mode"] == mode) & (cells.rate == rate)]
             row.append(_fmt(hit.iloc[0], meas) if len(hit) else "")
         lines.append("| " + " | ".join(row) + " |")
-    lines.append("")
+    lines += ["", _metrics.legend(set(cells.metric)) + " comp r / suff r: comprehensiveness / "
+              f"sufficiency, the top / bottom r of each {scope or 'row'}'s entries removed.", ""]
     if table is not None and n < MIN_N:
         lines += [f"No hierarchy: its paired test needs at least {MIN_N} samples (n = {n}).", ""]
     elif table is not None:
