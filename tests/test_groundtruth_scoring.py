@@ -237,3 +237,21 @@ def test_batched_flows_equal_token_flow(gate):
         for b in range(2):
             want = cwlens.circuits.token_flow(cache, model, batch=b, rule=rule).flows[-1]
             assert_close(got[f"flow_{rule}"][b], want)
+
+
+def test_constant_scores_get_the_no_spread_convention():
+    """30 copies of 2/3 (AUROCs are ratios of counts): the interval is [2/3, 2/3] and a
+    constant difference is resolved, as cwlens.core.bootstrap treats a sample without
+    spread, not NaN from rounding noise over rounding noise."""
+    rows = []
+    for i in range(30):
+        for m, a in (("attention", 1 / 3), ("contribution", 2 / 3 + (i % 2) * 1e-16),
+                     ("alti", 1 / 3)):
+            rows.append(dict(program="p", input_id=i, length=3, method=m, level="layer",
+                             scope="main", auroc=a, precision_at_truth=a, n_positive=1,
+                             n_entries=3, n_undefined=0))
+    summary = scoring.summarize(pd.DataFrame(rows), n_boot=200).set_index("method")
+    assert summary.loc["contribution", "auroc_low"] == summary.loc["contribution", "auroc_high"]
+    assert summary.loc["contribution", "auroc_low"] == pytest.approx(2 / 3)
+    assert summary.loc["contribution", "resolved"] and summary.loc["contribution", "delta_low"] > 0.33
+    assert not summary.loc["alti", "resolved"]  # identical to attention: no test

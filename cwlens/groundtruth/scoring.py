@@ -37,7 +37,14 @@ from typing import Any
 
 import torch
 
-from cwlens.core.bootstrap import DEFAULT_BOOT, holm, paired_bootstrap, studentized
+from cwlens.core.bootstrap import (
+    DEFAULT_BOOT,
+    MIN_N,
+    PairedDifference,
+    holm,
+    paired_bootstrap,
+    studentized,
+)
 from cwlens.core.ranking_scores import auroc_rows, precision_rows
 from cwlens.errors import ShapeMismatchError
 from cwlens.groundtruth import methods
@@ -146,6 +153,18 @@ def _interval(values, n_boot: int, level: float, seed: int) -> tuple[float, floa
     return float(mean), float(low), float(high)
 
 
+def _paired(a, b, n_boot: int, level: float, seed: int) -> PairedDifference:
+    """:func:`~cwlens.core.bootstrap.paired_bootstrap` of ``b - a``; a difference that is
+    the same on every input gets cwlens' convention for a sample without spread (the
+    interval ``[d, d]``, ``p = 0`` unless ``d = 0``) without the bootstrap dividing rounding
+    noise by rounding noise."""
+    d = (b - a).round(12)
+    if len(d) >= MIN_N and bool((d == d[0]).all()):
+        v = float(d[0])
+        return PairedDifference(v, v, v, len(d), v == 0.0, 1.0 if v == 0.0 else 0.0)
+    return paired_bootstrap(a, b, n_boot, level, seed)
+
+
 def summarize(per_input, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 0):
     """One row per ``(program, method, scope)`` of the per-input rows (a DataFrame with
     :data:`COLUMNS`): ``n`` inputs with a defined AUROC, ``auroc`` and its ``auroc_low`` /
@@ -181,8 +200,8 @@ def summarize(per_input, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: 
                            precision_high=_unit(phi), reference=ref, delta=nan,
                            delta_low=nan, delta_high=nan, p=nan, resolved=False)
                 if name != ref and ref in wide.columns:
-                    tests[len(rows)] = paired_bootstrap(
-                        wide.loc[defined, ref].to_numpy(dtype=float).round(12), a, n_boot, level, seed)
+                    tests[len(rows)] = _paired(wide.loc[defined, ref].to_numpy(dtype=float).round(12),
+                                               a, n_boot, level, seed)
                 rows.append(row)
         for i, d in holm(tests, level).items():
             rows[i].update(delta=d.mean, delta_low=d.low, delta_high=d.high, p=d.p,
