@@ -62,3 +62,16 @@ def test_faithfulness_tables_have_legends_and_the_pass_count_is_explained(tmp_pa
     assert "rate 0 is the clean pass (12 conditions)" in note[3]
     assert "rate 1 removes every entry, whatever the metric or mode (12 conditions, 1 mask)" in note[3]
     assert "vwon ranks as vw at row scope" in note[3] and "(4 conditions)" in note[3]
+
+
+def test_the_circuits_tables_say_what_each_column_is():
+    from cwlens import circuits
+    from cwlens.testing import tiny_model
+
+    m = tiny_model("llama")
+    c = circuits.compare_with_patching(m, circuits.build_task("induction", m, length=6, n_prompts=3), k=3)
+    text = c.format(top=3)
+    legend = next(line for line in text.splitlines() if line.startswith("  (each cell: head as L<layer>H<head>"))
+    for name, scores in c.scores.items():
+        assert f"{name} = {scores.description}" in legend and scores.description
+    assert "top-3 overlap: the share of patching's top 3 heads in the score's top 3" in text

@@ -68,11 +68,17 @@ class Comparison:
         for r in range(top):
             cells = "".join(f"{tops[n][r][0]:>6} {tops[n][r][1]:+.4f}".ljust(width) if r < len(tops[n]) else " " * width for n in names)
             lines.append(f"  {r + 1:>4} " + cells)
+        lines.append("  (each cell: head as L<layer>H<head>, its score; " + "; ".join(
+            f"{n} = {self.scores[n].description or n}" for n in names) + ")")
         lines += ["", f"agreement with patching over {self.agreements[0].n_heads} heads:",
                   f"  {'score':<22}{'Spearman':>10}{'Spearman top':>14}{'top-' + str(self.agreements[0].k) + ' overlap':>16}",
                   f"  {'':<22}{'(all)':>10}{'(top-k union)':>14}"]
         for a in self.agreements:
             lines.append(f"  {a.score:<22}{a.spearman:>+10.2f}{a.spearman_top:>+14.2f}{a.top_k_overlap:>16.2f}")
+        k = self.agreements[0].k
+        lines.append(f"  (Spearman (all): rank correlation with patching over every head; (top-k "
+                     f"union): over the heads in either top {k}; top-{k} overlap: the share of "
+                     f"patching's top {k} heads in the score's top {k})")
         return "\n".join(lines)
 
 
