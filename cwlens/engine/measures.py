@@ -448,6 +448,13 @@ def run_with_cache(
     (``[batch, pos]``, 1 on real tokens) must have the tokens' shape. ``residual=True``
     keeps what :mod:`cwlens.circuits` reads too (see :func:`names_filter`).
 
+    A list of texts of different lengths is padded as
+    :func:`cwlens.engine.batching.pad_batch` pads it (left for decoders, right for
+    encoders) and the cache remembers the mask: the measures read from it
+    (:func:`contribution_weights`, :func:`importance`, :func:`decompose`, :func:`closure`,
+    ...) leave the pad positions out without being told, and :func:`attention_mask_of`
+    returns it (docs/inputs.md).
+
     Args:
         model: the TransformerLens model.
         input: a text, a list of texts or tokens ``[batch, pos]``.
@@ -460,7 +467,7 @@ def run_with_cache(
 
     Returns:
         ``(logits, cache)``: the model's logits and an ``ActivationCache`` holding only
-        the hooks cwlens reads.
+        the hooks cwlens reads (and the batch's attention mask, where it was padded).
 
     Raises:
         EmptyInputError: an empty text, an empty list or zero tokens.

@@ -2,7 +2,8 @@
 
 Pure torch. A reducer names the metrics it needs (``metrics``) and receives, for each
 layer and each block of queries, ``{metric: [batch, head, block, key]}`` float32 tensors
-(pad queries and keys are 0). It keeps only what it reduces to, so memory stays small
+(pad queries and keys are 0, and no reducer counts them: a padded batch gives each text
+its single run's numbers). It keeps only what it reduces to, so memory stays small
 whatever the sequence length:
 
 =====================  ======================================================  ==========================
@@ -18,7 +19,11 @@ reducer                result                                                  s
 
 Every reducer's result equals the same reduction of the full tensors from
 :mod:`cwlens.engine.measures` (tested). ``layers`` in a result lists the layers in the order of
-its leading axis.
+its leading axis. ``TopK`` ranks only the keys a query attends to (never a pad key, a key
+after the query on a decoder or outside a sliding window): a row with fewer keys than
+``k`` ends in entries marked index -1 / value NaN (``TopKResult.valid``). Results with a
+table have ``to_dataframe()`` (``TopKResult``, ``LayerTensor``, ``HeadSummaryResult``,
+``KeySetResult``; ``StreamResult.to_dataframe(name)`` passes the batch's mask).
 """
 
 from collections.abc import Sequence

@@ -176,7 +176,9 @@ def stream_geometry(
     """Run the model once; call ``fn(layer, geometry)`` as each layer is computed.
 
     ``geometry`` is that layer's :class:`~cwlens.core.AttentionGeometry` (pad queries and
-    keys masked by ``attention_mask``). It must not be kept after ``fn`` returns (it
+    keys masked by ``attention_mask``; a list of texts of different lengths is padded as
+    ``cwlens.engine.batching.pad_batch`` pads it, and ``geometry.position_mask`` is its
+    mask: docs/inputs.md). It must not be kept after ``fn`` returns (it
     holds the layer's pattern): keep what ``fn`` computes from it. Returns
     ``(logits, [fn(...) for each layer, in layer order])``, and with ``closure=True`` a
     third item, the :class:`~cwlens.engine.measures.Closure` check of each layer (the heads x keys
@@ -257,7 +259,14 @@ def stream(
     ``value_weighted``, ``value_weighted_output_normalized``, ``contribution`` (signed),
     ``contribution_abs``, ``alti``); ``kind`` picks ``o`` (``"inter"``:
     the layer's output, ``"intra"``: the head's). Only one layer's weights exist at a time;
-    keep from ``weights`` what you need (the tensor itself may be reused). ``attention``,
+    keep from ``weights`` what you need (the tensor itself may be reused).
+
+    A list of texts of different lengths runs as one padded batch, the one
+    ``tokens, mask = cwlens.engine.batching.pad_batch(model, texts)`` makes (left-padded
+    for decoders, right-padded for encoders): ``weights`` is that batch's
+    ``[batch, head, pos, pos]``, each text's real rows and keys equal to its single run and
+    the pad rows and columns exactly 0 (``mask`` says which are real; docs/inputs.md).
+    ``attention``,
     ``query_block``: see :func:`stream_geometry`. The forward pass stops after the last layer streamed
     (no unembedding).
 
@@ -371,6 +380,9 @@ def stream_reduce(
     metric some reducer needs is computed once and handed to all reducers that need it.
     ``query_block=None`` computes each layer in one block. ``closure=True`` also checks
     each layer's heads x keys rebuild (``result.closure``, see :func:`stream_geometry`).
+    A list of texts of different lengths is padded (``cwlens.engine.batching.pad_batch``)
+    and every reducer leaves the pad positions out, as queries and as keys:
+    ``result.attention_mask`` is the batch's mask (docs/inputs.md).
 
     ``attention="blockwise"`` (or ``"auto"`` above :data:`AUTO_THRESHOLD` tokens) runs the
     model's attention itself in blocks of ``query_block`` queries and hands each block to
@@ -394,7 +406,8 @@ def stream_reduce(
             and ``logits`` (False stops the forward pass after the last streamed layer).
 
     Returns:
-        A :class:`StreamResult`: ``.logits``, ``[name]`` per reducer, ``.closure``.
+        A ``StreamResult``: ``.logits``, ``[name]`` per reducer (``keys()``, ``in``,
+        ``to_dataframe(name)``), ``.closure``, ``.attention_mask``.
 
     Raises:
         CwlensError: no reducer, or a ``query_block`` that is not a positive int.
