@@ -343,6 +343,10 @@ def claims_table(results: list[ModelResults]) -> str:
     for claim, paper, cell in CLAIMS:
         cells = [cell(r).replace("|", "\\|") for r in results]
         lines.append(f"| {claim} | {paper} | " + " | ".join(cells) + " |")
+    from cwlens.core.metrics import HIERARCHY, legend
+
+    lines += ["", legend(HIERARCHY) + " |c| = the magnitude of contrib. Hierarchy rows: the "
+              "paper's order, least to most faithful."]
     return "\n".join(lines) + "\n"
 
 
