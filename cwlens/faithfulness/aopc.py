@@ -287,6 +287,13 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
                   "`<` resolved, `≈` unresolved, `=` identical):", ""]
         for (mode, variant), text in sorted(verdict.items()):
             lines.append(f"- {mode}, {'signed c' if variant == 'signed' else '|c|'}: {text}")
+    if not few and reference in set(summary["metric"]):
+        from cwlens.faithfulness.report import standing
+
+        lines += ["", f"Against {short} (its Δ column; a superlative only where every other "
+                  "label-free metric, random included, is resolved on one side):", ""]
+        lines += [f"- {standing(summary, mode, reference)}" for mode in MODES
+                  if mode in set(summary["mode"])]
     return "\n".join(lines) + "\n"
 
 

@@ -160,6 +160,46 @@ def _verdict_text(pairs: dict, order: tuple[str, ...]) -> str:
     return "".join(parts) + f": {verdict}"
 
 
+ADJECTIVE = {"comprehensiveness": "comprehensive", "sufficiency": "sufficient"}
+
+
+def standing(summary, mode: str, reference: str = "contribution") -> str:
+    """Where ``reference`` stands in one mode of an AOPC table, derived from its Δ column
+    (:func:`cwlens.faithfulness.aopc.aopc_summary`: ``metric, mode, delta, resolved``; Δ =
+    the metric's faithfulness score minus the reference's, resolved after Holm).
+
+    The metrics are sorted into resolved more faithful, resolved less faithful and not
+    resolved. A superlative is written only when the table earns it: "the least
+    sufficient label-free metric" when *every* other label-free metric (random included;
+    supervised ones are references, not rivals) is resolved more sufficient, "the most"
+    when every one is resolved less. For example ``"sufficiency: contrib is the least
+    sufficient label-free metric; resolved more sufficient: attn, vw; resolved less: none;
+    not resolved: none"``."""
+    from cwlens.core.metrics import REGISTRY
+
+    adj = ADJECTIVE.get(mode, "faithful")
+    rows = summary[(summary["mode"] == mode) & (summary["metric"] != reference)]
+    order = [m for m in REGISTRY if m in set(rows["metric"])]
+    group: dict[str, list[str]] = {"more": [], "less": [], "unresolved": []}
+    for metric in order:
+        r = rows[rows["metric"] == metric].iloc[0]
+        key = "unresolved" if not bool(r["resolved"]) else "more" if r["delta"] > 0 else "less"
+        group[key].append(metric)
+    free = [m for m in order if not REGISTRY[m].supervised]
+    short = REGISTRY[reference].short if reference in REGISTRY else reference
+    head = f"{mode}: "
+    if free and all(m in group["more"] for m in free):
+        head += f"{short} is the least {adj} label-free metric; "
+    elif free and all(m in group["less"] for m in free):
+        head += f"{short} is the most {adj} label-free metric; "
+
+    def names(key: str) -> str:
+        return ", ".join(REGISTRY[m].short for m in group[key]) or "none"
+
+    return (head + f"resolved more {adj} than {short}: {names('more')}; resolved less: "
+            f"{names('less')}; not resolved: {names('unresolved')}")
+
+
 def _negated(d):
     from cwlens.core.bootstrap import PairedDifference
 
