@@ -14,7 +14,14 @@ import numpy as np
 import pandas as pd
 
 import cwlens
-from cwlens.core.bootstrap import bootstrap_ci, paired_bootstrap
+from cwlens.core.bootstrap import (
+    FLAG,
+    bootstrap_ci,
+    flag_note,
+    outside_validity,
+    paired_bootstrap,
+    sample_skewness,
+)
 from cwlens.core.metrics import REGISTRY
 from cwlens.faithfulness import aopc as A
 from cwlens.faithfulness.encoder import embedding_damage, sentences
@@ -41,6 +48,7 @@ def main():
                                                  value=lambda f: f["damage"]), "embedding_damage")
     per_sample = A.aopc(damage, rates).set_index(["metric", "mode", "sample_id"])["aopc"].sort_index()
     curves = A.curve_summary(damage).set_index(["metric", "mode", "rate"])["mean"]
+    flagged = 0
     for mode in ("comprehensiveness", "sufficiency"):
         print(f"**{mode}** ({'more' if mode == 'comprehensiveness' else 'less'} damage = more faithful)\n")
         print("| metric | " + " | ".join(f"{r:g}" for r in rates) + " | AOPC | AOPC − contrib [95% paired CI] |")
@@ -52,8 +60,14 @@ def main():
             lo, hi = bootstrap_ci(a.to_numpy())
             d = paired_bootstrap(ref.to_numpy(), a.to_numpy())
             diff = "—" if m == "contribution" else f"{d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}]"
-            print(f"| {REGISTRY[m].short} | " + " | ".join(cells) + f" | {np.mean(a):.4f} [{lo:.4f}, {hi:.4f}] | {diff} |")
+            diff += FLAG if m != "contribution" and d.flagged else ""
+            flag = FLAG if outside_validity(len(a), sample_skewness(a.to_numpy())) else ""
+            flagged += bool(flag) or diff.endswith(FLAG)
+            print(f"| {REGISTRY[m].short} | " + " | ".join(cells)
+                  + f" | {np.mean(a):.4f} [{lo:.4f}, {hi:.4f}]{flag} | {diff} |")
         print()
+    if flagged:
+        print(flag_note(len(ref)) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f)

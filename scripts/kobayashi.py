@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import cwlens
-from cwlens.core.bootstrap import bootstrap_ci
+from cwlens.core.bootstrap import FLAG, bootstrap_ci, flag_note, outside_validity, sample_skewness
 from cwlens.faithfulness.encoder import sentences
 from cwlens.sinks.token_classes import CLASSES, COLUMNS, class_shares, format_summary, summary
 
@@ -49,8 +49,9 @@ def per_sentence(model, texts, args) -> None:
             print(f"  {c}: no tokens of this class")
             continue
         lo, hi = bootstrap_ci(list(d))
+        flag = f" {FLAG} {flag_note(len(d))}" if outside_validity(len(d), sample_skewness(d)) else ""
         print(f"  {c}: {d.mean():+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]; attention > norm-weighted "
-              f"in {(d > 0).sum()}/{len(d)} sentences")
+              f"in {(d > 0).sum()}/{len(d)} sentences{flag}")
 
 
 def main() -> None:

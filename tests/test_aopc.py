@@ -76,7 +76,9 @@ def test_paired_differences_and_verdict_on_a_known_order():
     # the unpaired intervals overlap (shared noise sd 1), the paired ones do not
     assert summary.loc["attention", "ci_high"] > summary.loc["value_weighted", "ci_low"]
     verdict = A.verdicts(per)[("comprehensiveness", "signed")]
-    assert verdict == "attn < vw < vwon < contrib: holds"
+    # 30 samples: a pair whose differences' sample skewness exceeds the validity range's
+    # bound at this n is named after a † (cwlens.core.bootstrap.flag_note)
+    assert verdict.split(" (†")[0] == "attn < vw < vwon < contrib: holds"
 
 
 def test_markdown_escapes_the_pipes_of_metric_names():

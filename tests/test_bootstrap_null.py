@@ -73,3 +73,19 @@ def test_two_samples_give_no_interval_and_resolve_nothing():
     assert d.mean == 2.0
     three = paired_bootstrap([0.0, 0.0, 0.0], [1.0, 3.0, 2.0])
     assert three.low < three.mean < three.high
+
+
+def test_resamples_of_one_repeated_value_are_left_out_despite_round_off():
+    """Three draws of 0.1 have the mean 0.10000000000000002 and a standard deviation of
+    ~1e-17, not 0: their t* of ~1e15 was kept, and at n = 3 (where 1 resample in 9 draws
+    one sample three times) it set the 95% quantile: [0.1, 0.5, 0.7] got the interval
+    [-6e14, +6e14], and 6% of normal samples of three an interval wider than 1e6."""
+    from cwlens.core.bootstrap import bootstrap_ci
+
+    lo, hi = bootstrap_ci([0.1, 0.5, 0.7])
+    assert -2 < lo < 0.1 and 0.7 < hi < 2, (lo, hi)
+    x = np.random.default_rng(0).standard_normal((500, 3))
+    _, low, high, _ = studentized(x)
+    assert np.all(high - low < 1e5), np.max(high - low)  # wide at n = 3, but not 1e15
+    # the exact zeros of an integer-valued sample were left out before as well: same interval
+    assert bootstrap_ci([1.0, 2.0, 4.0]) == pytest.approx((-0.3124179777312581, 4.9790846443979255))

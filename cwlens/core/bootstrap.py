@@ -9,19 +9,34 @@ bootstrap draws ``B`` resamples of size ``n`` with replacement and studentizes e
 
 and the two-sided p-value of ``mean = 0`` is the Monte Carlo ``p = (1 + #{|t*| >= |m /
 s|}) / (1 + B)``, so ``p < 1 - level`` about when the interval excludes 0 (``p`` is never
-below ``1 / (1 + B)``: with ``B = 1999``, Holm over 30 tests can still reject). Unlike the percentile interval (the
+below ``1 / (1 + B)``: with ``B = 1999``, Holm over 30 tests can still reject; over more
+than ``(1 - level) (1 + B)`` = 100 tests, never). Unlike the percentile interval (the
 quantiles of ``m*``), it does not shrink with the sample's own spread at small ``n``: on
 normal data at nominal 95% the percentile interval covers 88% at n = 8 and 93% at n = 24,
 the bootstrap-t 95% at both (``tests/test_bootstrap_null.py`` simulates it). Resamples
-whose ``s*`` is 0 (every draw the same sample) are left out; a sample with ``s = 0`` has
-the interval ``[m, m]`` (p = 0 unless ``m = 0``).
+whose draws are all equal (``s* = 0``, or ~1e-17 from round-off in their mean) are left
+out; a sample with ``s = 0`` has the interval ``[m, m]`` (p = 0 unless ``m = 0``).
 
 Paired comparisons (two metrics scored on the same samples) resample *samples*, not
 values: the per-sample differences ``d_k = b_k - a_k`` carry the pairing. A difference
 is *resolved* when its interval excludes 0 -- or, in a family of tests (the cells of one
 table, the layers of a per-layer run), when Holm's step-down procedure rejects it at
-``1 - level`` (:func:`holm`), which keeps the chance of any false "resolved" in the family
-at most ``1 - level``.
+``1 - level`` (:func:`holm`). Holm keeps the chance of any false "resolved" in the family
+at most ``1 - level`` when every p-value is valid, ``P(p <= u) <= u`` down to ``u = (1 -
+level) / m``.
+
+Where that holds (``scripts/bootstrap_validity.py``, ``docs/statistics.md``): for the
+per-sample values' skewness, not for any data. On simulated null samples with B = 2000 the
+95% interval covers 0.944-0.961 and Holm's family-wise error over 4 and 30 tests stays
+within 0.05 (+ Monte Carlo error) for normal values at n = 8 to 500, and for skewness up to
+0.5 at n >= 8, 1 at n >= 50, 1.5 at n >= 100, 2 at n >= 200, 4 at n = 500. Beyond, it
+does not: lognormal(0, 1) differences (skewness 6.2) cover 0.880 at n = 8, 0.903 at n =
+24 and 0.947 at n = 500, with a family-wise error of 0.33-0.38 over 30 tests at n <= 24
+and still 0.077 at n = 500. BCa and a sign-flip test do no better there (same script).
+So the tables flag (:data:`FLAG`) a cell whose sample lies outside the range
+(:func:`outside_validity`, :data:`VALID_SKEWNESS`: a bound on the *sample* skewness per
+n, chosen so that what stays unflagged keeps its coverage and error on every population
+simulated).
 """
 
 import warnings
@@ -33,6 +48,12 @@ import numpy as np
 
 DEFAULT_BOOT = 1999
 MIN_N = 3  # the bootstrap-t needs three samples (studentized's docstring)
+# ((n, largest |sample skewness|), ...): where the bootstrap-t and Holm hold, measured by
+# scripts/bootstrap_validity.py (results/bootstrap_validity.json, docs/statistics.md);
+# tests/test_bootstrap_validity.py checks this copy against the JSON
+VALID_SKEWNESS: tuple[tuple[int, float], ...] = ((8, 0.0), (16, 0.25), (24, 0.25), (50, 1.0), (100, 1.25),
+                                                 (200, 2.0), (500, 3.0))
+FLAG = "†"  # marks a table cell outside the validity range (flag_note)
 K = TypeVar("K", bound=Hashable)
 
 
@@ -65,19 +86,82 @@ def studentized(x, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.abs(ms - flat_m[start:stop, None]) / ss
             t0 = np.abs(flat_m[start:stop] / flat_s[start:stop])
-        t[~np.isfinite(t)] = np.nan  # s* = 0: a resample of one repeated sample
+        # a resample of one repeated value has s* = 0 -- or, from round-off in its mean
+        # (three draws of 0.1), s* ~ 1e-17 and a t* of 1e15 that would set the quantile
+        # at n = 3: leave out every resample whose draws are all equal
+        t[~np.isfinite(t) | (np.ptp(xs, axis=-1) == 0)] = np.nan
         with warnings.catch_warnings():  # every resample degenerate (s = 0): handled below
             warnings.simplefilter("ignore", RuntimeWarning)
             q = np.nanquantile(t, level, axis=-1)
         lo[start:stop] = flat_m[start:stop] - q * flat_s[start:stop]
         hi[start:stop] = flat_m[start:stop] + q * flat_s[start:stop]
-        # the Monte Carlo p-value (1 + k) / (1 + B): never 0, so P(p <= u) <= u holds
-        # down to the small thresholds Holm's correction uses
+        # the Monte Carlo p-value (1 + k) / (1 + B): never 0, so Holm's smallest threshold
+        # (1 - level) / m can be met only for m <= (1 - level) (1 + B); whether P(p <= u)
+        # <= u holds there depends on the data's skewness (the module docstring)
         pv[start:stop] = (1 + (t >= t0[:, None]).sum(-1)) / (1 + np.isfinite(t).sum(-1))
     flat = flat_s == 0  # no spread: the mean is exact
     lo[flat], hi[flat] = flat_m[flat], flat_m[flat]
     pv[flat] = np.where(flat_m[flat] == 0, 1.0, 0.0)
     return m, low, high, p
+
+
+def sample_skewness(x) -> np.ndarray:
+    """The adjusted Fisher-Pearson skewness ``G1 = g1 sqrt(n (n - 1)) / (n - 2)``,
+    ``g1 = m3 / m2^1.5`` (``m_k``: the k-th central moment), along the last axis of ``x``
+    (pandas' ``skew``, scipy's ``skew(bias=False)``). NaN where ``n < 3`` or every value
+    is equal (no spread)."""
+    x = np.asarray(x, dtype=float)
+    n = x.shape[-1]
+    if n < 3:
+        return np.full(x.shape[:-1], np.nan)
+    dev = x - x.mean(-1, keepdims=True)
+    m2, m3 = (dev**2).mean(-1), (dev**3).mean(-1)
+    scale = np.abs(x).max(-1) if x.size else 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g1 = np.where(m2 > (1e-12 * scale) ** 2, m3 / m2**1.5, np.nan)
+    return g1 * np.sqrt(n * (n - 1)) / (n - 2)
+
+
+def skewness_bound(n: int, rule=None) -> float | None:
+    """The largest ``|sample skewness|`` inside the validity range at ``n`` (``rule``,
+    default :data:`VALID_SKEWNESS`; negative: none), or None below its smallest ``n``."""
+    bounds = [bound for size, bound in (VALID_SKEWNESS if rule is None else rule) if size <= n]
+    return bounds[-1] if bounds else None
+
+
+def flag_note(n: int | None = None) -> str:
+    """The footnote of a table whose cells carry :data:`FLAG`: with ``n``, the range at
+    that sample size."""
+    bound = None if n is None else skewness_bound(n)
+    if n is None:
+        where = ", ".join(f"|skewness| ≤ {b:g} from n = {size}" for size, b in VALID_SKEWNESS if b > 0)
+    elif bound is None:
+        where = f"it was measured from n = {VALID_SKEWNESS[0][0]} samples on; here n = {n}"
+    elif bound <= 0:
+        where = (f"at n = {n} no sample is inside it: so few values cannot show whether "
+                 "their population is skewed")
+    else:
+        where = f"at n = {n} it holds up to |skewness| {bound:g}"
+    return (f"{FLAG} outside the validity range of the bootstrap-t ({where}): the per-sample "
+            "values (of a difference: the paired differences) are too skewed for their "
+            "number, so the interval, and whether it is resolved, are approximate "
+            "([Statistics](statistics.md)).")
+
+
+def outside_validity(n: int, skewness, rule=None):
+    """Whether a sample of ``n`` values with sample skewness ``skewness``
+    (:func:`sample_skewness`; a scalar or an array) lies outside the measured validity
+    range (``rule``, default :data:`VALID_SKEWNESS`): ``n`` below its smallest ``n``, or
+    ``|skewness|`` above the bound of its largest ``n`` not above ``n``. Never for NaN
+    skewness (no spread: the interval is exact) or ``n < MIN_N`` (no interval)."""
+    g = np.abs(np.asarray(skewness, dtype=float))
+    bound = skewness_bound(n, rule)
+    if n < MIN_N:
+        out = np.zeros(g.shape, dtype=bool)
+    else:
+        with np.errstate(invalid="ignore"):
+            out = ~np.isnan(g) & ((g > bound) if bound is not None else True)
+    return bool(out) if out.ndim == 0 else out
 
 
 def bootstrap_ci(values, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 0):
@@ -132,6 +216,8 @@ class PairedDifference:
     the interval excludes 0, or, after :func:`holm` (``resolved`` set), Holm's correction
     over the family rejects. ``identical``: every per-sample difference is exactly 0
     (e.g. two rankings that mask the same entries by construction): never resolved.
+    ``flagged``: the differences' skewness is outside the measured validity range for
+    this ``n`` (:data:`VALID_SKEWNESS`): the interval and the decision are approximate.
     """
 
     mean: float
@@ -141,6 +227,13 @@ class PairedDifference:
     identical: bool
     p: float = float("nan")
     resolved: bool | None = None  # set by holm(): the family-wise decision
+    skewness: float = float("nan")  # of the per-sample differences (sample_skewness)
+
+    @property
+    def flagged(self) -> bool:
+        """The differences lie outside the range where the bootstrap-t and Holm were
+        measured to hold (:func:`outside_validity`): too skewed for this ``n``."""
+        return not self.identical and bool(outside_validity(self.n, self.skewness))
 
     @property
     def sign(self) -> int:
@@ -165,7 +258,7 @@ def paired_bootstrap(a, b, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed
     mean, low, high, p = studentized(d, n_boot, level, seed)
     mean = float(d.mean()) if len(d) else float("nan")
     return PairedDifference(mean, float(low), float(high), len(d), bool(len(d)) and bool((d == 0).all()),
-                            float(p))
+                            float(p), skewness=float(sample_skewness(d)))
 
 
 def paired_frame_difference(df, by: str, a: str, b: str, on: str = "sample_id", value: str = "value",

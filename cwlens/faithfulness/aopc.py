@@ -175,25 +175,37 @@ def aopc_summary(per_sample: pd.DataFrame, reference: str = "contribution", n_bo
     """Per ``(metric, mode)``: AOPC mean and bootstrap CI, and the paired difference of the
     faithfulness score of the metric minus ``reference``'s (``delta``, ``delta_low``,
     ``delta_high``; positive = more faithful than ``reference``; NaN for the reference
-    itself or when it is absent)."""
-    from cwlens.core.bootstrap import bootstrap_ci, holm, paired_frame_difference
+    itself or when it is absent). ``flagged`` / ``delta_flagged``: the per-sample AOPCs /
+    the paired differences lie outside the bootstrap-t's validity range
+    (:func:`cwlens.core.bootstrap.outside_validity`)."""
+    from cwlens.core.bootstrap import (
+        bootstrap_ci,
+        holm,
+        outside_validity,
+        paired_frame_difference,
+        sample_skewness,
+    )
 
     rows: list[dict] = []
     tests: dict = {}
     for mode, g in per_sample.groupby("mode", sort=True):
         cell = g.rename(columns={"score": "value"})
         for metric, m in g.groupby("metric", sort=False):
-            lo, hi = bootstrap_ci(m["aopc"].to_numpy(), n_boot=n_boot, seed=seed)
+            values = m["aopc"].to_numpy()
+            lo, hi = bootstrap_ci(values, n_boot=n_boot, seed=seed)
             if reference in set(g["metric"]) and metric != reference:
                 tests[len(rows)] = paired_frame_difference(cell, "metric", reference, metric,
                                                            n_boot=n_boot, seed=seed)
             rows.append(dict(metric=metric, mode=mode, n=len(m), aopc=float(m["aopc"].mean()),
-                             ci_low=lo, ci_high=hi))
+                             ci_low=lo, ci_high=hi,
+                             flagged=bool(outside_validity(len(values), sample_skewness(values)))))
     nan = float("nan")
     for i, d in holm(tests).items():  # one family: every Δ of this table
-        rows[i].update(delta=d.mean, delta_low=d.low, delta_high=d.high, p=d.p, resolved=d.sign != 0)
+        rows[i].update(delta=d.mean, delta_low=d.low, delta_high=d.high, p=d.p, resolved=d.sign != 0,
+                       delta_flagged=d.flagged)
     for r in rows:
-        for k, v in (("delta", nan), ("delta_low", nan), ("delta_high", nan), ("p", nan), ("resolved", False)):
+        for k, v in (("delta", nan), ("delta_low", nan), ("delta_high", nan), ("p", nan), ("resolved", False),
+                     ("delta_flagged", False)):
             r.setdefault(k, v)
     return pd.DataFrame(rows)
 
@@ -236,7 +248,7 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
     faithfulness score against ``reference`` (+ = more faithful than it); then the
     hierarchy verdicts. ``parameterisation`` (:data:`PARAMETERISATIONS`) and
     ``bins_used`` (``{mode: "0.1,0.5"}``) are stated in the caption."""
-    from cwlens.core.bootstrap import MIN_N
+    from cwlens.core.bootstrap import FLAG, MIN_N, flag_note
     from cwlens.core.metrics import REGISTRY
 
     short = REGISTRY[reference].short
@@ -269,14 +281,16 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
                 cells += ["", ""]
                 continue
             r = hit.iloc[0]
-            cells.append(_num(r.aopc) if few else f"{_num(r.aopc)} [{_num(r.ci_low)}, {_num(r.ci_high)}]")
+            flag = FLAG if r.get("flagged", False) else ""
+            cells.append(_num(r.aopc) if few else f"{_num(r.aopc)} [{_num(r.ci_low)}, {_num(r.ci_high)}]{flag}")
             if r.delta != r.delta:  # NaN: the reference itself
                 cells.append("—")
             elif few:
                 cells.append(_num(r.delta, "+"))
             else:
                 text = f"{_num(r.delta, '+')} [{_num(r.delta_low, '+')}, {_num(r.delta_high, '+')}]"
-                cells.append(f"**{text}**" if r.resolved else text)
+                flag = FLAG if r.get("delta_flagged", False) else ""
+                cells.append((f"**{text}**" if r.resolved else text) + flag)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += ["", legend(set(summary["metric"])) + " comp / suff: comprehensiveness (top entries "
               "removed) / sufficiency (bottom entries removed)."]
@@ -294,6 +308,8 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
                   "label-free metric, random included, is resolved on one side):", ""]
         lines += [f"- {standing(summary, mode, reference)}" for mode in MODES
                   if mode in set(summary["mode"])]
+    if any(FLAG in line for line in lines):
+        lines += ["", flag_note(n)]
     return "\n".join(lines) + "\n"
 
 

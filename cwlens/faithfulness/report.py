@@ -6,7 +6,7 @@ accuracy down) grows along that order, and for sufficiency it shrinks.
 """
 
 from cwlens.core import metrics as _metrics
-from cwlens.core.bootstrap import MIN_N
+from cwlens.core.bootstrap import FLAG, MIN_N
 
 HIERARCHY = _metrics.HIERARCHY
 # table labels of every metric (the registry: cwlens.core.metrics); supervised ones say so
@@ -157,6 +157,9 @@ def _verdict_text(pairs: dict, order: tuple[str, ...]) -> str:
     if not verdict.startswith("holds") and best in present and all(
             diff(m, best).sign > 0 for m in present if m != best):
         verdict += f"; {best.replace('_', ' ')} best"
+    flagged = [f"{SHORT[a]} vs {SHORT[b]}" for (a, b), d in pairs.items() if d.flagged]
+    if flagged:  # pairs outside the bootstrap-t's validity range (cwlens.core.bootstrap.flag_note)
+        verdict += f" ({FLAG} {', '.join(flagged)})"
     return "".join(parts) + f": {verdict}"
 
 
@@ -201,9 +204,9 @@ def standing(summary, mode: str, reference: str = "contribution") -> str:
 
 
 def _negated(d):
-    from cwlens.core.bootstrap import PairedDifference
+    from dataclasses import replace
 
-    return PairedDifference(-d.mean, -d.high, -d.low, d.n, d.identical, d.p, d.resolved)
+    return replace(d, mean=-d.mean, low=-d.high, high=-d.low, skewness=-d.skewness)
 
 
 def _parameterisation(mode: str, rate: float) -> str:
@@ -220,7 +223,16 @@ def _fmt(row, measure) -> str:
     m, lo, hi = row["mean"] * scale, row["ci_low"] * scale, row["ci_high"] * scale
     if lo != lo or hi != hi:  # NaN: one sample has no interval (the table's header says so)
         return f"{m:.{digits}f}"
-    return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" + _flag(row)
+
+
+def _flag(row) -> str:
+    """:data:`~cwlens.core.bootstrap.FLAG` for a bootstrap-t cell outside its validity
+    range (a summary row's ``n`` and ``skewness``; exact intervals have none)."""
+    from cwlens.core.bootstrap import outside_validity
+
+    skew = row.get("skewness", float("nan"))
+    return FLAG if outside_validity(int(row["n"]), skew) else ""
 
 
 def _groups(summary, dataset):
@@ -332,6 +344,10 @@ def _one_table(ds, meas, setting, rows, table, varying, n_boot, seed) -> list[st
             lines.append(f"- {mode} {rate:g} ({_parameterisation(mode, rate)}): "
                          f"{verdicts[(mode, rate)]}")
         lines.append("")
+    if any(FLAG in line for line in lines):
+        from cwlens.core.bootstrap import flag_note
+
+        lines += [flag_note(n), ""]
     return lines
 
 

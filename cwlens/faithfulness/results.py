@@ -335,8 +335,13 @@ def _interval(measure, values, n_boot: int, level: float, seed: int) -> tuple[fl
 def summarize(df, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
     """Mean and 95% interval per cell (:data:`CELL`: the setting, the condition and the
     measure), over the de-duplicated rows: exact (Clopper–Pearson) for accuracies,
-    bootstrap-t for every other measure."""
+    bootstrap-t for every other measure, with the values' ``skewness``
+    (:func:`cwlens.core.bootstrap.sample_skewness`; NaN for an exact interval), which
+    places a bootstrap-t cell inside or outside its validity range
+    (:func:`cwlens.core.bootstrap.outside_validity`)."""
     import pandas as pd
+
+    from cwlens.core.bootstrap import sample_skewness
 
     df = df.drop_duplicates(subset=[c for c in KEY if c in df.columns])
     for c in COLUMNS:
@@ -345,10 +350,13 @@ def summarize(df, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
     out = []
     for key, group in df.groupby(list(CELL), sort=True, dropna=False):
         values = group.sort_values("sample_id")["value"].to_numpy(dtype=float)
-        low, high = _interval(key[CELL.index("measure")], values, n_boot, level, seed)
+        measure = key[CELL.index("measure")]
+        low, high = _interval(measure, values, n_boot, level, seed)
+        exact = measure in ACCURACY and set(values.tolist()) <= {0.0, 1.0}  # _interval's test
         out.append({**dict(zip(CELL, key, strict=True)), "n": len(values),
-                    "mean": float(values.mean()), "ci_low": low, "ci_high": high})
-    return pd.DataFrame(out, columns=[*CELL, "n", "mean", "ci_low", "ci_high"])
+                    "mean": float(values.mean()), "ci_low": low, "ci_high": high,
+                    "skewness": float("nan") if exact else float(sample_skewness(values))})
+    return pd.DataFrame(out, columns=[*CELL, "n", "mean", "ci_low", "ci_high", "skewness"])
 
 
 def merge_shards(path, rows_per_sample: int, order: Sequence[str] = ()) -> Path:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from cwlens.core.bootstrap import FLAG, flag_note
 from cwlens.faithfulness import aopc as A
 from cwlens.replication import plan
 from cwlens.sinks.summary import read_summary
@@ -124,7 +125,8 @@ def _delta(res: ModelResults, metric: str, param: str = "removed", first_masked:
             continue
         # an interval that keeps 0 after Holm is not a tie (equality is not shown): say so
         word = ("better" if r.delta > 0 else "worse") if r.resolved else "unresolved"
-        parts.append(f"{tag} {r.delta:+.3f} [{r.delta_low:+.3f}, {r.delta_high:+.3f}] ({word})")
+        flag = FLAG if r.get("delta_flagged", False) else ""  # outside the validity range
+        parts.append(f"{tag} {r.delta:+.3f} [{r.delta_low:+.3f}, {r.delta_high:+.3f}] ({word}){flag}")
     return "; ".join(parts)
 
 
@@ -237,7 +239,7 @@ def _intervention(res: ModelResults) -> str:
         text += (f" (per-text ΔNLL sink − control {d.mean:+.3f}, {len(p)} texts: no interval, "
                  "the paired test needs 3)" if d.low != d.low else
                  f" (per-text ΔNLL sink − control {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}], "
-                 f"{'resolved' if d.sign else 'unresolved'})")
+                 f"{'resolved' if d.sign else 'unresolved'}){FLAG if d.flagged else ''}")
     if "cone_low_after_sink" in s:
         text += (f"; cone cosine of low-norm heads {s['cone_low_before_sink']:+.2f} → "
                  f"{s['cone_low_after_sink']:+.2f} (control → "
@@ -261,13 +263,24 @@ def _token_classes(res: ModelResults, cls: str) -> str:
 def _layer_wins(comp: pd.DataFrame, a: str, b: str) -> tuple[int, int, int]:
     """``(b more damaging, b less, layers)``: per layer, the paired comparison of ``b``
     against ``a`` (per-sample damage), Holm-corrected across the layers at 5%."""
+    return _layer_comparison(comp, a, b)[:3]
+
+
+def _layer_comparison(comp: pd.DataFrame, a: str, b: str) -> tuple[int, int, int, int]:
+    """:func:`_layer_wins` and the number of layers whose differences lie outside the
+    bootstrap-t's validity range (:func:`cwlens.core.bootstrap.outside_validity`)."""
     from cwlens.core.bootstrap import holm, paired_frame_difference
 
     layers = sorted(set(comp["layers"]), key=int)
     tests = {ly: paired_frame_difference(comp[comp["layers"] == ly].rename(columns={"damage": "value"}),
                                          "metric", a, b) for ly in layers}
     signs = [d.sign for d in holm(tests).values()]
-    return sum(s > 0 for s in signs), sum(s < 0 for s in signs), len(layers)
+    flagged = sum(d.flagged for d in tests.values())
+    return sum(s > 0 for s in signs), sum(s < 0 for s in signs), len(layers), flagged
+
+
+def _flagged_layers(k: int, before: str = "; ", after: str = "") -> str:
+    return f"{before}{FLAG} in {k} layer{'s' if k != 1 else ''}{after}" if k else ""
 
 
 def _per_layer(res: ModelResults) -> str:
@@ -275,13 +288,13 @@ def _per_layer(res: ModelResults) -> str:
     if d is None:
         return NA + " (not run for this model)"
     comp = d[d["mode"] == "comprehensiveness"]
-    more, less, n = _layer_wins(comp, "attention", "contribution")
+    more, less, n, flagged = _layer_comparison(comp, "attention", "contribution")
     text = (f"rate {float(comp['rate'].iloc[0]):g}, one layer at a time, comprehensiveness: "
             f"contribution > attention in {more} of {n} layers, < in {less} (paired bootstrap-t, "
-            "Holm across layers, 5%)")
+            f"Holm across layers, 5%{_flagged_layers(flagged)})")
     if "alti" in set(comp["metric"]):
-        more, less, n = _layer_wins(comp, "contribution", "alti")
-        text += f"; ALTI > contribution in {more}, < in {less}"
+        more, less, n, flagged = _layer_comparison(comp, "contribution", "alti")
+        text += f"; ALTI > contribution in {more}, < in {less}{_flagged_layers(flagged, ' (', ')')}"
     means = comp[comp["metric"] == "contribution"].groupby("layers")["damage"].mean()
     return text + f"; most damaging layer {means.idxmax()} (ΔNLL {means.max():.2f})"
 
@@ -343,6 +356,8 @@ def claims_table(results: list[ModelResults]) -> str:
     for claim, paper, cell in CLAIMS:
         cells = [cell(r).replace("|", "\\|") for r in results]
         lines.append(f"| {claim} | {paper} | " + " | ".join(cells) + " |")
+    if any(FLAG in line for line in lines):
+        lines += ["", flag_note()]
     from cwlens.core.metrics import HIERARCHY, legend
 
     lines += ["", legend(HIERARCHY) + " |c| = the magnitude of contrib. Hierarchy rows: the "
