@@ -30,11 +30,11 @@ def run(tmp_path_factory):
 
 def test_writes_tables_figure_and_page(run):
     files = {p.name for p in (run / "run").iterdir()}
-    assert {"per_input.csv", "summary.csv", "tables.md", "figures"} <= files
+    assert {"per_input.csv.gz", "summary.csv", "tables.md", "figures"} <= files
     assert (run / "run" / "figures" / "groundtruth_auroc.html").is_file()
     summary = pd.read_csv(run / "run" / "summary.csv")
     assert set(summary["method"]) == {m.name for m in METHODS}
-    per_input = pd.read_csv(run / "run" / "per_input.csv")
+    per_input = pd.read_csv(run / "run" / "per_input.csv.gz")
     assert per_input["input_id"].nunique() == 12
     page = (run / "page.md").read_text()
     assert "old" not in page and "`cwlens groundtruth --program frac_prevs --inputs 12 --bootstrap 200`" in page

@@ -19,7 +19,7 @@ depends on; contribution share, direct logit attribution and activation patching
 the heads of the compiled graph. Per program and method: the mean per-input ROC AUC and
 precision at |truth| with 95% bootstrap-t intervals over inputs, and the difference from
 the level's attention-based reference resolved by Holm's correction (docs/groundtruth.md).
-Writes per_input.csv, summary.csv and tables.md under --out, the figure (HTML + PNG)
+Writes per_input.csv.gz, summary.csv and tables.md under --out, the figure (HTML + PNG)
 under --figures and, with --json, the scores of each program."""
 
 EPILOG = """\
@@ -84,7 +84,7 @@ def register(sub) -> None:
     p.add_argument("--bootstrap", type=arg_types.positive_int, default=1999,
                    help="bootstrap resamples of the intervals (default: %(default)s)")
     p.add_argument("--out", default="runs/groundtruth",
-                   help="folder for per_input.csv, summary.csv, tables.md (default: %(default)s)")
+                   help="folder for per_input.csv.gz, summary.csv, tables.md (default: %(default)s)")
     p.add_argument("--figures", default=None,
                    help="folder for the figure, '' for none (default: <out>/figures; "
                    "--figures figures rewrites the repository's)")

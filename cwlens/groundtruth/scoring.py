@@ -17,7 +17,9 @@ its level (:mod:`cwlens.groundtruth.methods`), over the entries the truth speaks
     ``program.components`` (MLPs are in the truth but no head score scores them).
 
 Entries where any method of the level has no score (NaN: a measure undefined there) are
-left out for every method of that level, and counted (``n_undefined``).
+left out for every method of that level, and counted (``n_undefined``). Scores are ranked
+at a resolution of 1e-9 of the input's largest ``|score|`` (:func:`resolution`): closer
+scores are ties, so the softmax's leak (``e^-50`` in a compiled model) orders nothing.
 
 The per-input numbers are the ROC AUC and the precision at ``|truth|``
 (:mod:`cwlens.core.ranking_scores`); an input whose truth has no positive or no negative
@@ -106,6 +108,20 @@ def _defined(per_method: Mapping[str, torch.Tensor], labels: torch.Tensor, keep:
     return out
 
 
+RESOLUTION = 1e-9  # scores closer than this times the input's largest |score| are tied
+
+
+def resolution(scores: torch.Tensor) -> torch.Tensor:
+    """Each row of ``[methods, entries]`` rounded to :data:`RESOLUTION` of its largest
+    ``|score|``. A compiled model's softmax is not hard: a matched key gets ``1 - e^-50``, a
+    query that fell back puts ``1 - (n - 1) e^-50`` on the BOS. In float64 those differ, and
+    ranking by them would rank the softmax's leak, not the method's view (attention would
+    rank every moved pair above every fall-back BOS by ~1e-22)."""
+    scale = scores.abs().amax(-1, keepdim=True)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(scores / scale / RESOLUTION)
+
+
 def score_input(truth: Any, scores: Mapping[str, Mapping[str, torch.Tensor]],
                 component_truth: torch.Tensor, causal: bool) -> list[dict]:
     """One row per (method, scope) of one input: ``{method, level, scope, auroc,
@@ -125,7 +141,7 @@ def score_input(truth: Any, scores: Mapping[str, Mapping[str, torch.Tensor]],
             continue
         defined = _defined(per, y, keep, level)
         names = list(per)
-        stacked = torch.stack([per[m][defined] for m in names])  # [methods, entries]
+        stacked = resolution(torch.stack([per[m][defined] for m in names]))  # [methods, entries]
         labels_kept = y[defined]
         a, p = auroc_rows(stacked, labels_kept), precision_rows(stacked, labels_kept)
         common = {"level": level, "scope": scope, "n_positive": int(labels_kept.sum()),
