@@ -17,6 +17,7 @@ bench:
 # ships the raw outputs of the run behind docs/replication.md, so this resumes from them:
 # only the sink stage (its per-batch store is not shipped) is recomputed, in minutes;
 # `rm -r results/replicate` first to recompute everything (about 2 h on 2 CPU cores). Writes results/replicate, figures/replicate_*, docs/replication.md
+# (each named explicitly: a plain `cwlens replicate` writes into runs/replicate only)
 replicate:
 	@bash scripts/setup.sh --gemma --minilm
-	.venv/bin/cwlens replicate --out results/replicate --docs docs/replication.md
+	.venv/bin/cwlens replicate --out results/replicate --figures figures --docs docs/replication.md

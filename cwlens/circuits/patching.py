@@ -21,6 +21,7 @@ from cwlens.circuits.results import HeadScores
 from cwlens.engine import hook_names
 from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
+from cwlens.runs.progress import tick
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, vocab] -> [batch]
 MODES = ("corrupt", "mean")
@@ -94,6 +95,7 @@ def patch_heads(
             with handle.hooks([(hook_names.z(layer), hook)]):
                 patched = metric(model(repeated)).double().view(n_heads, batch)
             effect[layer] = (base[None, :] - patched).mean(1).cpu()
+            tick(n_heads)  # progress: heads patched (cwlens.runs.progress)
     what = "corrupted run" if mode == "corrupt" else "clean-batch mean"
     return HeadScores(
         "patching", effect, f"drop of the metric when the head's z is patched from the {what}"

@@ -3,7 +3,7 @@
 import argparse
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args
+from cwlens.cli.common import add_model_args, add_progress_flag, load_model
 
 DESCRIPTION = """\
 Scores every item of each multiple-choice dataset on the clean model (log-likelihood of
@@ -46,9 +46,13 @@ def register(sub) -> None:
                    "model's chat template, zero-shot (default: %(default)s)")
     p.add_argument("--batch-tokens", type=arg_types.positive_int, default=2048,
                    help="padded tokens per forward pass (default: %(default)s)")
+    p.add_argument("--no-bos", action="store_true",
+                   help="score each choice without the BOS token TransformerLens prepends by "
+                   "default (for a model trained without one; it changes the accuracy)")
     p.add_argument("--summary-md", default=None, type=arg_types.markdown_list,
                    help="write the table into these markdown files, comma-separated "
                    "(between <!-- clean-accuracy:start/end --> comments)")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
@@ -105,10 +109,9 @@ def run(args) -> int:
     from cwlens.datasets import load_dataset
 
     items = {d: load_dataset(d, n=counts[d]) for d in args.dataset}  # too many samples: fails here
-    import cwlens
     from cwlens.faithfulness.accuracy import clean_accuracy
 
-    model = cwlens.load_model(args.model, device=args.device)
+    model = load_model(args)
     from cwlens.engine.adapter import require_next_token_model
 
     require_next_token_model(model, "cwlens accuracy", "Use a decoder (a causal language model).")
@@ -124,10 +127,15 @@ def run(args) -> int:
     from cwlens.faithfulness.units import choice_units
 
     for d in args.dataset:  # every dataset's lengths before any scoring (seconds: tokens only)
-        choice_units(model, items[d])
+        choice_units(model, items[d], not args.no_bos)
+    from cwlens.runs.progress import bar
+
     checks = []
     for d in args.dataset:
-        checks.append(clean_accuracy(model, items[d], batch_tokens=args.batch_tokens))
+        with bar(len(items[d]), f"{d}: clean accuracy", "item", enabled=not args.no_progress,
+                 ticks=True):
+            checks.append(clean_accuracy(model, items[d], batch_tokens=args.batch_tokens,
+                                         prepend_bos=not args.no_bos))
         print(checks[-1].line(), flush=True)
     text = markdown(checks, args.model, prompts if args.prompt == "chat" else None)
     print()

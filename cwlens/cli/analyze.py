@@ -4,7 +4,7 @@ import math
 import sys
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args, add_past_context_flag
+from cwlens.cli.common import add_model_args, add_past_context_flag, load_model
 from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 
@@ -38,7 +38,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from cwlens.engine.models import load_model
     from cwlens.report import analyze_text, render_report
 
     text = args.text if args.text is not None else arg_types.read_text(args.file)
@@ -53,7 +52,7 @@ def run(args) -> int:
             f"{fixed_bytes() / 1e6:.1f} MB (the inlined plotly.js, which makes it open offline, "
             f"and the tables) before any heatmap: pass --max-mb {math.ceil(fixed_bytes() / 1e6) + 1} "
             "or more")
-    model = load_model(args.model, device=args.device)
+    model = load_model(args)
     shape = wrap(model)
     layers = list(args.layers) if args.layers else None
     if layers is not None:

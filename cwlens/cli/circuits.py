@@ -2,7 +2,13 @@
 and activation patching on a templated task, their agreement, and the token-flow graph."""
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args
+from cwlens.cli.common import (
+    add_figures_flag,
+    add_model_args,
+    add_progress_flag,
+    figures_dir,
+    load_model,
+)
 from cwlens.engine.handle import wrap
 
 
@@ -37,8 +43,9 @@ def register(sub) -> None:
                    help="token-flow edges kept: |weight| >= this (default: %(default)s)")
     p.add_argument("--seed", type=arg_types.non_negative_int, default=0, help="seed of the templates / random tokens")
     p.add_argument("--out", default="runs/circuits", help="folder for CSV tables (default: %(default)s)")
-    p.add_argument("--figures", default="figures", help="folder for figures, '' for none (default: %(default)s)")
+    add_figures_flag(p)
     p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
@@ -71,7 +78,6 @@ def _task_kwargs(args) -> dict:
 
 
 def run(args) -> int:
-    import cwlens
     from cwlens import circuits
     from cwlens.plotting.circuits import agreement_figure
     from cwlens.plotting.export import save_figure
@@ -79,15 +85,23 @@ def run(args) -> int:
 
     kwargs = _task_kwargs(args)
     out = arg_types.output_dir(args.out)
+    args.figures = figures_dir(args)
     figures = arg_types.output_dir(args.figures, "--figures") if args.figures else None  # '': none
-    model = cwlens.load_model(args.model, device=args.device)
+    from cwlens.runs.progress import bar, status
+
+    show = not args.no_progress
+    model = load_model(args, device=args.device)
     task = circuits.build_task(args.task, model, **kwargs)
     shape = wrap(model)
     print(f"cwlens circuits: {args.model}, {shape.n_layers} layers x {shape.n_heads} heads; "
-          f"patching mode {args.mode}")
-    comparison = circuits.compare_with_patching(model, task, k=args.k, mode=args.mode)
-    print(comparison.format(top=args.top))
+          f"patching mode {args.mode}", flush=True)
+    # the head scores take two forward passes, then one pass per layer patches its heads
+    with bar(shape.n_layers * shape.n_heads, f"{task.name}: heads patched "
+             f"({task.clean.shape[0]} prompts)", "head", enabled=show, ticks=True):
+        comparison = circuits.compare_with_patching(model, task, k=args.k, mode=args.mode)
+    print(comparison.format(top=args.top), flush=True)
 
+    status("token flow of prompt 0 ...", show)
     tokens = task.clean[:1]
     _, cache = circuits.run_with_cache(model, tokens)
     flow = circuits.token_flow(cache, model, rule=args.rule, str_tokens=shape.to_str_tokens(tokens[0]))
@@ -104,9 +118,11 @@ def run(args) -> int:
     edges.to_csv(out / f"{task.name}_flow_edges.csv", index=False)
     written = [out / f"{task.name}_{n}.csv" for n in ("heads", "agreement", "flow_edges")]
     if figures is not None:
-        written += save_figure(agreement_figure(comparison), figures / f"circuits_{task.name}_agreement",
-                               png=not args.no_png)
-        written += save_figure(token_flow_figure(flow, target, args.threshold),
+        status(f"drawing the figures into {figures}/ ...", show)
+        written += save_figure(agreement_figure(comparison, model_label=args.model),
+                               figures / f"circuits_{task.name}_agreement", png=not args.no_png)
+        source = f"{args.model}, {task.name} prompt 0 of {task.clean.shape[0]}"
+        written += save_figure(token_flow_figure(flow, target, args.threshold, source=source),
                                figures / f"circuits_{task.name}_token_flow", png=not args.no_png)
     print(f"{len(edges)} flow edges with |weight| >= {args.threshold}"
           + (" (none: the largest |weight| is "

@@ -18,10 +18,51 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_debug_flag(p, argparse.SUPPRESS)
 
 
+def load_model(args, **placed):
+    """``cwlens.load_model(args.model, **placed)`` (default ``device=args.device``), with a
+    line on stderr before and after where progress is shown (a terminal, unless
+    ``--no-progress``): loading can take a minute (dequantizing a GGUF the first time)."""
+    import time
+
+    import cwlens
+    from cwlens.runs.progress import status
+
+    show = not getattr(args, "no_progress", False)
+    status(f"loading {args.model} ...", show)
+    t0 = time.perf_counter()
+    model = cwlens.load_model(args.model, **(placed or {"device": args.device}))
+    status(f"{args.model} loaded in {time.perf_counter() - t0:.0f} s", show)
+    return model
+
+
 def add_debug_flag(p: argparse.ArgumentParser, default=False) -> None:
     """``--debug``: show the full traceback of an error (before or after the subcommand)."""
     p.add_argument("--debug", action="store_true", default=default,
                    help="on an error, show the full traceback instead of one line")
+
+
+def add_figures_flag(p, what: str = "figures") -> None:
+    """``--figures``: where a command draws its figures. Default: ``<--out>/figures``, in
+    the run's own folder, so a run never rewrites the repository's ``figures/``; pass
+    ``--figures figures`` to do so on purpose, ``''`` for no figures. Read it with
+    :func:`figures_dir`."""
+    p.add_argument("--figures", default=None,
+                   help=f"folder for the {what}, '' for none (default: <out>/figures, inside "
+                   "the run's folder; --figures figures rewrites the repository's figures)")
+
+
+def figures_dir(args) -> str:
+    """``--figures`` as given (``''``: none), or ``<--out>/figures`` when it was left out."""
+    from pathlib import Path
+
+    return str(Path(args.out) / "figures") if args.figures is None else args.figures
+
+
+def add_progress_flag(p) -> None:
+    """``--no-progress``. Progress bars go to stderr, and only when it is a terminal
+    (``CWLENS_PROGRESS=1`` forces them on, ``=0`` off: :mod:`cwlens.runs.progress`)."""
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (they go to stderr, and only when it is a terminal)")
 
 
 def add_past_context_flag(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """``cwlens demo``: attention vs contribution on one GSM8K problem (the README's main job)."""
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args
+from cwlens.cli.common import add_model_args, load_model
 from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError
 
@@ -22,13 +22,14 @@ def register(sub) -> None:
                    help="truncate to this many tokens (default: 40)")
     p.add_argument("--heads", type=arg_types.positive_int, default=None,
                    help="how many sink-heavy heads to show, at most one per layer (default: 3)")
-    p.add_argument("--out", default="figures", help="output folder (default: %(default)s)")
+    p.add_argument("--out", default="runs/demo",
+                   help="output folder (default: %(default)s; `--out figures` redraws the "
+                   "README's figure, as `cwlens figures --only demo` does)")
     p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    import cwlens
     from cwlens.datasets import load_dataset
     from cwlens.report.demo import run_demo
 
@@ -37,7 +38,7 @@ def run(args) -> int:
         raise InvalidArgumentError(f"--sample {args.sample}: the shipped GSM8K sample has "
                                    f"problems 0..{n - 1}")
     arg_types.output_dir(args.out)
-    model = cwlens.load_model(args.model, device=args.device)
+    model = load_model(args)
     n_layers = wrap(model).n_layers
     heads = args.heads or min(3, n_layers)
     if heads > n_layers:

@@ -1,7 +1,7 @@
 """``cwlens export``: streamed reductions of texts as tidy Parquet (or CSV) tables."""
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args, add_past_context_flag
+from cwlens.cli.common import add_model_args, add_past_context_flag, add_progress_flag, load_model
 from cwlens.core._types import STREAM_METRICS
 from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
@@ -41,6 +41,7 @@ def register(sub) -> None:
                    "model's context: longer texts are cut to it with a note)")
     add_past_context_flag(p)
     p.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="(default: %(default)s)")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
@@ -65,22 +66,24 @@ def _texts(args) -> tuple[list[str], list[str]]:
 
 
 def run(args) -> int:
-    from cwlens.engine.models import load_model
     from cwlens.report.export import export_texts
+    from cwlens.runs.progress import bar
 
     texts, ids = _texts(args)
     if not texts:
         raise EmptyInputError("no text to export: pass --text, a non-empty --file or --dataset")
     out = arg_types.output_dir(args.out)
-    model = load_model(args.model, device=args.device)
+    model = load_model(args)
     n_layers = wrap(model).n_layers
     bad_layers = [ly for ly in args.token_layers if not 0 <= ly < n_layers]
     if bad_layers:
         raise LayerOutOfRangeError(f"--token-layers {','.join(map(str, bad_layers))} out of range: "
                                    f"the model has layers 0..{n_layers - 1}")
-    paths = export_texts(model, texts, out, model_name=args.model, text_ids=ids,
-                         metrics=args.metrics, k=args.k, token_layers=args.token_layers,
-                         max_tokens=args.max_tokens, fmt=args.format, past_context=args.past_context)
+    with bar(len(texts), "texts exported", "text", enabled=not args.no_progress, ticks=True):
+        paths = export_texts(model, texts, out, model_name=args.model, text_ids=ids,
+                             metrics=args.metrics, k=args.k, token_layers=args.token_layers,
+                             max_tokens=args.max_tokens, fmt=args.format,
+                             past_context=args.past_context)
     for path in paths.values():
         print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
     return 0

@@ -5,7 +5,14 @@ from pathlib import Path
 
 from cwlens.cli import arg_types
 from cwlens.cli.accuracy import PROMPTS
-from cwlens.cli.common import add_model_args, add_past_context_flag
+from cwlens.cli.common import (
+    add_figures_flag,
+    add_model_args,
+    add_past_context_flag,
+    add_progress_flag,
+    figures_dir,
+    load_model,
+)
 from cwlens.cli.placement import HELP as PLACEMENT_HELP
 from cwlens.cli.placement import add_placement_args, load_kwargs
 from cwlens.core.metrics import KINDS
@@ -28,8 +35,9 @@ Metrics: attention, value_weighted, value_weighted_output_normalized, contributi
 
 Rows are appended to <out>/<dataset>.jsonl (--compress: .jsonl.gz) as each sample finishes: rerun the same
 command to resume after an interruption. At the end it prints a summary (mean and 95%
-bootstrap CI per cell), writes figures/faithfulness_<dataset>.png/.html and, with
---summary-md, the results tables into a markdown file.
+bootstrap CI per cell), writes <out>/figures/faithfulness_<dataset>.png/.html (--figures
+figures: the repository's figures/) and, with --summary-md, the results tables into a
+markdown file.
 """
 
 EPILOG = """\
@@ -86,6 +94,9 @@ def register(sub) -> None:
     g.add_argument("--max-tokens", type=arg_types.max_tokens, default=DEFAULT.max_tokens,
                    help="truncate language-modelling documents to their first N tokens (default: %(default)s)")
     add_past_context_flag(p)
+    p.add_argument("--no-bos", action="store_true",
+                   help="tokenize texts and choices without the BOS token TransformerLens "
+                   "prepends by default (for a model trained without one)")
     g = p.add_argument_group("masking protocol (defaults: see docs/faithfulness.md)")
     g.add_argument("--metrics", default=None,
                    type=arg_types.choice_list(ALL_RANKINGS, "metric", allow_all=RANKINGS),
@@ -122,13 +133,13 @@ def register(sub) -> None:
                    "smaller: multiple choice writes ~900 rows per item). A folder that holds "
                    "<dataset>.jsonl.gz is resumed from it without the flag")
     g.add_argument("--report-only", action="store_true", help="do not run: summarise existing results")
-    g.add_argument("--figures", default="figures", help="figure folder, '' for none (default: %(default)s)")
+    add_figures_flag(g)
     g.add_argument("--no-png", action="store_true", help="figures as HTML only")
     g.add_argument("--summary-md", default=None, type=arg_types.markdown_list,
                    help="write the results tables into these markdown files, comma-separated "
                    "(between <!-- faithfulness-results:start/end --> comments; with three or "
                    "more rates also the AOPC tables, between <!-- faithfulness-aopc:start/end -->)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_flag(g)
     p.set_defaults(func=run)
 
 
@@ -157,7 +168,7 @@ def _config(args):
         causal_only=not args.non_causal, mask_first_token=not args.protect_first_token,
         renormalize=args.renormalize, seed=args.seed, max_tokens=args.max_tokens,
         batch_tokens=args.batch_tokens, past_context=args.past_context,
-        ranking_path=args.ranking_path,
+        prepend_bos=not args.no_bos, ranking_path=args.ranking_path,
     )
 
 
@@ -293,6 +304,7 @@ def _note_unused_flags(args, datasets) -> None:
 
 def run(args) -> int:
     args.samples_given = args.samples is not None
+    args.figures = figures_dir(args)
     if args.file is not None:
         if args.samples_given:
             raise InvalidArgumentError("--samples applies to --dataset only: --file scores its "
@@ -329,9 +341,8 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
     model = None
     for d, path in zip(datasets, paths, strict=True):
         if model is None:
-            import cwlens
 
-            model = cwlens.load_model(args.model, **placed)
+            model = load_model(args, **placed)
             if cfg.layers is not None:  # before any compute
                 from cwlens.engine.adapter import resolve_layers
 
@@ -342,7 +353,7 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
         source = args.file_samples if args.file is not None else _source(args, model, d, counts[d])
         if args.require_above_chance and args.file is None:
             _check_chance(model, source, counts[d], shots, cfg, world,
-                          path if not args.no_resume else None, args.model)
+                          path if not args.no_resume else None, args.model, not args.no_progress)
         result = run_faithfulness(
             model, source, cfg, n=counts[d], num_fewshot=shots, out=path, resume=not args.no_resume,
             model_name=args.model, progress=not args.no_progress,
@@ -359,7 +370,7 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
     return report(paths, args) if world.main else 0
 
 
-def _check_chance(model, dataset, n, shots, cfg, world, path, model_name) -> None:
+def _check_chance(model, dataset, n, shots, cfg, world, path, model_name, progress=True) -> None:
     """A multiple-choice dataset (a name, or its items): its clean accuracy must clear
     chance (else AtChanceError). Resuming ``path`` (None: not resumed), the items it
     already holds are read from their clean rows, not run again."""
@@ -374,7 +385,12 @@ def _check_chance(model, dataset, n, shots, cfg, world, path, model_name) -> Non
     if not items or not isinstance(items[0], ChoiceItem):
         return
     known = written_accuracies(model, items, cfg, path, model_name=model_name, num_fewshot=shots)
-    check = clean_accuracy(model, items, batch_tokens=cfg.batch_tokens, known=known)
+    from cwlens.runs.progress import bar
+
+    left = sum(1 for item in items if item.id not in known)
+    with bar(left, f"{items[0].dataset}: clean accuracy", "item",
+             enabled=progress and world.main, ticks=True):
+        check = clean_accuracy(model, items, batch_tokens=cfg.batch_tokens, known=known)
     if world.main:
         read = f" ({check.reused} of them read from {path})" if check.reused else ""
         print(f"clean accuracy: {check.line()}{read}", flush=True)

@@ -32,7 +32,10 @@ def register(sub) -> None:
         help="regenerate every figure in figures/ (demo, sinks, faithfulness, rates)",
         description="Runs `cwlens demo`, `cwlens sinks` and `cwlens faithfulness` (all five "
         "datasets at 30% removal, and GSM8K at 10/30/50% for the curves in --out/rates) with the "
-        "settings behind the figures in figures/ and writes HTML + PNG to --out. The sink and "
+        "settings behind the figures in figures/ and writes HTML + PNG to --out, and the "
+        "faithfulness tables into docs/faithfulness.md and docs/faithfulness_curves.md: the "
+        "one command that rewrites the repository's figures (the others write into runs/ "
+        "unless a flag names figures/). The sink and "
         "faithfulness results live in runs/ and resume: the first call takes long on a CPU "
         "(the faithfulness sweep about an hour on 2 cores), later calls only redraw.",
     )

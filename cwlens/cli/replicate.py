@@ -3,7 +3,7 @@
 import argparse
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_debug_flag
+from cwlens.cli.common import add_debug_flag, add_figures_flag, figures_dir
 
 DESCRIPTION = """\
 Runs, for each model, the faithfulness test at removal rates 0.01..0.99 (ERASER's bins read
@@ -23,7 +23,7 @@ EPILOG = """\
 examples:
   cwlens replicate                                   # the three offline models (hours on 2 CPU cores)
   cwlens replicate --models smollm2-135m --samples 8 # a quick look
-  cwlens replicate --table-only --docs docs/replication.md
+  cwlens replicate --table-only --out results/replicate --figures figures --docs docs/replication.md
 offline models: smollm2-135m (default install), gemma-3-270m (scripts/setup.sh --gemma),
 all-minilm-l6-v2 (scripts/setup.sh --minilm).
 """
@@ -61,7 +61,7 @@ def register(sub) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--table-only", action="store_true",
                    help="do not compute: build the table from what --out holds")
-    g.add_argument("--figures", default="figures", help="figure folder, '' for none (default: %(default)s)")
+    add_figures_flag(g)
     g.add_argument("--no-png", action="store_true", help="figures as HTML only")
     g.add_argument("--docs", default=None, help="also write the tables into this markdown page, "
                    "between its replication markers (docs/replication.md)")
@@ -98,6 +98,7 @@ def run(args) -> int:
     from cwlens.errors import InvalidArgumentError
     from cwlens.replication.plan import ReplicationConfig
 
+    args.figures = figures_dir(args)
     if args.per_layer_model is None:
         default = ReplicationConfig().per_layer_model
         args.per_layer_model = default if default in args.models else ""

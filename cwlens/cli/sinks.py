@@ -3,7 +3,14 @@
 import argparse
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args, add_past_context_flag
+from cwlens.cli.common import (
+    add_figures_flag,
+    add_model_args,
+    add_past_context_flag,
+    add_progress_flag,
+    figures_dir,
+    load_model,
+)
 from cwlens.cli.placement import HELP as PLACEMENT_HELP
 from cwlens.cli.placement import add_placement_args, load_kwargs
 from cwlens.errors import InvalidArgumentError
@@ -48,15 +55,14 @@ def register(sub) -> None:
     p.add_argument("--no-intervention", action="store_true", help="skip the forward passes with hooks")
     p.add_argument("--seed", type=int, default=DEFAULT.seed, help="seed of the random control positions")
     p.add_argument("--out", default="runs/sinks", help="folder for tables (default: %(default)s)")
-    p.add_argument("--figures", default="figures",
-                   help='folder for figures (default: %(default)s; "" for none)')
+    add_figures_flag(p)
     p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
     p.add_argument("--plot-only", action="store_true",
                    help="redraw the figures from the tables already in --out")
     p.add_argument("--no-resume", action="store_true",
                    help="start afresh (default: each batch is saved in --out/raw as it finishes, "
                    "and rerunning the same command computes only the missing batches)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
@@ -66,6 +72,7 @@ def run(args) -> int:
     from cwlens.runs.results_io import results_lock
     from cwlens.sinks import run as sink_run
 
+    args.figures = figures_dir(args)
     if args.plot_only and not Path(args.out).is_dir():
         raise sink_run.SinkResultsError(
             f"--plot-only: no results folder {args.out}; run `cwlens sinks` without --plot-only first.")
@@ -105,14 +112,13 @@ def _run(args, placed=None, world=None) -> int:
                 "`cwlens sinks` without --plot-only first, or pass the --out of that run"
             )
     else:
-        import cwlens
         from cwlens.datasets import load_dataset
 
         arg_types.output_dir(args.out)
         samples: list = []
         for name in args.dataset:  # before the model: a bad count fails fast
             samples += load_dataset(name, n=args.samples)
-        model = cwlens.load_model(args.model, **(placed or {"device": args.device}))
+        model = load_model(args, **(placed or {"device": args.device}))
         main = world is None or world.main
         if main:
             ranks = f" over {world.size} processes" if world is not None and world.size > 1 else ""
@@ -141,8 +147,10 @@ def _run(args, placed=None, world=None) -> int:
     print(sink_run.format_summary(summary))
     from cwlens.plotting.sinks import all_figures
 
-    if args.figures:
-        written = all_figures(tables, args.figures, model_label=label, png=not args.no_png)
+    if args.figures:  # the titles say what the figures were made from
+        source = (f"{label}, {summary['n_samples']} {summary['dataset']} texts (first "
+                  f"{summary['max_tokens']} tokens)")
+        written = all_figures(tables, args.figures, model_label=source, png=not args.no_png)
         print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -5,6 +5,10 @@ says nothing about a metric when the clean model is at chance: masking cannot lo
 accuracy that is already a coin flip. So the test first measures the clean accuracy::
 
     acc     = (1/n) sum_items [argmax_c ll_c == gold]     (cwlens.faithfulness.choice)
+              each choice's ll read after the model's BOS token (TransformerLens prepends
+              one by default); prepend_bos=False (CLI --no-bos) reads it without one, for
+              a model trained without a BOS (SmolLM2 capitals, first 40 items: 36/40 with
+              it, 38/40 without; tests/test_choice_bos.py)
     uniform = (1/n) sum_items 1 / k_item                  (k: the item's number of choices)
     const   = max_s (1/n) sum_items [gold continuation == s]
               over the answers s offered in every item (BoolQ's " yes", MMLU's " A")
@@ -128,16 +132,19 @@ def _estimated_constant(items: Sequence) -> tuple[str | None, float]:
 
 
 def item_accuracies(model, items: Sequence, batch_tokens: int = 2048,
-                    known: Mapping[str, float] | None = None) -> list[float]:
-    """``acc`` (1.0 / 0.0) of every item on the clean model, in item order. ``known``:
+                    known: Mapping[str, float] | None = None,
+                    prepend_bos: bool = True) -> list[float]:
+    """``acc`` (1.0 / 0.0) of every item on the clean model, in item order (``prepend_bos``:
+    each input starts with the model's BOS token, see the module docstring). ``known``:
     accuracies already measured, by item id (:func:`written_accuracies`); those items
-    are not run again."""
+    are not run again. Each batch ticks its items (:func:`cwlens.runs.progress.tick`)."""
     from cwlens.faithfulness.units import choice_units, plan_batches
+    from cwlens.runs.progress import tick
 
     known = known or {}
     todo = [i for i, item in enumerate(items) if item.id not in known]
     acc = [float(known[item.id]) if item.id in known else float("nan") for item in items]
-    units = choice_units(model, [items[i] for i in todo])
+    units = choice_units(model, [items[i] for i in todo], prepend_bos)
     for batch in plan_batches(units, batch_tokens):
         seqs: list = []
         rows_of: list[list[int]] = []
@@ -151,6 +158,7 @@ def item_accuracies(model, items: Sequence, batch_tokens: int = 2048,
         for u, rows in zip(batch, rows_of, strict=True):
             score = units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)
             acc[todo[u]] = score["acc"]
+        tick(len(batch))
     return acc
 
 
@@ -176,10 +184,13 @@ def written_accuracies(model, items: Sequence, config, out, *, model_name: str |
 
 def clean_accuracy(model, items: Sequence, level: float = 0.95,
                    batch_tokens: int = 2048,
-                   known: Mapping[str, float] | None = None) -> CleanAccuracy:
+                   known: Mapping[str, float] | None = None,
+                   prepend_bos: bool = True) -> CleanAccuracy:
     """The clean accuracy of ``items`` (:class:`~cwlens.datasets.ChoiceItem`) on ``model``;
     ``known``: item accuracies already measured, by id (:func:`written_accuracies`: a
-    resumed run's rows), which are read instead of run (``reused`` counts them)."""
+    resumed run's rows), which are read instead of run (``reused`` counts them).
+    ``prepend_bos``: each choice is read after the model's BOS token (default, as
+    TransformerLens tokenizes); False for a model trained without one."""
     from cwlens.datasets import ChoiceItem
 
     items = list(items)
@@ -196,7 +207,7 @@ def clean_accuracy(model, items: Sequence, level: float = 0.95,
             f"known holds accuracies other than 0 or 1 ({dict(list(wrong.items())[:3])}): an "
             "item's clean accuracy is 1.0 when its gold choice scores highest, else 0.0. Pass "
             "the values written_accuracies reads from a results file, or leave known out.")
-    correct = int(sum(item_accuracies(model, items, batch_tokens, known)))
+    correct = int(sum(item_accuracies(model, items, batch_tokens, known, prepend_bos)))
     low, high = clopper_pearson(correct, len(items), level)
     answer, const = _estimated_constant(items)
     uniform = uniform_chance(items)
@@ -238,7 +249,7 @@ def run_accuracy_test(model, dataset, config=None, *, n: int | None = None,
                                model_name=kwargs.get("model_name"),
                                num_fewshot=kwargs.get("num_fewshot", 0)) \
         if kwargs.get("resume", True) else {}
-    check = clean_accuracy(model, items, level, cfg.batch_tokens, known)
+    check = clean_accuracy(model, items, level, cfg.batch_tokens, known, cfg.prepend_bos)
     if not allow_chance:
         require_above_chance(check)
     return AccuracyTest(check, run_faithfulness(model, items, cfg, **kwargs))

@@ -32,6 +32,7 @@ from cwlens.faithfulness.ranking import (
     tiebreak_scores,
 )
 from cwlens.faithfulness.units import Unit
+from cwlens.runs.progress import tick
 
 
 @dataclass
@@ -100,6 +101,17 @@ def mask_jobs(conditions: list[Condition], cfg: FaithfulnessConfig) -> tuple[dic
             jobs.setdefault(key, MaskJob(scored_as(c.metric, cfg), c.mode, c.rate, c.layers))
         key_of[c] = key
     return jobs, key_of
+
+
+def passes_per_batch(conditions: list[Condition], cfg: FaithfulnessConfig) -> int:
+    """The forward passes :func:`batch_outputs` runs per batch: the clean one, one per
+    distinct mask (:func:`mask_jobs`: conditions with provably equal masks share one, so
+    24 conditions can take 21 passes), and with a gradient metric its forward + backward
+    pass. What the sweep's progress bar counts (each pass ticks
+    :func:`cwlens.runs.progress.tick`)."""
+    jobs, _ = mask_jobs(conditions, cfg)
+    gradient = any(job.metric in metrics.GRADIENT for job in jobs.values())
+    return 1 + len(jobs) + int(gradient)
 
 
 def sharing_note(conditions: list[Condition], cfg: FaithfulnessConfig) -> str:
@@ -239,6 +251,7 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
         gradients = attention_gradient(model, tokens, mask, layers,
                                        loss=_batch_objective(units, batch, rows_of, offsets))
         stats.ranking_seconds += time.perf_counter() - t
+        tick()
     counts: dict = {}
     plan = BatchPlan(mask, jobs, cfg, keys, stats, gradients, counts)
     t, ranked_before = time.perf_counter(), stats.ranking_seconds
@@ -249,6 +262,7 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
         )
     stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)
     stats.n_forwards += 1
+    tick()
     packed = dict(zip(layers, per_layer, strict=True))
     clean = evaluate(output(logits))
     done: dict = {}
@@ -258,6 +272,7 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
         masked = masked_output(model, tokens, masks, cfg.renormalize, mask, chunk)
         stats.forward_seconds += time.perf_counter() - t
         stats.n_forwards += 1
+        tick()
         done[key] = evaluate(masked)
         for ly in job.layers:  # free this job's masks
             del packed[ly][key]
@@ -282,6 +297,7 @@ def lockstep_outputs(model, tokens: torch.Tensor, plan: BatchPlan, evaluate, chu
         output = lockstep_pass(model, tokens, plan, group, chunk)
         plan.stats.forward_seconds += time.perf_counter() - t - (plan.stats.ranking_seconds - ranked_before)
         plan.stats.n_forwards += 1 + len(group)
+        tick(len(group) + (0 if at else 1))  # the clean copy counts once, as in passes_per_batch
         if not at:
             clean = evaluate(lm.rows(output, 0, b))
         for j, (key, _) in enumerate(group):

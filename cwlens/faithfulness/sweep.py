@@ -43,7 +43,7 @@ from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.faithfulness.causal_scope import require_causal
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
-from cwlens.faithfulness.passes import SweepStats, batch_outputs
+from cwlens.faithfulness.passes import SweepStats, batch_outputs, passes_per_batch
 from cwlens.faithfulness.rows_job import RowsJob
 from cwlens.faithfulness.units import Unit, choice_units, plan_batches, text_units
 from cwlens.runs.jobs import JobSpec, run_job
@@ -99,7 +99,10 @@ class SweepJob(RowsJob):
     """The sweep as a :class:`~cwlens.runs.jobs.Job`: items are batches of the plan that hold
     an unfinished sample; the whole batch is computed (so each sample gets exactly the
     numbers of an uninterrupted run) and the rows of its unfinished samples are appended,
-    one sample at a time."""
+    one sample at a time. Its progress counts forward passes, ticked as each one ends
+    (:func:`passes_per_batch` of them per batch)."""
+
+    ticks = True
 
     def __init__(self, model, units: list[Unit], cfg: FaithfulnessConfig, spec: JobSpec, run: SweepRun):
         self.model, self.units, self.cfg, self.run = model, units, cfg, run
@@ -139,6 +142,23 @@ class SweepJob(RowsJob):
     def todo(self):
         return [b for b in self.batches if any(self.units[u].sample_id not in self.writer.done for u in b)]
 
+    def passes(self) -> int:
+        return passes_per_batch(self.conditions, self.cfg)
+
+    def total(self):
+        return len(self.batches) * self.passes()
+
+    def initial(self):
+        return (len(self.batches) - len(self.todo())) * self.passes()
+
+    def counter(self):
+        """torchrun: the forward passes of the samples every rank has written."""
+        samples = super().counter()
+        if samples is None:
+            return None
+        total, n = self.total(), len(self.order)
+        return lambda: min(total, round(samples() * total / n))
+
     def do(self, batch):
         results = batch_outputs(self.model, self.units, batch, self.cfg, self.conditions, self.stats)
         self.stats.n_batches += 1
@@ -150,7 +170,7 @@ class SweepJob(RowsJob):
                 written += 1
                 if self.run.on_sample is not None:
                     self.run.on_sample(sample_id)
-        return written
+        return 0  # progress: its forward passes ticked as they ran
 
 
 def _job_stats(stats: SweepStats) -> SweepStats:
@@ -223,7 +243,8 @@ def stored_config(model_name: str, dataset: str, cfg: FaithfulnessConfig, sample
     a resumed run must match. ``ranking_path`` changes how, not what: a run resumes
     whichever path made its rows."""
     return {"model": model_name, "dataset": dataset,
-            **{k: v for k, v in asdict(cfg).items() if k != "ranking_path"},
+            **{k: v for k, v in asdict(cfg).items()
+               if k != "ranking_path" and not (k == "prepend_bos" and v)},  # (older runs: BOS)
             "samples": list(sample_ids)}
 
 
@@ -273,16 +294,15 @@ def run_faithfulness(
     name = model_name or wrap(model).name or "model"
     adapter.resolve_layers(model, list(cfg.layers) if cfg.layers is not None else None)
     check_past_context(model, cfg.past_context)
-    units = choice_units(model, samples) if is_choice else \
-        text_units(model, samples, cfg.max_tokens, cfg.past_context)
+    units = choice_units(model, samples, cfg.prepend_bos) if is_choice else \
+        text_units(model, samples, cfg.max_tokens, cfg.past_context, cfg.prepend_bos)
     if not is_choice:
         _require_something_masked(units, cfg)
     run_config = stored_config(name, ds_name, cfg, [u.sample_id for u in units])
     columns = {"model": name, "dataset": ds_name, **cfg.provenance()}
     distributed.require_session()
-    n_conditions = len(cfg.conditions(wrap(model).n_layers))
     spec = JobSpec("sweep configuration", run_config, Path(out).parent if out else None, resume,
-                   len(units), f"{ds_name} ({n_conditions} conditions)", "sample", progress)
+                   len(units), ds_name, "pass", progress)
     job = SweepJob(model, units, cfg, spec, SweepRun(columns, out, is_choice, on_sample))
     with validation.past_context_said(cfg.past_context):  # text_units said it, once
         table = run_job(job)

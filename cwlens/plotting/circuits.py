@@ -1,8 +1,10 @@
 """Head scores against activation patching: one scatter per score (hover: the head)."""
 
 
-def agreement_figure(comparison, title: str | None = None):
-    """Patching effect (y) against each score (x) of a :class:`cwlens.circuits.Comparison`."""
+def agreement_figure(comparison, title: str | None = None, model_label: str = ""):
+    """Patching effect (y) against each score (x) of a :class:`cwlens.circuits.Comparison`.
+    The default title says what it was made from: ``model_label`` (the model), the task
+    and its number of prompts, and the number of heads."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -25,8 +27,10 @@ def agreement_figure(comparison, title: str | None = None):
         fig.update_xaxes(title_text="score", row=1, col=col)
     fig.update_yaxes(title_text="patching effect (metric drop)", row=1, col=1)
     task = comparison.task
+    source = f"{model_label}, " if model_label else ""
     fig.update_layout(
-        title=title or f"{task.name}: head scores vs activation patching ({len(labels)} heads)",
+        title=title or f"{source}{task.name} ({task.clean.shape[0]} prompts): head scores vs "
+        f"activation patching ({len(labels)} heads)",
         height=420, width=300 * len(names) + 100,
     )
     return fig

@@ -14,7 +14,9 @@ YLABEL = {"delta_ppl": "ΔPPL (masked − clean)", "acc": "accuracy", "acc_norm"
 def faithfulness_curves(summary, dataset: str, measure: str, title: str | None = None):
     """A figure with two panels (comprehensiveness | sufficiency) from
     :func:`cwlens.faithfulness.summarize` output; error bars are the bootstrap CI.
-    The clean value is drawn as a dashed line (and rate 0 starts every curve there)."""
+    The clean value is drawn as a dashed line (and rate 0 starts every curve there).
+    The title (``title``, or one naming the dataset and the measure) ends with the
+    number of samples, ``(n = 50 samples)``."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -53,8 +55,9 @@ def faithfulness_curves(summary, dataset: str, measure: str, title: str | None =
     for col in (1, 2):  # separate y scales: comprehensiveness damage can be 100x sufficiency's
         fig.update_yaxes(title_text=YLABEL.get(measure, measure), row=1, col=col)
     n = int(sub["n"].max()) if len(sub) else 0
+    head = title or f"{dataset}: {YLABEL.get(measure, measure)} under value masking"
     fig.update_layout(
-        title=title or f"{dataset}: {YLABEL.get(measure, measure)} under value masking (n = {n})",
+        title=f"{head} (n = {n} samples)",
         template="plotly_white", width=1150, height=520, legend=dict(orientation="h", y=-0.2),
         margin=dict(t=110),
     )

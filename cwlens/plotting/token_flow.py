@@ -13,8 +13,10 @@ from cwlens.plotting.heatmaps import token_labels
 
 
 def token_flow_figure(flow, target: int = -1, threshold: float = 0.02, title: str | None = None,
-                      width_bins: int = 5):
-    """Draw a :class:`cwlens.circuits.TokenFlow` for one target position."""
+                      width_bins: int = 5, source: str = ""):
+    """Draw a :class:`cwlens.circuits.TokenFlow` for one target position. ``source``
+    (e.g. ``"smollm2-135m, ioi prompt 0 of 8"``) starts the default title: what the
+    graph was made from."""
     import plotly.graph_objects as go
 
     n_pos = flow.layer_flows.shape[-1]
@@ -51,7 +53,8 @@ def token_flow_figure(flow, target: int = -1, threshold: float = 0.02, title: st
         text=hover, hovertemplate="%{text}<extra></extra>",
     ))
     fig.update_layout(
-        title=title or f"Token flow into {labels[t]} ({flow.rule} rule, edges |w| ≥ {threshold})",
+        title=title or f"{source + ': ' if source else ''}token flow into {labels[t]} "
+        f"({flow.rule} rule, edges |w| ≥ {threshold})",
         xaxis=dict(tickmode="array", tickvals=list(range(n_pos)), ticktext=labels, tickangle=-60),
         yaxis=dict(title="layer (residual stream entering it; top = final)"),
         height=max(450, 22 * nodes.shape[0] + 200), width=max(700, 28 * n_pos + 250),

@@ -2,7 +2,8 @@
 
 Prints, for the most sink-heavy heads, the top attended vs the top contributing tokens
 and the factor split, and writes a Fig.-1-style figure (attention above, contribution
-below) to ``figures/``.
+below) to ``runs/demo/`` (``out_dir``; ``cwlens figures --only demo`` redraws the
+README's copy in ``figures/``).
 """
 
 from pathlib import Path
@@ -39,7 +40,7 @@ def run_demo(
     max_tokens: int = 40,
     n_heads: int = 3,
     top_k: int = 5,
-    out_dir: str | Path = "figures",
+    out_dir: str | Path = "runs/demo",
     png: bool = True,
     model=None,
 ) -> dict:
@@ -106,8 +107,8 @@ def run_demo(
 
     fig = attention_vs_contribution(
         fig_heads, str_tokens,
-        title=f"{model_name}: attention (top) vs contribution to the layer output (bottom), "
-        "most sink-heavy heads",
+        title=f"{model_name}, GSM8K problem {sample} (first {len(str_tokens)} tokens): attention "
+        "(top) vs contribution to the layer output (bottom), most sink-heavy heads",
         contribution_label="contribution (inter-head)",
         masked=causal_mask(len(str_tokens)) if an.causal else None,
     )

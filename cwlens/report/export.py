@@ -170,6 +170,7 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
     ``reduce``: the options of :func:`default_reducers` (``metrics``, ``k``,
     ``token_layers``)."""
     from cwlens.engine.streaming import stream_reduce
+    from cwlens.runs.progress import tick
 
     texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
     batching.check_past_context(model, past_context)
@@ -185,6 +186,7 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
         str_tokens = wrap(model).to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid, causal).items():
             tables.setdefault(name, []).append(df)
+        tick()  # progress: one text (cwlens.runs.progress)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     from cwlens.runs.results_io import atomic_write

@@ -384,7 +384,8 @@ def _free_memory(gpu: int) -> int:
 
 
 class JobProgress:
-    """One progress bar for the whole job, on rank 0 only.
+    """One progress bar for the whole job, on rank 0 only (on stderr, where
+    :func:`cwlens.runs.progress.shown`: a terminal, or ``CWLENS_PROGRESS=1``).
 
     One process: :meth:`advance` moves the bar by this process's finished work. In a
     distributed job rank 0's bar shows ``count()``, the job-wide number of finished
@@ -402,10 +403,10 @@ class JobProgress:
         self._stop = threading.Event()
         self._thread = None
         if enabled and world().main:
-            from tqdm.auto import tqdm
+            from cwlens.runs.progress import new_bar
 
-            self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit)
-            if self.count is not None:
+            self.bar = new_bar(total, desc, unit, initial=initial)  # None: not drawn here
+            if self.bar is not None and self.count is not None:
                 self._thread = threading.Thread(target=self._poll, args=(interval,), daemon=True)
                 self._thread.start()
 

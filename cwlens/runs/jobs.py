@@ -16,7 +16,8 @@ items merge; :func:`run_job` does the choreography they share:
    open theirs, resuming;
 5. **shard** -- the items left are dealt round-robin over the ranks
    (:func:`cwlens.runs.distributed.shard`);
-6. **progress** -- one bar on rank 0 that counts every rank's output as it lands;
+6. **progress** -- one bar on rank 0 that counts every rank's output as it lands (or,
+   for a job that :attr:`~Job.ticks`, the units it reports as it goes);
 7. **merge** -- after a barrier, the study merges (rank 0 writes, every rank returns).
 
 A job without a folder runs in memory: no lock, no resume, no barriers.
@@ -69,6 +70,15 @@ class Job(ABC):
     def initial(self) -> int:
         """Progress units already done when the run starts."""
 
+    #: True: :meth:`do` returns 0 and reports its work with
+    #: :func:`cwlens.runs.progress.tick` as it goes (e.g. per forward pass), in the units
+    #: of :meth:`total` and :meth:`initial`
+    ticks: bool = False
+
+    def total(self) -> int:
+        """Progress units of the whole run (asked after :meth:`open`; default ``spec.total``)."""
+        return self.spec.total
+
     def counter(self) -> Callable[[], int] | None:
         """Progress units done by every rank so far (None: this rank's own count)."""
         return None
@@ -115,10 +125,12 @@ def run_job(job: Job) -> Any:
 
 def _work(job: Job) -> None:
     from cwlens.runs import distributed
+    from cwlens.runs.progress import ticking
 
     spec = job.spec
     todo = job.todo()
-    with distributed.JobProgress(spec.total, job.initial(), spec.desc, spec.unit,
-                                 enabled=spec.progress, count=job.counter()) as bar:
+    with distributed.JobProgress(job.total(), job.initial(), spec.desc, spec.unit,
+                                 enabled=spec.progress, count=job.counter()) as bar, \
+            ticking(bar.advance if job.ticks else None):
         for item in distributed.shard(todo):
             bar.advance(job.do(item))
