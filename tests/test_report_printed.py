@@ -107,3 +107,28 @@ def test_the_demo_lists_no_zero_padding(decoder, tmp_path, capsys):
         assert len(listed) == 5 and all(j <= 5 for j, _, _ in listed), line
         assert " +0.000" not in line and " -0.000" not in line, line
     assert "lists: key:token" in out
+
+
+def test_the_demo_figure_marks_masked_cells_and_titles_only_the_first_query_axis():
+    """Masked cells are NaN (drawn in the grey plot background), a 0 stays a 0; the inner
+    columns' "query" titles sat on their left neighbour's tick labels."""
+    import numpy as np
+
+    from cwlens.plotting import attention_vs_contribution
+    from cwlens.plotting.heatmaps import MASKED_COLOUR, causal_mask
+
+    n = 4
+    att = np.tril(np.full((n, n), 0.25))
+    con = np.tril(np.full((n, n), 0.1))
+    con[3, 1] = 0.0  # a real zero
+    heads = [dict(name=f"h{i}", attention=att, contribution=con) for i in range(3)]
+    fig = attention_vs_contribution(heads, ["a", "b", "c", "d"], masked=causal_mask(n))
+    assert fig.layout.plot_bgcolor == MASKED_COLOUR and "grey: masked" in fig.layout.title.text
+    for trace in fig.data:
+        z = np.array(trace.z, dtype=float)
+        assert np.isnan(z[np.triu_indices(n, 1)]).all() and not np.isnan(z[np.tril_indices(n)]).any()
+    assert np.array(fig.data[1].z, dtype=float)[3, 1] == 0.0
+    titled = [ax for ax in fig.layout if ax.startswith("yaxis") and fig.layout[ax].title.text]
+    assert sorted(titled) == ["yaxis", "yaxis4"]  # column 1 of both rows
+    unmasked = attention_vs_contribution(heads, ["a", "b", "c", "d"])
+    assert not np.isnan(np.array(unmasked.data[0].z, dtype=float)).any()
