@@ -258,15 +258,15 @@ def test_constant_scores_get_the_no_spread_convention():
 
 
 def test_the_softmax_leak_ranks_nothing():
-    """Attention of 1 - 1e-22 on a moved key and 1 - 4e-22 on a fall-back BOS are a tie
-    (float64 resolves them; the ranking must not)."""
+    """Attention of 1.000000 on a moved key and 0.999999 on a fall-back BOS (successor's
+    numbers) are a tie: float64 resolves them, the ranking must not."""
     truth = gate_truth(["BOS", "a", "b"])  # row 1 moved key 1; row 2 fell back
     att = torch.zeros(1, 2, 3, 3, dtype=torch.float64)
-    att[0, 0, 1, 1] = 1.0 - 2.0**-52
-    att[0, 0, 2, 0] = 1.0 - 2.0**-50  # the BOS of the fall-back row, by a hair below
+    att[0, 0, 1, 1] = 1.0 - 1e-7
+    att[0, 0, 2, 0] = 1.0 - 1e-6  # the BOS of the fall-back row, by a hair below
     rows = scoring.score_input(truth, {"layer": {"attention": att}}, torch.tensor([[True, False]]),
                                causal=False)
     with_fallback = next(r for r in rows if r["scope"] == "with_fallback")
     assert with_fallback["auroc"] < 1.0  # the tie counts one half
-    assert torch.equal(scoring.resolution(torch.tensor([[1.0, 1.0 - 2.0**-50, 0.5]], dtype=torch.float64)),
-                       torch.tensor([[1e9, 1e9, 5e8]], dtype=torch.float64))
+    got = scoring.resolution(torch.tensor([[1.0, 1.0 - 1e-6, 0.5, 0.5 + 1e-3]], dtype=torch.float64))
+    assert torch.equal(got, torch.tensor([[1e4, 1e4, 5e3, 5010.0]], dtype=torch.float64))

@@ -18,8 +18,8 @@ its level (:mod:`cwlens.groundtruth.methods`), over the entries the truth speaks
 
 Entries where any method of the level has no score (NaN: a measure undefined there) are
 left out for every method of that level, and counted (``n_undefined``). Scores are ranked
-at a resolution of 1e-9 of the input's largest ``|score|`` (:func:`resolution`): closer
-scores are ties, so the softmax's leak (``e^-50`` in a compiled model) orders nothing.
+at a resolution of 1e-4 of the input's largest ``|score|`` (:func:`resolution`): closer
+scores are ties, so the compiled softmax's leak (~1e-6 of an attention row) orders nothing.
 
 The per-input numbers are the ROC AUC and the precision at ``|truth|``
 (:mod:`cwlens.core.ranking_scores`); an input whose truth has no positive or no negative
@@ -108,15 +108,16 @@ def _defined(per_method: Mapping[str, torch.Tensor], labels: torch.Tensor, keep:
     return out
 
 
-RESOLUTION = 1e-9  # scores closer than this times the input's largest |score| are tied
+RESOLUTION = 1e-4  # scores closer than this times the input's largest |score| are tied
 
 
 def resolution(scores: torch.Tensor) -> torch.Tensor:
     """Each row of ``[methods, entries]`` rounded to :data:`RESOLUTION` of its largest
-    ``|score|``. A compiled model's softmax is not hard: a matched key gets ``1 - e^-50``, a
-    query that fell back puts ``1 - (n - 1) e^-50`` on the BOS. In float64 those differ, and
-    ranking by them would rank the softmax's leak, not the method's view (attention would
-    rank every moved pair above every fall-back BOS by ~1e-22)."""
+    ``|score|``. A compiled model's softmax is not hard: in ``successor`` a matched key
+    gets attention 1.000000 and a query that fell back puts 0.999999 on the BOS (the rest
+    leaks onto the other keys). Ranking by such differences would rank the softmax's leak,
+    not what the method says (attention would rank every moved pair above every fall-back
+    BOS by 1e-6); at this resolution they are ties."""
     scale = scores.abs().amax(-1, keepdim=True)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     return torch.round(scores / scale / RESOLUTION)
