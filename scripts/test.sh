@@ -13,7 +13,9 @@ echo "== ruff" && .venv/bin/ruff check cwlens tests scripts notebooks
 echo "== mypy (config: pyproject.toml [tool.mypy])" && .venv/bin/mypy
 echo "== import-linter" && .venv/bin/lint-imports --no-cache
 echo "== docs site (mkdocs build --strict)"
-site=$(mktemp -d) && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site" && rm -rf "$site"
+site=$(mktemp -d) && trap 'rm -rf "$site"' EXIT
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+export CWLENS_SITE_DIR="$site"   # tests/test_browser_docs.py opens this build (no second build)
 echo "== TransformerLens 4.x (TransformerBridge)"
 # two workers on two cores, one torch thread each (tests/conftest.py); the tests of one real
 # offline model share a worker (--dist loadgroup), so each model loads once; the 20 slowest

@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     chromium_or_skip()  # before the build: no browser, nothing to check
+    built = os.environ.get("CWLENS_SITE_DIR")  # scripts/test.sh has just built it (--strict)
+    if built and (Path(built) / "index.html").is_file():
+        return Path(built)
     mkdocs = Path(sys.executable).parent / "mkdocs"
     if not mkdocs.exists():
         pytest.skip("mkdocs is not installed (the dev extra)")
