@@ -239,3 +239,38 @@ def test_smollm2_short_text_in_a_batch_gets_its_own_sink_rate(smollm2):
         assert_close(rows(col, pos, 2), one["column_sums_contribution"].tensor[:, 0], rtol=1e-3, atol=1e-4)
         top, top1 = out["top4_contribution"], one["top4_contribution"]
         assert_close(rows(top.values[:, i], pos, 2), top1.values[:, 0], equal_nan=True, rtol=1e-3, atol=1e-4)
+
+
+def test_the_sink_tables_of_a_padded_cache_use_its_mask(arch):
+    """The sink analyses that read a cache (cwlens.sinks) find each text's first real token
+    through the mask the cache remembers, as if it were passed."""
+    import pandas as pd
+
+    from cwlens import sinks
+    from cwlens.sinks.observed import observed_bins
+
+    _, model, mask = arch
+    _, cache = cwlens.run_with_cache(model, TEXTS)
+    m = mask.long()
+    for table in (sinks.sink_statistics, sinks.alignment_statistics, observed_bins):
+        pd.testing.assert_frame_equal(table(cache, model), table(cache, model, attention_mask=m))
+
+
+def test_the_factor_table_of_a_padded_row_is_its_texts_table(arch):
+    """``decompose(cache).to_dataframe`` of a padded batch's row lists its text's keys only,
+    numbered from its first token, as the text's own table does; a pad query is refused."""
+    from cwlens.errors import InvalidArgumentError
+
+    _, model, mask = arch
+    _, cache = cwlens.run_with_cache(model, TEXTS)
+    parts = cwlens.decompose(cache, model)
+    for i, text in enumerate(TEXTS):
+        last = int(real(mask, i)[-1])
+        got = parts.to_dataframe(batch=i, query=last)
+        alone = cwlens.decompose(cwlens.run_with_cache(model, text)[1], model).to_dataframe(query=-1)
+        assert got[["layer", "head", "query", "key"]].equals(alone[["layer", "head", "query", "key"]])
+        cols = ["attention", "relative_norm", "cosine", "contribution"]
+        assert_close(torch.tensor(got[cols].to_numpy()), torch.tensor(alone[cols].to_numpy()), **TOL)
+    pad = int((~mask[0]).nonzero()[0])
+    with pytest.raises(InvalidArgumentError, match="is padding"):
+        parts.to_dataframe(batch=0, query=pad)

@@ -185,6 +185,8 @@ class Decomposition:
         layers: the layers, in the order of the leading axis (one layer: no axis).
         causal: whether the model is a decoder (keys ``j <= i`` only); ``to_dataframe``
             lists the keys a query sees.
+        attention_mask: the ``[batch, pos]`` mask of a padded batch (None: no padding);
+            ``to_dataframe`` leaves its pad keys out.
 
     Examples:
         >>> import cwlens, torch
@@ -205,6 +207,7 @@ class Decomposition:
     kind: Kind
     layers: tuple[int, ...]
     causal: bool = True
+    attention_mask: torch.Tensor | None = None
 
     @property
     def max_product_error(self) -> float:
@@ -217,11 +220,18 @@ class Decomposition:
         Args:
             batch: the batch row.
             query: the query position (negative counts from the end).
-            str_tokens: the tokens' strings, for a ``token`` column (optional).
+            str_tokens: the tokens' strings, for a ``token`` column (optional; for a row
+                of a padded batch, its text's own tokens or the padded row's).
 
         Returns:
             A ``pandas.DataFrame`` with one row per (layer, head, key): the keys the query
-            sees (``<= query`` on a decoder, every key on an encoder).
+            sees (``<= query`` on a decoder, every key on an encoder). In a padded batch
+            (``attention_mask``) pad keys are left out, and ``query`` and ``key`` count
+            from the row's first real token.
+
+        Raises:
+            InvalidArgumentError: a ``batch`` or ``query`` out of range, or a query that is
+                padding.
         """
         import pandas as pd
 
@@ -237,15 +247,30 @@ class Decomposition:
             if isinstance(value, bool) or not isinstance(value, int) or not -n <= value < n:
                 raise InvalidArgumentError(f"{name}={value!r} is out of range: this decomposition "
                                            f"has {n} ({-n}..{n - 1}).")
-        if str_tokens is not None and len(str_tokens) != n_k:
+        n_text = None if self.attention_mask is None else int(self.attention_mask[batch % n_batch].sum())
+        if str_tokens is not None and len(str_tokens) not in (n_k, n_text):
             raise ShapeMismatchError(f"str_tokens has {len(str_tokens)} tokens but the keys are "
                                      f"{n_k}: pass the streamed text's model.to_str_tokens(...).")
         q, batch = query % n_q, batch % n_batch
         causal = self.causal and n_q == n_k
+        keys, offset, at = list(range(q + 1 if causal else n_k)), 0, q
+        if self.attention_mask is not None:  # a padded batch: its pad keys are no keys
+            real = self.attention_mask[batch].bool().cpu()
+            pos = n_k - n_q + q
+            if not bool(real[pos]):
+                raise InvalidArgumentError(
+                    f"query={query} of batch row {batch} is padding: this row's text holds "
+                    f"positions {real.nonzero().min().item()}..{real.nonzero().max().item()} "
+                    "(attention_mask); pass one of them, e.g. query=-1 on a left-padded decoder.")
+            offset = int(real.int().argmax())
+            keys, at = [k for k in keys if bool(real[k])], pos - offset
+            if str_tokens is not None and len(str_tokens) == int(real.sum()):
+                str_tokens = [""] * offset + list(str_tokens)  # the text's own tokens
+                str_tokens += [""] * (n_k - len(str_tokens))
         for li, layer in enumerate(self.layers):
             for h in range(n_heads):
-                for k in range(q + 1 if causal else n_k):
-                    row = {"layer": layer, "head": h, "query": q, "key": k}
+                for k in keys:
+                    row = {"layer": layer, "head": h, "query": at, "key": k - offset}
                     if str_tokens is not None:
                         row["token"] = str_tokens[k]
                     for f in fields:
@@ -296,7 +321,7 @@ def decompose(
         parts["contribution"].append(geo.contribution(kind))
     stacked = {f: (v[0] if single else torch.stack(v)) for f, v in parts.items()}
     return Decomposition(**stacked, kind=kind, layers=tuple(layers),
-                         causal=not adapter.is_encoder(model))
+                         causal=not adapter.is_encoder(model), attention_mask=attention_mask)
 
 
 @dataclass(frozen=True)

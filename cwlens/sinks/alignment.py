@@ -37,6 +37,8 @@ def layer_cosines(sg: SinkGeometry) -> dict[str, tuple[torch.Tensor, torch.Tenso
 
 def _sink_geometries(cache, model, attention_mask, layers):
     resolved, _ = adapter.resolve_requested_layers(model, layers)
+    if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
+        attention_mask = adapter.cache_mask(cache)
     for ly in resolved:
         geo = adapter.geometry(cache, model, ly, attention_mask)
         mask = None if attention_mask is None else attention_mask.bool()

@@ -66,6 +66,8 @@ def _bin_sums(rate, norm, valid, n_bins: int) -> tuple[torch.Tensor, torch.Tenso
 def observed_bins(cache, model, attention_mask=None, layers=None, n_bins: int = N_BINS):
     """One row per non-empty ``(layer, head, bin)`` (see the module docstring)."""
     resolved, _ = adapter.resolve_requested_layers(model, layers)
+    if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
+        attention_mask = adapter.cache_mask(cache)
     return pd.concat([layer_bins(adapter.geometry(cache, model, ly, attention_mask), ly,
                                  attention_mask, n_bins) for ly in resolved], ignore_index=True)
 

@@ -141,6 +141,8 @@ def sink_statistics(
     """Tidy table, one row per ``(sample, layer, head)`` (see the module docstring)."""
     resolved, _ = adapter.resolve_requested_layers(model, layers)
     check_sink_options(sink_positions, eps)
+    if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
+        attention_mask = adapter.cache_mask(cache)
     rows = [
         layer_frame(adapter.geometry(cache, model, ly, attention_mask), ly, attention_mask,
                     sample_ids, eps, sink_positions, kind, causal=not adapter.is_encoder(model))
