@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cwlens.groundtruth import library  # noqa: E402
 from cwlens.groundtruth.codec import decode, encode, written  # noqa: E402
-from cwlens.groundtruth.compiler import tracr_reference  # noqa: E402
 from cwlens.groundtruth.convert import weights_of  # noqa: E402
 from cwlens.groundtruth.truth import pack  # noqa: E402
 
@@ -71,6 +70,8 @@ def compile_one(name: str, folder: Path) -> None:
     assembled = program._cache["assembled"]
     model = program.model
     inputs = program.sample_inputs(N_INPUTS, SEED)
+    from cwlens.groundtruth.compiler import tracr_reference
+
     reference = tracr_reference(assembled, inputs)
     worst, written_by_tracr = 0.0, []
     for tokens, (theirs, decoded) in zip(inputs, reference, strict=True):
@@ -106,11 +107,48 @@ def compile_one(name: str, folder: Path) -> None:
           f"difference {worst:.1e}); {time.time() - start:.0f} s")
 
 
+def table() -> str:
+    """A markdown table of the shipped programs and their truth (no tracr needed): the
+    numbers of docs/groundtruth.md, "The ground truth"."""
+    from cwlens.groundtruth.truth import reach
+
+    rows = ["| program | layers x heads | d_model | components | Aggregate rows that fall back "
+            "to the BOS | dependence pairs (a) | of them reached by (b) | pairs (b) connects "
+            "(q != k) without (a) |", "|---|---|---|---|---|---|---|---|"]
+    for name in library.names():
+        program = library.load(name)
+        cfg = program.model.cfg
+        truths = program.truth(program.sample_inputs(N_INPUTS, SEED))
+        aggregate_heads = [(p.layer, p.head) for p in program.placements if p.kind == "aggregate"]
+        rows_total = sum(len(t.tokens) - 1 for t in truths) * len(aggregate_heads)
+        fallen = sum(int(t.fallback[ly, h].sum()) for t in truths for ly, h in aggregate_heads)
+        dep = reached = paths = lone = 0
+        for t in truths:
+            r = reach(t.movement)[1:, 1:]
+            a = t.dependence[1:, 1:]
+            moved = r & ~torch.eye(len(r), dtype=torch.bool)  # a position's own: no movement
+            dep += int(a.sum())
+            reached += int((a & r).sum())
+            paths += int(moved.sum())
+            lone += int((moved & ~a).sum())
+        share = "-" if not rows_total else f"{fallen / rows_total:.0%}"
+        comps = ", ".join(f"L{c[1]}H{c[2]}" if c[0] == "attn" else f"L{c[1]} MLP"
+                          for c in sorted(program.components, key=lambda c: (c[1], c[0] != "attn")))
+        rows.append(f"| {name} | {cfg.n_layers} x {cfg.n_heads} | {cfg.d_model} | {comps} | {share} | "
+                    f"{dep} | {reached / max(dep, 1):.0%} | {lone / max(paths, 1):.0%} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--program", action="append",
                         help="a program's name (repeatable; default: every programs/*.py)")
+    parser.add_argument("--table", action="store_true",
+                        help="print the shipped programs' table (docs/groundtruth.md; no tracr needed)")
     args = parser.parse_args(argv)
+    if args.table:
+        print(table())
+        return
     folder = library.PROGRAMS
     available = sorted(p.stem for p in folder.glob("*.py"))
     for name in args.program or available:

@@ -1,11 +1,20 @@
 """Ground truth: compiled transformers whose computation is known (tracr), as cwlens models.
 
+- :func:`load` / :func:`names`: the shipped programs (no jax needed); :func:`from_file`:
+  a RASP program file of your own (needs the tracr extra). Each is a
+  :class:`CompiledProgram`: its ``model``, its inputs (``sample_inputs``) and their
+  :class:`Truth` (``truth``), its ``components``.
 - :func:`from_tracr`: tracr's assembled model -> a model every cwlens function measures.
 - :func:`encode` / :func:`decode`: token ids of an input, tracr's decoded outputs.
+
+See docs/groundtruth.md. Importing this package imports neither jax nor tracr.
 """
 
 from cwlens.groundtruth.codec import decode, encode
 from cwlens.groundtruth.convert import TracrLayout, from_tracr, load_weights, save
+from cwlens.groundtruth.library import CompiledProgram, from_file, load, names
 from cwlens.groundtruth.network import TracrTransformer
+from cwlens.groundtruth.truth import Truth
 
-__all__ = ["TracrLayout", "TracrTransformer", "decode", "encode", "from_tracr", "load_weights", "save"]
+__all__ = ["CompiledProgram", "TracrLayout", "TracrTransformer", "Truth", "decode", "encode",
+           "from_file", "from_tracr", "load", "load_weights", "names", "save"]

@@ -112,6 +112,20 @@ def compute(program: Any, tokens: list, vocab: tuple, placements: list[Placement
                  [tokens[0], *output])
 
 
+def reach(movement: torch.Tensor) -> torch.Tensor:
+    """``[n, n]`` bool: the input positions whose information can reach each position's
+    final residual along the movements (b), layer after layer, the residual stream carrying
+    each position's own: ``R_0 = I``, ``R_{l+1} = R_l or (M_l R_l)`` with ``M_l`` the union
+    of layer ``l``'s heads. (a) is what the output depends on; this is where (b) could
+    have carried it."""
+    n = movement.shape[-1]
+    r = torch.eye(n, dtype=torch.bool)
+    for layer in movement:
+        m = layer.any(0).double()
+        r = r | ((m @ r.double()) > 0)
+    return r
+
+
 def pack(truths: list[Truth]) -> dict[str, np.ndarray]:
     """The truths of inputs as flat arrays (for an ``.npz``): each field concatenated,
     with the lengths to cut them back."""
