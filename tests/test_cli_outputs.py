@@ -106,6 +106,10 @@ def test_default_outputs_leave_git_status_clean(command, checkout, models, capsy
     assert main(argv) == 0, capsys.readouterr().err
     status = _git(checkout, "status", "--porcelain", "--untracked-files=all")
     assert status == "", f"cwlens {command} changed the checkout:\n{status}"
+    # nor anything git ignores outside runs/ (figures/*.html is ignored, figures/ is not ours)
+    ignored = _git(checkout, "status", "--porcelain", "--ignored", "--untracked-files=all")
+    outside = [line for line in ignored.splitlines() if not line.startswith("!! runs/")]
+    assert outside == [], f"cwlens {command} wrote outside runs/:\n" + "\n".join(outside)
     if WRITES[command]:
         assert (checkout / WRITES[command]).exists(), sorted(map(str, checkout.rglob("*")))
     for rel in TRACKED:
