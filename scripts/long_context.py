@@ -84,7 +84,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=positive_int, default=16384, help="length of the text (default 16384)")
     ap.add_argument("--model", default="smollm2-135m", help="a cwlens.load_model name or a local directory")
-    ap.add_argument("--out", type=Path, default=Path("results/long_context"), help="output folder")
+    ap.add_argument("--out", type=Path, default=Path("runs/long_context"),
+                    help="output folder (default: %(default)s; the committed runs name results/...)")
     ap.add_argument("--attention", choices=("auto", "eager", "blockwise"), default=None,
                     help="cwlens's attention path, where the installed cwlens has one (default: auto)")
     ap.add_argument("--query-block", type=positive_int, default=256, help="queries per block (default 256)")
