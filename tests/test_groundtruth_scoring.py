@@ -270,3 +270,11 @@ def test_the_softmax_leak_ranks_nothing():
     assert with_fallback["auroc"] < 1.0  # the tie counts one half
     got = scoring.resolution(torch.tensor([[1.0, 1.0 - 1e-6, 0.5, 0.5 + 1e-3]], dtype=torch.float64))
     assert torch.equal(got, torch.tensor([[1e4, 1e4, 5e3, 5010.0]], dtype=torch.float64))
+    # an input whose every row fell back has no entry in the main scope: no AUROC, no error
+    truth = gate_truth(["BOS", "b", "a"])
+    everything_fell_back = type(truth)(truth.tokens, truth.dependence, truth.movement,
+                                       torch.ones_like(truth.fallback), truth.output)
+    rows = scoring.score_input(everything_fell_back, {"layer": {"attention": att}},
+                               torch.tensor([[True, False]]), causal=False)
+    main = next(r for r in rows if r["scope"] == "main")
+    assert main["n_entries"] == 0 and math.isnan(main["auroc"])

@@ -118,6 +118,8 @@ def resolution(scores: torch.Tensor) -> torch.Tensor:
     leaks onto the other keys). Ranking by such differences would rank the softmax's leak,
     not what the method says (attention would rank every moved pair above every fall-back
     BOS by 1e-6); at this resolution they are ties."""
+    if scores.shape[-1] == 0:  # no entry to score (every row fell back)
+        return scores
     scale = scores.abs().amax(-1, keepdim=True)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     return torch.round(scores / scale / RESOLUTION)
