@@ -313,7 +313,7 @@ def test_choice_passes_unembed_only_the_continuations_and_score_as_full_logits(m
     assert len(calls) == result.stats.n_forwards and all(s[0] == 1 and s[1] <= n_positions for s in calls)
     plain = sweep_mod.choice_units
     monkeypatch.setattr(sweep_mod, "choice_units",
-                        lambda m, items: [replace(u, positions=None) for u in plain(m, items)])
+                        lambda m, items, *bos: [replace(u, positions=None) for u in plain(m, items, *bos)])
     full = run_faithfulness(model, ITEMS, cfg, progress=False).table
     assert (few.drop(columns="value") == full.drop(columns="value")).all().all()
     exact = few.measure.isin(["acc", "acc_norm", "tied_share", "first_token_share"])

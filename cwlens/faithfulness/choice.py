@@ -8,7 +8,10 @@ For choice ``c`` of an item with context ``x_c`` and continuation ``y_c``:
 
 Tokens, as lm-eval-harness's ``_encode_pair``: trailing whitespace of ``x_c`` moves to
 the front of ``y_c``; then ``whole = encode(x_c + y_c)``, ``ctx = encode(x_c)`` (each as
-the model tokenizes a text, with its BOS if any) and the continuation's tokens are
+the model tokenizes a text: **with its BOS token** where TransformerLens prepends one, as
+it does by default for SmolLM2, Gemma, Qwen and Llama; ``prepend_bos=False`` leaves it out,
+for a model trained without one -- it changes the scores: SmolLM2's capitals accuracy is
+36/40 with it and 38/40 without, ``tests/test_choice_bos.py``) and the continuation's tokens are
 ``whole[len(ctx):]`` -- not ``encode(y_c)``, which differs wherever tokens merge across
 the boundary (SentencePiece and BPE tokenizers). The model reads
 ``input_c = (x_c + y_c)[:-1]`` -- the last continuation token is only a target. Choices
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cwlens.engine import lm
+from cwlens.engine import lm, validation
 from cwlens.engine.batching import token_ids
 from cwlens.errors import DatasetFormatError, NonFiniteError
 
@@ -38,28 +41,46 @@ class ChoiceRequest:
     continuation_chars: int
 
 
-def encode_pair(model, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """``(context_ids, continuation_ids)`` split from the encoded whole, as lm-eval does."""
+def text_ids(model, text: str, prepend_bos: bool = True) -> list[int]:
+    """Token ids of ``text`` as the model makes them, never cut at the context:
+    with the BOS token TransformerLens prepends by default (``prepend_bos=True``,
+    :func:`~cwlens.engine.tokens.token_ids`) or without it (``prepend_bos=False``: for a
+    model trained without one)."""
+    if validation.flag(prepend_bos, "prepend_bos"):
+        return token_ids(model, text, truncate=False).tolist()
+    from cwlens.engine.handle import wrap
+
+    return wrap(model).to_tokens(text, prepend_bos=False, move_to_device=False,
+                                 truncate=False)[0].tolist()
+
+
+def encode_pair(model, context: str, continuation: str,
+                prepend_bos: bool = True) -> tuple[list[int], list[int]]:
+    """``(context_ids, continuation_ids)`` split from the encoded whole, as lm-eval does;
+    the context starts with the model's BOS unless ``prepend_bos=False`` (:func:`text_ids`)."""
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces:
         context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
     # not cut at the context: a cut would drop the continuation (or its last tokens) and
     # score what is left; an item longer than the context is refused whole (units._fits_context)
-    whole = token_ids(model, context + continuation, truncate=False).tolist()
-    ctx = token_ids(model, context, truncate=False).tolist()
+    whole = text_ids(model, context + continuation, prepend_bos)
+    ctx = text_ids(model, context, prepend_bos)
     return ctx, whole[len(ctx):]
 
 
-def encode_items(model, items) -> list[ChoiceRequest]:
-    """Requests of every choice of every :class:`~cwlens.datasets.ChoiceItem`."""
+def encode_items(model, items, prepend_bos: bool = True) -> list[ChoiceRequest]:
+    """Requests of every choice of every :class:`~cwlens.datasets.ChoiceItem`
+    (``prepend_bos``: :func:`encode_pair`)."""
     requests = []
     for index, item in enumerate(items):
         for choice, (context, continuation) in enumerate(item.pairs):
-            ctx, cont = encode_pair(model, context, continuation)
+            ctx, cont = encode_pair(model, context, continuation, prepend_bos)
             if not ctx:
                 raise DatasetFormatError(
-                    f"{item.id}: choice {choice} has an empty context and the model adds no "
-                    "BOS token, so nothing predicts the first continuation token."
+                    f"{item.id}: choice {choice} has an empty context and "
+                    + ("the model adds no BOS token" if prepend_bos else "prepend_bos=False (--no-bos) "
+                       "leaves out the BOS token")
+                    + ", so nothing predicts the first continuation token."
                 )
             if not cont:
                 raise DatasetFormatError(f"{item.id}: choice {choice} has an empty continuation.")

@@ -48,6 +48,10 @@ class FaithfulnessConfig:
             ``max_tokens`` instead of cutting them at ``n_ctx`` (default False; rotary
             models only, see docs/inputs.md). Long documents are scored without
             ``[pos, vocab]`` logits (:mod:`cwlens.engine.lm`).
+        prepend_bos: every text and multiple-choice input starts with the model's BOS
+            token, as TransformerLens tokenizes by default (default True); False for a
+            model trained without one (CLI ``--no-bos``). Recorded in the results'
+            configuration only when False.
         batch_tokens: padded tokens per forward pass (default 2048).
         reuse: share forward passes between conditions with identical masks (default True).
         ranking_path: how row-scope masks are made (the results are the same):
@@ -72,6 +76,7 @@ class FaithfulnessConfig:
     mask_first_token: bool = _field(True, provenance=True, lmeval="bool")
     max_tokens: int | None = _field(512, provenance=True)
     past_context: bool = False
+    prepend_bos: bool = True
     seed: int = _field(0, provenance=True, lmeval="int")
     layers: tuple[int, ...] | None = _field(None, lmeval="layers")
     per_layer: bool = False
@@ -86,7 +91,8 @@ class FaithfulnessConfig:
             if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
                 raise InvalidArgumentError(  # a bare string would be split into letters
                     f"{name} must be a list or tuple, e.g. {name}={example}; got {value!r}.")
-        for name in ("renormalize", "causal_only", "mask_first_token", "per_layer", "reuse"):
+        for name in ("renormalize", "causal_only", "mask_first_token", "per_layer", "reuse",
+                     "prepend_bos"):
             validation.flag(getattr(self, name), name)  # "no" would be true
         validation.seed(self.seed)
         if self.layers is not None and (isinstance(self.layers, str | bytes)

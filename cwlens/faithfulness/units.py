@@ -25,18 +25,19 @@ class Unit:
     objective: Callable | None = None
 
 
-def text_units(model, samples, max_tokens, past_context: bool = False) -> list[Unit]:
+def text_units(model, samples, max_tokens, past_context: bool = False,
+               prepend_bos: bool = True) -> list[Unit]:
     """One unit per document, cut to ``max_tokens`` and to the model's context (with one
     note when some document is longer; ``past_context``: not cut at the context, rotary
-    models only: docs/inputs.md)."""
-    from cwlens.engine.batching import context_cap, token_ids
+    models only: docs/inputs.md; ``prepend_bos``: :func:`~cwlens.faithfulness.choice.text_ids`)."""
+    from cwlens.engine.batching import context_cap
 
     def score(output, rows, offsets, tokens, mask):
         row = rows[0]
         out = lm.document_scores(lm.rows(output, row, row + 1), tokens[row : row + 1], mask[row : row + 1])
         return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
 
-    all_ids = [token_ids(model, s.text, truncate=False).tolist() for s in samples]
+    all_ids = [choice.text_ids(model, s.text, prepend_bos) for s in samples]
     cap = context_cap(model, max_tokens, [len(ids) for ids in all_ids], "documents", past_context)
     for s, ids in zip(samples, all_ids, strict=True):
         if len(ids[:cap] if cap else ids) < 2:
@@ -51,8 +52,10 @@ def text_units(model, samples, max_tokens, past_context: bool = False) -> list[U
             for s, ids in zip(samples, all_ids, strict=True)]
 
 
-def choice_units(model, items) -> list[Unit]:
-    requests = choice.encode_items(model, items)
+def choice_units(model, items, prepend_bos: bool = True) -> list[Unit]:
+    """One unit per multiple-choice item (its choices' distinct inputs; ``prepend_bos``:
+    :func:`~cwlens.faithfulness.choice.encode_pair`)."""
+    requests = choice.encode_items(model, items, prepend_bos)
     by_item: dict[int, list] = {}
     for r in requests:
         by_item.setdefault(r.item, []).append(r)
