@@ -49,9 +49,6 @@ def register(sub) -> None:
     p.add_argument("--no-bos", action="store_true",
                    help="score each choice without the BOS token TransformerLens prepends by "
                    "default (for a model trained without one; it changes the accuracy)")
-    p.add_argument("--no-bos", action="store_true",
-                   help="score each choice without the BOS token TransformerLens prepends by "
-                   "default (for a model trained without one; it changes the accuracy)")
     p.add_argument("--summary-md", default=None, type=arg_types.markdown_list,
                    help="write the table into these markdown files, comma-separated "
                    "(between <!-- clean-accuracy:start/end --> comments)")

@@ -9,10 +9,6 @@ accuracy that is already a coin flip. So the test first measures the clean accur
               one by default); prepend_bos=False (CLI --no-bos) reads it without one, for
               a model trained without a BOS (SmolLM2 capitals, first 40 items: 36/40 with
               it, 38/40 without; tests/test_choice_bos.py)
-              each choice's ll read after the model's BOS token (TransformerLens prepends
-              one by default); prepend_bos=False (CLI --no-bos) reads it without one, for
-              a model trained without a BOS (SmolLM2 capitals, first 40 items: 36/40 with
-              it, 38/40 without; tests/test_choice_bos.py)
     uniform = (1/n) sum_items 1 / k_item                  (k: the item's number of choices)
     const   = max_s (1/n) sum_items [gold continuation == s]
               over the answers s offered in every item (BoolQ's " yes", MMLU's " A")
