@@ -274,3 +274,12 @@ def test_the_factor_table_of_a_padded_row_is_its_texts_table(arch):
     pad = int((~mask[0]).nonzero()[0])
     with pytest.raises(InvalidArgumentError, match="is padding"):
         parts.to_dataframe(batch=0, query=pad)
+
+
+def test_a_mask_given_with_texts_is_refused_naming_both_fixes():
+    from cwlens.errors import ShapeMismatchError
+
+    model = tiny_model("llama")
+    _, mask = pad_batch(model, TEXTS)
+    with pytest.raises(ShapeMismatchError, match="pass the texts without a mask.*pad_batch"):
+        cwlens.stream_reduce(model, TEXTS, [reducers.ColumnSums()], attention_mask=mask)

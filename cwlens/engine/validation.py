@@ -152,8 +152,9 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
             if adapter.is_encoder(model) or len(texts) != 1:
                 # several texts: the mask comes from pad_batch, which returns the tokens too
                 raise ShapeMismatchError(
-                    "An attention_mask needs tokens, not texts: pass the tokens it belongs to "
-                    "(tokens, mask = cwlens.engine.batching.pad_batch(model, texts))."
+                    "An attention_mask needs tokens, not texts: pass the texts without a mask "
+                    "(cwlens pads a list of texts with a mask of its own), or the tokens the "
+                    "mask belongs to (tokens, mask = cwlens.engine.batching.pad_batch(model, texts))."
                 )
             tokens = wrap(model).to_tokens(texts[0])
     elif isinstance(input, torch.Tensor):
