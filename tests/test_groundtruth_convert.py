@@ -227,3 +227,14 @@ def test_without_tracr_the_error_names_the_extra(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("ERR")]
     assert len(lines) == 2 and all("pip install" in ln and "tracr" in ln for ln in lines), out.stdout
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from cwlens.groundtruth import codec as codec_module
+    from cwlens.groundtruth import library as library_module
+
+    for module in (library_module, codec_module):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and (module is codec_module or result.attempted > 0)

@@ -63,6 +63,9 @@ def encode(model: Any, tokens: Sequence) -> torch.Tensor:
         model: the compiled program's model (or the ``CompiledProgram``).
         tokens: ``["BOS", "x", "y"]`` (vocabulary values or their strings), or a list of such.
 
+    Returns:
+        ``[1, n]`` or ``[batch, n]`` token ids (torch.long) on the model's device.
+
     Raises:
         InvalidArgumentError: a first token other than the BOS, or a token outside the
             vocabulary (the message names it and the vocabulary).
@@ -85,7 +88,17 @@ def decode(model: Any, output: torch.Tensor) -> list:
     ``[batch, n, d_model]`` (unembedded here): the BOS first, then the categorical output
     values (argmax, as tracr) or the numerical outputs as floats.
 
-    A 2-D output or a batch of one gives one list; a larger batch a list of lists.
+    Args:
+        model: the compiled program's model (or the ``CompiledProgram``).
+        output: logits or final residual, ``[batch, n, ...]`` or ``[n, ...]``.
+
+    Returns:
+        One list for a 2-D output or a batch of one; a list of lists for a larger batch.
+        Where the program wrote no value (:func:`written` is False) the argmax picks among
+        float noise, as tracr's does.
+
+    Raises:
+        ShapeMismatchError: a last axis that is neither the logits' nor the residual's.
     """
     m = model_of(model)
     layout = m.layout

@@ -125,12 +125,44 @@ class CompiledProgram:
 
 
 def names() -> list[str]:
-    """The shipped programs' names (``cwlens.groundtruth.load(name)`` loads one)."""
+    """The shipped programs' names (``cwlens.groundtruth.load(name)`` loads one).
+
+    Returns:
+        The names, sorted.
+
+    Examples:
+        >>> from cwlens import groundtruth
+        >>> "frac_prevs" in groundtruth.names()
+        True
+    """
     return sorted(p.stem for p in PROGRAMS.glob("*.json"))
 
 
 def load(name: str) -> CompiledProgram:
-    """A shipped program (:func:`names`), from its files; needs no jax or tracr."""
+    """A shipped program (:func:`names`), from its files; needs no jax or tracr.
+
+    Args:
+        name: one of :func:`names` (``"reverse"``, ``"frac_prevs"``, ...).
+
+    Returns:
+        The :class:`CompiledProgram`: its ``model`` (every cwlens function takes it), its
+        inputs (``sample_inputs``) and their truth (``truth``), its ``components``.
+
+    Raises:
+        UnknownOptionError: no shipped program of that name (the message lists them).
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens import groundtruth
+        >>> program = groundtruth.load("frac_prevs")
+        >>> tokens = groundtruth.encode(program.model, ["BOS", "x", "w", "x"])
+        >>> logits, cache = cwlens.run_with_cache(program.model, tokens)
+        >>> [round(v, 3) for v in groundtruth.decode(program.model, logits)[1:]]
+        [1.0, 0.5, 0.667]
+        >>> truth = program.truth(program.sample_inputs(1, seed=0))[0]
+        >>> truth.movement.shape[:2] == (program.model.cfg.n_layers, program.model.cfg.n_heads)
+        True
+    """
     if not isinstance(name, str) or name not in names():
         raise UnknownOptionError(
             f"no shipped program {name!r}: the shipped ones are {names()}. A program of your "
@@ -200,7 +232,25 @@ def _checked(names: dict[str, Any], where: str) -> dict[str, Any]:
 
 def from_file(path: str | Path, name: str | None = None) -> CompiledProgram:
     """Compile a user's RASP program file (see the module docstring) into a
-    :class:`CompiledProgram`; needs the tracr extra. Its truth is computed on demand."""
+    :class:`CompiledProgram`; needs the tracr extra. Its truth is computed on demand.
+
+    Args:
+        path: a Python file defining ``program``, ``vocab`` and ``max_seq_len`` (and
+            optionally ``description``, ``sample_inputs(n, seed)`` or ``sampling``).
+        name: the program's name (default: the file's stem).
+
+    Returns:
+        The :class:`CompiledProgram` (compiled here: seconds to minutes).
+
+    Raises:
+        InvalidArgumentError: no such file, a file that defines no ``program`` (or no
+            ``vocab``/``max_seq_len``), or a program tracr cannot compile.
+        ModelNotAvailableError: tracr is not installed (``pip install "cwlens[tracr]"``).
+
+    Examples:
+        >>> from cwlens import groundtruth
+        >>> program = groundtruth.from_file("my_program.py")  # doctest: +SKIP
+    """
     path = Path(path)
     defined = read_file(path)
     return from_definitions(defined, name or path.stem, path.read_text())
