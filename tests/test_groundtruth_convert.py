@@ -139,6 +139,18 @@ def test_cwlens_identities_hold(name):
     cwlens.engine.adapter.check_residual_sum(model.run_with_cache(tokens)[1], model, "test")
 
 
+def test_float64_copy_gives_the_same_numbers():
+    model = library.load("sort").model
+    tokens = encode(model, ["BOS", 3, 1, 2, 5])
+    high = library.load("sort").model.to(torch.float64)
+    assert high.cfg.dtype == torch.float64 and cwlens.wrap(high).device == "cpu"
+    torch.testing.assert_close(high(tokens).float(), model(tokens), atol=1e-5, rtol=0)
+    c32 = cwlens.contribution_weights(cwlens.run_with_cache(model, tokens)[1], model, 2)
+    c64 = cwlens.contribution_weights(cwlens.run_with_cache(high, tokens)[1], high, 2)
+    live = c64.abs().sum(-1) > 0
+    torch.testing.assert_close(c32[live], c64[live].float(), atol=1e-4, rtol=0)
+
+
 def test_tracr_model_is_a_bidirectional_model_without_norm():
     handle = cwlens.wrap(library.load("reverse").model)
     assert handle.generation == "hooked"

@@ -238,6 +238,13 @@ class TracrTransformer(HookedRootModule):
         return (f"TracrTransformer({c.model_name!r}: {c.n_layers} layers x {c.n_heads} heads, "
                 f"d_model {c.d_model}, {c.d_vocab} input tokens, {c.d_vocab_out} outputs)")
 
+    def to(self, *args: Any, **kwargs: Any) -> "TracrTransformer":
+        """``nn.Module.to``, keeping ``cfg.device`` and ``cfg.dtype`` (which cwlens reads)
+        in step with the weights."""
+        out = super().to(*args, **kwargs)
+        self.cfg.device, self.cfg.dtype = str(self.W_E.device), self.W_E.dtype
+        return out
+
     @property
     def W_U(self) -> torch.Tensor:
         return self.unembed.W_U
