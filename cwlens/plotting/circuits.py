@@ -31,6 +31,6 @@ def agreement_figure(comparison, title: str | None = None, model_label: str = ""
     fig.update_layout(
         title=title or f"{source}{task.name} ({task.clean.shape[0]} prompts): head scores vs "
         f"activation patching ({len(labels)} heads)",
-        height=420, width=300 * len(names) + 100,
+        height=440, width=300 * len(names) + 100, margin=dict(t=120),
     )
     return fig

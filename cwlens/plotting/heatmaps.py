@@ -94,7 +94,8 @@ def attention_vs_contribution(
         title = f"{title}<br><sup>{MASKED_NOTE}</sup>"
     fig.update_layout(
         title=title, width=min(2400, 120 + side * n), height=2 * side + 220,
-        font=dict(size=11), margin=dict(t=100), plot_bgcolor=MASKED_COLOUR,
+        font=dict(size=11), margin=dict(t=80 + 22 * title.count("<br>")),  # a line per <br>
+        plot_bgcolor=MASKED_COLOUR,
     )
     return fig
 

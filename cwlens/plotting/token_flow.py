@@ -53,7 +53,7 @@ def token_flow_figure(flow, target: int = -1, threshold: float = 0.02, title: st
         text=hover, hovertemplate="%{text}<extra></extra>",
     ))
     fig.update_layout(
-        title=title or f"{source + ': ' if source else ''}token flow into {labels[t]} "
+        title=title or f"{source + '<br>' if source else ''}Token flow into {labels[t]} "
         f"({flow.rule} rule, edges |w| ≥ {threshold})",
         xaxis=dict(tickmode="array", tickvals=list(range(n_pos)), ticktext=labels, tickangle=-60),
         yaxis=dict(title="layer (residual stream entering it; top = final)"),

@@ -107,7 +107,7 @@ def run_demo(
 
     fig = attention_vs_contribution(
         fig_heads, str_tokens,
-        title=f"{model_name}, GSM8K problem {sample} (first {len(str_tokens)} tokens): attention "
+        title=f"{model_name}, GSM8K problem {sample} (first {len(str_tokens)} tokens)<br>attention "
         "(top) vs contribution to the layer output (bottom), most sink-heavy heads",
         contribution_label="contribution (inter-head)",
         masked=causal_mask(len(str_tokens)) if an.causal else None,
