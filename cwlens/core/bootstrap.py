@@ -134,7 +134,10 @@ def flag_note(n: int | None = None) -> str:
     that sample size."""
     bound = None if n is None else skewness_bound(n)
     if n is None:
-        where = ", ".join(f"|skewness| ≤ {b:g} from n = {size}" for size, b in VALID_SKEWNESS if b > 0)
+        steps = [(size, b) for k, (size, b) in enumerate(VALID_SKEWNESS)
+                 if b > 0 and (k == 0 or b != VALID_SKEWNESS[k - 1][1])]
+        where = ("|skewness| " + ", ".join(f"≤ {b:g} from n = {size}" for size, b in steps)
+                 + f"; below n = {steps[0][0]}, no sample" if steps else "no sample")
     elif bound is None:
         where = f"it was measured from n = {VALID_SKEWNESS[0][0]} samples on; here n = {n}"
     elif bound <= 0:
@@ -142,10 +145,10 @@ def flag_note(n: int | None = None) -> str:
                  "their population is skewed")
     else:
         where = f"at n = {n} it holds up to |skewness| {bound:g}"
-    return (f"{FLAG} outside the validity range of the bootstrap-t ({where}): the per-sample "
-            "values (of a difference: the paired differences) are too skewed for their "
-            "number, so the interval, and whether it is resolved, are approximate "
-            "([Statistics](statistics.md)).")
+    return (f"{FLAG} outside the validity range of the bootstrap-t ({where}): the cell's "
+            "per-sample values (for a difference, the paired differences) are more skewed "
+            "than their number allows, or too few to tell, so its interval, and whether it "
+            "is resolved, are approximate ([Statistics](statistics.md)).")
 
 
 def outside_validity(n: int, skewness, rule=None):
