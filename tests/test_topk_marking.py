@@ -107,3 +107,30 @@ def test_the_table_lists_valid_entries_only(model):
     row = df.iloc[len(df) // 2]
     want = top.values[int(row.layer), int(row.batch), int(row["head"]), int(row["query"]), int(row["rank"])]
     assert float(row.value) == pytest.approx(float(want))
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("by_abs", [False, True])
+def test_row_topk_equals_a_masked_topk_on_random_rows(grouped, by_abs, monkeypatch):
+    """The plain top-k first, then only the rows where it picked a key left out ranked again:
+    the same as ranking every row with those keys at -inf (random signed rows and random
+    allowed keys, rows with no key at all, rows with fewer keys than k)."""
+    from cwlens.engine import row_topk
+
+    if grouped:
+        monkeypatch.setattr(row_topk, "GROUPED_FROM", 1)
+        monkeypatch.setattr(row_topk, "GROUP", 3)
+    g = torch.Generator().manual_seed(0)
+    for k, width in [(4, 17), (3, 40), (8, 5)]:
+        w = torch.randn(2, 3, 6, width, generator=g)
+        allowed = torch.rand(2, 1, 6, width, generator=g) < 0.3
+        allowed[0, 0, 0] = False  # a pad query: no key
+        allowed[1, 0, 1] = True  # every key
+        idx, val = row_topk._row_topk(w, k, by_abs, None, allowed)
+        score = (w.abs() if by_abs else w).masked_fill(~allowed, float("-inf"))
+        top = score.topk(min(k, width), dim=-1)
+        valid = top.values > float("-inf")
+        torch.testing.assert_close(val, w.gather(-1, top.indices).masked_fill(~valid, float("nan")),
+                                   equal_nan=True)
+        assert torch.equal(idx >= 0, valid)
+        assert bool(allowed.expand(w.shape).gather(-1, idx.clamp_min(0))[valid].all())

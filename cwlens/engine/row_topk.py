@@ -91,8 +91,8 @@ def _row_topk(w: torch.Tensor, k: int, by_abs: bool, n_keys: int | None,
     causal block stops at its last query) is never a result: where a row has fewer keys
     than that, its last entries are marked with index -1 and value NaN. The plain top-k is
     taken first; only a block where it picked a key left out is ranked again with those
-    keys at -inf (a causal run: the block of the first ``k`` queries), so a long row costs
-    what ``torch.topk`` costs."""
+    keys at -inf, and only its query rows where it did (a causal run: the first ``k``
+    queries), so a long row costs what ``torch.topk`` costs."""
     width = w.shape[-1]
     n_out = min(k, width if n_keys is None else max(n_keys, width))
     score = w.abs() if by_abs else w
@@ -101,8 +101,12 @@ def _row_topk(w: torch.Tensor, k: int, by_abs: bool, n_keys: int | None,
     if allowed is not None:
         allowed = allowed.expand(w.shape)
         ok = allowed.gather(-1, idx)
-        if not bool(ok.all()):
-            idx = _topk_indices(score.masked_fill(~allowed, float("-inf")), min(n_out, width))
+        redo = (~ok).flatten(0, -3).any(-1).any(0) if ok.ndim > 2 else (~ok).any(-1)  # [query]
+        if bool(redo.any()):
+            rows, q_dim = redo.nonzero().flatten(), w.ndim - 2
+            again = score.index_select(q_dim, rows).masked_fill(
+                ~allowed.index_select(q_dim, rows), float("-inf"))
+            idx = idx.index_copy(q_dim, rows, _topk_indices(again, min(n_out, width)))
             ok = allowed.gather(-1, idx)
     val = w.gather(-1, idx)
     if ok is not None and not bool(ok.all()):
