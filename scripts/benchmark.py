@@ -21,7 +21,11 @@ max allocated). ``--json`` prints one JSON line per n with the keys
 ``n, forward_s, stream_s, ratio, peak_extra_mb, forward_peak_mb, attention, stream_peak_mb``
 (the streamed run's peak above the loaded model; the eager forward's fields are null where
 it did not fit) and, unless ``--attention eager``, ``forward_blockwise_s`` (the plain
-forward with cwlens's blockwise attention) and ``ratio_blockwise`` (stream / that).
+forward with cwlens's blockwise attention: SDPA per query block) and ``ratio_blockwise``
+(stream / that), and ``forward_alpha_s``, the floor of any method that reads the attention
+weights: the blockwise forward with every layer's softmax(QK^T) materialised block by block
+and dropped, stopped after the last layer like the streamed pass (``alpha_forward``), and
+``ratio_alpha`` (stream / that); the four passes are timed interleaved in one process.
 ``--attention`` picks the streamed run's attention (``auto``, ``eager``, ``blockwise``:
 see docs/long_context.md). On CPU, rows with n > 4096 run once
 (no warm-up, no repeats): each takes minutes. The timed runs use the allocator the script was
@@ -151,6 +155,34 @@ def blockwise_forward(model, tokens, query_block=None):
         return model(tokens)
 
 
+def _drop_pattern(tensor, hook):
+    """Reads nothing: the block of softmax(QK^T) was computed, and is dropped on return."""
+    return None
+
+
+_drop_pattern.cwlens_blockwise = True  # type: ignore[attr-defined]  # takes query blocks
+
+
+def alpha_forward(model, tokens, query_block=None):
+    """The floor of any method that reads alpha: the blockwise forward with every layer's
+    probabilities softmax(QK^T) materialised, block by block, and dropped (a hook_pattern
+    that reads nothing makes each layer compute them instead of running SDPA), stopped
+    after the last layer like the streamed pass (logits=False)."""
+    from cwlens.engine import hook_names
+    from cwlens.engine.handle import wrap
+    from cwlens.engine.stream_pass import _raise_stop, _Stop
+    from cwlens.engine.streaming import attention_context
+
+    n_layers = model.cfg.n_layers
+    hooks = [(hook_names.pattern(ly), _drop_pattern) for ly in range(n_layers)]
+    hooks.append((hook_names.resid_post(n_layers - 1), _raise_stop))
+    with attention_context(model, tokens, "blockwise", query_block), wrap(model).hooks(hooks):
+        try:
+            model(tokens)
+        except _Stop:
+            pass
+
+
 def load(model_name, device, dtype, random_config):
     import cwlens
 
@@ -188,9 +220,10 @@ def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_
     base = loaded_baseline_mb(model)
     runs = [("stream", lambda: stream_pass(model, tokens, query_block, attention)),
             ("forward_blockwise", lambda: blockwise_forward(model, tokens, query_block)),
+            ("forward_alpha", lambda: alpha_forward(model, tokens, query_block)),
             ("forward", lambda: model(tokens))]
     if attention == "eager":
-        runs = [runs[0], runs[2]]
+        runs = [runs[0], runs[3]]
     if not eager:
         runs = [r for r in runs if r[0] != "forward"]
     times: dict[str, list] = {name: [] for name, _ in runs}
@@ -217,6 +250,9 @@ def stream_row(model_name, device, n, repeats, dtype, random_config=None, query_
     if "forward_blockwise" in times:
         fb = statistics.median(times["forward_blockwise"])
         row |= {"forward_blockwise_s": fb, "ratio_blockwise": st / fb}
+    if "forward_alpha" in times:
+        fa = statistics.median(times["forward_alpha"])
+        row |= {"forward_alpha_s": fa, "ratio_alpha": st / fa}
     if stream_peak is not None:
         row["stream_peak_mb"] = stream_peak
     return row
@@ -570,12 +606,13 @@ def stream_main(args) -> None:
         print(f"model {args.random_config or args.model}, device {args.device}, dtype {args.dtype}, "
               f"torch threads {torch.get_num_threads()}; streamed = contribution + 3 baselines "
               "-> top-8 and column sums, every layer")
-        print(f"{'n':>6} {'eager s':>9} {'blockw s':>9} {'stream s':>9} {'/eager':>7} "
-              f"{'/blockw':>7} {'eager peak MB':>13} {'extra MB':>9} {'stream peak MB':>15}"
+        print(f"{'n':>6} {'eager s':>9} {'blockw s':>9} {'alpha s':>9} {'stream s':>9} {'/eager':>7} "
+              f"{'/blockw':>7} {'/alpha':>7} {'eager peak MB':>13} {'extra MB':>9} {'stream peak MB':>15}"
               f"   (attention={args.attention})")
-    md = ["| n | eager forward (s) | blockwise forward (s) | streamed (s) | streamed / eager "
-          "| streamed / blockwise | eager forward peak (MB) | peak extra memory (MB) "
-          "| streamed peak (MB) |", "|---|---|---|---|---|---|---|---|---|"]
+    md = ["| n | eager forward (s) | blockwise forward (s) | blockwise forward reading α (s) "
+          "| streamed (s) | streamed / eager | streamed / blockwise | streamed / reading α "
+          "| eager forward peak (MB) | peak extra memory (MB) | streamed peak (MB) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in args.lengths:
         # the eager forward's peak first, under a memory cap: where it cannot fit, its fields
         # are null and the timing row leaves it out (--memory-limit-gb)
@@ -601,15 +638,16 @@ def stream_main(args) -> None:
             return "-" if x is None else format(x, spec)
 
         cells = [fmt(r.get("forward_s"), ".2f"), fmt(r.get("forward_blockwise_s"), ".2f"),
-                 fmt(r["stream_s"], ".2f"), fmt(r.get("ratio"), ".2f"),
-                 fmt(r.get("ratio_blockwise"), ".2f"), fmt(fwd), fmt(r["peak_extra_mb"]), fmt(st)]
+                 fmt(r.get("forward_alpha_s"), ".2f"), fmt(r["stream_s"], ".2f"),
+                 fmt(r.get("ratio"), ".2f"), fmt(r.get("ratio_blockwise"), ".2f"),
+                 fmt(r.get("ratio_alpha"), ".2f"), fmt(fwd), fmt(r["peak_extra_mb"]), fmt(st)]
         if args.json:
             keys = ("n", "forward_s", "stream_s", "ratio", "peak_extra_mb", "forward_peak_mb",
                     "attention", "stream_peak_mb", "forward_blockwise_s", "ratio_blockwise",
-                    "stream_sys_s", "timing_env")
+                    "forward_alpha_s", "ratio_alpha", "stream_sys_s", "timing_env")
             print(json.dumps({k: r.get(k) for k in keys}), flush=True)
         else:
-            widths = (9, 9, 9, 7, 7, 13, 9, 15)
+            widths = (9, 9, 9, 9, 7, 7, 7, 13, 9, 15)
             print(f"{n:>6} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)),
                   flush=True)
         md.append(f"| {n} | " + " | ".join(cells) + " |")

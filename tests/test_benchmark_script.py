@@ -33,6 +33,7 @@ def test_stream_attention_blockwise_adds_its_keys():
     (r,) = [json.loads(line) for line in out.strip().splitlines()]
     assert r["attention"] == "blockwise" and r["stream_peak_mb"] >= 0
     assert r["ratio_blockwise"] == r["stream_s"] / r["forward_blockwise_s"]
+    assert r["ratio_alpha"] == r["stream_s"] / r["forward_alpha_s"]  # the floor reading alpha
     assert r["peak_extra_mb"] == round(r["stream_peak_mb"] - r["forward_peak_mb"], 1) or \
         abs(r["peak_extra_mb"] - (r["stream_peak_mb"] - r["forward_peak_mb"])) < 0.2
 
@@ -170,3 +171,30 @@ def test_bad_lengths_and_two_modes_are_refused_by_name():
                           (["--stream", "--allocators"], "not allowed with argument")):
         out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_alpha_floor_materialises_every_layers_weights_block_by_block():
+    """``alpha_forward`` (``forward_alpha_s``): each layer's softmax(QK^T) is computed in
+    query blocks (hook_pattern sees probabilities: rows sum to 1) and dropped; the pass stops
+    after the last layer, like the streamed one."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_script_alpha", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = random_model("tiny-llama")
+    tokens = torch.randint(3, 60, (1, 20))
+    seen = []
+
+    def record(tensor, hook):
+        seen.append((hook.name, tensor.shape[-2], tensor.shape[-1]))
+        torch.testing.assert_close(tensor.sum(-1), torch.ones(tensor.shape[:-1]))
+        return None
+
+    record.cwlens_blockwise = True
+    bench._drop_pattern = record
+    assert bench.alpha_forward(model, tokens, query_block=8) is None  # no logits
+    n_layers = model.cfg.n_layers
+    assert [name for name, _, _ in seen] == [f"blocks.{ly}.attn.hook_pattern"
+                                             for ly in range(n_layers) for _ in range(3)]
+    assert [(rows, keys) for _, rows, keys in seen[:3]] == [(4, 20), (8, 16), (8, 8)]
