@@ -59,10 +59,10 @@ def all_scores(model, tokens: torch.Tensor, corrupted: torch.Tensor) -> tuple[di
 
 
 def float64_copy(model):
-    """A float64 copy of ``model`` for scoring (float32 weights are exact in float64). In
-    float32, a query that fell back to a value-less BOS leaves an attention output of
-    ~1e-22 (the softmax's leak), whose squared norm is subnormal: 1 / ||o||^2 overflows
-    and the contribution weights of those rows would be NaN."""
+    """A float64 copy of ``model`` for scoring (float32 weights are exact in float64), so
+    that no score depends on float32 rounding: where a row's attention output is only the
+    softmax's leak, its squared norm can underflow to a subnormal float32 (the test model's
+    ``e^-50`` leak: 1 / ||o||^2 then overflows and the contribution weights are NaN)."""
     import copy
 
     return copy.deepcopy(model).to(torch.float64)

@@ -22,7 +22,7 @@ GEOMETRY_METRICS = {  # method -> (registry metric, kind)
 }
 
 
-ZERO_OUTPUT = 1e-6  # ||o_i|| at most this times the layer's largest ||v~_j||: no output
+ZERO_OUTPUT = 1e-3  # ||o_i|| at most this times the layer's largest ||v~_j||: no output
 
 
 def silent_rows(geo, kind: str) -> torch.Tensor:
@@ -30,10 +30,12 @@ def silent_rows(geo, kind: str) -> torch.Tensor:
     ``"intra"``, the layer's for ``"inter"``) is numerically zero: ``||o_i|| <=``
     :data:`ZERO_OUTPUT` times the largest projected value norm of the layer. A query that
     fell back to a value-less BOS writes ``o_i = sum_j a_ij v~_j`` made only of the softmax's
-    leaks onto other keys (``e^-50`` of a value in a compiled model): the output-normalised
-    measures would share out that rounding noise as if it were an output. cwlens sets a
-    measure to 0 where ``||o_i|| = 0`` (:meth:`~cwlens.core.AttentionGeometry.zero_output`);
-    here the same holds where it is zero up to the softmax's leak."""
+    leak onto the other keys (in ``successor`` ``||o_i|| = 2.7e-7`` of a value of norm 1,
+    where a query that moved something writes at least ``1 / n`` of a value): the
+    output-normalised measures would share out that leak as if it were an output. cwlens
+    sets a measure to 0 where ``||o_i|| = 0``
+    (:meth:`~cwlens.core.AttentionGeometry.zero_output`); here the same holds where it is
+    zero up to the leak."""
     scale = geo.value_norm.amax().double()
     return geo.output_norm(kind).double() <= ZERO_OUTPUT * scale
 
