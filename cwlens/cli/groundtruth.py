@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_debug_flag
+from cwlens.cli.common import add_debug_flag, add_figures_flag, add_progress_flag, figures_dir
 
 DESCRIPTION = """\
 Runs each program's inputs (its own sampler, seeded) through a float64 copy of its
@@ -85,17 +85,14 @@ def register(sub) -> None:
                    help="bootstrap resamples of the intervals (default: %(default)s)")
     p.add_argument("--out", default="runs/groundtruth",
                    help="folder for per_input.csv.gz, summary.csv, tables.md (default: %(default)s)")
-    p.add_argument("--figures", default=None,
-                   help="folder for the figure, '' for none (default: <out>/figures; "
-                   "--figures figures rewrites the repository's)")
+    add_figures_flag(p, "figure")
     p.add_argument("--no-png", action="store_true", help="write HTML only (no Chromium needed)")
     p.add_argument("--json", default=None, metavar="FILE",
                    help="write each program's scores as JSON (see the epilog)")
     p.add_argument("--summary-md", default=None, type=arg_types.markdown_list,
                    help="write the tables into these markdown files, comma-separated "
                    "(between <!-- groundtruth-scores:start/end --> comments)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (it goes to stderr, and only when it is a terminal)")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
@@ -120,7 +117,6 @@ def _command(args) -> str:
 
 
 def run(args) -> int:
-    import sys
 
     from cwlens.engine.handle import wrap
     from cwlens.faithfulness.report import check_block, write_block
@@ -129,8 +125,8 @@ def run(args) -> int:
     from cwlens.groundtruth.methods import METHODS
 
     out = arg_types.output_dir(args.out)
-    figures = args.figures if args.figures is not None else str(Path(args.out) / "figures")
-    figures_dir = arg_types.output_dir(figures, "--figures") if figures else None
+    figures = figures_dir(args)  # '': none
+    figures_out = arg_types.output_dir(figures, "--figures") if figures else None
     json_path = arg_types.output_file(args.json, "--json", "scores.json") if args.json else None
     md = [arg_types.markdown_file(p, "--summary-md") for p in (args.summary_md or "").split(",") if p]
     for path in md:
@@ -139,7 +135,7 @@ def run(args) -> int:
 
     require_captum()  # before any program compiles or runs
     programs = _programs(args)
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = not args.no_progress  # drawn on stderr when it is a terminal (cwlens.runs.progress)
     results = []
     for program in programs:
         shape = wrap(program.model)
@@ -158,14 +154,14 @@ def run(args) -> int:
     written.append(out / "tables.md")
     if json_path is not None:
         written.append(report.write_json(results, json_path))
-    if figures_dir is not None:
+    if figures_out is not None:
         from cwlens.plotting.export import save_figure
         from cwlens.plotting.groundtruth import auroc_figure
 
         source = (f"{len(results)} compiled programs ({', '.join(r.program for r in results)}), "
                   f"{args.inputs} inputs each, seed {args.seed}; {_command(args)}")
         fig = auroc_figure(summary, {m.name: m.label for m in METHODS}, source)
-        written += save_figure(fig, figures_dir / "groundtruth_auroc", png=not args.no_png)
+        written += save_figure(fig, figures_out / "groundtruth_auroc", png=not args.no_png)
     for path in md:
         write_block(path, text, report.START, report.END)
         written.append(path)

@@ -157,9 +157,17 @@ def score_program(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0,
 
 
 def _bar(total: int, name: str, on: bool):
-    import sys
+    """The inputs' progress bar (:func:`cwlens.runs.progress.new_bar`: on stderr, where it is
+    a terminal), or a stand-in that draws nothing."""
+    from cwlens.runs.progress import new_bar
 
-    from tqdm.auto import tqdm
+    bar = new_bar(total, f"{name}: inputs", "input", enabled=on)
+    return bar if bar is not None else _NoBar()
 
-    return tqdm(total=total, desc=f"{name}: inputs", unit="input", file=sys.stderr,
-                disable=not on, leave=False)
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
