@@ -104,3 +104,19 @@ def test_accuracy_and_export_count_items_and_texts(terminal, model_dir, tmp_path
                  "--text", "the cat sat", "--text", "x y", "--max-tokens", "8", "--out",
                  str(tmp_path / "e")]) == 0
     assert sorted({k for k, _ in counts(capsys.readouterr().err, "texts exported")}) == [0, 1, 2, 3]
+
+
+def test_sinks_counts_forward_passes(terminal, model_dir, tmp_path, capsys):
+    """Per batch: the streamed analysis, then the intervention's clean pass and one pass
+    per scale for the sink and for the random control (4 with one scale); 2 batches."""
+    from cwlens.sinks.config import SinkConfig
+    from cwlens.sinks.run import passes_per_batch
+
+    assert passes_per_batch(SinkConfig(scales=(0.0,))) == 4
+    assert passes_per_batch(SinkConfig(intervention=False)) == 1
+    argv = ["sinks", "--model", model_dir, "--device", "cpu", "--samples", "4", "--max-tokens",
+            "12", "--batch-size", "2", "--scales", "0", "--out", str(tmp_path / "s"),
+            "--figures", ""]
+    assert main(argv) == 0
+    ks = [k for k, n in counts(capsys.readouterr().err, "sinks") if n == 8]
+    assert ks == sorted(ks) and set(ks) == set(range(9)), ks

@@ -31,6 +31,7 @@ from cwlens.core.sinks import (
 from cwlens.engine import adapter, lm
 from cwlens.engine.interventions.sinks import applied, sink_value_hooks
 from cwlens.engine.streaming import stream_geometry
+from cwlens.runs.progress import tick
 
 LOW_NORM_QUANTILE = 0.25  # heads below this quantile of their layer's clean output norm are low-norm
 
@@ -92,6 +93,7 @@ def sink_norm_intervention(
             logits, measures = stream_geometry(
                 model, tokens, lambda ly, geo: layer_head_measures(geo, sink), attention_mask=attention_mask)
         nll, cnt = nll_per_row(output(logits), tokens, attention_mask)
+        tick()  # progress: one forward pass (cwlens.runs.progress)
         return nll.cpu(), cnt.cpu(), dict(zip(all_layers, measures, strict=True))
 
     nll0, cnt0, clean = run([])

@@ -14,6 +14,7 @@ import torch
 from cwlens.engine import validation
 from cwlens.engine.handle import wrap
 from cwlens.runs.jobs import Job, JobSpec, run_job
+from cwlens.runs.progress import tick
 from cwlens.sinks import alignment, norm_intervention, observed, statistics, sweep
 from cwlens.sinks.config import SinkConfig
 from cwlens.sinks.store import (
@@ -89,12 +90,20 @@ def analyse_batch(model, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str
         lambda ly, geo: _layer_tables(geo, ly, batch, cfg.eps, swept, causal),
         attention_mask=mask,
     )
+    tick()  # progress: one forward pass (cwlens.runs.progress; passes_per_batch in all)
     parts = {k: pd.concat([t[k] for t in per_layer], ignore_index=True) for k in per_layer[0]}
     if cfg.intervention:
         parts["ppl"], parts["norm"] = norm_intervention.sink_norm_intervention(
             model, tokens, mask, scales=cfg.scales, seed=cfg.seed + bi, sample_ids=ids
         )
     return parts
+
+
+def passes_per_batch(cfg: SinkConfig) -> int:
+    """The forward passes :func:`analyse_batch` runs: the streamed analysis, and with the
+    intervention a clean pass and one per scale for the sink and for the random control.
+    What the progress bar counts."""
+    return 1 + (1 + 2 * len(cfg.scales) if cfg.intervention else 0)
 
 
 def _check_model(model, intervention: bool) -> None:
@@ -154,9 +163,8 @@ def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool 
     (:func:`run_to_folder` does the same with a resumable store on disk). ``settings``:
     fields of :class:`~cwlens.sinks.config.SinkConfig` (``max_tokens=64``, ...) that
     replace those of ``config``."""
-    from tqdm.auto import tqdm
-
     from cwlens.errors import EmptyInputError
+    from cwlens.runs.progress import bar
 
     cfg = SinkConfig.of(config, **settings)
     if not samples:
@@ -165,8 +173,9 @@ def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool 
     _check_model(model, cfg.intervention)
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in RAW_PARTS}
     todo = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
-    with validation.past_context_said(cfg.past_context):  # batches said it, once
-        for bi, batch in enumerate(tqdm(todo, desc="sinks", unit="batch", disable=not progress)):
+    with validation.past_context_said(cfg.past_context), \
+            bar(len(todo) * passes_per_batch(cfg), "sinks", "pass", enabled=progress, ticks=True):
+        for bi, batch in enumerate(todo):
             for k, v in analyse_batch(model, bi, batch, cfg).items():
                 parts[k].append(v)
     return derive(parts, cfg.eps)
@@ -193,18 +202,24 @@ class SinkJob(Job):
     def todo(self):
         return self.missing
 
+    ticks = True  # progress in forward passes, ticked by analyse_batch
+
+    def total(self):
+        return len(self.plan) * passes_per_batch(self.cfg)
+
     def initial(self):
-        return len(self.plan) - len(self.missing)
+        return (len(self.plan) - len(self.missing)) * passes_per_batch(self.cfg)
 
     def counter(self):
-        return lambda: len(list(self.store.dir.glob("batch-*.json")))
+        per = passes_per_batch(self.cfg)
+        return lambda: per * len(list(self.store.dir.glob("batch-*.json")))
 
     def do(self, bi):
         batch = self.plan[bi]
         self.store.write(bi, batch.ids, analyse_batch(self.model, bi, batch, self.cfg))
         if self.on_batch is not None:
             self.on_batch(bi)
-        return 1
+        return 0  # its forward passes ticked as they ran
 
     def merge(self):
         from cwlens.runs import distributed
@@ -227,7 +242,8 @@ def run_to_folder(model, samples, out_dir, config: SinkConfig | None = None, *, 
     same configuration, rank 0 opens the store (``resume=False`` empties it) and says
     which batches are missing, those are dealt round-robin over the ranks (each batch is
     the batch of a one-process run), and after a barrier rank 0 writes the tables; every
-    rank returns them (:func:`cwlens.runs.jobs.run_job`)."""
+    rank returns them (:func:`cwlens.runs.jobs.run_job`). Its progress counts forward
+    passes (:func:`passes_per_batch` per batch)."""
     from cwlens.runs import distributed
 
     cfg = SinkConfig.of(config, **settings)
@@ -238,7 +254,7 @@ def run_to_folder(model, samples, out_dir, config: SinkConfig | None = None, *, 
     record = {"model": model_name or wrap(model).name or "model",
               "samples": [s.id for s in samples], **cfg.record()}
     spec = JobSpec("sinks configuration", record, Path(out_dir), resume, len(plan), "sinks",
-                   "batch", progress)
+                   "pass", progress)
     with validation.past_context_said(cfg.past_context):  # batches said it, once
         return run_job(SinkJob(model, plan, cfg, spec, on_batch))
 
