@@ -125,3 +125,6 @@ def test_tables_mark_cells_outside_the_range():
     vw = next(line for line in text.splitlines() if line.startswith("| vw "))
     assert att.count(FLAG) >= 2 and FLAG not in vw.split("|")[3]
     assert "outside the validity range" in text and "statistics.md" in text
+    # the summary sentence under the table names the flagged Δ with its mark too
+    against = next(line for line in text.splitlines() if line.startswith("- comprehensiveness: "))
+    assert f"attn{FLAG}" in against and f"vw{FLAG}" not in against

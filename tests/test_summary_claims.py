@@ -76,8 +76,9 @@ def test_the_aopc_table_says_where_contribution_stands_from_its_own_delta_column
     summary = A.aopc_summary(per, n_boot=500)
     text = A.markdown(summary, "acc", A.verdicts(per, n_boot=500))
     line = next(s for s in text.splitlines() if s.startswith("- sufficiency: "))
-    assert line == ("- sufficiency: resolved more sufficient than contrib: attn; resolved less: "
-                    "random; not resolved: none")
+    # a Δ outside the bootstrap-t's validity range (40 items) is named with a † (#39.7)
+    assert line.replace("†", "") == ("- sufficiency: resolved more sufficient than contrib: attn; "
+                                     "resolved less: random; not resolved: none")
     assert "least" not in line
     bold = {r.metric: r.delta > 0 for r in summary.itertuples() if r.resolved}
     assert bold == {"attention": True, "random": False}  # the Δ column the line reads

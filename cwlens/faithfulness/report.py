@@ -177,17 +177,21 @@ def standing(summary, mode: str, reference: str = "contribution") -> str:
     supervised ones are references, not rivals) is resolved more sufficient, "the most"
     when every one is resolved less. For example ``"sufficiency: contrib is the least
     sufficient label-free metric; resolved more sufficient: attn, vw; resolved less: none;
-    not resolved: none"``."""
+    not resolved: none"``. A metric whose Δ lies outside the bootstrap-t's validity range
+    (``delta_flagged``) is named with :data:`~cwlens.core.bootstrap.FLAG`."""
     from cwlens.core.metrics import REGISTRY
 
     adj = ADJECTIVE.get(mode, "faithful")
     rows = summary[(summary["mode"] == mode) & (summary["metric"] != reference)]
     order = [m for m in REGISTRY if m in set(rows["metric"])]
     group: dict[str, list[str]] = {"more": [], "less": [], "unresolved": []}
+    flagged: set[str] = set()  # Δs outside the bootstrap-t's validity range: named with a †
     for metric in order:
         r = rows[rows["metric"] == metric].iloc[0]
         key = "unresolved" if not bool(r["resolved"]) else "more" if r["delta"] > 0 else "less"
         group[key].append(metric)
+        if bool(r.get("delta_flagged", False)):
+            flagged.add(metric)
     free = [m for m in order if not REGISTRY[m].supervised]
     short = REGISTRY[reference].short if reference in REGISTRY else reference
     head = f"{mode}: "
@@ -197,7 +201,7 @@ def standing(summary, mode: str, reference: str = "contribution") -> str:
         head += f"{short} is the most {adj} label-free metric; "
 
     def names(key: str) -> str:
-        return ", ".join(REGISTRY[m].short for m in group[key]) or "none"
+        return ", ".join(REGISTRY[m].short + (FLAG if m in flagged else "") for m in group[key]) or "none"
 
     return (head + f"resolved more {adj} than {short}: {names('more')}; resolved less: "
             f"{names('less')}; not resolved: {names('unresolved')}")
