@@ -84,14 +84,17 @@ def test_no_progress_draws_nothing(terminal, model_dir, tmp_path, capsys):
     assert "gsm8k" not in err and "loading" not in err, err
 
 
-def test_circuits_counts_heads_patched(terminal, model_dir, tmp_path, capsys):
+def test_circuits_counts_forward_passes(terminal, model_dir, tmp_path, capsys):
     argv = ["circuits", "--model", model_dir, "--device", "cpu", "--task", "induction",
             "--prompts", "2", "--length", "3", "--k", "3", "--out", str(tmp_path / "c"),
             "--figures", ""]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    # 2 layers x 4 heads, one layer (4 heads) per patched forward pass
-    assert sorted(set(k for k, _ in counts(err, "heads patched"))) == [0, 4, 8], err
+    # clean + corrupted (head scores), the corrupted z and the clean metric, then one
+    # pass per layer (2) patching its 4 heads
+    seen = counts(err, "induction: forward passes")
+    ks = [k for k, _ in seen]
+    assert ks == sorted(ks) and set(ks) == set(range(7)) and seen[-1] == (6, 6), err
     assert f"loading {model_dir}" in err and "token flow" in err
 
 

@@ -83,11 +83,13 @@ def patch_heads(
         sources = _z_of(model, corrupted)
     else:
         sources = {ly: z.mean(0, keepdim=True).expand_as(z) for ly, z in _z_of(model, clean).items()}
+    tick()  # progress: forward passes, 2 + one per patched layer
     handle = wrap(model)
     n_layers, n_heads, batch = handle.n_layers, handle.n_heads, clean.shape[0]
     layers = chosen
     with torch.no_grad():
         base = metric(model(clean)).double()
+        tick()
         repeated = clean.repeat(n_heads, 1)
         effect = torch.zeros(n_layers, n_heads, dtype=torch.float64)
         for layer in layers:
@@ -95,7 +97,7 @@ def patch_heads(
             with handle.hooks([(hook_names.z(layer), hook)]):
                 patched = metric(model(repeated)).double().view(n_heads, batch)
             effect[layer] = (base[None, :] - patched).mean(1).cpu()
-            tick(n_heads)  # progress: heads patched (cwlens.runs.progress)
+            tick()  # progress: one forward pass (cwlens.runs.progress)
     what = "corrupted run" if mode == "corrupt" else "clean-batch mean"
     return HeadScores(
         "patching", effect, f"drop of the metric when the head's z is patched from the {what}"

@@ -95,9 +95,10 @@ def run(args) -> int:
     shape = wrap(model)
     print(f"cwlens circuits: {args.model}, {shape.n_layers} layers x {shape.n_heads} heads; "
           f"patching mode {args.mode}", flush=True)
-    # the head scores take two forward passes, then one pass per layer patches its heads
-    with bar(shape.n_layers * shape.n_heads, f"{task.name}: heads patched "
-             f"({task.clean.shape[0]} prompts)", "head", enabled=show, ticks=True):
+    # forward passes: the clean (cached) and corrupted runs score every head, two more
+    # prepare the patching, then one per layer patches its heads (the batch once per head)
+    with bar(4 + shape.n_layers, f"{task.name}: forward passes (then {shape.n_heads} heads "
+             f"patched per layer)", "pass", enabled=show, ticks=True):
         comparison = circuits.compare_with_patching(model, task, k=args.k, mode=args.mode)
     print(comparison.format(top=args.top), flush=True)
 
