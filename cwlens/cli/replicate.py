@@ -3,7 +3,7 @@
 import argparse
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_debug_flag, add_figures_flag, figures_dir
+from cwlens.cli.common import add_debug_flag, add_figures_flag, add_progress_flag, figures_dir
 
 DESCRIPTION = """\
 Runs, for each model, the faithfulness test at removal rates 0.01..0.99 (ERASER's bins read
@@ -65,7 +65,7 @@ def register(sub) -> None:
     g.add_argument("--no-png", action="store_true", help="figures as HTML only")
     g.add_argument("--docs", default=None, help="also write the tables into this markdown page, "
                    "between its replication markers (docs/replication.md)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress_flag(g)
     add_debug_flag(p, argparse.SUPPRESS)
     p.set_defaults(func=run)
 
@@ -175,11 +175,13 @@ def _compute(args, cfg, out) -> dict[str, str]:
     import cwlens
     from cwlens.errors import ModelNotAvailableError
     from cwlens.replication.stages import run_model
+    from cwlens.runs.progress import status
 
     skipped = {}
     for name in args.models:
         t0 = time.perf_counter()
         try:
+            status(f"loading {name} ...", not args.no_progress)
             model = cwlens.load_model(name, device=args.device)
         except ModelNotAvailableError as err:
             why = " ".join(str(err).split())
