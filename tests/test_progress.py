@@ -123,3 +123,11 @@ def test_sinks_counts_forward_passes(terminal, model_dir, tmp_path, capsys):
     assert main(argv) == 0
     ks = [k for k, n in counts(capsys.readouterr().err, "sinks") if n == 8]
     assert ks == sorted(ks) and set(ks) == set(range(9)), ks
+
+
+def test_analyze_counts_layers(terminal, model_dir, tmp_path, capsys):
+    """One streamed pass: the bar counts its layers (a 30k-token text takes minutes each)."""
+    assert main(["analyze", "--model", model_dir, "--device", "cpu", "--text",
+                 "the cat sat on the mat", "--out", str(tmp_path / "r.html")]) == 0
+    ks = [k for k, n in counts(capsys.readouterr().err, "streaming") if n == 2]
+    assert ks == sorted(ks) and set(ks) == {0, 1, 2}, ks

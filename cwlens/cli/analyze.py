@@ -4,7 +4,7 @@ import math
 import sys
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args, add_past_context_flag, load_model
+from cwlens.cli.common import add_model_args, add_past_context_flag, add_progress_flag, load_model
 from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 
@@ -34,6 +34,7 @@ def register(sub) -> None:
                    help="largest report size in MB (default: %(default)s)")
     p.add_argument("--layers", default=None, type=arg_types.layer_list,
                    help="comma-separated layers for the per-head heatmaps (default: 4 spread over the depth)")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
@@ -74,8 +75,12 @@ def run(args) -> int:
                 f"{fixed_bytes() / 1e6:.1f} MB; pass a larger --max-mb, or fewer --layers")
         print(f"cwlens: note: --window {args.window} would make the report larger than "
               f"--max-mb {args.max_mb:g}; drawing the last {window} tokens instead", file=sys.stderr)
-    analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,
-                            window=window, past_context=args.past_context)
+    from cwlens.runs.progress import bar
+
+    with bar(shape.n_layers, f"streaming {n_tokens} tokens", "layer", enabled=not args.no_progress,
+             ticks=True):
+        analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,
+                                window=window, past_context=args.past_context)
     written = render_report(analysis, out, layers)
     print("\n".join(analysis.summary_lines(layers=layers)))
     print(f"\nwrote {written} ({written.stat().st_size / 1e6:.1f} MB, opens offline)")

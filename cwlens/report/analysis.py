@@ -21,6 +21,7 @@ from cwlens.engine import reducers, validation
 from cwlens.engine.handle import wrap
 from cwlens.engine.streaming import pass_options, stream_reduce
 from cwlens.report.printed import entry_list, listed_entries, token_at
+from cwlens.runs.progress import tick
 
 FACTORS = ("attention", "relative_norm", "cosine", "contribution")
 DEFAULT_WINDOW = 64
@@ -143,6 +144,7 @@ class _ReportReducer(reducers.Reducer):
 
     def end_layer(self, layer, geometry):
         self._geo = None
+        tick()  # progress: one layer streamed (cwlens.runs.progress)
 
     def update(self, layer, query_start, weights, block):
         a, c = weights["attention"], weights["contribution"]  # [1, h, bq, width]
