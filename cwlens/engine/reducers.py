@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from cwlens.core import metrics as _metrics
+from cwlens.core.numerics import check_finite
 from cwlens.core.sinks import key_contribution, query_after_sink
 from cwlens.engine import validation
 from cwlens.engine.row_topk import allowed_keys, shared_row_topk
@@ -225,7 +226,9 @@ class ColumnSums(Reducer):
         self._acc: dict[int, torch.Tensor] = {}
 
     def update(self, layer, query_start, weights, block):
-        s = weights[self.metric].sum(2)
+        s = _pattern_column_sums(weights, self.metric)
+        if s is None:
+            s = weights[self.metric].sum(2)
         if self.sum_heads:
             s = s.sum(1)
         s = _pad_keys(s, getattr(weights, "n_keys", None))
@@ -340,6 +343,34 @@ def joined(blocks: list[tuple[int, torch.Tensor]], dim: int) -> tuple[int, torch
     pass of SmolLM2 at 8192 tokens, in 113-row blocks, peaked at 1338 MB kept and 830 MB
     joined; docs/benchmarks.md)."""
     return min(start for start, _ in blocks), in_query_order(blocks, dim)
+
+
+_FROM_PATTERN = ("attention", "value_weighted", "value_weighted_output_normalized")
+
+
+def _pattern_column_sums(weights, metric: str) -> torch.Tensor | None:
+    """``[batch, head, key]`` column sums of the attention baselines straight from the
+    block's pattern, without their ``[batch, head, query, key]`` tensors: ``sum_i a_ij``
+    (shared, ``weights.derived``), times ``||v~_j||`` for the value-weighted one, and
+    ``||v~_j|| sum_i a_ij / ||o_i||`` (one matrix-vector product) for the output-normalised
+    one; None for other metrics or weights that carry no geometry (then the measure is
+    summed). Equal to the sums of the measures up to float rounding (tests/test_stream.py)."""
+    geo, kind = getattr(weights, "geometry", None), getattr(weights, "kind", None)
+    cache = getattr(weights, "derived", None)
+    if metric not in _FROM_PATTERN or geo is None or kind is None or cache is None:
+        return None
+    if metric == "value_weighted_output_normalized":
+        inv = geo._inverse(kind, 1)  # [batch, head or 1, query]
+        s = torch.matmul(inv[:, :, None, :].to(geo.pattern.dtype), geo.pattern).squeeze(-2)
+        s = s * geo.value_norm
+    else:
+        if "column_sums_attention" not in cache:
+            cache["column_sums_attention"] = geo.pattern.sum(2)
+        s = cache["column_sums_attention"]
+        if metric == "value_weighted":
+            s = s * geo.value_norm
+    check_finite(s, f"the column sums of {metric}", geo.layer, head_dim=1)
+    return s
 
 
 def _pad_keys(x: torch.Tensor, n_keys: int | None) -> torch.Tensor:
