@@ -6,7 +6,6 @@ Each test is one finding, xfail(strict=True) until the defect is fixed.
 import pytest
 import torch
 
-import cwlens
 from cwlens.errors import CwlensError, NonFiniteError
 from cwlens.testing import tiny_model
 
@@ -68,3 +67,32 @@ def test_sink_norm_intervention_refuses_nan_logits(weight):
         ppl, _ = sinks.sink_norm_intervention(model, tokens)
         summary = sinks.ppl_summary(ppl)
         assert not summary["ppl"].notna().all(), summary  # a NaN must not read as ppl 1.0
+
+
+# --- #39.4: cwlens-masked --model_args values ------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="masking_config reads rate only with a metric: rate=5 "
+                   "(or nan) without one is accepted and the clean model runs (exit 0)")
+@pytest.mark.parametrize("rate", ["5", "nan", "-1"])
+def test_lmeval_rate_checked_without_metric(rate):
+    from cwlens.errors import UnknownOptionError
+    from cwlens.lmeval.settings import masking_config
+
+    with pytest.raises(UnknownOptionError, match="rate"):
+        masking_config(rate=rate)
+
+
+# --- #39.5: listed keys after the query ----------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="TokenFlow.edges(threshold=0) (cwlens circuits "
+                   "--threshold 0) lists edges from keys after their query and to positions "
+                   "after the target, weight 0.0")
+def test_token_flow_edges_never_list_future_keys(llama):
+    from cwlens import circuits
+
+    text = "the cat sat on the mat and the dog ran"
+    _, cache = circuits.run_with_cache(llama, llama.to_tokens(text))
+    edges = circuits.token_flow(cache, llama).edges_dataframe(target=3, threshold=0.0)
+    assert len(edges) > 0
+    assert (edges.from_pos <= edges.to_pos).all(), edges[edges.from_pos > edges.to_pos].head()
+    assert (edges.to_pos <= 3).all()
