@@ -48,8 +48,9 @@ def test_head_scores_never_average_pad_queries(llama):
     want = circuits.head_scores(single, llama, [0])["contribution_share"].values
     try:
         got = circuits.head_scores(batch, llama, [0])["contribution_share"].values
-    except CwlensError:
-        return  # refusing a query that is padding in some row is also right
+    except CwlensError as err:  # refusing a query that is padding in some row is also right
+        assert "pad" in str(err).lower(), err
+        return
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -96,3 +97,53 @@ def test_token_flow_edges_never_list_future_keys(llama):
     assert len(edges) > 0
     assert (edges.from_pos <= edges.to_pos).all(), edges[edges.from_pos > edges.to_pos].head()
     assert (edges.to_pos <= 3).all()
+
+
+@pytest.mark.xfail(strict=True, reason="sinks.sweep_statistics on a padded cache takes position 0 "
+                   "(a pad) as the left-padded row's sink: actual_rate 0.0 and n_queries 4 where "
+                   "the text alone gives 0.35 and 3")
+def test_sweep_statistics_padded_list_equals_single_run(llama):
+    import cwlens
+    from cwlens import sinks
+
+    _, single = cwlens.run_with_cache(llama, SHORT)
+    _, batch = cwlens.run_with_cache(llama, [SHORT, LONG])
+    want = sinks.sweep_statistics(single, llama)[0]
+    got = sinks.sweep_statistics(batch, llama)[0]
+    got = got[got["sample"] == 0].reset_index(drop=True)
+    cols = ["actual_rate", "n_queries", "s_star_median", "norm_one_over_actual"]
+    torch.testing.assert_close(torch.tensor(got[cols].values), torch.tensor(want[cols].values),
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.xfail(strict=True, reason="circuits.direct_logit_attribution on a padded list cache "
+                   "blames the architecture (UnsupportedModelError, closure 7e-1)")
+def test_direct_logit_attribution_padded_list_equals_single_run(llama):
+    from cwlens import circuits
+
+    logits_b, batch = circuits.run_with_cache(llama, [SHORT, LONG])
+    logits_1, single = circuits.run_with_cache(llama, llama.to_tokens(LONG))
+    q = logits_b.shape[1] - 1
+    got = circuits.direct_logit_attribution(batch, llama, logits_b, [q], torch.tensor([[5], [5]]),
+                                            torch.tensor([[6], [6]])).head_scores().values
+    one = circuits.direct_logit_attribution(single, llama, logits_1, [q], torch.tensor([[5]]),
+                                            torch.tensor([[6]])).head_scores().values
+    short_logits, short = circuits.run_with_cache(llama, llama.to_tokens(SHORT))
+    n = short_logits.shape[1] - 1
+    two = circuits.direct_logit_attribution(short, llama, short_logits, [n], torch.tensor([[5]]),
+                                            torch.tensor([[6]])).head_scores().values
+    torch.testing.assert_close(got, (one + two) / 2, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.xfail(strict=True, reason="attention_gradient(model, [text, text]) ends in a raw "
+                   "AttributeError ('list' object has no attribute 'ndim')")
+def test_attention_gradient_list_of_texts(llama):
+    from cwlens.engine.gradients import attention_gradient
+
+    try:
+        got = attention_gradient(llama, [SHORT, LONG])
+    except CwlensError as err:  # a refusal naming the fix (pad_batch's tokens and mask) is also right
+        assert "pad_batch" in str(err) or "token" in str(err), err
+        return
+    want = attention_gradient(llama, llama.to_tokens(LONG))
+    torch.testing.assert_close(got[1][1], want[1][0], atol=1e-5, rtol=1e-4)
