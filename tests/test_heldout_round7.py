@@ -26,8 +26,6 @@ def _nan_in(sub: str):
 
 # --- #39.1: a list of texts of different lengths -------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="token_flow on a padded list cache blames the architecture "
-                   "(UnsupportedModelError, closure 7e-1) instead of giving each row's single-run flows")
 def test_token_flow_padded_list_equals_single_run(llama):
     from cwlens import circuits
 
@@ -38,8 +36,6 @@ def test_token_flow_padded_list_equals_single_run(llama):
                                circuits.token_flow(single, llama, 0).flows, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="head_scores averages a padded row's pad query (all 0) into "
-                   "its batch mean: contribution_share at query 0 is halved")
 def test_head_scores_never_average_pad_queries(llama):
     from cwlens import circuits
 
@@ -56,8 +52,6 @@ def test_head_scores_never_average_pad_queries(llama):
 
 # --- #39.2: non-finite values ----------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="sink_norm_intervention returns nll_sum NaN silently, and "
-                   "ppl_summary turns it into ppl 1.0 / delta_ppl 0.0 (pandas sum skips NaN)")
 @pytest.mark.parametrize("weight", ["lm_head", "model.norm"])
 def test_sink_norm_intervention_refuses_nan_logits(weight):
     from cwlens import sinks
@@ -85,9 +79,6 @@ def test_lmeval_rate_checked_without_metric(rate):
 
 # --- #39.5: listed keys after the query ----------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="TokenFlow.edges(threshold=0) (cwlens circuits "
-                   "--threshold 0) lists edges from keys after their query and to positions "
-                   "after the target, weight 0.0")
 def test_token_flow_edges_never_list_future_keys(llama):
     from cwlens import circuits
 
@@ -99,9 +90,6 @@ def test_token_flow_edges_never_list_future_keys(llama):
     assert (edges.to_pos <= 3).all()
 
 
-@pytest.mark.xfail(strict=True, reason="sinks.sweep_statistics on a padded cache takes position 0 "
-                   "(a pad) as the left-padded row's sink: actual_rate 0.0 and n_queries 4 where "
-                   "the text alone gives 0.35 and 3")
 def test_sweep_statistics_padded_list_equals_single_run(llama):
     import cwlens
     from cwlens import sinks
@@ -116,8 +104,6 @@ def test_sweep_statistics_padded_list_equals_single_run(llama):
                                atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="circuits.direct_logit_attribution on a padded list cache "
-                   "blames the architecture (UnsupportedModelError, closure 7e-1)")
 def test_direct_logit_attribution_padded_list_equals_single_run(llama):
     from cwlens import circuits
 

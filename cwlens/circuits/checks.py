@@ -81,3 +81,28 @@ def residual_hooks(cache, model, what: str) -> None:
             f"{what} reads the residual stream ({name!r}, hook_mlp_out, ...), which this cache "
             "does not hold (cwlens.run_with_cache keeps only what the attention measures need). "
             "Run the model with cwlens.circuits.run_with_cache(model, tokens).")
+
+
+def real_queries(mask, queries: torch.Tensor, keys: torch.Tensor | None = None) -> None:
+    """On a padded batch (``mask``: ``[batch, pos]``, 1 on real tokens, e.g. the one
+    remembered with the cache, ``adapter.cache_mask``; None: unpadded), refuse a
+    query or key position that is padding in some row: its scores are no token's, and a
+    mean over the batch would average them in (a pad query's contribution share is 0)."""
+    if mask is None:
+        return
+    real = mask.bool().cpu()
+    pad = ~real[:, queries]  # [batch, n_queries]
+    if bool(pad.any()):
+        row, col = (int(x) for x in pad.nonzero()[0])
+        raise InvalidArgumentError(
+            f"query position {int(queries[col])} is padding in row {row} of this padded batch "
+            f"(the row has {int(real[row].sum())} real tokens of {real.shape[1]}). Choose "
+            "positions every text has: on a decoder (padded on the left) count from the end "
+            "(-1 is each text's last token); or pass the texts one at a time.")
+    if keys is not None:
+        pad = ~real.gather(1, keys.cpu().long())
+        if bool(pad.any()):
+            row, col = (int(x) for x in pad.nonzero()[0])
+            raise InvalidArgumentError(
+                f"key position {int(keys[row, col])} of row {row} is padding in this padded "
+                "batch: give keys at the row's real tokens (cwlens.attention_mask_of(cache)).")

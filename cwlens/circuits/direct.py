@@ -78,7 +78,9 @@ def direct_logit_attribution(
     Args:
         cache: from :func:`cwlens.circuits.run_with_cache` (or a cache holding the same hooks).
         logits: ``[batch, pos, d_vocab]`` of the same run (for the completeness check).
-        queries: query positions (shared by the batch).
+        queries: query positions (shared by the batch). On a padded batch (a list of
+            texts; the cache remembers its mask) a position that is padding in some row is
+            refused; on a left-padded decoder -1 is every text's last token.
         answers: ``[batch, n_queries]`` token ids; ``foils`` the same shape, or None for
             "answer logit minus the mean logit".
     """
@@ -96,6 +98,7 @@ def direct_logit_attribution(
     if not bool(torch.isfinite(logits[:, q]).all()):
         raise NonFiniteError("logits hold NaN or inf at the queries: the completeness check "
                              "would be NaN. Run the model in float32 or bfloat16.")
+    checks.real_queries(adapter.cache_mask(cache), q)
     checks.token_ids(answers, (b, len(q)), d_vocab, "answers")
     if foils is not None:
         checks.token_ids(foils, (b, len(q)), d_vocab, "foils")

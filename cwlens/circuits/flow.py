@@ -24,6 +24,8 @@ class TokenFlow:
         resid_share, attn_share: ``[layer, pos]``, ``s^res`` and ``s^att``.
         str_tokens: the token strings; rule: ``"projection"`` (default), ``"signed"`` or
             ``"absolute"`` (:mod:`cwlens.circuits.flow_math`).
+        support: ``[layer, pos, pos]`` bool, where a layer's flow may be non-zero at all
+            (a position itself and the keys its query attends to; None: everywhere).
     """
 
     layer_flows: torch.Tensor
@@ -32,6 +34,7 @@ class TokenFlow:
     attn_share: torch.Tensor
     str_tokens: tuple = field(repr=False)
     rule: str = "projection"
+    support: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def n_layers(self) -> int:
@@ -51,9 +54,15 @@ class TokenFlow:
     def edges(self, target: int = -1, threshold: float = 0.02, top: int | None = None) -> list[dict]:
         """Edges ``(layer, from_pos) -> (layer + 1, to_pos)`` with ``|weight| >= threshold``
         (strongest first; at most ``top``): dicts with ``layer, from_pos, to_pos, weight,
-        from_token, to_token``. Self edges (``from_pos == to_pos``) carry the residual share."""
-        w = flow_math.edge_weights(self.layer_flows, self._target(target))
-        keep = (w.abs() >= threshold).nonzero().tolist()
+        from_token, to_token``. Self edges (``from_pos == to_pos``) carry the residual share.
+        Only edges that exist are listed, even at ``threshold=0``: never from a key its query
+        does not attend to (after it on a decoder, outside a window) nor into a node the
+        target cannot be reached from (a position after the target on a decoder)."""
+        t = self._target(target)
+        w = flow_math.edge_weights(self.layer_flows, t)
+        exists = torch.ones_like(w, dtype=torch.bool) if self.support is None else self.support
+        reach = flow_math.reachable(exists, t)
+        keep = ((w.abs() >= threshold) & exists & reach[1:, :, None]).nonzero().tolist()
         rows = [
             {"layer": ly, "from_pos": j, "to_pos": i, "weight": float(w[ly, i, j]),
              "from_token": self.str_tokens[j], "to_token": self.str_tokens[i]}
@@ -77,12 +86,22 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
     what attention added (minus ``b_O``) is what the heads' ``a_ij v~_j`` terms rebuild
     (relative error ``<= closure_tolerance``, :func:`~cwlens.engine.adapter.check_residual_sum`);
     otherwise the shares would not describe the contribution weights' output.
+
+    A padded row (a list of texts; the cache remembers its mask) is read at its real
+    tokens only: its flows are the text's own, positions numbered from its first real
+    token as in a single run (``str_tokens`` may be the row's real tokens or the padded
+    row's, whose pad entries are dropped).
     """
     flow_math.check_rule(rule)
     adapter.check_residual_model(model, "The token flow")
     checks.residual_hooks(cache, model, "The token flow")
     b, n = adapter.read(cache, hook_names.resid_pre(0), model).shape[:2]
     batch = checks.index(batch, b, "batch")
+    mask = adapter.cache_mask(cache)
+    keep = torch.arange(n) if mask is None else mask[batch].bool().cpu().nonzero()[:, 0]
+    if str_tokens is not None and mask is not None and len(str_tokens) == n and len(keep) < n:
+        str_tokens = [str_tokens[i] for i in keep.tolist()]  # the padded row's tokens
+    n = len(keep)
     if str_tokens is not None:
         if isinstance(str_tokens, str | bytes) or len(str_tokens) != n:
             raise ShapeMismatchError(
@@ -97,16 +116,24 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
         a = adapter.read(cache, hook_names.resid_mid(layer), model)[batch].double() - r
         geo = adapter.geometry(cache, model, layer)
         c = geo.contribution("inter")[batch].sum(0).double()  # [query, key]
+        pattern, v = geo.pattern[batch], geo.v[batch]
+        if len(keep) < r.shape[0]:  # a padded row: its real positions only
+            k = keep.to(r.device)
+            r, a, c = r[k], a[k], c[k][:, k]
+            pattern, v = pattern[:, k][:, :, k], v[k]
         s_res, s_att = flow_math.residual_shares(r, a, rule)
         resid_share.append(s_res)
         attn_share.append(s_att)
         dots = None
         if rule == "projection":
-            dots = flow_math.key_projections(r + a, geo.pattern[batch].double(),
-                                             geo.v[batch].double(), geo.W_O.double())
+            dots = flow_math.key_projections(r + a, pattern.double(), v.double(),
+                                             geo.W_O.double())
         layer_flows.append(flow_math.layer_flow(r, a, c, rule, dots))
     flows = torch.stack(layer_flows).cpu()
     if str_tokens is None:
         str_tokens = [str(i) for i in range(n)]
+    n_layers = wrap(model).n_layers
+    support = flow_math.support(n, n_layers, not adapter.is_encoder(model),
+                                [adapter.attention_window(model, ly) for ly in range(n_layers)])
     return TokenFlow(flows, flow_math.compose(flows), torch.stack(resid_share).cpu(),
-                     torch.stack(attn_share).cpu(), tuple(str_tokens), rule)
+                     torch.stack(attn_share).cpu(), tuple(str_tokens), rule, support)

@@ -132,3 +132,31 @@ def edge_weights(layer_flows: torch.Tensor, target: int) -> torch.Tensor:
     """``E[l, i, j] = N_{l+1}[i] F_l[i, j]``: ``[layer, to_pos, from_pos]``."""
     nodes = node_importance(layer_flows, target)
     return nodes[1:, :, None] * layer_flows
+
+
+def support(n: int, n_layers: int, causal: bool, windows=None) -> torch.Tensor:
+    """``[layer, to_pos, from_pos]`` bool: where ``F_l`` may be non-zero at all, the
+    position itself (the residual share) and the keys its query attends to (on a decoder
+    none after it; within a sliding-window layer's window ``windows[l]``)."""
+    pos = torch.arange(n)
+    out = []
+    for layer in range(n_layers):
+        keys = torch.ones(n, n, dtype=torch.bool)
+        if causal:
+            keys = pos[None, :] <= pos[:, None]
+            window = None if windows is None else windows[layer]
+            if window is not None:
+                keys = keys & (pos[None, :] > pos[:, None] - window)
+        out.append(keys | torch.eye(n, dtype=torch.bool))
+    return torch.stack(out)
+
+
+def reachable(layer_support: torch.Tensor, target: int) -> torch.Tensor:
+    """``[layer + 1, pos]`` bool: the nodes from which the target can be reached through
+    ``layer_support`` (where :func:`node_importance` may be non-zero)."""
+    n_layers, n = layer_support.shape[0], layer_support.shape[-1]
+    nodes = [torch.zeros(n, dtype=torch.bool)]
+    nodes[0][target] = True
+    for layer in range(n_layers - 1, -1, -1):
+        nodes.append((nodes[-1][:, None] & layer_support[layer]).any(0))
+    return torch.stack(nodes[::-1])

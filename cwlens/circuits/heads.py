@@ -44,11 +44,17 @@ def head_scores(
     attention_mask: torch.Tensor | None = None,
 ) -> dict[str, HeadScores]:
     """``{"contribution_share", "contribution_key", "attention_key"}`` (the last two only
-    when ``keys`` is given) as :class:`HeadScores` ``[layer, head]``."""
+    when ``keys`` is given) as :class:`HeadScores` ``[layer, head]``.
+
+    On a padded batch (a list of texts, whose cache remembers its mask, or
+    ``attention_mask``) a query or key position that is padding in some row is refused
+    (``InvalidArgumentError``): its scores are no token's and would be averaged in. Count
+    from the end on a left-padded decoder (-1 is every text's last token)."""
     b, _, n, _ = adapter.read(cache, hook_names.pattern(0), model).shape
     q = checks.positions(queries, n)
     if keys is not None:
         checks.key_positions(keys, q, b, n, causal=not adapter.is_encoder(model))
+    checks.real_queries(adapter.cache_mask(cache) if attention_mask is None else attention_mask, q, keys)
     share, con_key, att_key = [], [], []
     for layer in range(wrap(model).n_layers):
         geo = adapter.geometry(cache, model, layer, attention_mask)

@@ -397,8 +397,11 @@ def check_residual_sum(cache: Cache, model: TLModel, what: str, tolerance: float
     """Check, per layer, that the residual stream is the plain sum the circuit tools assume:
     ``resid_mid - resid_pre = sum_h sum_j a_ij v~_j + b_O`` and ``next resid - resid_mid = mlp_out``
     (relative error ``<= tolerance``). A norm after attention or after the MLP (Gemma-2/3)
-    or a post-norm block fails it."""
+    or a post-norm block fails it. On a padded batch (the mask remembered with the cache,
+    :func:`cache_mask`) only the real positions are compared: a pad query's output is no
+    token's and the measures leave it out."""
     n = wrap(model).n_layers
+    mask = cache_mask(cache)
     for layer in range(n):
         pre = read(cache, hook_names.resid_pre(layer), model).double()
         mid = read(cache, hook_names.resid_mid(layer), model).double()
@@ -410,6 +413,9 @@ def check_residual_sum(cache: Cache, model: TLModel, what: str, tolerance: float
         parts = (("attention", "the heads' a_ij v~_j + b_O", mid - pre, attn),
                  ("MLP", "hook_mlp_out", post - mid, mlp))
         for part, hook, added, rebuilt in parts:
+            if mask is not None and mask.shape == added.shape[:2]:
+                real = mask.to(added.device).bool()
+                added, rebuilt = added[real], rebuilt.expand_as(added)[real]
             err = float((added - rebuilt).norm() / added.norm().clamp_min(1e-30))
             if not math.isfinite(err):  # NaN > tolerance is False: it would pass
                 raise NonFiniteError(

@@ -63,7 +63,10 @@ def alignment_tables(cache, model, attention_mask=None, layers=None, sample_ids=
 
 
 def layer_tables(geo, layer: int, attention_mask=None, sample_ids=None):
-    """``(alignment rows, histogram rows)`` of one layer's geometry (streaming-friendly)."""
+    """``(alignment rows, histogram rows)`` of one layer's geometry (streaming-friendly;
+    ``attention_mask`` None: the geometry's own ``position_mask``)."""
+    if attention_mask is None:
+        attention_mask = geo.position_mask
     mask = None if attention_mask is None else attention_mask.bool()
     sink = first_real_index(mask, geo.pattern.shape[0], geo.pattern.device)
     return _layer_tables(SinkGeometry(geo, sink), layer, sample_ids)

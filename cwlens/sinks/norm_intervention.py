@@ -41,7 +41,16 @@ def nll_per_row(logits: "lm.LMOutput", tokens: torch.Tensor, attention_mask=None
     (float32, :func:`cwlens.engine.lm.token_nll`; ``logits``: logits or, for long
     inputs, the final residual unembedded in chunks)."""
     nll, keep = lm.token_nll(logits, tokens, attention_mask)
-    return nll.sum(-1), keep.sum(-1)
+    total = nll.sum(-1)
+    bad = ~torch.isfinite(total)
+    if bool(bad.any()):  # a NaN would read as PPL 1.0 once pandas sums the table
+        from cwlens.errors import NonFiniteError
+
+        raise NonFiniteError(
+            f"The next-token NLL of row {int(bad.nonzero()[0])} is {float(total[bad][0])}: the "
+            "logits hold NaN or inf (fp16 overflow, or a weight that is not finite: find it "
+            "with torch.isfinite on model.parameters()). Run the model in float32.")
+    return total, keep.sum(-1)
 
 
 def head_measures(cache, model, attention_mask, sink_index, layers):
@@ -163,15 +172,17 @@ def _head_rows(ids, target, scale, layer, clean, after, low):
 
 def ppl_summary(ppl: pd.DataFrame) -> pd.DataFrame:
     """Per ``(target, scale)``: corpus PPL ``exp(sum nll / sum tokens)``, ΔPPL vs clean and
-    the mean per-sample ΔPPL."""
+    the mean per-sample ΔPPL. A NaN in ``nll_sum`` stays NaN in every figure it enters
+    (pandas' sum and mean would skip it: PPL 1.0, ΔPPL 0)."""
     per = ppl.assign(ppl=lambda d: (d.nll_sum / d.n_tokens.clip(lower=1)).map(_exp))
     clean = per[per.target == "clean"].set_index("sample")["ppl"]
     per["delta_ppl"] = per["ppl"] - per["sample"].map(clean)
-    tot = ppl.groupby(["target", "scale"], as_index=False)[["nll_sum", "n_tokens"]].sum()
+    tot = ppl.groupby(["target", "scale"], as_index=False)[["nll_sum", "n_tokens"]].agg(_sum_keep_nan)
     tot["ppl"] = (tot.nll_sum / tot.n_tokens).map(_exp)
     base = float(tot.loc[tot.target == "clean", "ppl"].iloc[0])
     tot["delta_ppl"] = tot["ppl"] - base
-    mean_delta = per.groupby(["target", "scale"], as_index=False)["delta_ppl"].mean()
+    mean_delta = per.groupby(["target", "scale"], as_index=False)["delta_ppl"].agg(
+        lambda col: col.mean(skipna=False))
     return tot.merge(mean_delta.rename(columns={"delta_ppl": "mean_sample_delta_ppl"}),
                      on=["target", "scale"])
 
@@ -184,6 +195,11 @@ def head_summary(heads: pd.DataFrame) -> pd.DataFrame:
         g[f"norm_ratio_{tag}"] = g[f"norm_after_{tag}"] / g[f"norm_before_{tag}"].clip(lower=1e-30)
         g[f"cone_change_{tag}"] = g[f"cone_after_{tag}"] - g[f"cone_before_{tag}"]
     return g
+
+
+def _sum_keep_nan(col):
+    """A column's sum that is NaN where a value is (pandas' own sum skips NaN)."""
+    return col.sum(skipna=False)
 
 
 def _exp(x: float) -> float:

@@ -145,8 +145,13 @@ def sweep_statistics(
     cache, model, attention_mask=None, layers=None, sample_ids=None, grid=GRID,
     swept: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(stats, curves)``: see the module docstring; ``head = -1`` is the layer output."""
+    """``(stats, curves)``: see the module docstring; ``head = -1`` is the layer output.
+    ``attention_mask`` None: the mask remembered with a padded batch's cache
+    (``cwlens.run_with_cache`` of a list of texts), so each row's sink is its first real
+    token and its pad queries are left out."""
     resolved, _ = adapter.resolve_requested_layers(model, layers)
+    if attention_mask is None:
+        attention_mask = adapter.cache_mask(cache)
     parts = [layer_sweep_tables(adapter.geometry(cache, model, ly, attention_mask), ly,
                                 attention_mask, sample_ids, grid, swept) for ly in resolved]
     return (pd.concat([p[0] for p in parts], ignore_index=True),
@@ -156,8 +161,11 @@ def sweep_statistics(
 def layer_sweep_tables(
     geo, ly: int, attention_mask=None, sample_ids=None, grid=GRID, swept: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The rows of :func:`sweep_statistics` for one layer's geometry (streaming-friendly)."""
+    """The rows of :func:`sweep_statistics` for one layer's geometry (streaming-friendly;
+    ``attention_mask`` None: the geometry's own ``position_mask``)."""
     stats, curves = [], []
+    if attention_mask is None:
+        attention_mask = geo.position_mask
     mask = None if attention_mask is None else attention_mask.bool()
     b, h = geo.pattern.shape[:2]
     sg = SinkGeometry(geo, first_real_index(mask, b, geo.pattern.device))
