@@ -299,3 +299,102 @@ def test_model_args_are_read_strictly():
         masking_config("attention", rate=0.3, layers=1.5)
     with pytest.raises(UnknownOptionError, match="label margin"):
         masking_config("attention_gradient", rate=0.3)
+
+
+# --- #39.4: errors are one line (the cwlens command's contract) -----------------------------
+
+
+@pytest.fixture
+def lm_eval_logs_here(capsys):
+    """lm-eval's log handler is made once per process, on the stderr of the test that made
+    it (closed when that test ends): drop it before and after, so each run makes its own."""
+    import logging
+
+    import lm_eval.utils
+
+    def drop():
+        log = logging.getLogger("lm_eval")
+        for handler in list(log.handlers):
+            if type(handler) is logging.StreamHandler:
+                log.removeHandler(handler)
+        lm_eval.utils._LOGGING_CONFIGURED = False
+
+    drop()
+    yield capsys
+    drop()
+
+
+@needs_lm_eval
+@pytest.mark.parametrize("model_args, words", [
+    ("metrc=attention", r"unknown model_args 'metrc' \(did you mean 'metric'\?\)"),
+    ("metric=attention,rate=1.5", r"rate=.?1\.5.? is outside \[0, 1\]"),
+    ("metric=attention,rate=abc", "rate='abc': give a fraction"),
+    ("metric=contribuion,rate=0.3", r"Unknown metric='contribuion' \(did you mean 'contribution'\?\)"),
+    ("metric=attention_gradient,rate=0.3", "label margin"),
+    ("metric=attention,mode=comprehensive,rate=0.3", "mode"),
+    ("metric=attention,rate=0.3,scope=rows", "scope"),
+    ("metric=attention,rate=0.3,renormalize=maybe", "renormalize='maybe'"),
+    ("metric=random,rate=0.3,seed=1.5", "seed=.*whole number"),
+    ("metric=attention,rate=0.3,layers=9", "layers=9: Layer 9 is out of range.*layers=all"),
+    ("metric=attention,rate=0.3,layers=x", "layers='x'"),
+    ("dtype=float17", "dtype='float17' is not a floating torch dtype"),
+    ("dtype=int8", "dtype='int8' is not a floating torch dtype"),
+    ("max_length=long", "max_length='long': give a whole number of tokens"),
+    ("max_length=0", "max_length=.?0.?: give a whole number"),
+    ("progress=perhaps", "progress='perhaps'"),
+])
+def test_every_bad_model_arg_is_one_error_line(tiny, lm_eval_logs_here, model_args, words):
+    """metrc, rate=1.5, metric=contribuion printed a full traceback; dtype=float17 ended in
+    a raw AttributeError from getattr(torch, dtype), max_length=long in int('long')."""
+    from cwlens.lmeval.cli import main
+
+    _, files, path = tiny
+    code = main(["--model", "cwlens-masked", "--model_args", f"pretrained={path},device=cpu,{model_args}",
+                 "--tasks", "cwlens_winogrande", "--metadata", json.dumps({"data_file": str(files["winogrande"])}),
+                 "--limit", "1"])
+    err = lm_eval_logs_here.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("cwlens-lm-eval: error: ")]
+    assert code == 2 and "Traceback" not in err and len(lines) == 1, err[-2000:]
+    assert __import__("re").search(words, lines[0]), lines[0]
+
+
+@needs_lm_eval
+@pytest.mark.parametrize("args, code, words", [
+    ("--tasks cwlens_winogrand nope_task", 2,
+     r"unknown --tasks 'cwlens_winogrand' \(did you mean 'cwlens_winogrande'\?\), 'nope_task': the cwlens "
+     "tasks are cwlens_mmlu"),
+    ("--model cwlens-maskd --tasks cwlens_boolq", 2, "'cwlens-maskd'.*pass --model cwlens-masked"),
+    ("--model_args pretrained=/no/such/model-dir --tasks cwlens_boolq", 1, "'/no/such/model-dir'"),
+    ("--model_args pretrained={path},device=gpu --tasks cwlens_boolq", 1, "Unknown device 'gpu'"),
+])
+def test_unknown_tasks_models_and_failed_loads_are_one_line(tiny, lm_eval_logs_here, args, code, words):
+    """An unknown --tasks name printed lm-eval's ValueError traceback."""
+    from cwlens.lmeval.cli import main
+
+    _, _, path = tiny
+    argv = args.format(path=path).split()
+    if "--model" not in argv:
+        argv = ["--model", "cwlens-masked", *argv]
+    if "--model_args" not in argv:
+        argv += ["--model_args", f"pretrained={path},device=cpu"]
+    got = main([*argv, "--limit", "1"])
+    err = lm_eval_logs_here.readouterr().err
+    assert got == code and "Traceback" not in err, err[-2000:]
+    line = [x for x in err.splitlines() if x.startswith("cwlens-lm-eval: error: ")]
+    assert len(line) == 1 and __import__("re").search(words, line[0]), err[-2000:]
+
+
+@needs_lm_eval
+def test_command_line_error_is_one_line_and_debug_shows_the_traceback(tiny):
+    _, _, path = tiny
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "cwlens.lmeval", "--model", "cwlens-masked", "--model_args",
+           f"pretrained={path},device=cpu,dtype=float17", "--tasks", "cwlens_boolq"]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        "cwlens-lm-eval: error: dtype='float17' is not a floating torch dtype: give float32 (the "
+        "default), bfloat16, float16 or float64.")
+    debug = subprocess.run([*cmd, "--debug"], capture_output=True, text=True, env=env, timeout=600)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ModelArgsError" in debug.stderr

@@ -403,6 +403,12 @@ def wrap(model: Any) -> ModelHandle:
     Returns:
         The model's :class:`ModelHandle`: the same object on every call.
 
+    Raises:
+        InvalidArgumentError: something that is not a model (:func:`model_problem`: no
+            ``cfg`` with positive integer ``n_layers``, ``n_heads``, ``d_model``,
+            ``d_head``, or no hooks API), naming what was passed (a tokenizer, a
+            configuration, a Hugging Face module, a cache, a model name) and what to pass.
+
     Examples:
         >>> import cwlens
         >>> from cwlens.testing import tiny_model

@@ -1,3 +1,5 @@
+import sys
+
 from cwlens.lmeval.cli import main
 
-main()
+sys.exit(main())

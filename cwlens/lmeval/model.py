@@ -22,15 +22,12 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from cwlens.engine.batching import token_ids
 from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError
-from cwlens.faithfulness.config import LMEVAL_OPTIONS
 from cwlens.faithfulness.passes import SweepStats
 from cwlens.lmeval.requests import encode_request, prefix_token_id, token_request
 from cwlens.lmeval.scoring import score_requests
-from cwlens.lmeval.settings import describe, masking_config
+from cwlens.lmeval.settings import ModelArgsError, describe, read_model_args
 
 NAME = "cwlens-masked"
-MASKING = ("metric", "mode", "rate", *LMEVAL_OPTIONS)  # model_args read by masking_config
-IGNORED = ("batch_size", "max_batch_size")
 
 
 class GenerationNotSupportedError(CwlensError, NotImplementedError):
@@ -59,30 +56,32 @@ class CwlensMaskedLM(LM):
         **model_args,
     ):
         super().__init__()
-        for ignored in IGNORED:  # lm-eval's own batching options: batches hold batch_tokens
-            model_args.pop(ignored, None)
-        unknown = sorted(set(model_args) - set(MASKING))
-        if unknown:
-            raise CwlensError(
-                f"cwlens-masked: unknown model_args {unknown}. Known: pretrained, "
-                f"{', '.join(MASKING)}, max_length, device, dtype."
-            )
-        self.config = masking_config(**model_args)
+        # every model_arg is checked before the model loads (ModelArgsError: one line, exit 2)
+        read = read_model_args({**model_args, "dtype": dtype, "max_length": max_length,
+                                "progress": progress})
+        self.config = read["config"]
+        dtype, max_length, progress = read["dtype"], read["max_length"], read["progress"]
         if model is None:
             if not pretrained:
-                raise CwlensError("cwlens-masked needs pretrained=<name or directory> in model_args.")
+                raise ModelArgsError("cwlens-masked needs pretrained=<name or directory> in "
+                                     "model_args, e.g. --model_args pretrained=smollm2-135m.")
             import torch
 
             from cwlens.engine.models.loading import load_model
 
             if device and str(device).startswith("cuda") and not torch.cuda.is_available():
                 device = "cpu"  # lm-eval's CLI passes cuda:0 by default
-            model = load_model(str(pretrained), device=device, dtype=getattr(torch, str(dtype)))
+            model = load_model(str(pretrained), device=device, dtype=dtype)
         from cwlens.engine import adapter
 
         adapter.require_next_token_model(model, "lm-eval scoring", "Use a decoder model.")
         adapter.require_metrics(model, self.config.metrics)
-        adapter.resolve_layers(model, list(self.config.layers) if self.config.layers else None)
+        try:
+            adapter.resolve_layers(model, list(self.config.layers) if self.config.layers else None)
+        except CwlensError as err:
+            raise ModelArgsError(
+                f"cwlens-masked model_args layers={';'.join(map(str, self.config.layers or ()))}: "
+                f"{err} (here: leave layers out, or layers=all).") from err
         self.model = model
         handle = wrap(model)
         self.pretrained = str(pretrained) if pretrained else (handle.name or "model")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cwlens.core import metrics
-from cwlens.errors import UnknownOptionError
+from cwlens.errors import CwlensError, UnknownOptionError, UsageError
 from cwlens.faithfulness.config import LMEVAL_OPTIONS, FaithfulnessConfig
 
 NO_MASK = ("none", "clean")
@@ -84,15 +84,66 @@ def read_int(value, name: str) -> int:
 
 
 def read_rate(value) -> float:
-    """A fraction in [0, 1] (checked by :class:`FaithfulnessConfig`); a string is parsed."""
+    """A fraction in [0, 1]; a string is parsed."""
     if isinstance(value, bool):
         raise UnknownOptionError(f"rate={value!r}: give a fraction in [0, 1], e.g. rate=0.3.")
     try:
-        return float(value)
+        rate = float(value)
     except (TypeError, ValueError):
         raise UnknownOptionError(
             f"rate={value!r}: give a fraction in [0, 1], e.g. rate=0.3 (not a percentage)."
         ) from None
+    if not 0.0 <= rate <= 1.0:  # (NaN too)
+        raise UnknownOptionError(
+            f"rate={value!r} is outside [0, 1]: rates are the fraction of entries removed, "
+            "e.g. rate=0.3 (not a percentage).")
+    return rate
+
+
+class ModelArgsError(UsageError):
+    """A ``--model_args`` entry of ``cwlens-masked`` that is unknown or has a value it does
+    not take (the command line prints it as one ``error:`` line and exits 2)."""
+
+
+def check_keys(given, known) -> None:
+    """Refuse a ``model_args`` key that is not one of ``known``, suggesting the closest."""
+    import difflib
+
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(known), n=1)
+        raise ModelArgsError(
+            f"cwlens-masked: unknown model_args {', '.join(map(repr, unknown))}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f". Known: {', '.join(known)}.")
+
+
+def read_dtype(value) -> str | Any:
+    """A floating torch dtype, or the name of one (``float32``, ``bfloat16``...)."""
+    import torch
+
+    dtype = getattr(torch, value, None) if isinstance(value, str) else value
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ModelArgsError(
+            f"dtype={value!r} is not a floating torch dtype: give float32 (the default), "
+            "bfloat16, float16 or float64.")
+    return dtype
+
+
+def read_max_length(value) -> int | None:
+    """None (the model's ``n_ctx``) or a whole number of tokens >= 2 (a context and one
+    scored token)."""
+    if value is None or value == "":
+        return None
+    try:
+        n = read_int(value, "max_length")
+    except UnknownOptionError:
+        n = 0
+    if n < 2:
+        raise ModelArgsError(
+            f"max_length={value!r}: give a whole number of tokens (2 or more), e.g. "
+            "max_length=2048, or leave it out for the model's context length (n_ctx).")
+    return n
 
 
 # LMEVAL_OPTIONS' kinds
@@ -120,6 +171,14 @@ def masking_config(metric=None, mode: str = "comprehensiveness", rate: float | i
         )
     metric = "none" if metric is None else str(metric)
     clean = metric in NO_MASK
+    usable = [m for m in metrics.NAMES if m not in metrics.GRADIENT]
+    if not clean and metric not in metrics.NAMES:
+        import difflib
+
+        close = difflib.get_close_matches(metric, usable, n=1)
+        raise UnknownOptionError(
+            f"Unknown metric={metric!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f": give none (the clean model) or one of {', '.join(usable)}.")
     if metric in metrics.GRADIENT:
         raise UnknownOptionError(
             f"metric={metric} is not available in cwlens-masked: it ranks by the gradient of "
@@ -150,3 +209,25 @@ def describe(cfg: FaithfulnessConfig) -> dict:
             value = getattr(cfg, name)
             out[f"cwlens_{name}"] = ("all" if value is None else list(value)) if name == "layers" else value
     return out
+
+
+MASKING = ("metric", "mode", "rate", *LMEVAL_OPTIONS)  # model_args read by masking_config
+LOADING = ("pretrained", "max_length", "device", "dtype", "progress")  # the model's own
+IGNORED = ("batch_size", "max_batch_size")  # lm-eval's batching: batches hold batch_tokens
+
+
+def read_model_args(args: dict) -> dict:
+    """Every ``cwlens-masked`` model_arg checked before any model loads: ``{"config":
+    FaithfulnessConfig, "dtype": torch.dtype, "max_length": int or None, "progress": bool}``
+    (``pretrained`` and ``device`` are checked by :func:`cwlens.load_model`). Raises
+    :class:`ModelArgsError` naming the entry and the fix. ``python -m cwlens.lmeval`` calls
+    it on ``--model_args`` before lm-eval starts; the model calls it again."""
+    args = {k: v for k, v in args.items() if k not in IGNORED}
+    check_keys(args, (*LOADING, *MASKING))
+    try:
+        config = masking_config(**{k: v for k, v in args.items() if k in MASKING})
+        progress = read_bool(args.get("progress", True), "progress")
+    except CwlensError as err:
+        raise ModelArgsError(f"cwlens-masked model_args: {err}") from err
+    return {"config": config, "dtype": read_dtype(args.get("dtype", "float32")),
+            "max_length": read_max_length(args.get("max_length")), "progress": progress}
