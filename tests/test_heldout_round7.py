@@ -121,8 +121,6 @@ def test_direct_logit_attribution_padded_list_equals_single_run(llama):
     torch.testing.assert_close(got, (one + two) / 2, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="attention_gradient(model, [text, text]) ends in a raw "
-                   "AttributeError ('list' object has no attribute 'ndim')")
 def test_attention_gradient_list_of_texts(llama):
     from cwlens.engine.gradients import attention_gradient
 

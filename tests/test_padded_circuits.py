@@ -53,3 +53,16 @@ def test_direct_logit_attribution_padded_batch_is_complete(model):
     logits, batch = circuits.run_with_cache(model, [SHORT, LONG])
     dla = circuits.direct_logit_attribution(batch, model, logits, [-1], torch.tensor([[5], [7]]))
     assert dla.completeness_error < 1e-4
+
+
+def test_attention_gradient_padded_row_equals_its_text_alone():
+    from cwlens.engine.gradients import attention_gradient
+
+    model = tiny_model("llama")
+    got = attention_gradient(model, [LONG, SHORT])
+    want = attention_gradient(model, SHORT)
+    n = want[0].shape[-1]
+    for layer in got:
+        torch.testing.assert_close(got[layer][1, :, -n:, -n:], want[layer][0], atol=1e-5, rtol=1e-4)
+        assert not bool(got[layer][1, :, :-n].any()) and not bool(got[layer][1, :, :, :-n].any())
+

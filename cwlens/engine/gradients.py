@@ -62,7 +62,7 @@ def document_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=Non
 
 def attention_gradient(
     model,
-    tokens: torch.Tensor,
+    tokens: torch.Tensor | str | list[str],
     attention_mask: torch.Tensor | None = None,
     layers: Layers = None,
     loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -76,6 +76,11 @@ def attention_gradient(
     bidirectional models; pad queries and keys get 0. One
     forward and one backward pass with gradients (the only cwlens metric that needs them).
 
+    ``tokens``: ``[batch, pos]`` token ids, a text, or a list of texts; texts of different
+    lengths are padded as :func:`cwlens.engine.batching.pad_batch` pads them (left on a
+    decoder: row ``b``'s last token is at ``-1``), each row's scores equal its text's alone
+    and its pad positions get 0.
+
     Raises :class:`~cwlens.errors.NonFiniteError` naming the layer (and the heads) where a
     pattern or the scores hold NaN or inf, or where the loss does.
     """
@@ -86,9 +91,15 @@ def attention_gradient(
             model, "attention_gradient", "Use a decoder (the gradient is of the next-token "
             "loss), or pass loss=... (a scalar function of the logits)."
         )
+    from cwlens.engine.batching import batch_input
+
     resolved, _ = adapter.resolve_layers(model, layers)
-    if tokens.ndim == 1:
-        tokens = tokens[None]
+    # a text or a list of texts is tokenized (different lengths: padded with its own mask,
+    # as cwlens.run_with_cache does); tokens and a mask unlike them are refused up front
+    given, attention_mask = batch_input(model, tokens, attention_mask, "tokens")
+    if not isinstance(given, torch.Tensor):  # a text, or texts of one length
+        given = wrap(model).to_tokens(given)
+    tokens = given[None] if given.ndim == 1 else given
     deltas: dict[int, torch.Tensor] = {}
     patterns: dict[int, torch.Tensor] = {}
 
