@@ -296,8 +296,8 @@ def decompose(
         attention_mask: ``[batch, pos]``, 1 on real tokens (pad positions get 0).
 
     Returns:
-        A :class:`Decomposition` whose ``attention * relative_norm * cosine`` equals its
-        ``contribution``.
+        A ``Decomposition`` (:class:`Decomposition`) whose ``attention * relative_norm *
+        cosine`` equals its ``contribution``.
 
     Examples:
         >>> import cwlens, torch
@@ -390,7 +390,7 @@ def closure(
         attention_mask: ``[batch, pos]``, 1 on real tokens: only real positions count.
 
     Returns:
-        A :class:`Closure` with the per-layer errors.
+        A ``Closure`` (:class:`Closure`) with the per-layer errors.
 
     Examples:
         >>> import cwlens

@@ -110,8 +110,8 @@ def from_tracr(assembled: Any, name: str = "tracr", dtype: torch.dtype = torch.f
         dtype: the weights' dtype (tracr's are float32; float64 for checks).
 
     Returns:
-        A :class:`~cwlens.groundtruth.network.TracrTransformer` that every cwlens function
-        takes; ``model.layout`` (:class:`TracrLayout`) decodes its outputs
+        A ``TracrTransformer`` (:class:`~cwlens.groundtruth.network.TracrTransformer`) that
+        every cwlens function takes; ``model.layout`` (:class:`TracrLayout`) decodes its outputs
         (:func:`cwlens.groundtruth.decode`).
 
     Raises:

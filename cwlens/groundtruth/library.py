@@ -145,7 +145,7 @@ def load(name: str) -> CompiledProgram:
         name: one of :func:`names` (``"reverse"``, ``"frac_prevs"``, ...).
 
     Returns:
-        The :class:`CompiledProgram`: its ``model`` (every cwlens function takes it), its
+        The compiled program (:class:`CompiledProgram`): its ``model`` (every cwlens function takes it), its
         inputs (``sample_inputs``) and their truth (``truth``), its ``components``.
 
     Raises:
@@ -240,7 +240,7 @@ def from_file(path: str | Path, name: str | None = None) -> CompiledProgram:
         name: the program's name (default: the file's stem).
 
     Returns:
-        The :class:`CompiledProgram` (compiled here: seconds to minutes).
+        The compiled program (:class:`CompiledProgram`; compiled here: seconds to minutes).
 
     Raises:
         InvalidArgumentError: no such file, a file that defines no ``program`` (or no
