@@ -75,12 +75,13 @@ def _checked(method):
     return checked
 
 
-def _measure(method):
+def _measure(method, check: bool = True):
     """Mark a method of :class:`AttentionGeometry` as a per-entry measure (:data:`MEASURES`),
-    its result checked for NaN and inf (:func:`_checked`)."""
-    checked = _checked(method)
-    checked.per_entry_measure = True
-    return checked
+    its result checked for NaN and inf (:func:`_checked`) unless ``check=False`` (a measure
+    that returns an input, checked when the geometry is made)."""
+    marked = _checked(method) if check else method
+    marked.per_entry_measure = True
+    return marked
 
 
 class AttentionGeometry:
@@ -329,7 +330,7 @@ class AttentionGeometry:
     # Each is one einsum and/or one pass over the [batch, head, query, key] tensor: the
     # per-query scalings (1/||o||, 1/||o||^2) are applied to small tensors first. The
     # per-entry importance measures are marked @_measure (MEASURES, :meth:`measure`).
-    @_measure
+    @functools.partial(_measure, check=False)  # the pattern: checked in __init__
     def attention(self) -> PairWeights:
         return self.pattern
 
