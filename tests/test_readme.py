@@ -52,3 +52,19 @@ def test_no_tool_writes_into_the_readme():
     hits = [str(p.relative_to(ROOT)) for p in sources if p.is_file()
             and re.search(r"--readme|summary-md[^\n]*README|README\.md\"\]", p.read_text(encoding="utf-8"))]
     assert not hits, hits
+
+
+def test_results_section_is_a_guide():
+    """"Results, in five lines": at most 15 lines, one sentence per result with a link to
+    the page that holds its numbers (a 300-word bullet once sat here)."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Results, in five lines"):text.index("## Notebooks")]
+    lines = section.strip().splitlines()
+    assert len(lines) <= 15, len(lines)
+    bullets = [line for line in lines if line.startswith("- ")]
+    assert bullets
+    for b in bullets:
+        assert re.search(r"\]\(docs/[\w.]+\.md\)", b), b
+        assert len(b.split()) <= 60, (len(b.split()), b[:60])
+        body = re.sub(r"\([^)]*\)", "", b)  # links and asides
+        assert body.rstrip().endswith(".") and body.count(". ") == 0, b[:60]
