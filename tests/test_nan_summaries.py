@@ -15,3 +15,14 @@ def test_ppl_summary_keeps_a_nan_nll():
     assert math.isclose(out.loc["clean", "ppl"], math.exp(10 / 5))
     for col in ("nll_sum", "ppl", "delta_ppl", "mean_sample_delta_ppl"):
         assert math.isnan(out.loc["sink", col]), (col, out)  # pandas' sum gave ppl exp(7/5)
+
+
+def test_aopc_keeps_a_nan_damage():
+    from cwlens.faithfulness.aopc import aopc
+
+    damage = pd.DataFrame({"metric": "contribution", "mode": "comprehensiveness",
+                           "sample_id": ["a", "a", "b", "b"], "rate": [0.1, 0.2, 0.1, 0.2],
+                           "damage": [1.0, float("nan"), 2.0, 4.0], "layers": "all"})
+    out = aopc(damage).set_index("sample_id")
+    assert math.isnan(out.loc["a", "aopc"]) and math.isnan(out.loc["a", "score"])  # was 1.0
+    assert out.loc["b", "aopc"] == 3.0 and out.loc["b", "score"] == 3.0

@@ -137,7 +137,8 @@ def aopc(damage: pd.DataFrame, rates: Sequence[float] | None = None) -> pd.DataF
     """Per ``(metric, mode, sample_id)`` (and ``layers`` where several layer sets were
     masked): ``aopc`` = the mean damage over ``rates`` (default: every rate present) and
     ``score`` (``+aopc`` comprehensiveness, ``-aopc`` sufficiency). A sample must have
-    every rate: a missing one is an error, not a silently shorter curve."""
+    every rate: a missing one is an error, not a silently shorter curve, and a NaN damage
+    makes its curve's ``aopc`` NaN (never the mean of the other rates)."""
     rates = sorted(set(damage["rate"])) if rates is None else sorted(rates)
     if not rates:
         raise InvalidArgumentError("AOPC needs at least one removal rate.")
@@ -150,7 +151,10 @@ def aopc(damage: pd.DataFrame, rates: Sequence[float] | None = None) -> pd.DataF
         raise InvalidArgumentError(
             f"{len(short)} (metric, mode, sample) curves lack some of the rates {rates} "
             f"(e.g. {short.index[0]}): finish the run (rerun the same command) first.")
-    out = grouped["damage"].mean().rename("aopc").reset_index()
+    # pandas' mean skips NaN: a curve with a NaN damage would read as the mean of the rest
+    aopc = grouped["damage"].mean().where(~sub["damage"].isna().groupby(
+        [sub[k] for k in keys], sort=False).any())
+    out = aopc.rename("aopc").reset_index()
     out["score"] = out["aopc"].where(out["mode"] == "comprehensiveness", -out["aopc"])
     return out
 
