@@ -66,8 +66,6 @@ def test_sink_norm_intervention_refuses_nan_logits(weight):
 
 # --- #39.4: cwlens-masked --model_args values ------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="masking_config reads rate only with a metric: rate=5 "
-                   "(or nan) without one is accepted and the clean model runs (exit 0)")
 @pytest.mark.parametrize("rate", ["5", "nan", "-1"])
 def test_lmeval_rate_checked_without_metric(rate):
     from cwlens.errors import UnknownOptionError

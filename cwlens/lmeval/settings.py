@@ -188,7 +188,8 @@ def masking_config(metric=None, mode: str = "comprehensiveness", rate: float | i
     # plain strings here; FaithfulnessConfig checks each against its valid values
     read: dict[str, Any] = {name: READERS[LMEVAL_OPTIONS[name]](value, name)
                             for name, value in options.items()}
-    read.update(metrics=(PLACEHOLDER if clean else metric,), rates=(0.0 if clean else read_rate(rate),),
+    given_rate = read_rate(rate)  # checked with or without a metric (rate=5 alone ran clean)
+    read.update(metrics=(PLACEHOLDER if clean else metric,), rates=(0.0 if clean else given_rate,),
                 modes=(str(mode),))
     return FaithfulnessConfig(**read)
 
