@@ -66,3 +66,12 @@ def test_attention_gradient_padded_row_equals_its_text_alone():
         torch.testing.assert_close(got[layer][1, :, -n:, -n:], want[layer][0], atol=1e-5, rtol=1e-4)
         assert not bool(got[layer][1, :, :-n].any()) and not bool(got[layer][1, :, :, :-n].any())
 
+
+
+def test_patch_heads_refuses_texts_naming_the_fix():
+    model = tiny_model("llama")
+    with pytest.raises(InvalidArgumentError, match="clean must be a \\[batch, pos\\] tensor"):
+        circuits.patch_heads(model, [SHORT, LONG], lambda logits: logits[:, -1, 0], mode="mean")
+    tokens = model.to_tokens(SHORT)
+    with pytest.raises(InvalidArgumentError, match="corrupted must be"):
+        circuits.patch_heads(model, tokens, lambda logits: logits[:, -1, 0], corrupted=[SHORT])

@@ -70,6 +70,14 @@ def patch_heads(
         raise UnknownOptionError(f"Unknown patching mode={mode!r}. Valid modes: 'corrupt', 'mean'.")
     if not callable(metric):
         raise InvalidArgumentError(f"metric must be a function logits -> [batch]; got {metric!r}.")
+    for what, toks in (("clean", clean), ("corrupted", corrupted)):
+        if toks is not None and (not isinstance(toks, torch.Tensor) or toks.ndim != 2):
+            raise InvalidArgumentError(
+                f"{what} must be a [batch, pos] tensor of token ids; got "
+                f"{type(toks).__name__}{'' if not isinstance(toks, torch.Tensor) else f' {tuple(toks.shape)}'}. "
+                "Patching replaces a head's z at the same positions in every prompt, so texts "
+                "must be tokens of one length: model.to_tokens(texts) where they tokenize to "
+                "equal lengths (a padded list of texts would patch pads into tokens).")
     from cwlens.engine.adapter import resolve_layers
 
     chosen, _ = resolve_layers(model, layers)
