@@ -12,7 +12,7 @@ from cwlens.testing import tiny_model
 SHORT, LONG = "the cat sat", "the dog ran to the big red house and the cat sat on the mat"
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2"])
+@pytest.fixture(scope="module", params=["llama", "gpt2", "qwen3", "mistral"])
 def model(request):
     return tiny_model(request.param)
 
