@@ -46,9 +46,13 @@ def test_no_model_internals_outside_the_handle():
 
 def _definitions(name: str) -> list[str]:
     """Functions called ``name`` anywhere in the package (nested ones too), except the
-    method stubs of typing Protocols (which describe TransformerLens' own methods)."""
+    method stubs of typing Protocols (which describe TransformerLens' own methods) and the
+    models cwlens builds itself (cwlens.engine.models: a model defines TransformerLens'
+    ``run_with_cache`` as a method of its own)."""
     where = []
     for path in sorted(PACKAGE.rglob("*.py")):
+        if (PACKAGE / "engine" / "models") in path.parents:
+            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         stubs = {
             id(item)

@@ -10,10 +10,10 @@
 See docs/groundtruth.md. Importing this package imports neither jax nor tracr.
 """
 
+from cwlens.engine.models.tracr_network import TracrTransformer
 from cwlens.groundtruth.codec import decode, encode
 from cwlens.groundtruth.convert import TracrLayout, from_tracr, load_weights, save
 from cwlens.groundtruth.library import CompiledProgram, from_file, load, names
-from cwlens.groundtruth.network import TracrTransformer
 from cwlens.groundtruth.truth import Truth
 
 __all__ = ["CompiledProgram", "TracrLayout", "TracrTransformer", "Truth", "decode", "encode",

@@ -6,13 +6,13 @@ from typing import Any
 
 import torch
 
+from cwlens.engine.models.tracr_network import TracrTransformer
 from cwlens.errors import (
     EmptyInputError,
     InputTooLongError,
     InvalidArgumentError,
     ShapeMismatchError,
 )
-from cwlens.groundtruth.network import TracrTransformer
 
 
 def model_of(model: Any) -> TracrTransformer:
@@ -21,7 +21,7 @@ def model_of(model: Any) -> TracrTransformer:
     if not isinstance(inner, TracrTransformer):
         raise InvalidArgumentError(
             f"expected a compiled program's model (cwlens.groundtruth.from_tracr(assembled) or "
-            f"cwlens.groundtruth.load(name)); got {type(model).__name__}.")
+            f"cwlens.groundtruth.load(name)); got {type(model)}.")
     return inner
 
 

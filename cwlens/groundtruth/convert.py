@@ -3,7 +3,7 @@
 Tracr (Lindner et al. 2023, DeepMind, Apache-2.0) compiles a RASP program into the weights
 of a transformer (``tracr.compiler.compiling.compile_rasp_to_model``) and runs it in
 jax/haiku. :func:`from_tracr` copies those weights into a :class:`TracrTransformer`
-(:mod:`cwlens.groundtruth.network`), a small ``HookedRootModule`` with TransformerLens
+(:mod:`cwlens.engine.models.tracr_network`), a small ``HookedRootModule`` with TransformerLens
 3.x's hook names, and the same network, dimension for dimension: the residual stream's
 axes are tracr's ``residual_labels`` (``tokens:x``, ``indices:3``, ``one``, the program's
 own variables), every layer's residual equals tracr's ``apply(...).residuals`` and the
@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from cwlens.engine.handle import wrap
+from cwlens.engine.models.tracr_network import TracrConfig, TracrTransformer
 from cwlens.errors import InvalidArgumentError, ModelNotAvailableError, UnsupportedModelError
-from cwlens.groundtruth.network import TracrConfig, TracrTransformer
 
 FORMAT = "cwlens-tracr/1"
 INSTALL = 'pip install "cwlens[tracr]"  (or: pip install tracr-pypi==1.0.0)'
@@ -110,7 +111,7 @@ def from_tracr(assembled: Any, name: str = "tracr", dtype: torch.dtype = torch.f
         dtype: the weights' dtype (tracr's are float32; float64 for checks).
 
     Returns:
-        A ``TracrTransformer`` (:class:`~cwlens.groundtruth.network.TracrTransformer`) that
+        A ``TracrTransformer`` (:class:`~cwlens.engine.models.tracr_network.TracrTransformer`) that
         every cwlens function takes; ``model.layout`` (:class:`TracrLayout`) decodes its outputs
         (:func:`cwlens.groundtruth.decode`).
 
@@ -228,7 +229,7 @@ def weights_of(model: TracrTransformer) -> dict[str, np.ndarray]:
     """``model``'s weights as float32 arrays named as :func:`build` takes them."""
     sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
     weights = {"W_E": sd["embed.W_E"], "W_pos": sd["pos_embed.W_pos"], "W_U": sd["unembed.W_U"]}
-    for layer in range(model.cfg.n_layers):
+    for layer in range(wrap(model).n_layers):
         for w in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O"):
             weights[f"{layer}.{w}"] = sd[f"blocks.{layer}.attn.{w}"]
         for w in ("W_in", "b_in", "W_out", "b_out"):
@@ -243,7 +244,7 @@ def save(model: TracrTransformer, path: str | Path) -> tuple[Path, Path]:
     npz, meta = path.with_suffix(".npz"), path.with_suffix(".json")
     arrays: dict[str, Any] = dict(weights_of(model))
     np.savez_compressed(npz, **arrays)
-    meta.write_text(json.dumps({"format": FORMAT, "name": model.cfg.model_name,
+    meta.write_text(json.dumps({"format": FORMAT, "name": wrap(model).name,
                                 "layout": model.layout.to_json()}, indent=1) + "\n")
     return npz, meta
 

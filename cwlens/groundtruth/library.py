@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from cwlens.engine.handle import wrap
+from cwlens.engine.models.tracr_network import TracrTransformer
 from cwlens.errors import InvalidArgumentError, ModelNotAvailableError, UnknownOptionError
 from cwlens.groundtruth import codec
 from cwlens.groundtruth.compiler import Placement
 from cwlens.groundtruth.convert import INSTALL, TracrLayout, build, from_tracr, require_tracr
-from cwlens.groundtruth.network import TracrTransformer
 from cwlens.groundtruth.truth import Truth, compute, unpack
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -44,7 +45,7 @@ class CompiledProgram:
 
     Attributes:
         name: the program's name.
-        model: the converted model (:class:`~cwlens.groundtruth.network.TracrTransformer`).
+        model: the converted model (:class:`~cwlens.engine.models.tracr_network.TracrTransformer`).
         vocab: the input tokens (without the BOS).
         max_seq_len: the longest input after the BOS.
         bos: the BOS token.
@@ -110,7 +111,7 @@ class CompiledProgram:
         missing = [k for k in keys if k not in self._shipped]
         if missing:
             program = self._program(f"the truth of {list(missing[0])!r} (not among the shipped inputs)")
-            n_layers, n_heads = self.model.cfg.n_layers, self.model.cfg.n_heads
+            n_layers, n_heads = wrap(self.model).n_layers, wrap(self.model).n_heads
             for k in missing:
                 self._shipped[k] = compute(program, list(k), self.vocab, list(self.placements),
                                            n_layers, n_heads)
@@ -160,7 +161,7 @@ def load(name: str) -> CompiledProgram:
         >>> [round(v, 3) for v in groundtruth.decode(program.model, logits)[1:]]
         [1.0, 0.5, 0.667]
         >>> truth = program.truth(program.sample_inputs(1, seed=0))[0]
-        >>> truth.movement.shape[:2] == (program.model.cfg.n_layers, program.model.cfg.n_heads)
+        >>> truth.movement.shape[:2] == (cwlens.wrap(program.model).n_layers, cwlens.wrap(program.model).n_heads)
         True
     """
     if not isinstance(name, str) or name not in names():
@@ -178,7 +179,7 @@ def load(name: str) -> CompiledProgram:
     model = build(weights, TracrLayout.from_json(meta["layout"]), name)
     truth = {k[len("truth."):]: v for k, v in arrays.items() if k.startswith("truth.")}
     inputs = [list(r) for r in meta["inputs"]]
-    truths = unpack(truth, inputs, meta["outputs"], model.cfg.n_layers, model.cfg.n_heads)
+    truths = unpack(truth, inputs, meta["outputs"], wrap(model).n_layers, wrap(model).n_heads)
     return CompiledProgram(
         name, model, tuple(meta["vocab"]), int(meta["max_seq_len"]), meta["bos"],
         (PROGRAMS / f"{name}.py").read_text(), meta["description"],
