@@ -353,7 +353,7 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
         source = args.file_samples if args.file is not None else _source(args, model, d, counts[d])
         if args.require_above_chance and args.file is None:
             _check_chance(model, source, counts[d], shots, cfg, world,
-                          path if not args.no_resume else None, args.model, not args.no_progress)
+                          path if not args.no_resume else None, args)
         result = run_faithfulness(
             model, source, cfg, n=counts[d], num_fewshot=shots, out=path, resume=not args.no_resume,
             model_name=args.model, progress=not args.no_progress,
@@ -370,10 +370,12 @@ def _run(args, datasets, counts, cfg, paths, placed, world) -> int:
     return report(paths, args) if world.main else 0
 
 
-def _check_chance(model, dataset, n, shots, cfg, world, path, model_name, progress=True) -> None:
+def _check_chance(model, dataset, n, shots, cfg, world, path, args) -> None:
     """A multiple-choice dataset (a name, or its items): its clean accuracy must clear
     chance (else AtChanceError). Resuming ``path`` (None: not resumed), the items it
-    already holds are read from their clean rows, not run again."""
+    already holds are read from their clean rows, not run again. ``args``: the command's
+    options (``--model`` names the rows, ``--no-progress`` hides the bar)."""
+    model_name, progress = args.model, not args.no_progress
     from cwlens.datasets import ChoiceItem, load_dataset
     from cwlens.faithfulness.accuracy import (
         clean_accuracy,
