@@ -99,3 +99,28 @@ def test_smollm2_capitals_with_and_without_bos(smollm2):
     items = load_dataset("capitals", n=40)
     assert clean_accuracy(smollm2, items).correct == 36
     assert clean_accuracy(smollm2, items, prepend_bos=False).correct == 38
+
+
+def test_cli_faithfulness_chance_check_reads_no_bos(tmp_path, monkeypatch):
+    """``cwlens faithfulness --require-above-chance --no-bos``: the clean check that gates the
+    run scores without the BOS too (it read every choice after one whatever the flag)."""
+    from cwlens.cli.main import main
+    from cwlens.faithfulness import accuracy
+    from cwlens.testing import save_tiny
+
+    model_dir = save_tiny("llama", tmp_path)
+    seen = []
+    real = accuracy.clean_accuracy
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("prepend_bos", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(accuracy, "clean_accuracy", spy)
+    for flag in ([], ["--no-bos"]):
+        argv = ["faithfulness", "--model", str(model_dir), "--device", "cpu", "--dataset",
+                "capitals", "--samples", "8", "--require-above-chance", "--no-progress",
+                "--metrics", "attention", "--rates", "0.5", "--out", str(tmp_path / f"r{len(flag)}"),
+                *flag]
+        main(argv)  # the tiny model is at chance: exit 1 after the check
+    assert seen == [True, False]

@@ -392,7 +392,8 @@ def _check_chance(model, dataset, n, shots, cfg, world, path, args) -> None:
     left = sum(1 for item in items if item.id not in known)
     with bar(left, f"{items[0].dataset}: clean accuracy", "item",
              enabled=progress and world.main, ticks=True):
-        check = clean_accuracy(model, items, batch_tokens=cfg.batch_tokens, known=known)
+        check = clean_accuracy(model, items, batch_tokens=cfg.batch_tokens, known=known,
+                               prepend_bos=cfg.prepend_bos)
     if world.main:
         read = f" ({check.reused} of them read from {path})" if check.reused else ""
         print(f"clean accuracy: {check.line()}{read}", flush=True)
