@@ -126,7 +126,7 @@ def test_faithfulness_on_two_processes_writes_the_one_process_file(tiny, referen
     code, out, err = finish(torchrun(2, "-m", "cwlens", *FAITH, "--model", str(tiny),
                                      "--out", str(tmp_path)))
     assert code == 0, err[-3000:]
-    assert "over 2 processes" in out and out.count("forward passes") == 1  # rank 0 reports
+    assert "over 2 processes" in out and out.count("forward passes in") == 1  # rank 0 reports
     ref = reference / "faith" / "gsm8k.jsonl"
     assert (tmp_path / "gsm8k.jsonl").read_bytes() == ref.read_bytes()  # merged, same order
     assert not list(tmp_path.glob("*.shard-*"))
