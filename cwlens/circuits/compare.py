@@ -80,6 +80,11 @@ class Comparison:
         lines.append(f"  (Spearman (all): rank correlation with patching over every head; (top-k "
                      f"union): over the heads in either top {k}; top-{k} overlap: the share of "
                      f"patching's top {k} heads in the score's top {k})")
+        from cwlens.circuits.noise import noise_note
+
+        note = noise_note(self.task.name, self.task.n_prompts)
+        if note:
+            lines += ["", note]
         return "\n".join(lines)
 
 

@@ -50,22 +50,19 @@ def _z_of(model, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
     return {layer: cache[hook_names.z(layer)] for layer in range(handle.n_layers)}
 
 
-def patch_heads(
+def patch_effects(
     model,
     clean: torch.Tensor,
     metric: Metric,
     corrupted: torch.Tensor | None = None,
     mode: str = "corrupt",
     layers=None,
-) -> HeadScores:
-    """Effect of patching each head's ``hook_z``: ``metric(clean) - metric(patched)``.
-
-    Args:
-        clean, corrupted: ``[batch, pos]`` tokens of equal shape (``corrupted`` is needed
-            for ``mode="corrupt"``).
-        metric: logits ``[batch, pos, d_vocab]`` -> ``[batch]`` (e.g. a logit difference).
-        layers: the layers to patch (default all); other layers get 0.
-    """
+) -> torch.Tensor:
+    """Per prompt, the effect of patching each head's ``hook_z``:
+    ``metric(clean) - metric(patched)``, ``[batch, layer, head]`` float64 (CPU);
+    :func:`patch_heads` is its mean over the batch (``mode="mean"`` ablates to the mean of
+    this batch, so a prompt's effect depends on the others there). Arguments as
+    :func:`patch_heads`."""
     if mode not in MODES:
         raise UnknownOptionError(f"Unknown patching mode={mode!r}. Valid modes: 'corrupt', 'mean'.")
     if not callable(metric):
@@ -94,18 +91,38 @@ def patch_heads(
     tick()  # progress: forward passes, 2 + one per patched layer
     handle = wrap(model)
     n_layers, n_heads, batch = handle.n_layers, handle.n_heads, clean.shape[0]
-    layers = chosen
     with torch.no_grad():
         base = metric(model(clean)).double()
         tick()
         repeated = clean.repeat(n_heads, 1)
-        effect = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-        for layer in layers:
+        effect = torch.zeros(batch, n_layers, n_heads, dtype=torch.float64)
+        for layer in chosen:
             hook = replace_heads_hook(sources[layer], batch)
             with handle.hooks([(hook_names.z(layer), hook)]):
                 patched = metric(model(repeated)).double().view(n_heads, batch)
-            effect[layer] = (base[None, :] - patched).mean(1).cpu()
+            effect[:, layer] = (base[None, :] - patched).T.cpu()
             tick()  # progress: one forward pass (cwlens.runs.progress)
+    return effect
+
+
+def patch_heads(
+    model,
+    clean: torch.Tensor,
+    metric: Metric,
+    corrupted: torch.Tensor | None = None,
+    mode: str = "corrupt",
+    layers=None,
+) -> HeadScores:
+    """Effect of patching each head's ``hook_z``: ``metric(clean) - metric(patched)``,
+    averaged over the batch (:func:`patch_effects` has it per prompt).
+
+    Args:
+        clean, corrupted: ``[batch, pos]`` tokens of equal shape (``corrupted`` is needed
+            for ``mode="corrupt"``).
+        metric: logits ``[batch, pos, d_vocab]`` -> ``[batch]`` (e.g. a logit difference).
+        layers: the layers to patch (default all); other layers get 0.
+    """
+    effect = patch_effects(model, clean, metric, corrupted, mode, layers).mean(0)
     what = "corrupted run" if mode == "corrupt" else "clean-batch mean"
     return HeadScores(
         "patching", effect, f"drop of the metric when the head's z is patched from the {what}"

@@ -49,6 +49,23 @@ class CircuitTask:
         foils = None if self.foils is None else self.foils.to(logits.device).repeat(n, 1)
         return logit_difference(logits, q, answers, foils).mean(-1)
 
+    @property
+    def n_prompts(self) -> int:
+        return int(self.clean.shape[0])
+
+    def subset(self, rows: Sequence[int]) -> "CircuitTask":
+        """The same task on prompts ``rows`` only (e.g. to resample the prompts)."""
+        index = torch.as_tensor(list(rows), dtype=torch.long)
+        if index.numel() == 0:
+            raise InvalidArgumentError("subset needs at least one prompt index.")
+        if int(index.min()) < 0 or int(index.max()) >= self.n_prompts:
+            raise InvalidArgumentError(f"subset rows must be in 0..{self.n_prompts - 1}; got {list(rows)}.")
+        from dataclasses import replace
+
+        return replace(self, clean=self.clean[index], corrupted=self.corrupted[index],
+                       answers=self.answers[index], keys=self.keys[index],
+                       foils=None if self.foils is None else self.foils[index])
+
 
 def _tokens(model, text: str) -> list[int]:
     return wrap(model).to_tokens(text)[0].tolist()
