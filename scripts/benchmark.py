@@ -442,7 +442,7 @@ def topk_main(lengths, repeats, k=8):
     for n in lengths:
         x = torch.rand(1, 9, 256, n, generator=g)
         runs = {"topk": lambda x=x: x.topk(k, dim=-1).indices,
-                "grouped": lambda x=x: row_topk._grouped_topk_indices(x, k, row_topk.GROUP)}
+                "grouped": lambda x=x: row_topk._grouped_topk_indices(x, k, row_topk.COLUMNS)}
         med, _ = _interleaved_cpu(runs, repeats)
         a, b = med["topk"], med["grouped"]
         print(f"{n:>6} {a * 1e3:>9.1f} {b * 1e3:>11.1f} {a / b:>13.2f}")

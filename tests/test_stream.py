@@ -153,13 +153,14 @@ def test_bad_arguments(run):
         reducers.TopK(k=0)
 
 
-@pytest.mark.parametrize("group", [2, 3])
-def test_grouped_topk_equals_topk_on_the_rows_of_every_metric(run, group, monkeypatch):
-    """Long rows rank only the k groups with the largest maxima (row_topk.GROUPED_FROM):
-    forced here on short rows, with a ragged tail (group 3), signed and |.| ranking."""
+@pytest.mark.parametrize("columns", [2, 3])
+def test_grouped_topk_equals_topk_on_the_rows_of_every_metric(run, columns, monkeypatch):
+    """Long rows rank only the k strided groups with the largest maxima
+    (row_topk.GROUPED_FROM): forced here on short rows, with a ragged tail (3 columns),
+    signed and |.| ranking."""
     model, tokens, mask, cache, _ = run
     monkeypatch.setattr(row_topk, "GROUPED_FROM", 1)
-    monkeypatch.setattr(row_topk, "GROUP", group)
+    monkeypatch.setattr(row_topk, "COLUMNS", columns)
     k = 2
     metrics = list(STREAM_METRICS)
     calls = []
@@ -176,12 +177,14 @@ def test_grouped_topk_equals_topk_on_the_rows_of_every_metric(run, group, monkey
 
 def test_grouped_topk_with_ties_and_negative_rows():
     g = torch.Generator().manual_seed(0)
-    for width, group, k in [(64, 4, 8), (67, 4, 8), (100, 7, 5), (33, 8, 4)]:
+    for width, columns, k in [(64, 8, 8), (67, 8, 8), (100, 7, 5), (33, 4, 4), (3000, 512, 8), (40, 40, 3)]:
         x = torch.randint(-5, 5, (3, 4, width), generator=g).float()  # many ties
         x[0, 0] = -1.0  # a row of one repeated negative value
-        idx = row_topk._grouped_topk_indices(x, k, group)
+        idx = row_topk._grouped_topk_indices(x, k, columns)
         assert_close(x.gather(-1, idx), x.topk(k, dim=-1).values)
         assert (idx.sort(-1).values.diff(dim=-1) > 0).all()  # k distinct keys per row
+        y = torch.randn(3, 4, width, generator=g)  # no ties: the very indices of torch.topk
+        assert torch.equal(row_topk._grouped_topk_indices(y, k, columns), y.topk(k, dim=-1).indices)
 
 
 def test_vwon_ranks_once_with_value_weighted(run, monkeypatch):

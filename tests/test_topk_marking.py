@@ -119,7 +119,7 @@ def test_row_topk_equals_a_masked_topk_on_random_rows(grouped, by_abs, monkeypat
 
     if grouped:
         monkeypatch.setattr(row_topk, "GROUPED_FROM", 1)
-        monkeypatch.setattr(row_topk, "GROUP", 3)
+        monkeypatch.setattr(row_topk, "COLUMNS", 3)
     g = torch.Generator().manual_seed(0)
     for k, width in [(4, 17), (3, 40), (8, 5)]:
         w = torch.randn(2, 3, 6, width, generator=g)

@@ -242,14 +242,19 @@ class AttentionGeometry:
 
     # -- shared intermediates ------------------------------------------------------------
     @cached_property
-    def z(self) -> torch.Tensor:
-        """Per-head mixed values ``sum_j a_ij v_j``: ``[batch, query_pos, head_index, d_head]``."""
+    def z_heads(self) -> torch.Tensor:
+        """Per-head mixed values ``sum_j a_ij v_j`` as attention computes them:
+        ``[batch, head_index, query_pos, d_head]`` (contiguous; :attr:`z` is a view of it)."""
         b, h, q, k = self.pattern.shape
-        d = self.v.shape[-1]
         # one batched matmul per kv group: [b, g, (r q), k] @ [b, g, k, d]
         grouped = self.pattern.reshape(b, self.n_kv, self.group * q, k)
-        z = torch.matmul(grouped, self.v.permute(0, 2, 1, 3))
-        return z.view(b, self.n_kv, self.group, q, d).permute(0, 3, 1, 2, 4).reshape(b, q, h, d)
+        return torch.matmul(grouped, self.v.permute(0, 2, 1, 3)).view(b, h, q, self.v.shape[-1])
+
+    @cached_property
+    def z(self) -> torch.Tensor:
+        """Per-head mixed values ``sum_j a_ij v_j``: ``[batch, query_pos, head_index, d_head]``
+        (a permuted view of :attr:`z_heads`)."""
+        return self.z_heads.permute(0, 2, 1, 3)
 
     @cached_property
     def gram(self) -> torch.Tensor:

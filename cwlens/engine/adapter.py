@@ -355,6 +355,7 @@ def heads_output_from(model: TLModel, layer: int, out: torch.Tensor) -> torch.Te
 from cwlens.engine.models.blockwise import AUTO_THRESHOLD as BLOCKWISE_AUTO_THRESHOLD  # noqa: E402,F401
 from cwlens.engine.models.blockwise import block_rows as block_rows  # noqa: E402,F401
 from cwlens.engine.models.blockwise import current_block as current_block  # noqa: E402,F401
+from cwlens.engine.models.blockwise import offer_output as offer_output  # noqa: E402,F401
 
 
 def supports_blockwise(model: TLModel) -> bool:

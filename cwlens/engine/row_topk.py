@@ -1,35 +1,39 @@
 """Top-k of each row of a block of attention measures, for :class:`cwlens.reducers.TopK`:
-``torch.topk``, or for long rows a grouped top-k (the k best groups' maxima, then their
-keys); one top-k per block and request, shared by the reducers that ask the same."""
+``torch.topk``, or for long rows a grouped top-k (the k best strided groups' maxima, then
+their keys); one top-k per block and request, shared by the reducers that ask the same."""
 
 import torch
 
-GROUP = 64  # keys per group of the grouped top-k
-GROUPED_FROM = 4096  # row widths from which it beats torch.topk (scripts/benchmark.py --topk)
+COLUMNS = 512  # strided groups of the grouped top-k (key j is in group j % COLUMNS)
+GROUPED_FROM = 2048  # row widths from which it beats torch.topk (scripts/benchmark.py --topk)
 
 
-def _grouped_topk_indices(score: torch.Tensor, k: int, group: int = GROUP) -> torch.Tensor:
+def _grouped_topk_indices(score: torch.Tensor, k: int, columns: int = COLUMNS) -> torch.Tensor:
     """Indices of the ``k`` largest entries of each row, as ``score.topk(k)`` (ties may pick
-    other indices). The ``k`` largest entries lie in the ``k`` groups of ``group`` keys with
-    the largest maxima, so only those groups (and the ragged tail) are ranked: a row of
-    ``width`` keys costs one max pass plus a top-k of ``k * group`` entries."""
+    other indices; needs ``k <= columns <= width``). Key ``j`` of the first
+    ``width - width % columns`` is in group ``j % columns``: the group maxima are one
+    elementwise maximum over the row's ``width // columns`` slices (no per-row work), the
+    ``k`` largest entries lie in the ``k`` groups with the largest maxima, so a row costs
+    that pass plus a top-k of ``columns`` maxima and one of ``k * width // columns`` keys
+    (and the ragged tail)."""
     width = score.shape[-1]
-    main = width - width % group
-    groups = score[..., :main].unflatten(-1, (main // group, group))
-    best = groups.amax(-1).topk(k, dim=-1).indices  # [..., k]
-    cand = groups.gather(-2, best[..., None].expand(*best.shape, group)).flatten(-2)
+    slices = width // columns
+    main = slices * columns
+    grid = score[..., :main].unflatten(-1, (slices, columns))  # [..., slice, column]
+    best = grid.amax(-2).topk(k, dim=-1).indices  # [..., k] columns
+    cand = grid.gather(-1, best[..., None, :].expand(*best.shape[:-1], slices, k)).flatten(-2)
     if main < width:
         cand = torch.cat([cand, score[..., main:]], -1)
-    j = cand.topk(k, dim=-1).indices  # candidate j: group slot j // group, or the tail
-    in_group = j < k * group
-    slot = j.div(group, rounding_mode="floor").clamp_(max=k - 1)
-    return torch.where(in_group, best.gather(-1, slot) * group + j % group, j - k * group + main)
+    j = cand.topk(k, dim=-1).indices  # candidate j: slice j // k, column best[j % k], or the tail
+    in_grid = j < slices * k
+    column = best.gather(-1, j % k)
+    return torch.where(in_grid, j.div(k, rounding_mode="floor") * columns + column, j - slices * k + main)
 
 
 def _topk_indices(score: torch.Tensor, k: int) -> torch.Tensor:
     width = score.shape[-1]
-    if width >= max(GROUPED_FROM, 2 * k * GROUP) and not score.is_cuda:
-        return _grouped_topk_indices(score, k, GROUP)
+    if width >= max(GROUPED_FROM, 2 * COLUMNS) and COLUMNS >= k and not score.is_cuda:
+        return _grouped_topk_indices(score, k, COLUMNS)
     return score.topk(min(k, width), dim=-1).indices
 
 

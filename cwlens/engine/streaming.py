@@ -362,6 +362,16 @@ class BlockMeasures(dict):
         return value
 
 
+def _offer_value_product(block: AttentionGeometry, rows: torch.Tensor) -> None:
+    """Where the block's geometry computed ``alpha v`` (the contribution and its output
+    norms need it) from the very rows the model handed over (same dtype, no padding mask
+    applied), the model's attention takes that product instead of computing it again
+    (:func:`cwlens.engine.adapter.offer_output`)."""
+    z = block.__dict__.get("z_heads")
+    if z is not None and block.position_mask is None and block.pattern.dtype == rows.dtype:
+        adapter.offer_output(rows, z)
+
+
 def stream_reduce(
     model: TLModel,
     input,
@@ -485,6 +495,7 @@ def stream_reduce(
                 rebuilt[layer] = v.new_zeros(v.shape[0], info.n_queries, base.W_O.shape[-1],
                                              dtype=block.layer_output.dtype)
             rebuilt[layer][:, info.query_start : info.query_start + info.n_rows] = block.layer_output
+        _offer_value_product(block, rows)
         del weights, block
         if info.last:
             for r in named.values():

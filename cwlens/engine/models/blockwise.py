@@ -46,6 +46,7 @@ from cwlens.engine.models.blockwise_math import (  # noqa: F401
     block_rows,
     current_block,
     lazy_mask,
+    offer_output,
 )
 from cwlens.errors import BlockwiseHookError, UnsupportedModelError
 

@@ -34,6 +34,31 @@ class Block:
 _CURRENT: contextvars.ContextVar[Block | None] = contextvars.ContextVar("cwlens_block", default=None)
 
 
+_OFFERED: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("cwlens_block_output", default=None)
+
+
+def offer_output(rows: torch.Tensor, output: torch.Tensor) -> None:
+    """Called by a reader of ``hook_pattern`` that computed the block's value product
+    ``rows @ v`` itself (``[batch, head, n_rows, d_v]``, in the rows' dtype, from the rows
+    exactly as it was handed them and the layer's ``hook_v``): :func:`attend` uses it
+    instead of computing it again, if the rows come back from the hooks unedited (the
+    same storage, shape and version: an in-place edit after the offer voids it)."""
+    _OFFERED.set((rows.data_ptr(), rows._version, tuple(rows.shape), rows.dtype, output))
+
+
+def _offered(alpha: torch.Tensor, shape: tuple) -> torch.Tensor | None:
+    """The offered value product of ``alpha``'s block, where it is still valid."""
+    offer = _OFFERED.get()
+    if offer is None:
+        return None
+    ptr, version, rows_shape, dtype, output = offer
+    if (ptr, version, rows_shape, dtype) != (alpha.data_ptr(), alpha._version, tuple(alpha.shape), alpha.dtype):
+        return None
+    if tuple(output.shape) != shape or output.dtype != alpha.dtype or output.device != alpha.device:
+        return None
+    return output
+
+
 def current_block() -> Block | None:
     """The block ``hook_pattern`` is firing for, or None in an eager (whole-layer) run."""
     return _CURRENT.get()
@@ -185,15 +210,21 @@ def attend(q, k, v, scaling: float, mask, how: Softmax) -> torch.Tensor:
             del scores
             if compatibility:
                 alpha = alpha.masked_fill(empty[..., None], 0.0)
+            offered: torch.Tensor | None = None
             if pattern_hook is not None:
                 token = _CURRENT.set(Block(start, rows, k1, n, n_keys, last=start == 0))
+                offer = _OFFERED.set(None)
                 try:
                     alpha = pattern_hook(alpha)
+                    offered = _offered(alpha, (b, h, rows, v.shape[-1]))  # a reader's alpha v
                 finally:
+                    _OFFERED.reset(offer)
                     _CURRENT.reset(token)
-            o = torch.matmul(alpha.reshape(b, n_kv, group * rows, k1 - k0), vb)
-            o = o.view(b, h, rows, v.shape[-1])
-            del alpha
+            if offered is None:
+                o = torch.matmul(alpha.reshape(b, n_kv, group * rows, k1 - k0), vb).view(b, h, rows, v.shape[-1])
+            else:
+                o = offered
+            del alpha, offered
         else:
             o = q.new_zeros(b, h, rows, v.shape[-1])
         if bool(empty.any()):
