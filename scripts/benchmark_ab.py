@@ -42,19 +42,6 @@ def once():
     rs = [reducers.TopK(8, m) for m in M] + [reducers.ColumnSums(m) for m in M]
     return cwlens.stream_reduce(model, tokens, rs, attention="blockwise", logits=False)
 
-def cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-with torch.no_grad():
-    once()
-    cpu_s, wall_s = [], []
-    for _ in range({inner}):
-        c0, t0 = cpu(), time.perf_counter()
-        once()
-        cpu_s.append(cpu() - c0)
-        wall_s.append(time.perf_counter() - t0)
-print(json.dumps({{"cpu_s": cpu_s, "wall_s": wall_s}}))
 """
 
 
@@ -90,23 +77,29 @@ def once():
     counts = {{}}
     return [int(m.sum()) for _, m in job_masks(jobs, piece, "row", counts)]
 
+"""
+
+
+# the child's timing, after its once(): a warm-up, then --inner timed calls (CPU and wall)
+TIMING = r"""
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
-once()
-cpu_s, wall_s = [], []
-for _ in range({inner}):
-    c0, t0 = cpu(), time.perf_counter()
+with torch.no_grad():
     once()
-    cpu_s.append(cpu() - c0)
-    wall_s.append(time.perf_counter() - t0)
+    cpu_s, wall_s = [], []
+    for _ in range({inner}):
+        c0, t0 = cpu(), time.perf_counter()
+        once()
+        cpu_s.append(cpu() - c0)
+        wall_s.append(time.perf_counter() - t0)
 print(json.dumps({{"cpu_s": cpu_s, "wall_s": wall_s}}))
 """
 
 
 def run(tree: Path, args) -> dict:
-    code = (RANKING if args.what == "ranking" else CHILD).format(
+    code = ((RANKING if args.what == "ranking" else CHILD) + TIMING).format(
         threads=args.threads, shape=args.shape, layers=args.layers, n=args.n, inner=args.inner)
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()), OMP_NUM_THREADS=str(args.threads))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

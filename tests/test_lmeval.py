@@ -366,6 +366,9 @@ def test_every_bad_model_arg_is_one_error_line(tiny, lm_eval_logs_here, model_ar
     ("--model cwlens-maskd --tasks cwlens_boolq", 2, "'cwlens-maskd'.*pass --model cwlens-masked"),
     ("--model_args pretrained=/no/such/model-dir --tasks cwlens_boolq", 1, "'/no/such/model-dir'"),
     ("--model_args pretrained={path},device=gpu --tasks cwlens_boolq", 1, "Unknown device 'gpu'"),
+    pytest.param("--model_args pretrained={path},device=cuda:7 --tasks cwlens_boolq", 1,
+                 "'cuda:7' asked for a CUDA GPU, but this machine has none",
+                 marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU here")),
 ])
 def test_unknown_tasks_models_and_failed_loads_are_one_line(tiny, lm_eval_logs_here, args, code, words):
     """An unknown --tasks name printed lm-eval's ValueError traceback."""
@@ -382,6 +385,23 @@ def test_unknown_tasks_models_and_failed_loads_are_one_line(tiny, lm_eval_logs_h
     assert got == code and "Traceback" not in err, err[-2000:]
     line = [x for x in err.splitlines() if x.startswith("cwlens-lm-eval: error: ")]
     assert len(line) == 1 and __import__("re").search(words, line[0]), err[-2000:]
+
+
+@needs_lm_eval
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the fallback is for machines without CUDA")
+def test_lm_evals_default_cuda_loads_on_the_cpu_and_says_so(tiny, capsys):
+    """lm-eval passes its own --device (cuda:0 by default) as additional_config: without CUDA
+    the model loads on the CPU with a note; a device in --model_args is never replaced
+    (cuda:7 used to load on the CPU silently)."""
+    from cwlens.errors import DeviceNotAvailableError
+    from cwlens.lmeval.model import CwlensMaskedLM
+
+    _, _, path = tiny
+    lm = CwlensMaskedLM.create_from_arg_obj({"pretrained": str(path)}, {"device": "cuda:0"})
+    assert next(lm.model.parameters()).device.type == "cpu"
+    assert "lm-eval's device 'cuda:0' is not on this machine" in capsys.readouterr().err
+    with pytest.raises(DeviceNotAvailableError, match="'cuda:7' asked for a CUDA GPU"):
+        CwlensMaskedLM.create_from_arg_obj({"pretrained": str(path), "device": "cuda:7"}, {"device": "cpu"})
 
 
 @needs_lm_eval

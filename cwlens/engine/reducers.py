@@ -160,7 +160,8 @@ class TopK(Reducer):
 
     def update(self, layer, query_start, weights, block):
         n_keys = getattr(weights, "n_keys", None)
-        allowed = allowed_keys(weights, block, query_start)  # pad, causal, window: never results
+        # pad, causal, window: never results (computed only where torch ranks the block)
+        allowed = lambda: allowed_keys(weights, block, query_start)  # noqa: E731
         if self.metric == "value_weighted_output_normalized" and not self.sum_heads and hasattr(weights, "kind"):
             # ||o|| is one positive constant per row (inter: per query, intra: per head and
             # query), so the row order is value_weighted's: rank that, then rescale

@@ -4,6 +4,8 @@ their keys); one top-k per block and request, shared by the reducers that ask th
 
 import torch
 
+from cwlens.core.numerics import check_finite
+
 COLUMNS = 512  # strided groups of the grouped top-k (key j is in group j % COLUMNS)
 GROUPED_FROM = 2048  # row widths from which it beats torch.topk (scripts/benchmark.py --topk)
 
@@ -68,22 +70,73 @@ def allowed_keys(weights, block, query_start: int) -> torch.Tensor | None:
 
 
 def shared_row_topk(weights, metric: str, k: int, by_abs: bool, sum_heads: bool, n_keys: int | None,
-                    allowed: torch.Tensor | None = None):
+                    allowed=None):
     """:func:`_row_topk` of one block's measure, computed once per block for every reducer
     that asks the same (e.g. ``TopK(8, "value_weighted")`` and the output-normalised
-    baseline, which ranks by it); ``allowed``: :func:`allowed_keys` of the block."""
+    baseline, which ranks by it); ``allowed``: :func:`allowed_keys` of the block, or a
+    function returning it (called only where torch ranks). On the CPU, where the C kernel
+    is built, :func:`_native_row_topk` ranks instead (same lists)."""
     cache = getattr(weights, "derived", None)
     key = ("row_topk", metric, k, by_abs, sum_heads)
     if cache is not None and key in cache:
         return cache[key]
-    w = weights[metric]
-    if sum_heads:
-        w = w.sum(1, keepdim=True)
-    idx, val = _row_topk(w, k, by_abs, n_keys, allowed)
-    out = idx.int(), val  # int32 once: the reducers sharing it hold one copy
+    out = None if sum_heads else _native_row_topk(weights, metric, k, by_abs, n_keys)
+    if out is None:
+        w = weights[metric]
+        if sum_heads:
+            w = w.sum(1, keepdim=True)
+        idx, val = _row_topk(w, k, by_abs, n_keys, allowed() if callable(allowed) else allowed)
+        out = idx.int(), val  # int32 once: the reducers sharing it hold one copy
     if cache is not None:
         cache[key] = out
     return out
+
+
+NATIVE = True  # rank with the C kernel where it is built (cwlens.engine.native); tests turn it off
+
+
+def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | None):
+    """The block's top-k lists from :func:`cwlens.engine.native.row_topk`, or None where it
+    does not apply (not built, not a float32 CPU block, a padding mask: ranges cannot say
+    which keys a row attends to). The keys a query attends to are one range per query
+    (causal: up to the query; a sliding window: after ``query - window``); the
+    value-weighted baseline is ranked as ``pattern x ||v~||`` without making its tensor."""
+    geo = getattr(weights, "geometry", None)
+    if not NATIVE or geo is None or geo.position_mask is not None:
+        return None
+    from cwlens.engine import native
+
+    pattern = geo.pattern
+    if pattern.dtype != torch.float32 or pattern.device.type != "cpu" or not native.available():
+        return None
+    q, width = pattern.shape[-2:]
+    n_out = min(k, width if n_keys is None else max(n_keys, width))
+    scale = None
+    if metric == "value_weighted" and metric not in weights:
+        x, scale = pattern, geo.value_norm  # [b, h, q, width] and [b, h, width]
+        # the pattern is checked, a <= 1: only ||v~|| can make a product non-finite
+        check_finite(scale, "the value_weighted weights", geo.layer, head_dim=1,
+                     fix="The inputs are finite, so ||v~||^2 overflowed: run the model in "
+                     "float64 (model.to(torch.float64)) or check the values' and W_O's scale.")
+    else:
+        x = weights[metric]
+        if x.dtype != torch.float32 or x.dim() != 4:
+            return None
+    lo = hi = None
+    pos = torch.arange(geo.query_start, geo.query_start + q)
+    if getattr(weights, "causal", False):
+        hi = (pos + 1).clamp(max=width)
+        window = getattr(weights, "window", None)
+        if window is not None:
+            lo = (pos - window + 1).clamp(min=0)
+    idx, val = native.row_topk(x, n_out, by_abs, scale, lo, hi)
+    if by_abs:  # the kernel ranked |.|: the values keep their sign
+        safe = idx.long().clamp_min(0)
+        signed = x.gather(-1, safe)
+        if scale is not None:
+            signed = signed * scale[:, :, None, :].expand_as(x).gather(-1, safe)
+        val = signed.masked_fill(idx < 0, float("nan"))
+    return idx, val
 
 
 def _row_topk(w: torch.Tensor, k: int, by_abs: bool, n_keys: int | None,

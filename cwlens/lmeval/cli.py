@@ -80,14 +80,13 @@ def check_model_args(args: list[str]) -> None:
         return  # another model, no model_args, or a JSON object: lm-eval reads it
     parsed = simple_parse_args_string(",".join(given))
     read_model_args({k: v for k, v in parsed.items() if k not in ("pretrained", "device")})
-    import torch
 
     from cwlens.engine.models.loading import check_device, resolve
     from cwlens.engine.models.registry import MODELS
 
     device = parsed.get("device")
-    if device and not (str(device).startswith("cuda") and not torch.cuda.is_available()):
-        check_device(str(device))  # (cuda without a GPU: the model loads on the CPU)
+    if device:
+        check_device(str(device))  # asked in --model_args: cuda without a GPU is refused
     name = str(parsed.get("pretrained") or "")
     if name and name.lower() not in MODELS:  # (a short name's files are found when it loads)
         resolve(name)  # a name that is no model and no folder, a folder without config.json

@@ -15,6 +15,8 @@ Supported request types: ``loglikelihood`` (multiple-choice and loglikelihood ta
 ``generate_until`` raises :class:`GenerationNotSupportedError`.
 """
 
+import sys
+
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
@@ -28,6 +30,20 @@ from cwlens.lmeval.scoring import score_requests
 from cwlens.lmeval.settings import ModelArgsError, describe, read_model_args
 
 NAME = "cwlens-masked"
+
+
+def cpu_for_default_cuda(device):
+    """lm-eval's own ``--device`` (``cuda:0`` unless given) on a machine without CUDA: the
+    CPU, said on stderr (a ``device`` in ``--model_args`` is taken as asked: a CUDA device
+    without CUDA is refused there, naming the fix)."""
+    import torch
+
+    if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+        print(f"cwlens-masked: lm-eval's device {device!r} is not on this machine (no CUDA): "
+              "the model loads on the CPU; put device=... in --model_args to choose.",
+              file=sys.stderr)
+        return "cpu"
+    return device
 
 
 class GenerationNotSupportedError(CwlensError, NotImplementedError):
@@ -65,13 +81,10 @@ class CwlensMaskedLM(LM):
             if not pretrained:
                 raise ModelArgsError("cwlens-masked needs pretrained=<name or directory> in "
                                      "model_args, e.g. --model_args pretrained=smollm2-135m.")
-            import torch
 
             from cwlens.engine.models.loading import load_model
 
-            if device and str(device).startswith("cuda") and not torch.cuda.is_available():
-                device = "cpu"  # lm-eval's CLI passes cuda:0 by default
-            model = load_model(str(pretrained), device=device, dtype=dtype)
+            model = load_model(str(pretrained), device=device, dtype=dtype)  # cuda without one: refused
         from cwlens.engine import adapter
 
         adapter.require_next_token_model(model, "lm-eval scoring", "Use a decoder model.")
@@ -100,6 +113,8 @@ class CwlensMaskedLM(LM):
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        if "device" not in arg_dict:
+            extra["device"] = cpu_for_default_cuda(extra.get("device"))
         return cls(**{**extra, **arg_dict})
 
     def _score(self, requests, groups, disable_tqdm=False):

@@ -1,0 +1,134 @@
+/* Top-k of each row of a float32 block, for cwlens.engine.row_topk (loaded by
+   cwlens/engine/native/__init__.py, which compiles this file on first use).
+
+   Row r holds `width` floats at x + r * stride; only its keys lo <= j < hi are ranked,
+   lo = lo_of[r % n_ranges], hi = hi_of[r % n_ranges] (every key where lo_of is NULL): a
+   causal block's rows stop at their query, a sliding window's start after it. The value
+   ranked is x[j], times scale[j] of the row's scale row where scale is given (row
+   r / rows_per_scale: the value-weighted baseline a_ij ||v~_j|| without its tensor), |.|
+   where by_abs. Out: the k best keys (int32) and their ranked values per row, largest
+   first, equal values in key order; a row with fewer than k keys ends in key -1, value NaN.
+
+   Two passes a row: the maximum of each chunk of CHUNK keys (a plain loop the compiler
+   vectorises), then the k-th largest of those maxima, T, bounds the k-th largest value
+   from below, so only the chunks whose maximum reaches T are looked at key by key, in key
+   order (typically k chunks). Rows are split over n_threads POSIX threads (no OpenMP
+   runtime beside torch's). */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define CHUNK 32
+
+typedef struct {
+    const float *x, *scale;
+    const int64_t *lo_of, *hi_of;
+    int64_t row0, row1, stride, rows_per_scale, scale_stride, n_ranges, width;
+    int k, by_abs;
+    int32_t *out_idx;
+    float *out_val;
+} Job;
+
+static inline float value_at(const float *row, const float *srow, int64_t j, int by_abs) {
+    float v = srow ? row[j] * srow[j] : row[j];
+    return by_abs ? fabsf(v) : v;
+}
+
+static inline float chunk_max(const float *row, const float *srow, int64_t j0, int64_t j1, int by_abs) {
+    float m = value_at(row, srow, j0, by_abs);
+    if (srow) {
+        if (by_abs) { for (int64_t j = j0; j < j1; j++) { float v = fabsf(row[j] * srow[j]); m = v > m ? v : m; } }
+        else { for (int64_t j = j0; j < j1; j++) { float v = row[j] * srow[j]; m = v > m ? v : m; } }
+    } else {
+        if (by_abs) { for (int64_t j = j0; j < j1; j++) { float v = fabsf(row[j]); m = v > m ? v : m; } }
+        else { for (int64_t j = j0; j < j1; j++) { float v = row[j]; m = v > m ? v : m; } }
+    }
+    return m;
+}
+
+/* v into the sorted best-so-far (ov, oi: cnt of at most k), after every equal value */
+static inline void insert(float v, int32_t j, int k, int *cnt, int32_t *oi, float *ov) {
+    if (*cnt == k && !(v > ov[k - 1]))
+        return;
+    int p = *cnt < k ? (*cnt)++ : k - 1;  /* a new slot, or the k-th best's */
+    while (p > 0 && v > ov[p - 1]) {
+        ov[p] = ov[p - 1];
+        oi[p] = oi[p - 1];
+        p--;
+    }
+    ov[p] = v;
+    oi[p] = j;
+}
+
+static void one_row(const float *row, const float *srow, int64_t lo, int64_t hi, int k, int by_abs,
+                    float *cmax, float *tv, int32_t *ti, int32_t *oi, float *ov) {
+    int64_t n_chunks = hi > lo ? (hi - lo + CHUNK - 1) / CHUNK : 0;
+    int tcnt = 0;
+    for (int64_t c = 0; c < n_chunks; c++) {
+        int64_t j0 = lo + c * CHUNK, j1 = j0 + CHUNK < hi ? j0 + CHUNK : hi;
+        cmax[c] = chunk_max(row, srow, j0, j1, by_abs);
+        insert(cmax[c], (int32_t)c, k, &tcnt, ti, tv);
+    }
+    int cnt = 0;
+    for (int64_t c = 0; c < n_chunks; c++) {
+        if (tcnt == k && cmax[c] < tv[k - 1])
+            continue;  /* below T: none of its keys is among the k best */
+        int64_t j0 = lo + c * CHUNK, j1 = j0 + CHUNK < hi ? j0 + CHUNK : hi;
+        for (int64_t j = j0; j < j1; j++)
+            insert(value_at(row, srow, j, by_abs), (int32_t)j, k, &cnt, oi, ov);
+    }
+    for (int t = cnt; t < k; t++) {
+        oi[t] = -1;
+        ov[t] = NAN;
+    }
+}
+
+static void *run_rows(void *arg) {
+    const Job *a = (const Job *)arg;
+    float *cmax = malloc(sizeof(float) * (size_t)((a->width + CHUNK - 1) / CHUNK + 1));
+    float *tv = malloc(sizeof(float) * (size_t)a->k);
+    int32_t *ti = malloc(sizeof(int32_t) * (size_t)a->k);
+    if (!cmax || !tv || !ti) {
+        free(cmax); free(tv); free(ti);
+        return (void *)1;
+    }
+    for (int64_t r = a->row0; r < a->row1; r++) {
+        const float *srow = a->scale ? a->scale + (r / a->rows_per_scale) * a->scale_stride : 0;
+        int64_t lo = a->lo_of ? a->lo_of[r % a->n_ranges] : 0;
+        int64_t hi = a->hi_of ? a->hi_of[r % a->n_ranges] : a->width;
+        if (lo < 0) lo = 0;
+        if (hi > a->width) hi = a->width;
+        one_row(a->x + r * a->stride, srow, lo, hi, a->k, a->by_abs, cmax, tv, ti,
+                a->out_idx + r * a->k, a->out_val + r * a->k);
+    }
+    free(cmax); free(tv); free(ti);
+    return 0;
+}
+
+int cwlens_row_topk(const float *x, int64_t n_rows, int64_t stride, int64_t width,
+                    const float *scale, int64_t rows_per_scale, int64_t scale_stride,
+                    const int64_t *lo_of, const int64_t *hi_of, int64_t n_ranges,
+                    int k, int by_abs, int32_t *out_idx, float *out_val, int n_threads) {
+    enum { MAX_THREADS = 64 };
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
+    if (n_threads > n_rows) n_threads = n_rows > 0 ? (int)n_rows : 1;
+    Job jobs[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    int started[MAX_THREADS];
+    for (int t = 0; t < n_threads; t++) {
+        Job j = {x, scale, lo_of, hi_of, n_rows * t / n_threads, n_rows * (t + 1) / n_threads, stride,
+                 rows_per_scale, scale_stride, n_ranges, width, k, by_abs, out_idx, out_val};
+        jobs[t] = j;
+        started[t] = t > 0 && pthread_create(&threads[t], 0, run_rows, &jobs[t]) == 0;
+    }
+    int failed = run_rows(&jobs[0]) != 0;
+    for (int t = 1; t < n_threads; t++) {
+        void *ret = 0;
+        if (started[t]) pthread_join(threads[t], &ret);
+        else ret = run_rows(&jobs[t]);  /* no thread: run its rows here */
+        failed |= ret != 0;
+    }
+    return failed ? -1 : 0;  /* -1: out of memory */
+}

@@ -1,0 +1,93 @@
+"""The C top-k (cwlens.engine.native.row_topk) against torch.topk, and the streamed top-k
+lists with and without it: the same values everywhere, the same keys where no two values
+tie (the kernel keeps equal values in key order; torch.topk's order among them is its own).
+"""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import cwlens
+from cwlens.engine import native, reducers, row_topk
+from cwlens.testing import tiny_model
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: cwlens ranks with torch")
+
+
+def _masked_topk(score, k, lo, hi):
+    """torch's reference: keys outside [lo, hi) at -inf, then -1 / NaN where a row has fewer."""
+    q, width = score.shape[-2:]
+    j = torch.arange(width)
+    out = (j[None, :] < lo[:, None]) | (j[None, :] >= hi[:, None])
+    val, idx = score.masked_fill(out, float("-inf")).topk(min(k, width), dim=-1)
+    short = torch.isinf(val)
+    return idx.masked_fill(short, -1), val.masked_fill(short, float("nan"))
+
+
+@pytest.mark.parametrize("by_abs", [False, True])
+@pytest.mark.parametrize("width", [1, 5, 16, 17, 100, 2049])
+def test_equals_torch_topk(width, by_abs):
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(2, 3, 7, width, generator=g)
+    scale = torch.rand(2, 3, width, generator=g) + 0.1
+    q = x.shape[-2]
+    lo = torch.randint(0, max(width // 3, 1), (q,), generator=g)
+    hi = torch.minimum(lo + torch.randint(0, width + 1, (q,), generator=g), torch.tensor(width))
+    for s in (None, scale):
+        for bounds in ((None, None), (lo, hi)):
+            k = 8
+            idx, val = native.row_topk(x, k, by_abs, s, *bounds)
+            score = x if s is None else x * s[:, :, None, :]
+            score = score.abs() if by_abs else score
+            b_lo = torch.zeros(q, dtype=torch.long) if bounds[0] is None else bounds[0]
+            b_hi = torch.full((q,), width) if bounds[1] is None else bounds[1]
+            want_idx, want_val = _masked_topk(score, k, b_lo, b_hi)
+            n = want_idx.shape[-1]
+            assert_close(val[..., :n], want_val, equal_nan=True, rtol=0, atol=0)
+            assert torch.equal(idx[..., :n].long(), want_idx)  # random floats: no ties
+            assert (idx[..., n:] == -1).all() and val[..., n:].isnan().all()
+
+
+def test_ties_come_in_key_order():
+    x = torch.tensor([[[[0.0, 2.0, 1.0, 2.0, 0.0, 2.0]]]])
+    idx, val = native.row_topk(x, 4)
+    assert idx.flatten().tolist() == [1, 3, 5, 2]
+    assert val.flatten().tolist() == [2.0, 2.0, 2.0, 1.0]
+
+
+def test_refuses_what_it_cannot_rank():
+    with pytest.raises(ValueError, match="float32 CPU"):
+        native.row_topk(torch.zeros(1, 2, 3, dtype=torch.float64), 2)
+    with pytest.raises(ValueError, match="scale"):
+        native.row_topk(torch.zeros(1, 2, 3, 4), 2, scale=torch.zeros(1, 2, 5))
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3", "gpt2", "bert"])
+def test_streamed_topk_lists_equal_with_and_without_the_kernel(name, monkeypatch):
+    """Every metric's top-k lists (causal rows, Gemma-3's sliding window of 8, BERT's
+    bidirectional rows) with the kernel equal the torch path's; a padded batch is ranked by
+    torch (its keys are no range per query)."""
+    model = tiny_model(name)
+    torch.manual_seed(0)
+    tokens = torch.randint(3, model.cfg.d_vocab, (2, 21))
+    texts = ["the cat sat on the mat and then it slept for a while", "paris is the capital of france ."]
+    metrics = ("contribution", "attention", "value_weighted", "value_weighted_output_normalized")
+    calls = []
+    real = native.row_topk
+    monkeypatch.setattr(native, "row_topk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+
+    def lists(input):
+        rs = [reducers.TopK(5, m) for m in metrics] + [reducers.TopK(4, "contribution", by_abs=True, name="abs")]
+        out = cwlens.stream_reduce(model, input, rs, query_block=4)
+        return {n: out[n] for n in out.keys()}
+
+    for input, ranked_natively in ((tokens, True), (texts, False)):
+        calls.clear()
+        monkeypatch.setattr(row_topk, "NATIVE", True)
+        fast = lists(input)
+        assert bool(calls) == ranked_natively
+        monkeypatch.setattr(row_topk, "NATIVE", False)
+        slow = lists(input)
+        for n in fast:
+            assert_close(fast[n].values, slow[n].values, equal_nan=True, rtol=1e-6, atol=1e-7)
+            assert torch.equal(fast[n].indices, slow[n].indices), n
