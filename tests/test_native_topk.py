@@ -91,3 +91,25 @@ def test_streamed_topk_lists_equal_with_and_without_the_kernel(name, monkeypatch
         for n in fast:
             assert_close(fast[n].values, slow[n].values, equal_nan=True, rtol=1e-6, atol=1e-7)
             assert torch.equal(fast[n].indices, slow[n].indices), n
+
+
+def test_without_the_kernel_torch_ranks(monkeypatch, tmp_path):
+    """CWLENS_NATIVE=0 (or no compiler, or a build that fails) leaves the kernel out:
+    available() is False and the top-k lists come from torch."""
+    from cwlens.engine.native import _state
+
+    monkeypatch.setitem(_state, "lib", None)
+    monkeypatch.delitem(_state, "lib")
+    monkeypatch.setenv("CWLENS_NATIVE", "0")
+    assert not native.available()
+    with pytest.raises(RuntimeError, match="no compiled kernels"):
+        native.row_topk(torch.zeros(1, 1, 2, 3), 1)
+    monkeypatch.delitem(_state, "lib")
+    monkeypatch.setenv("CWLENS_NATIVE", "1")
+    monkeypatch.setenv("CC", "/no/such/compiler")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcc either
+    monkeypatch.setenv("CWLENS_CACHE", str(tmp_path))  # nothing built here yet
+    assert not native.available()
+    model = tiny_model("llama")
+    out = cwlens.stream_reduce(model, torch.randint(3, 50, (1, 9)), [reducers.TopK(3)], query_block=4)
+    assert out["top3_contribution"].indices.shape[-1] == 3
