@@ -65,8 +65,8 @@ def test_refuses_what_it_cannot_rank():
 @pytest.mark.parametrize("name", ["llama", "gemma3", "gpt2", "bert"])
 def test_streamed_topk_lists_equal_with_and_without_the_kernel(name, monkeypatch):
     """Every metric's top-k lists (causal rows, Gemma-3's sliding window of 8, BERT's
-    bidirectional rows) with the kernel equal the torch path's; a padded batch is ranked by
-    torch (its keys are no range per query)."""
+    bidirectional rows, a batch of one length and a padded one: left padding on decoders,
+    right on BERT) with the kernel equal the torch path's."""
     model = tiny_model(name)
     torch.manual_seed(0)
     tokens = torch.randint(3, model.cfg.d_vocab, (2, 21))
@@ -81,7 +81,7 @@ def test_streamed_topk_lists_equal_with_and_without_the_kernel(name, monkeypatch
         out = cwlens.stream_reduce(model, input, rs, query_block=4)
         return {n: out[n] for n in out.keys()}
 
-    for input, ranked_natively in ((tokens, True), (texts, False)):
+    for input, ranked_natively in ((tokens, True), (texts, True)):
         calls.clear()
         monkeypatch.setattr(row_topk, "NATIVE", True)
         fast = lists(input)
@@ -113,3 +113,19 @@ def test_without_the_kernel_torch_ranks(monkeypatch, tmp_path):
     model = tiny_model("llama")
     out = cwlens.stream_reduce(model, torch.randint(3, 50, (1, 9)), [reducers.TopK(3)], query_block=4)
     assert out["top3_contribution"].indices.shape[-1] == 3
+
+
+def test_a_mask_with_holes_is_ranked_by_torch(monkeypatch):
+    """Real tokens with pad tokens between them are no range: torch ranks that block."""
+    model = tiny_model("llama")
+    tokens = torch.randint(3, 50, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 4] = 0
+    calls = []
+    real = native.row_topk
+    monkeypatch.setattr(native, "row_topk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    fast = cwlens.stream_reduce(model, tokens, [reducers.TopK(3)], attention_mask=mask, query_block=4)
+    assert not calls
+    monkeypatch.setattr(row_topk, "NATIVE", False)
+    slow = cwlens.stream_reduce(model, tokens, [reducers.TopK(3)], attention_mask=mask, query_block=4)
+    assert torch.equal(fast["top3_contribution"].indices, slow["top3_contribution"].indices)

@@ -97,12 +97,13 @@ NATIVE = True  # rank with the C kernel where it is built (cwlens.engine.native)
 
 def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | None):
     """The block's top-k lists from :func:`cwlens.engine.native.row_topk`, or None where it
-    does not apply (not built, not a float32 CPU block, a padding mask: ranges cannot say
-    which keys a row attends to). The keys a query attends to are one range per query
-    (causal: up to the query; a sliding window: after ``query - window``); the
-    value-weighted baseline is ranked as ``pattern x ||v~||`` without making its tensor."""
+    does not apply (not built, not a float32 CPU block, a padding mask whose real tokens are
+    not one run per text). The keys a query attends to are one range per text and query
+    (causal: up to the query; a sliding window: after ``query - window``; padding: the
+    text's real tokens, none for a pad query); the value-weighted baseline is ranked as
+    ``pattern x ||v~||`` without making its tensor."""
     geo = getattr(weights, "geometry", None)
-    if not NATIVE or geo is None or geo.position_mask is not None:
+    if not NATIVE or geo is None:
         return None
     from cwlens.engine import native
 
@@ -110,6 +111,9 @@ def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | N
     if pattern.dtype != torch.float32 or pattern.device.type != "cpu" or not native.available():
         return None
     q, width = pattern.shape[-2:]
+    ranges = _key_ranges(geo, q, width, getattr(weights, "causal", False), getattr(weights, "window", None))
+    if ranges is None:
+        return None
     n_out = min(k, width if n_keys is None else max(n_keys, width))
     scale = None
     if metric == "value_weighted" and metric not in weights:
@@ -122,14 +126,12 @@ def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | N
         x = weights[metric]
         if x.dtype != torch.float32 or x.dim() != 4:
             return None
-    lo = hi = None
-    pos = torch.arange(geo.query_start, geo.query_start + q)
-    if getattr(weights, "causal", False):
-        hi = (pos + 1).clamp(max=width)
-        window = getattr(weights, "window", None)
-        if window is not None:
-            lo = (pos - window + 1).clamp(min=0)
-    idx, val = native.row_topk(x, n_out, by_abs, scale, lo, hi)
+    if len(ranges) == 1:  # the same ranges for every text: one call
+        idx, val = native.row_topk(x, n_out, by_abs, scale, *ranges[0])
+    else:  # a padded batch: one call per text, with its own ranges
+        parts = [native.row_topk(x[i : i + 1], n_out, by_abs, None if scale is None else scale[i : i + 1],
+                                 *ranges[i]) for i in range(len(ranges))]
+        idx, val = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     if by_abs:  # the kernel ranked |.|: the values keep their sign
         safe = idx.long().clamp_min(0)
         signed = x.gather(-1, safe)
@@ -137,6 +139,35 @@ def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | N
             signed = signed * scale[:, :, None, :].expand_as(x).gather(-1, safe)
         val = signed.masked_fill(idx < 0, float("nan"))
     return idx, val
+
+
+def _key_ranges(geo, q: int, width: int, causal: bool, window: int | None):
+    """``[(lo, hi)]``, one pair of ``[q]`` int64 tensors per text (one pair for all where
+    there is no padding mask): query ``i`` of the block attends to keys ``lo[i] <= j <
+    hi[i]``. None where a text's real tokens are not one run (a mask with holes)."""
+    pos = torch.arange(geo.query_start, geo.query_start + q)
+    mask = geo.position_mask
+    runs = [(0, width)] if mask is None else []
+    if mask is not None:
+        m = mask.cpu().bool()
+        for row in m:
+            real = row.nonzero().flatten()
+            first, last = int(real[0]), int(real[-1])
+            if int(real.numel()) != last - first + 1:
+                return None  # real tokens with pad tokens between them
+            runs.append((first, last + 1))
+    out = []
+    for first, stop in runs:
+        lo = torch.full((q,), first, dtype=torch.int64)
+        hi = torch.full((q,), min(stop, width), dtype=torch.int64)
+        if causal:
+            hi = torch.minimum(hi, pos + 1)
+            if window is not None:
+                lo = torch.maximum(lo, pos - window + 1)
+        if mask is not None:  # a pad query attends to nothing
+            hi = torch.where((pos >= first) & (pos < stop), hi, lo)
+        out.append((lo, torch.maximum(hi, lo)))
+    return out
 
 
 def _row_topk(w: torch.Tensor, k: int, by_abs: bool, n_keys: int | None,
