@@ -655,6 +655,15 @@ def stream_main(args) -> None:
         write_block(args.docs, "\n".join(md), args, marker=args.marker or "stream-benchmark")
 
 
+def _one_run_note(args) -> str:
+    """Where some rows of --stream ran once (CPU, above LONG tokens: stream_row), the
+    block's header says which."""
+    long = [n for n in getattr(args, "lengths", []) if n > LONG]
+    if not args.stream or not long or str(args.device).startswith("cuda") or args.repeats == 1:
+        return ""
+    return f"; the row{'s' if len(long) > 1 else ''} above {LONG} tokens ran once"
+
+
 def write_block(path, table: str, args, marker: str = "benchmark") -> None:
     import platform
     from pathlib import Path
@@ -676,7 +685,8 @@ def write_block(path, table: str, args, marker: str = "benchmark") -> None:
         f"{start}\nMeasured with `{cmd}` ({args.random_config or args.model}"
         f"{' (random weights)' if args.random_config else ''}, {args.device}, {args.dtype}, "
         f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; "
-        f"median of {args.repeats} interleaved run{'s' if args.repeats > 1 else ''}):\n\n{table}\n{end}"
+        f"median of {args.repeats} interleaved run{'s' if args.repeats > 1 else ''}"
+        f"{_one_run_note(args)}):\n\n{table}\n{end}"
     )
     Path(path).write_text(text[: text.index(start)] + block + text[text.index(end) + len(end):], encoding="utf-8")
 
