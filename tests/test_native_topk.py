@@ -55,6 +55,34 @@ def test_ties_come_in_key_order():
     assert val.flatten().tolist() == [2.0, 2.0, 2.0, 1.0]
 
 
+def test_empty_rows_and_k_zero_are_marked_not_garbage():
+    idx, val = native.row_topk(torch.zeros(1, 1, 3, 0), 2)
+    assert (idx == -1).all() and val.isnan().all() and idx.shape == (1, 1, 3, 2)
+    idx, val = native.row_topk(torch.zeros(1, 1, 3, 4), 0)
+    assert idx.shape == (1, 1, 3, 0) and val.shape == (1, 1, 3, 0)
+
+
+def test_a_metric_of_ones_own_with_nan_is_ranked_by_torch(monkeypatch):
+    """Registered metrics are not checked for NaN by cwlens; the kernel assumes finite values,
+    so such a block goes to torch (which ranks NaN first, as torch.topk does)."""
+    from cwlens.core import metrics as M
+
+    def nan_attention(geo, kind):
+        out = geo.pattern.clone()
+        out[..., 1] = float("nan")
+        return out
+
+    model = tiny_model("llama")
+    tokens = torch.randint(3, 50, (1, 8))
+    metric = M.Metric(name="nan_attention", math="a_ij, NaN at key 1", look=M.Look("nan", "nan", "#000000"),
+                      compute=nan_attention)
+    with M.registered(metric):
+        fast = cwlens.stream_reduce(model, tokens, [reducers.TopK(2, "nan_attention")], query_block=4)
+        monkeypatch.setattr(row_topk, "NATIVE", False)
+        slow = cwlens.stream_reduce(model, tokens, [reducers.TopK(2, "nan_attention")], query_block=4)
+    assert torch.equal(fast["top2_nan_attention"].indices, slow["top2_nan_attention"].indices)
+
+
 def test_refuses_what_it_cannot_rank():
     with pytest.raises(ValueError, match="float32 CPU"):
         native.row_topk(torch.zeros(1, 2, 3, dtype=torch.float64), 2)

@@ -4,6 +4,7 @@ their keys); one top-k per block and request, shared by the reducers that ask th
 
 import torch
 
+from cwlens.core.geometry import MEASURES
 from cwlens.core.numerics import check_finite
 
 COLUMNS = 512  # strided groups of the grouped top-k (key j is in group j % COLUMNS)
@@ -126,6 +127,8 @@ def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | N
         x = weights[metric]
         if x.dtype != torch.float32 or x.dim() != 4:
             return None
+        if metric not in MEASURES and not bool(torch.isfinite(x.sum())):
+            return None  # a metric of one's own, unchecked, with NaN or inf: torch ranks it
     if len(ranges) == 1:  # the same ranges for every text: one call
         idx, val = native.row_topk(x, n_out, by_abs, scale, *ranges[0])
     else:  # a padded batch: one call per text, with its own ranges

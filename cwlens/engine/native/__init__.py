@@ -89,7 +89,9 @@ def row_topk(x: torch.Tensor, k: int, by_abs: bool = False, scale: torch.Tensor 
     ``scale`` ``[..., width]`` (one row per ``q`` rows of ``x``): rank ``x * scale``
     without making it. ``lo``/``hi`` ``[q]`` (int64): query ``i`` ranks keys
     ``lo[i] <= j < hi[i]`` only; a row with fewer than ``k`` such keys ends in index -1,
-    value NaN. ``by_abs``: rank ``|.|`` (the values returned are then ``|.|``)."""
+    value NaN. ``by_abs``: rank ``|.|`` (the values returned are then ``|.|``). The values
+    must be finite (the kernel is built with ``-ffinite-math-only``): cwlens checks every
+    measure before it gets here and sends a metric of one's own with NaN or inf to torch."""
     lib = library()
     if lib is None:
         raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
@@ -97,10 +99,11 @@ def row_topk(x: torch.Tensor, k: int, by_abs: bool = False, scale: torch.Tensor 
         raise ValueError(f"row_topk takes a float32 CPU tensor; got {x.dtype} on {x.device}")
     x = x.contiguous()
     *lead, q, width = x.shape
+    k = max(int(k), 0)
     n_rows = x.numel() // width if width else 0
-    idx = torch.empty(*lead, q, k, dtype=torch.int32)
-    val = torch.empty(*lead, q, k, dtype=torch.float32)
-    if n_rows == 0:
+    idx = torch.full((*lead, q, k), -1, dtype=torch.int32)
+    val = torch.full((*lead, q, k), float("nan"), dtype=torch.float32)
+    if n_rows == 0 or k == 0:
         return idx, val
     s_ptr, s_stride = None, 0
     if scale is not None:

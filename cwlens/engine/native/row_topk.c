@@ -111,6 +111,8 @@ int cwlens_row_topk(const float *x, int64_t n_rows, int64_t stride, int64_t widt
                     const int64_t *lo_of, const int64_t *hi_of, int64_t n_ranges,
                     int k, int by_abs, int32_t *out_idx, float *out_val, int n_threads) {
     enum { MAX_THREADS = 64 };
+    if (k < 1 || n_rows < 1)
+        return 0;  /* nothing to rank (the caller filled its outputs) */
     if (n_threads < 1) n_threads = 1;
     if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
     if (n_threads > n_rows) n_threads = n_rows > 0 ? (int)n_rows : 1;
