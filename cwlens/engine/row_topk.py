@@ -112,7 +112,13 @@ def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | N
     if pattern.dtype != torch.float32 or pattern.device.type != "cpu" or not native.available():
         return None
     q, width = pattern.shape[-2:]
-    ranges = _key_ranges(geo, q, width, getattr(weights, "causal", False), getattr(weights, "window", None))
+    cache = getattr(weights, "derived", None)
+    if cache is not None and "key_ranges" in cache:
+        ranges = cache["key_ranges"]  # one block's ranges serve every metric ranked in it
+    else:
+        ranges = _key_ranges(geo, q, width, getattr(weights, "causal", False), getattr(weights, "window", None))
+        if cache is not None:
+            cache["key_ranges"] = ranges
     if ranges is None:
         return None
     n_out = min(k, width if n_keys is None else max(n_keys, width))
