@@ -159,6 +159,7 @@ def test_grouped_topk_equals_topk_on_the_rows_of_every_metric(run, columns, monk
     (row_topk.GROUPED_FROM): forced here on short rows, with a ragged tail (3 columns),
     signed and |.| ranking."""
     model, tokens, mask, cache, _ = run
+    monkeypatch.setattr(row_topk, "NATIVE", False)  # the torch path (the C kernel: test_native_topk.py)
     monkeypatch.setattr(row_topk, "GROUPED_FROM", 1)
     monkeypatch.setattr(row_topk, "COLUMNS", columns)
     k = 2
@@ -187,13 +188,20 @@ def test_grouped_topk_with_ties_and_negative_rows():
         assert torch.equal(row_topk._grouped_topk_indices(y, k, columns), y.topk(k, dim=-1).indices)
 
 
-def test_vwon_ranks_once_with_value_weighted(run, monkeypatch):
+@pytest.mark.parametrize("native", [False, True])
+def test_vwon_ranks_once_with_value_weighted(run, monkeypatch, native):
     """The output-normalised baseline orders each row as value-weighted does: one top-k of
-    a block serves both reducers."""
+    a block serves both reducers (torch or the C kernel)."""
     model, tokens, mask, cache, _ = run
+    from cwlens.engine import native as kernel
+
+    if native and not kernel.available():
+        pytest.skip("the C kernel is not built here (no compiler)")
+    monkeypatch.setattr(row_topk, "NATIVE", native)
     seen = []
-    real = row_topk._row_topk
-    monkeypatch.setattr(row_topk, "_row_topk", lambda w, *a: seen.append(w.shape) or real(w, *a))
+    name = "_native_row_topk" if native else "_row_topk"
+    real = getattr(row_topk, name)
+    monkeypatch.setattr(row_topk, name, lambda w, *a: seen.append(1) or real(w, *a))
     cwlens.stream_reduce(model, tokens, [reducers.TopK(2, "value_weighted"),
                                          reducers.TopK(2, "value_weighted_output_normalized")],
                          attention_mask=mask, query_block=None)
