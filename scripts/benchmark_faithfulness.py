@@ -3,7 +3,9 @@
 Prints ``ratio = wall time / (forward passes run x one plain forward pass)`` for a small
 sweep (goal <= 1.2: ranking, mask building and scoring must cost less than 20% on top
 of the model). "One plain forward" is ``model(tokens, attention_mask)`` on the sweep's
-own batches, without hooks, timed first (median of --repeats).
+own batches, without hooks, timed --repeats times before the sweep and --repeats times
+after it (the median of all: a machine that slows down or speeds up during the sweep
+moves both terms alike).
 
     python scripts/benchmark_faithfulness.py                         # SmolLM2, CPU
     python scripts/benchmark_faithfulness.py --dataset fineweb_edu --samples 8 --max-tokens 256
@@ -151,16 +153,23 @@ def main() -> None:
     units = text_units(model, samples, cfg.max_tokens)
     batches = [pad_batch(model, [s for u in b for s in units[u].sequences])
                for b in plan_batches(units, cfg.batch_tokens)]
+
+    def plain_passes() -> list[float]:
+        runs = []
+        with torch.no_grad():
+            for _ in range(args.repeats):
+                t = time.perf_counter()
+                for tokens, mask in batches:
+                    model(tokens, attention_mask=mask)
+                runs.append(time.perf_counter() - t)
+        return runs
+
     with torch.no_grad():
         model(*batches[0][:1], attention_mask=batches[0][1])  # warm-up
-        runs = []
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            for tokens, mask in batches:
-                model(tokens, attention_mask=mask)
-            runs.append(time.perf_counter() - t)
-    one_pass = statistics.median(runs)  # one plain forward over every batch
+    before = plain_passes()
     result = run_faithfulness(model, samples, cfg, progress=False)
+    after = plain_passes()  # timed on both sides of the sweep: a machine that slows or
+    one_pass = statistics.median(before + after)  # speeds up meanwhile moves both terms alike
     s = result.stats
     passes_per_batch = s.n_forwards / s.n_batches
     ratio = s.wall_seconds / (passes_per_batch * one_pass)
@@ -169,7 +178,8 @@ def main() -> None:
         f"{len(cfg.metrics)} metrics x {len(cfg.modes)} modes x {len(cfg.rates)} rates, "
         f"{s.n_batches} batches, {s.n_forwards} forward passes "
         f"({passes_per_batch:.1f}/batch; identical masks shared); one plain pass over all "
-        f"batches {one_pass:.2f}s; wall {s.wall_seconds:.1f}s (forwards {s.forward_seconds:.1f}s, "
+        f"batches {one_pass:.2f}s (median of {len(before)} before and {len(after)} after the sweep: "
+        f"{', '.join(f'{x:.2f}' for x in before + after)}s); wall {s.wall_seconds:.1f}s (forwards {s.forward_seconds:.1f}s, "
         f"ranking {s.ranking_seconds:.1f}s); ratio wall/(passes x forward) = {ratio:.2f} "
         f"(goal <= 1.2)"
     )

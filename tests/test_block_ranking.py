@@ -6,19 +6,27 @@ every row sorted whole (``rank_entries``, the ranking the ends-only one replaces
 mask entry by entry, the tie / first-token counts exactly and NLL / PPL / ΔPPL to float
 rounding."""
 
+import pytest
 import torch
 
 import cwlens.engine.streaming as streaming
+from cwlens.engine import native
 from cwlens.datasets import TextSample
 from cwlens.faithfulness import FaithfulnessConfig, lockstep, passes, run_faithfulness
 from cwlens.faithfulness import job_masks as jm
+from cwlens.faithfulness import native_masks
 from cwlens.testing import tiny_model
 
 LONG = TextSample("long", " ".join(["the cat sat on the mat and the dog ran to the red house ."] * 20), "toy")
 KEYS = ["sample_id", "metric", "mode", "rate", "measure"]
 
 
-def test_long_text_every_layer_per_block_equals_the_whole_layer_sort(monkeypatch):
+@pytest.mark.parametrize("kernel", [False, True])
+def test_long_text_every_layer_per_block_equals_the_whole_layer_sort(monkeypatch, kernel):
+    """kernel: the lockstep blocks' masks from the C kernel (native_masks) instead of the
+    ends-only torch ranking."""
+    if kernel and not native.available():
+        pytest.skip("the C kernel is not built here (no compiler)")
     model = tiny_model("llama")
     cfg = FaithfulnessConfig(metrics=("contribution", "random"), rates=(0.1, 0.3),
                              modes=("comprehensiveness",), max_tokens=None, past_context=True,
@@ -37,6 +45,7 @@ def test_long_text_every_layer_per_block_equals_the_whole_layer_sort(monkeypatch
     with monkeypatch.context() as m:
         m.setattr(passes, "layer_masks", keep_layer)
         m.setattr(jm, "worth_it", lambda *a: False)
+        m.setattr(native_masks, "NATIVE", False)
         whole = run_faithfulness(model, [LONG], FaithfulnessConfig(**{**cfg.__dict__, "ranking_path": "whole_layer"}),
                                  progress=False).table
     monkeypatch.setattr(streaming, "AUTO_THRESHOLD", 2)  # blockwise
@@ -52,12 +61,16 @@ def test_long_text_every_layer_per_block_equals_the_whole_layer_sort(monkeypatch
         return out
 
     monkeypatch.setattr(lockstep._Lockstep, "_block_masks", keep_block)
+    monkeypatch.setattr(native_masks, "NATIVE", kernel)
     ends_only = []
     real_partial = jm.rank_rows_partially
     monkeypatch.setattr(jm, "rank_rows_partially", lambda *a: ends_only.append(1) or real_partial(*a))
+    by_kernel = []
+    real_kernel = native.row_masks
+    monkeypatch.setattr(native, "row_masks", lambda *a: by_kernel.append(1) or real_kernel(*a))
     step = run_faithfulness(model, [LONG], FaithfulnessConfig(**{**cfg.__dict__, "ranking_path": "lockstep"}),
                             progress=False).table
-    assert ends_only  # the lockstep run ranked the ends of its rows only
+    assert (by_kernel and not ends_only) if kernel else (ends_only and not by_kernel)
     assert sorted(block_masks, key=str) == sorted(whole_masks, key=str)
     assert len(whole_masks) == model.cfg.n_layers * 2 * 2  # every layer, 2 metrics x 2 rates
     for k, mk in whole_masks.items():

@@ -21,7 +21,10 @@ class PackedMask:
     shape: tuple[int, ...]
 
     @classmethod
-    def pack(cls, mask: torch.Tensor) -> "PackedMask":
+    def pack(cls, mask: "torch.Tensor | PackedMask") -> "PackedMask":
+        """``mask`` packed (a PackedMask already is: returned as it is)."""
+        if isinstance(mask, PackedMask):
+            return mask
         m = mask.bool()
         pad = (-m.shape[-1]) % 8
         if pad:

@@ -22,6 +22,7 @@ import torch
 from cwlens.core._types import Scope
 from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.cut_counts import RowCutCounts
+from cwlens.faithfulness.native_masks import row_masks_of
 from cwlens.faithfulness.partial_ranking import rank_rows_partially, worth_it
 from cwlens.faithfulness.ranking import add_counts, mask_counts, n_to_mask, rank_entries
 
@@ -42,7 +43,8 @@ class Piece(NamedTuple):
 
 def job_masks(jobs: Sequence[tuple], piece: Piece, scope: Scope, counts: dict | None,
               causal: bool = False) -> Iterator[tuple[object, torch.Tensor]]:
-    """Yield ``(job key, bool mask [batch, head, query, key])`` for each ``(key, job)`` of
+    """Yield ``(job key, mask [batch, head, query, key])`` (bool, or a
+    :class:`~cwlens.core.bitmask.PackedMask` from the C kernel) for each ``(key, job)`` of
     ``jobs`` (jobs with ``.metric``, ``.rate``, ``.mode``) over ``piece``.
 
     ``counts`` None: nothing counted. ``causal``: head/layer scopes decided from rows
@@ -58,34 +60,53 @@ def job_masks(jobs: Sequence[tuple], piece: Piece, scope: Scope, counts: dict | 
             yield key, removed
             continue
         if job.metric not in ranked:
-            scores = piece.scores_of(job.metric)
             if tiebreak is None:
                 tiebreak = piece.tiebreak_of()
-            ranking = None
-            if scope == "row":  # the ends of each row only, where the jobs' masks are small
-                top, bottom = _depths([j for _, j in jobs if j.metric == job.metric], shape[-1])
-                if worth_it(top, bottom, shape[-1]):
-                    ranking = rank_rows_partially(scores, eligible, tiebreak, top, bottom)
-            if ranking is None:
-                ranking = rank_entries(scores, eligible, scope, tiebreak)
-            if causal:
-                ranking = causal_ranking(ranking)
-            kept: RowCutCounts | torch.Tensor | None
-            if counts is None:
-                kept = None
-            elif ranking.scope == "row":  # the counts from the ranked scores (cut_counts)
-                kept = RowCutCounts(ranking, scores, first_key)
-            else:
-                kept = scores
-            ranked[job.metric] = (ranking, kept)
-            del scores
-        ranking, kept = ranked[job.metric]
+            ranked[job.metric] = _rank(job.metric, jobs, piece, scope, tiebreak, counts, causal)
+        done = ranked[job.metric]
+        if isinstance(done, dict):  # the C kernel's masks and counts
+            removed, c = done[key]
+            add_counts(counts, key, c)
+            yield key, removed
+            continue
+        ranking, kept = done
         removed = ranking.mask(job.rate, job.mode)
         if isinstance(kept, RowCutCounts):
             add_counts(counts, key, kept.counts(job.rate, job.mode))
         elif counts is not None:
             add_counts(counts, key, mask_counts(kept, eligible, removed, scope, first_key))
         yield key, removed
+
+
+def _rank(metric: str, jobs: Sequence[tuple], piece: Piece, scope: Scope, tiebreak: torch.Tensor,
+          counts: dict | None, causal: bool):
+    """One metric's ranking for its jobs: ``{job key: (PackedMask, counts)}`` from the C
+    kernel at row scope where it applies (:mod:`~cwlens.faithfulness.native_masks`), else
+    ``(Ranking, what the counts are read from)``."""
+    shape, eligible = piece.shape, piece.eligible
+    scores = piece.scores_of(metric)
+    mine = [(k, j) for k, j in jobs if j.metric == metric]
+    if scope == "row":  # the C kernel: every job of this metric at once, no ranking
+        fast = row_masks_of(mine, scores, tiebreak, eligible, piece.first_key)
+        if fast is not None:
+            return fast
+    ranking = None
+    if scope == "row":  # the ends of each row only, where the jobs' masks are small
+        top, bottom = _depths([j for _, j in mine], shape[-1])
+        if worth_it(top, bottom, shape[-1]):
+            ranking = rank_rows_partially(scores, eligible, tiebreak, top, bottom)
+    if ranking is None:
+        ranking = rank_entries(scores, eligible, scope, tiebreak)
+    if causal:
+        ranking = causal_ranking(ranking)
+    kept: RowCutCounts | torch.Tensor | None
+    if counts is None:
+        kept = None
+    elif ranking.scope == "row":  # the counts from the ranked scores (cut_counts)
+        kept = RowCutCounts(ranking, scores, piece.first_key)
+    else:
+        kept = scores
+    return ranking, kept
 
 
 def _depths(jobs: Sequence, width: int) -> tuple[int, int]:

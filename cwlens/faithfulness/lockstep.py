@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from cwlens.core import metrics
+from cwlens.core.bitmask import PackedMask
 from cwlens.engine import adapter, hook_names, lm
 from cwlens.engine.handle import wrap
 from cwlens.engine.interventions.selfcheck import ensure_edits_act
@@ -185,7 +186,7 @@ class _Lockstep:
 
             for key, removed in job_masks(here, Piece(shape, elig, first_key, scores_of, tiebreak_of),
                                           "row", plan.counts):
-                out[key][piece] = removed
+                out[key][piece] = removed.unpack() if isinstance(removed, PackedMask) else removed
             del elig
         return {key: m[..., :key_stop] for key, m in out.items()}
 

@@ -47,6 +47,10 @@ def pattern_mask_hook(mask: "torch.Tensor | PackedMask", renormalize: bool = Fal
 
     def mask_pattern(pattern: Pattern, hook) -> Pattern:
         block = current_block()  # blockwise attention: this block's rows of the mask
+        if isinstance(mask, PackedMask) and not renormalize:
+            fast = _zero_packed(pattern, mask, block)
+            if fast is not None:
+                return fast
         if isinstance(mask, PackedMask) and block is not None:  # unpack the block's rows only
             keep_mask = ~mask.unpack_rows(block.query_start, block.n_rows)[..., : block.key_stop]
         else:
@@ -65,6 +69,29 @@ def pattern_mask_hook(mask: "torch.Tensor | PackedMask", renormalize: bool = Fal
 
     mask_pattern.cwlens_blockwise = True  # type: ignore[attr-defined]  # takes query blocks
     return mask_pattern
+
+
+NATIVE = True  # a packed mask applied by the C kernel where it applies; tests turn it off
+
+
+def _zero_packed(pattern: Pattern, mask: PackedMask, block) -> Pattern | None:
+    """``pattern`` with ``mask``'s entries set to 0 by :func:`cwlens.engine.native.zero_masked`
+    (one pass, the mask never unpacked; the same values as :func:`remove_entries`, the
+    pattern being finite and >= 0), or None where it does not apply: not built, not a
+    float32 CPU pattern, a mask that broadcasts instead of matching the pattern."""
+    if not NATIVE or pattern.dtype != torch.float32 or pattern.device.type != "cpu":
+        return None
+    from cwlens.engine import native
+
+    if not native.available():
+        return None
+    bits = mask.bits
+    width = mask.shape[-1]
+    if block is not None:
+        bits, width = bits.narrow(-2, block.query_start, block.n_rows), block.key_stop
+    if tuple(pattern.shape) != (*bits.shape[:-1], width) or bits.device.type != "cpu":
+        return None
+    return native.zero_masked(pattern, bits)
 
 
 def remove_entries(pattern: Pattern, keep_mask: torch.Tensor, renormalize: bool = False) -> Pattern:

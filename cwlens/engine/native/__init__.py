@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("row_topk.c")
+SOURCES = (Path(__file__).with_name("row_topk.c"), Path(__file__).with_name("row_masks.c"))
 # -ffinite-math-only -fno-signed-zeros: the chunk maxima vectorise (5x faster); the values
 # ranked are finite (cwlens checks every measure it ranks, and a <= 1 times a finite norm)
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
@@ -47,16 +47,16 @@ def _build() -> ctypes.CDLL | None:
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         return None
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in SOURCES)
     tag = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), platform.machine().encode(),
                                      _cpu_features().encode()])).hexdigest()[:16]
-    target = _cache_dir() / f"row_topk-{tag}.so"
+    target = _cache_dir() / f"kernels-{tag}.so"
     try:
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 built = Path(tmp) / target.name
-                subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], check=True,
+                subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(built), "-lm"], check=True,
                                capture_output=True, timeout=120)
                 os.replace(built, target)  # atomic: processes building at once never see half a file
         lib = ctypes.CDLL(str(target))
@@ -65,6 +65,12 @@ def _build() -> ctypes.CDLL | None:
     fn = lib.cwlens_row_topk
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     fn.argtypes = [p, i64, i64, i64, p, i64, i64, p, p, i64, i32, i32, p, p, i32]
+    fn.restype = i32
+    fn = lib.cwlens_row_masks
+    fn.argtypes = [p, p, i64, i64, i64, i64, p, p, i64, i64, p, i32, p, p, p, p, i32]
+    fn.restype = i32
+    fn = lib.cwlens_zero_masked
+    fn.argtypes = [p, p, p, i64, i64, i64, i32]
     fn.restype = i32
     return lib
 
@@ -124,3 +130,68 @@ def row_topk(x: torch.Tensor, k: int, by_abs: bool = False, scale: torch.Tensor 
     if failed:
         raise MemoryError(f"row_topk: out of memory for rows of {width} keys")
     return idx, val
+
+
+def row_masks(scores: torch.Tensor, ties: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+              first: torch.Tensor, modes: list[int], ks: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-scope masks of several jobs over ``scores`` ``[b, h, q, width]`` (float32, CPU,
+    no NaN), ordered by score, then ``ties`` (same shape), then key position (the order of
+    :func:`cwlens.faithfulness.ranking.rank_entries`), in one call (``row_masks.c``).
+
+    ``lo``/``hi`` int64 ``[b, e, q]`` (``e`` 1 or ``h``): row ``(b, h, q)`` ranks keys
+    ``lo <= j < hi``. ``first`` int64 ``[b]``: each text's first real key (-1: none).
+    ``modes[j]``: 0 comprehensiveness (the ``k`` best removed), 1 sufficiency (the ``k``
+    worst); ``ks`` int64 ``[jobs, b, e, q]``: ``k`` of each job and row. Returns ``(bits
+    uint8 [jobs, b, h, q, ceil(width / 8)]`` (:class:`cwlens.core.bitmask.PackedMask`'s
+    layout), ``counts int32 [jobs, b, h, q, 3]``: removed, removed by the tie-break, removed
+    on the first token)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
+    if scores.dtype != torch.float32 or scores.device.type != "cpu" or scores.dim() != 4:
+        raise ValueError(f"row_masks takes float32 CPU [b, h, q, width] scores; got {scores.dtype} "
+                         f"{tuple(scores.shape)} on {scores.device}")
+    b, h, q, width = scores.shape
+    ties = ties.to(torch.float32).expand(b, h, q, width).contiguous()
+    scores = scores.contiguous()
+    e = lo.shape[1]
+    if lo.shape != (b, e, q) or hi.shape != lo.shape or e not in (1, h):
+        raise ValueError(f"lo/hi must be [{b}, 1 or {h}, {q}]; got {tuple(lo.shape)}, {tuple(hi.shape)}")
+    n_jobs = len(modes)
+    if ks.shape != (n_jobs, b, e, q):
+        raise ValueError(f"ks must be [{n_jobs}, {b}, {e}, {q}]; got {tuple(ks.shape)}")
+    lo, hi = lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous()
+    first = first.to(torch.int64).contiguous()
+    ks = ks.to(torch.int64).contiguous()
+    mode_t = torch.tensor(modes, dtype=torch.int32)
+    bits = torch.zeros(n_jobs, b, h, q, (width + 7) // 8, dtype=torch.uint8)
+    counts = torch.zeros(n_jobs, b, h, q, 3, dtype=torch.int32)
+    if n_jobs and scores.numel():
+        failed = lib.cwlens_row_masks(scores.data_ptr(), ties.data_ptr(), b * h * q, width, h, q,
+                                      lo.data_ptr(), hi.data_ptr(), int(e == h and h > 1), b * e * q,
+                                      first.data_ptr(), n_jobs, mode_t.data_ptr(), ks.data_ptr(),
+                                      bits.data_ptr(), counts.data_ptr(), torch.get_num_threads())
+        if failed:
+            raise MemoryError(f"row_masks: out of memory for rows of {width} keys")
+    return bits, counts
+
+
+def zero_masked(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """``x`` (float32 CPU ``[..., width]``) with the entries whose bit is set in ``bits``
+    (uint8 ``[..., >= ceil(width / 8)]``, :class:`cwlens.core.bitmask.PackedMask`'s
+    layout, the same leading shape) set to 0: a packed mask applied in one pass, without
+    unpacking it (``row_masks.c``)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
+    width = x.shape[-1]
+    if (x.dtype != torch.float32 or x.device.type != "cpu" or bits.dtype != torch.uint8
+            or bits.shape[:-1] != x.shape[:-1] or bits.shape[-1] * 8 < width):
+        raise ValueError(f"zero_masked takes float32 CPU x and uint8 bits of its rows; got "
+                         f"{x.dtype} {tuple(x.shape)} and {bits.dtype} {tuple(bits.shape)}")
+    x, bits = x.contiguous(), bits.contiguous()
+    out = torch.empty_like(x)
+    lib.cwlens_zero_masked(x.data_ptr(), bits.data_ptr(), out.data_ptr(), x.numel() // max(width, 1),
+                           width, bits.shape[-1], torch.get_num_threads())
+    return out
