@@ -10,11 +10,10 @@ import pytest
 import torch
 
 import cwlens.engine.streaming as streaming
-from cwlens.engine import native
 from cwlens.datasets import TextSample
-from cwlens.faithfulness import FaithfulnessConfig, lockstep, passes, run_faithfulness
+from cwlens.engine import native
+from cwlens.faithfulness import FaithfulnessConfig, lockstep, native_masks, passes, run_faithfulness
 from cwlens.faithfulness import job_masks as jm
-from cwlens.faithfulness import native_masks
 from cwlens.testing import tiny_model
 
 LONG = TextSample("long", " ".join(["the cat sat on the mat and the dog ran to the red house ."] * 20), "toy")
