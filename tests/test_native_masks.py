@@ -157,3 +157,18 @@ def test_packed_masks_applied_by_the_kernel_give_the_same_logits(attention, monk
     assert torch.equal(out[True, False], out[False, False])
     assert torch.equal(out[True, True], out[False, True])
     assert not torch.equal(out[True, False], out[True, True])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernel_uniforms_equal_the_torch_hash(dtype, monkeypatch):
+    from cwlens.faithfulness import ranking
+
+    queries = torch.tensor([0, 1, 2, 7, 300, 16383, 2**31 + 5])
+    keys = torch.arange(0, 1000, 3)
+    for key in ("ties:0:3", "0:gsm8k-12/0:29", ""):
+        monkeypatch.setattr(ranking, "NATIVE", True)
+        fast = ranking.uniforms_at(3, queries, keys, key, dtype)
+        monkeypatch.setattr(ranking, "NATIVE", False)
+        slow = ranking.uniforms_at(3, queries, keys, key, dtype)
+        assert fast.dtype == dtype and torch.equal(fast, slow)
+        assert 0 <= float(fast.min()) and float(fast.max()) < 1

@@ -2,12 +2,17 @@
 
 :func:`row_topk` ranks each row of a block of attention measures in one pass
 (``row_topk.c``): the streamed pass's top-k lists on the CPU, where ``torch.topk`` costs
-~10 ns a key. The source is compiled once per machine (``cc -O3 -march=native``, a few
-tenths of a second) into ``$CWLENS_CACHE`` (default ``~/.cache/cwlens``)/native, named by
-a hash of the source, the flags and the CPU's features, so that a home folder shared by
-different machines never loads another CPU's build. Where no compiler is found, the build
-fails, or ``CWLENS_NATIVE=0`` is set, :func:`available` is False and cwlens ranks with
-torch (same values; tests run both: ``tests/test_native_topk.py``).
+~10 ns a key. ``row_masks.c`` serves the faithfulness sweep: :func:`row_masks` makes
+every row-scope mask of a metric (each cut selected, no sort, written bit-packed, with
+its counts), :func:`zero_masked` applies a packed mask to attention weights in one pass,
+:func:`uniforms` draws the seeded tie-break and random-control uniforms. The sources are
+compiled once per machine (``cc -O3 -march=native``, a second or two) into
+``$CWLENS_CACHE`` (default ``~/.cache/cwlens``)/native, named by a hash of the sources,
+the flags and the CPU's features, so that a home folder shared by different machines
+never loads another CPU's build. Where no compiler is found, the build fails, or
+``CWLENS_NATIVE=0`` is set, :func:`available` is False and cwlens computes the same
+values with torch (tests run both: ``tests/test_native_topk.py``,
+``tests/test_native_masks.py``).
 """
 
 import ctypes
@@ -71,6 +76,9 @@ def _build() -> ctypes.CDLL | None:
     fn.restype = i32
     fn = lib.cwlens_zero_masked
     fn.argtypes = [p, p, p, i64, i64, i64, i32]
+    fn.restype = i32
+    fn = lib.cwlens_uniforms
+    fn.argtypes = [p, p, i64, i64, p, i32, i32]
     fn.restype = i32
     return lib
 
@@ -194,4 +202,22 @@ def zero_masked(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     lib.cwlens_zero_masked(x.data_ptr(), bits.data_ptr(), out.data_ptr(), x.numel() // max(width, 1),
                            width, bits.shape[-1], torch.get_num_threads())
+    return out
+
+
+def uniforms(rows: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[len(rows), len(keys)]`` seeded uniforms in [0, 1) (float64, or rounded once to
+    float32) from each row's hash ``rows`` and the key positions ``keys`` (int64): the
+    values of :func:`cwlens.faithfulness.ranking.uniforms_at`'s per-entry hash, in one
+    pass (``row_masks.c``)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"uniforms are float32 or float64; got {dtype}")
+    rows = rows.to(torch.int64).reshape(-1).contiguous()
+    keys = keys.to(torch.int64).reshape(-1).contiguous()
+    out = torch.empty(len(rows), len(keys), dtype=dtype)
+    lib.cwlens_uniforms(rows.data_ptr(), keys.data_ptr(), len(rows), len(keys), out.data_ptr(),
+                        int(dtype == torch.float64), torch.get_num_threads())
     return out
