@@ -183,6 +183,13 @@ def main() -> None:
         f"ranking {s.ranking_seconds:.1f}s); ratio wall/(passes x forward) = {ratio:.2f} "
         f"(goal <= 1.2)"
     )
+    # the ratio's two factors: what the sweep adds to its own forward passes (ranking, mask
+    # building, scoring: no plain-pass timing in it, so steady on a noisy machine), and its
+    # forward passes against plain ones (hooks, masking; carries the plain pass's noise)
+    per_pass = s.forward_seconds / s.n_forwards
+    print(f"  = wall/forwards {s.wall_seconds / s.forward_seconds:.3f} (the sweep's own cost on top "
+          f"of its passes) x forwards/(passes x plain) {per_pass / one_pass:.3f} "
+          f"({per_pass:.2f}s a pass against {one_pass:.2f}s plain)")
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ def test_rows_with_holes_and_nan_scores_go_to_torch(monkeypatch):
     bad[0, 0, 5, 2] = float("nan")
     assert native_masks.row_masks_of(_jobs(("a",))[:2], bad, tb, eligible, first) is None
     assert native_masks.row_masks_of(_jobs(("a",))[:2], scores, tb, eligible, first) is not None
+    outside = scores.clone()
+    outside[0, 0, 2, 5] = float("nan")  # a key after its query: not eligible, never ranked
+    assert native_masks.row_masks_of(_jobs(("a",))[:2], outside, tb, eligible, first) is not None
     piece = jm.Piece(scores.shape, holes, first, lambda m: scores, lambda: tb)
     (got, c_got, kinds), (want, c_want, _) = _both(_jobs(("a",)), piece, monkeypatch)
     assert PackedMask not in kinds

@@ -20,9 +20,9 @@ from typing import NamedTuple
 import torch
 
 from cwlens.core._types import Scope
+from cwlens.faithfulness import native_masks
 from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.cut_counts import RowCutCounts
-from cwlens.faithfulness.native_masks import row_masks_of
 from cwlens.faithfulness.partial_ranking import rank_rows_partially, worth_it
 from cwlens.faithfulness.ranking import add_counts, mask_counts, n_to_mask, rank_entries
 
@@ -53,6 +53,7 @@ def job_masks(jobs: Sequence[tuple], piece: Piece, scope: Scope, counts: dict | 
     shape, eligible, first_key = piece.shape, piece.eligible, piece.first_key
     ranked: dict = {}
     tiebreak = None
+    ranges: list = []  # the kernel's eligible ranges of this piece, computed once (native_masks)
     for key, job in jobs:
         if job.metric is None:  # rate 1: every eligible entry
             removed = eligible.expand(shape)
@@ -62,7 +63,7 @@ def job_masks(jobs: Sequence[tuple], piece: Piece, scope: Scope, counts: dict | 
         if job.metric not in ranked:
             if tiebreak is None:
                 tiebreak = piece.tiebreak_of()
-            ranked[job.metric] = _rank(job.metric, jobs, piece, scope, tiebreak, counts, causal)
+            ranked[job.metric] = _rank(job.metric, jobs, piece, scope, tiebreak, counts, causal, ranges)
         done = ranked[job.metric]
         if isinstance(done, dict):  # the C kernel's masks and counts
             removed, c = done[key]
@@ -79,15 +80,18 @@ def job_masks(jobs: Sequence[tuple], piece: Piece, scope: Scope, counts: dict | 
 
 
 def _rank(metric: str, jobs: Sequence[tuple], piece: Piece, scope: Scope, tiebreak: torch.Tensor,
-          counts: dict | None, causal: bool):
+          counts: dict | None, causal: bool, ranges: list):
     """One metric's ranking for its jobs: ``{job key: (PackedMask, counts)}`` from the C
     kernel at row scope where it applies (:mod:`~cwlens.faithfulness.native_masks`), else
     ``(Ranking, what the counts are read from)``."""
     shape, eligible = piece.shape, piece.eligible
     scores = piece.scores_of(metric)
     mine = [(k, j) for k, j in jobs if j.metric == metric]
-    if scope == "row":  # the C kernel: every job of this metric at once, no ranking
-        fast = row_masks_of(mine, scores, tiebreak, eligible, piece.first_key)
+    if scope == "row" and native_masks.NATIVE:  # the C kernel: every job of this metric at once
+        if not ranges:
+            ranges.append(native_masks.eligible_ranges(eligible, shape))
+        fast = native_masks.row_masks_of(mine, scores, tiebreak, eligible, piece.first_key,
+                                         ranges[0]) if ranges[0] is not None else None
         if fast is not None:
             return fast
     ranking = None

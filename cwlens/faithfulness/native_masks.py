@@ -5,7 +5,7 @@ every row, without the ranking: each job's cut is selected, the mask written bit
 The same order as :func:`~cwlens.faithfulness.ranking.rank_entries` (score, then the
 seeded tie-break, then key position) and the same counts as
 :class:`~cwlens.faithfulness.cut_counts.RowCutCounts` (tests/test_native_masks.py). Used
-where it applies -- the kernel is built, CPU float32 scores without NaN, every row's
+where it applies -- the kernel is built, CPU float32 scores, no eligible NaN, every row's
 eligible keys one run (causal, a window, padding, the first token left out all are) --
 and torch ranks everywhere else.
 """
@@ -41,11 +41,11 @@ def eligible_ranges(eligible: torch.Tensor, shape: Sequence[int]
 
 
 def row_masks_of(jobs: Sequence[tuple], scores: torch.Tensor, tiebreak: torch.Tensor,
-                 eligible: torch.Tensor, first_key: torch.Tensor
-                 ) -> dict | None:
+                 eligible: torch.Tensor, first_key: torch.Tensor, ranges=None) -> dict | None:
     """``{job key: (PackedMask, counts int64 [batch, 3])}`` for ``jobs`` (``(key, job)``
     with ``.rate``, ``.mode``, one metric) over ``scores`` ``[b, h, q, w]``, or None where
-    the kernel does not apply (then rank with torch)."""
+    the kernel does not apply (then rank with torch). ``ranges``: :func:`eligible_ranges`
+    of ``eligible``, where the caller has it (one piece's metrics share it)."""
     from cwlens.engine import native
 
     if not NATIVE or scores.dim() != 4 or scores.dtype != torch.float32 or scores.device.type != "cpu":
@@ -53,15 +53,19 @@ def row_masks_of(jobs: Sequence[tuple], scores: torch.Tensor, tiebreak: torch.Te
     if not native.available():
         return None
     shape = tuple(scores.shape)
-    ranges = eligible_ranges(eligible, shape)
-    if ranges is None or bool(torch.isnan(scores).any()):
+    if ranges is None:
+        ranges = eligible_ranges(eligible, shape)
+    if ranges is None:
         return None
     lo, hi, n = ranges
     b = shape[0]
     first = first_key.reshape(first_key.shape[0], -1).expand(b, -1)
     first_at = torch.where(first.any(-1), first.to(torch.uint8).argmax(-1), -1)
     ks = torch.stack([n_to_mask(job.rate, n) for _, job in jobs])
-    bits, counts = native.row_masks(scores, tiebreak.to(scores.device), lo, hi, first_at,
-                                    [_MODES[job.mode] for _, job in jobs], ks)
+    out = native.row_masks(scores, tiebreak.to(scores.device), lo, hi, first_at,
+                           [_MODES[job.mode] for _, job in jobs], ks)
+    if out is None:  # an eligible score is NaN
+        return None
+    bits, counts = out
     per_sample = counts.sum((2, 3), dtype=torch.int64)  # [jobs, b, 3]
     return {key: (PackedMask(bits[i], shape), per_sample[i]) for i, (key, _) in enumerate(jobs)}

@@ -142,9 +142,9 @@ def row_topk(x: torch.Tensor, k: int, by_abs: bool = False, scale: torch.Tensor 
 
 def row_masks(scores: torch.Tensor, ties: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
               first: torch.Tensor, modes: list[int], ks: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-scope masks of several jobs over ``scores`` ``[b, h, q, width]`` (float32, CPU,
-    no NaN), ordered by score, then ``ties`` (same shape), then key position (the order of
+              ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Row-scope masks of several jobs over ``scores`` ``[b, h, q, width]`` (float32, CPU),
+    ordered by score, then ``ties`` (same shape), then key position (the order of
     :func:`cwlens.faithfulness.ranking.rank_entries`), in one call (``row_masks.c``).
 
     ``lo``/``hi`` int64 ``[b, e, q]`` (``e`` 1 or ``h``): row ``(b, h, q)`` ranks keys
@@ -153,7 +153,7 @@ def row_masks(scores: torch.Tensor, ties: torch.Tensor, lo: torch.Tensor, hi: to
     worst); ``ks`` int64 ``[jobs, b, e, q]``: ``k`` of each job and row. Returns ``(bits
     uint8 [jobs, b, h, q, ceil(width / 8)]`` (:class:`cwlens.core.bitmask.PackedMask`'s
     layout), ``counts int32 [jobs, b, h, q, 3]``: removed, removed by the tie-break, removed
-    on the first token)."""
+    on the first token), or None where an eligible score is NaN (rank those with torch)."""
     lib = library()
     if lib is None:
         raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
@@ -180,6 +180,8 @@ def row_masks(scores: torch.Tensor, ties: torch.Tensor, lo: torch.Tensor, hi: to
                                       lo.data_ptr(), hi.data_ptr(), int(e == h and h > 1), b * e * q,
                                       first.data_ptr(), n_jobs, mode_t.data_ptr(), ks.data_ptr(),
                                       bits.data_ptr(), counts.data_ptr(), torch.get_num_threads())
+        if failed == -2:
+            return None  # an eligible score is NaN: torch ranks these
         if failed:
             raise MemoryError(f"row_masks: out of memory for rows of {width} keys")
     return bits, counts

@@ -10,11 +10,12 @@
    job's packed mask (bit j % 8 of byte j / 8, as cwlens.core.bitmask.PackedMask), and
    three counts of the row are written: removed, removed by the tie-break (the cut falls
    inside a run of equal scores: the removed entries scored like the cut), removed on
-   the row's first real token (cwlens.faithfulness.cut_counts, the same numbers).
+   the row's first real token (cwlens.faithfulness.cut_counts, the same numbers). An
+   eligible NaN score stops it (returns -2: the caller ranks with torch).
 
    No sort: the k-th key of every job is found by one selection with several targets
-   (a three-way quickselect), then each mask is one pass over the row's keys. The scores
-   must not be NaN (the caller checks). Rows are split over n_threads POSIX threads. */
+   (a quickselect), then each mask is one pass over the row's keys. Rows are split over
+   n_threads POSIX threads. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -132,17 +133,24 @@ typedef struct {
     int32_t *counts;
 } Work;
 
-static void one_row(const Work *w, int64_t r, uint64_t *keys, uint64_t *sel, int64_t *want, int64_t *cut) {
+/* 0, or 1 where an eligible score is NaN (the caller ranks with torch then) */
+static int one_row(const Work *w, int64_t r, uint64_t *keys, uint64_t *sel, int64_t *want, int64_t *cut) {
     int64_t q = r % w->queries, h = (r / w->queries) % w->heads, b = r / (w->queries * w->heads);
     int64_t g = (w->range_heads ? b * w->heads + h : b) * w->queries + q;
     int64_t lo = w->lo_of[g], hi = w->hi_of[g];
     if (lo < 0) lo = 0;
     if (hi > w->width) hi = w->width;
     int64_t n = hi - lo;
-    if (n <= 0) return;
+    if (n <= 0) return 0;
     const float *s = w->scores + r * w->width + lo, *t = w->ties + r * w->width + lo;
-    for (int64_t i = 0; i < n; i++)
+    uint32_t nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, s + i, 4);
+        nan |= (bits & 0x7FFFFFFFu) > 0x7F800000u;  /* by its bits: built -ffinite-math-only */
         keys[i] = ((uint64_t)ordered(s[i]) << 32) | ordered(t[i]);
+    }
+    if (nan) return 1;
     /* the ascending position of each job's cut key: comprehensiveness n - k, sufficiency k - 1 */
     int nw = 0;
     for (int j = 0; j < w->n_jobs; j++) {
@@ -152,7 +160,7 @@ static void one_row(const Work *w, int64_t r, uint64_t *keys, uint64_t *sel, int
         cut[j] = k == 0 ? -1 : (w->modes[j] == 0 ? n - k : k - 1);
         if (cut[j] >= 0) want[nw++] = cut[j];
     }
-    if (nw == 0) return;
+    if (nw == 0) return 0;
     for (int a = 1; a < nw; a++) {  /* sort the targets, drop repeats */
         int64_t v = want[a];
         int c = a;
@@ -209,6 +217,7 @@ static void one_row(const Work *w, int64_t r, uint64_t *keys, uint64_t *sel, int
         cnt[1] = kept_same ? (int32_t)same_score : 0;
         cnt[2] = on_first;
     }
+    return 0;
 }
 
 static void *run_rows(void *arg) {
@@ -219,10 +228,11 @@ static void *run_rows(void *arg) {
         free(keys); free(want);
         return (void *)1;
     }
-    for (int64_t r = w->row0; r < w->row1; r++)
-        one_row(w, r, keys, keys + w->width, want, want + w->n_jobs);
+    int nan = 0;
+    for (int64_t r = w->row0; r < w->row1 && !nan; r++)
+        nan = one_row(w, r, keys, keys + w->width, want, want + w->n_jobs);
     free(keys); free(want);
-    return 0;
+    return nan ? (void *)2 : 0;
 }
 
 /* scores, ties: [n_rows, width], n_rows = batch * heads * queries (row r = (b, h, q));
@@ -252,14 +262,19 @@ int cwlens_row_masks(const float *scores, const float *ties, int64_t n_rows, int
         works[t] = w;
         started[t] = t > 0 && pthread_create(&threads[t], 0, run_rows, &works[t]) == 0;
     }
-    int failed = run_rows(&works[0]) != 0;
+    void *rets[MAX_THREADS];
+    rets[0] = run_rows(&works[0]);
     for (int t = 1; t < n_threads; t++) {
-        void *ret = 0;
-        if (started[t]) pthread_join(threads[t], &ret);
-        else ret = run_rows(&works[t]);
-        failed |= ret != 0;
+        rets[t] = 0;
+        if (started[t]) pthread_join(threads[t], &rets[t]);
+        else rets[t] = run_rows(&works[t]);
     }
-    return failed ? -1 : 0;
+    int out = 0;
+    for (int t = 0; t < n_threads; t++) {
+        if (rets[t] == (void *)1) return -1;  /* out of memory */
+        if (rets[t] == (void *)2) out = -2;  /* a NaN score */
+    }
+    return out;
 }
 
 /* out[r, j] = +0.0 where bit j of row r of `bits` is set, else x[r, j]: a packed mask
