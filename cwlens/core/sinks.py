@@ -146,11 +146,14 @@ def key_onehot(index: torch.Tensor, n_key: int, dtype=torch.bool) -> torch.Tenso
 def random_non_sink_index(
     sink_index: torch.Tensor, n_pos: int, generator: torch.Generator | None = None,
     min_offset: int = 1, position_mask: PositionMask | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A control position per row, uniform over the real positions ``>= sink + min_offset``.
 
     ``position_mask`` (``[batch, n_pos]``, True on real tokens) keeps the control off pad
     tokens (right padding puts them after the sink); without it every position counts.
+    ``uniforms`` (``[batch]`` in [0, 1)): each row's draw, given (e.g. seeded per sample,
+    so that a row's control does not depend on its batch); else drawn from ``generator``.
     Returns ``[batch]`` long.
     """
     pos = torch.arange(n_pos)
@@ -166,7 +169,7 @@ def random_non_sink_index(
             f"position at least {min_offset} after the sink); sink indices "
             f"{sink_index.tolist()}, real tokens per row {real.tolist()}, candidates per row "
             f"{count.tolist()}. Use longer texts (CLI: --max-tokens 2 or more).")
-    u = torch.rand(sink_index.shape[0], generator=generator)
+    u = torch.rand(sink_index.shape[0], generator=generator) if uniforms is None else uniforms.cpu().double()
     k = (u * count).long().clamp_max(count - 1)  # the k-th candidate of each row
     index = (ok.cumsum(-1) <= k[:, None]).sum(-1)
     return index.to(sink_index.device)

@@ -4,7 +4,8 @@ For each ``scale`` the value vector of the sink (``hook_v`` at the first real to
 each row; all kv heads of the chosen ``layers``, default all layers at once) is
 multiplied by ``scale`` (0 removes ``a_i0 v~_0`` from every head output). The control
 applies the same to one random non-sink position per row (uniform over the real tokens
-after the sink, seeded; never a pad, whatever the padding side).
+after the sink, never a pad, whatever the padding side), drawn from ``(seed, sample id)``:
+a text's control is the same whatever batch it is in (:func:`sample_uniform`).
 
 Measured against the clean run:
 
@@ -16,8 +17,10 @@ Measured against the clean run:
   v~_j^h)`` (the head output against the mean direction of the tail's projected values)
   before and after, over all ``(head, query)`` entries after the sink and over the
   *low-norm* ones: clean ``||o_i^h||`` below the :data:`LOW_NORM_QUANTILE` of that layer's
-  clean head-output norms in the batch.
+  clean head-output norms in the sample (its own heads and queries: not its batch's).
 """
+
+import zlib
 
 import pandas as pd
 import torch
@@ -34,6 +37,13 @@ from cwlens.engine.streaming import stream_geometry
 from cwlens.runs.progress import tick
 
 LOW_NORM_QUANTILE = 0.25  # heads below this quantile of their layer's clean output norm are low-norm
+
+
+def sample_uniform(seed: int, sample_id) -> float:
+    """The random control's draw for one sample: a uniform in [0, 1) seeded by ``(seed,
+    sample id)`` alone, so its control position does not depend on the batch it is in."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"sink-control:{seed}:{sample_id}".encode()))
+    return float(torch.rand(1, generator=g, dtype=torch.float64))
 
 
 def nll_per_row(logits: "lm.LMOutput", tokens: torch.Tensor, attention_mask=None):
@@ -90,9 +100,9 @@ def sink_norm_intervention(
     ids = list(range(b)) if sample_ids is None else list(sample_ids)
     sink = first_real_index(mask, b, tokens.device)
     targets = {"sink": sink}
-    if control:
-        gen = torch.Generator().manual_seed(seed)
-        targets["random"] = random_non_sink_index(sink, n, gen, position_mask=mask)
+    if control:  # one draw per sample, from (seed, its id): the same in any batch
+        draws = torch.tensor([sample_uniform(seed, sid) for sid in ids], dtype=torch.float64)
+        targets["random"] = random_non_sink_index(sink, n, position_mask=mask, uniforms=draws)
 
     chunk = lm.chunk_for(n)  # long inputs: NLL in chunks, no [batch, n, vocab] logits
 
@@ -109,9 +119,11 @@ def sink_norm_intervention(
     ppl_rows = [(ids[i], "clean", 1.0, float(nll0[i]), int(cnt0[i])) for i in range(b)]
     head_rows = []
     low = {}
-    for ly, (norm, _, valid) in clean.items():
-        thr = torch.quantile(norm[valid].float(), LOW_NORM_QUANTILE) if valid.any() else 0.0
-        low[ly] = valid & (norm < thr)
+    for ly, (norm, _, valid) in clean.items():  # each sample's own threshold, not its batch's
+        thr = torch.stack([torch.quantile(norm[i][valid[i]].float(), LOW_NORM_QUANTILE)
+                           if valid[i].any() else norm.new_zeros((), dtype=torch.float32)
+                           for i in range(b)])
+        low[ly] = valid & (norm < thr.to(norm.dtype)[:, None, None])
     for target, index in targets.items():
         for scale in scales:
             nll, cnt, after = run(sink_value_hooks(model, scale, index, layers))

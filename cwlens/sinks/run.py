@@ -94,7 +94,7 @@ def analyse_batch(model, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str
     parts = {k: pd.concat([t[k] for t in per_layer], ignore_index=True) for k in per_layer[0]}
     if cfg.intervention:
         parts["ppl"], parts["norm"] = norm_intervention.sink_norm_intervention(
-            model, tokens, mask, scales=cfg.scales, seed=cfg.seed + bi, sample_ids=ids
+            model, tokens, mask, scales=cfg.scales, seed=cfg.seed, sample_ids=ids
         )
     return parts
 
