@@ -200,8 +200,9 @@ def intervention_figure(ppl_summary, norm, model_label=""):
     fig.update_xaxes(title_text="layer", row=1, col=3)
     fig.update_yaxes(title_text="norm ratio (log)", type="log", row=1, col=3)
     fig.update_layout(legend=dict(orientation="h", y=-0.2))
-    return _layout(fig, f"{model_label}: scaling the sink's value vector vs a random token's "
-                   "(low-norm = clean ‖o_i^h‖ in the bottom 25% of its layer)", width=1600, height=560)
+    return _layout(fig, f"{model_label}: scaling the sink's value vector vs a random token's<br>"
+                   "<sup>control: one random token per text; low-norm = clean ‖o_i^h‖ in the bottom "
+                   "25% of the text's heads and queries in that layer</sup>", width=1600, height=580)
 
 
 def observed_figure(bins_by_layer, head_fits, model_label=""):

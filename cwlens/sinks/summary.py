@@ -65,6 +65,25 @@ def summarize(t: dict[str, pd.DataFrame], eps: float = statistics.EPS_GU) -> dic
                 out[f"cone_low_after_{target}"] = float(z["cone_after_low"].mean())
                 out[f"norm_ratio_low_{target}"] = float(z["norm_ratio_low"].mean())
                 out[f"norm_ratio_all_{target}"] = float(z["norm_ratio_all"].mean())
+        if "ppl" in t:
+            out["sink_vs_control"] = sink_vs_control(t["ppl"])
+    return out
+
+
+def sink_vs_control(ppl: pd.DataFrame) -> dict:
+    """Per scale, the sink against the random control text by text: ``{scale: {mean, low,
+    high, n, sink_worse}}``, the paired bootstrap of the per-token NLL (``nll_sum /
+    n_tokens``) of sink minus control (:func:`cwlens.core.bootstrap.paired_bootstrap`, 95%)
+    and the texts where the sink's NLL is higher."""
+    from cwlens.core.bootstrap import paired_bootstrap
+
+    out = {}
+    per = ppl.assign(nll=ppl["nll_sum"] / ppl["n_tokens"].clip(lower=1))
+    for scale in sorted(set(per.loc[per.target == "sink", "scale"]) & set(per.loc[per.target == "random", "scale"])):
+        p = per[per.scale == scale].pivot(index="sample", columns="target", values="nll")
+        d = paired_bootstrap(p["random"].to_numpy(), p["sink"].to_numpy())
+        out[f"{scale:g}"] = {"mean": d.mean, "low": d.low, "high": d.high, "n": int(d.n),
+                             "sink_worse": int((p["sink"] > p["random"]).sum())}
     return out
 
 
@@ -172,6 +191,11 @@ def format_summary(s: dict) -> str:
     if "ppl" in s:
         lines.append("  sink-norm intervention (all layers): " + ", ".join(
             f"{k}: PPL {v[0]:.2f} ({v[1]:+.2f})" for k, v in s["ppl"].items()))
+        for scale, d in s.get("sink_vs_control", {}).items():
+            lines.append(
+                f"  per text, sink - random control at value x{scale}: mean NLL/token "
+                f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] (95% paired bootstrap; "
+                f"sink worse in {d['sink_worse']} of {d['n']} texts)")
         if "cone_low_before_sink" in s:
             lines.append(
                 f"  cone cosine of low-norm heads, sink value zeroed: "
