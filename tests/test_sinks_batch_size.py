@@ -56,3 +56,21 @@ def test_given_uniforms_pick_the_kth_real_candidate():
     sink = first_real_index(mask, 2, torch.device("cpu"))
     got = random_non_sink_index(sink, 6, position_mask=mask, uniforms=torch.tensor([0.0, 0.999]))
     assert got.tolist() == [3, 5]  # the first candidate after the sink, the last one
+
+
+def test_sink_vs_control_pairs_texts_per_scale():
+    import pandas as pd
+
+    from cwlens.sinks.summary import sink_vs_control
+
+    rows = []
+    for i, (sink, rnd) in enumerate([(2.0, 1.0), (3.0, 2.5), (1.0, 1.5), (4.0, 2.0)]):
+        rows += [(f"s{i}", "clean", 1.0, 1.0 * 10, 10), (f"s{i}", "sink", 0.0, sink * 10, 10),
+                 (f"s{i}", "random", 0.0, rnd * 10, 10)]
+    ppl = pd.DataFrame(rows, columns=["sample", "target", "scale", "nll_sum", "n_tokens"])
+    got = sink_vs_control(ppl)
+    assert list(got) == ["0"]
+    d = got["0"]
+    assert d["n"] == 4 and d["sink_worse"] == 3
+    assert abs(d["mean"] - (1.0 + 0.5 - 0.5 + 2.0) / 4) < 1e-12
+    assert d["low"] < d["mean"] < d["high"]
