@@ -3,6 +3,8 @@ lists with and without it: the same values everywhere, the same keys where no tw
 tie (the kernel keeps equal values in key order; torch.topk's order among them is its own).
 """
 
+import shutil
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -157,3 +159,25 @@ def test_a_mask_with_holes_is_ranked_by_torch(monkeypatch):
     monkeypatch.setattr(row_topk, "NATIVE", False)
     slow = cwlens.stream_reduce(model, tokens, [reducers.TopK(3)], attention_mask=mask, query_block=4)
     assert torch.equal(fast["top3_contribution"].indices, slow["top3_contribution"].indices)
+
+
+@pytest.mark.parametrize("value, built", [("no", False), ("OFF", False), ("false", False),
+                                          ("yes", True), ("True", True)])
+def test_the_switch_takes_the_usual_words(monkeypatch, value, built):
+    from cwlens.engine.native import _state
+
+    monkeypatch.delitem(_state, "lib", raising=False)
+    monkeypatch.setenv("CWLENS_NATIVE", value)
+    assert native.available() == (built and shutil.which("cc") is not None)
+    monkeypatch.delitem(_state, "lib", raising=False)
+
+
+def test_a_misspelt_switch_is_refused(monkeypatch):
+    from cwlens.engine.native import _state
+    from cwlens.errors import InvalidArgumentError
+
+    monkeypatch.delitem(_state, "lib", raising=False)
+    monkeypatch.setenv("CWLENS_NATIVE", "nope")
+    with pytest.raises(InvalidArgumentError, match="CWLENS_NATIVE='nope'.*0 \\(or false"):
+        native.available()
+    monkeypatch.delitem(_state, "lib", raising=False)
