@@ -2,10 +2,11 @@
 
 :func:`row_topk` ranks each row of a block of attention measures in one pass
 (``row_topk.c``): the streamed pass's top-k lists on the CPU, where ``torch.topk`` costs
-~10 ns a key. ``row_masks.c`` serves the faithfulness sweep: :func:`row_masks` makes
-every row-scope mask of a metric (each cut selected, no sort, written bit-packed, with
-its counts), :func:`zero_masked` applies a packed mask to attention weights in one pass,
-:func:`uniforms` draws the seeded tie-break and random-control uniforms. The sources are
+~10 ns a key. The faithfulness sweep's: :func:`row_masks` (``row_masks.c``) makes every
+row-scope mask of a metric (each cut selected, no sort, written bit-packed, with its
+counts), :func:`zero_masked` (``zero_masked.c``) applies a packed mask to attention
+weights in one pass, :func:`uniforms` (``uniforms.c``) draws the seeded tie-break and
+random-control uniforms. The sources are
 compiled once per machine (``cc -O3 -march=native``, a second or two) into
 ``$CWLENS_CACHE`` (default ``~/.cache/cwlens``)/native, named by a hash of the sources,
 the flags and the CPU's features, so that a home folder shared by different machines
@@ -26,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = (Path(__file__).with_name("row_topk.c"), Path(__file__).with_name("row_masks.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in
+                ("row_topk.c", "row_masks.c", "zero_masked.c", "uniforms.c"))
 # -ffinite-math-only -fno-signed-zeros: the chunk maxima vectorise (5x faster); the values
 # ranked are finite (cwlens checks every measure it ranks, and a <= 1 times a finite norm)
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
@@ -210,7 +212,7 @@ def zero_masked(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """``x`` (float32 CPU ``[..., width]``) with the entries whose bit is set in ``bits``
     (uint8 ``[..., >= ceil(width / 8)]``, :class:`cwlens.core.bitmask.PackedMask`'s
     layout, the same leading shape) set to 0: a packed mask applied in one pass, without
-    unpacking it (``row_masks.c``)."""
+    unpacking it (``zero_masked.c``)."""
     lib = library()
     if lib is None:
         raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
@@ -230,7 +232,7 @@ def uniforms(rows: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype) -> torc
     """``[len(rows), len(keys)]`` seeded uniforms in [0, 1) (float64, or rounded once to
     float32) from each row's hash ``rows`` and the key positions ``keys`` (int64): the
     values of :func:`cwlens.faithfulness.ranking.uniforms_at`'s per-entry hash, in one
-    pass (``row_masks.c``)."""
+    pass (``uniforms.c``)."""
     lib = library()
     if lib is None:
         raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
