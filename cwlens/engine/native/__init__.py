@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in
-                ("row_topk.c", "row_masks.c", "zero_masked.c", "uniforms.c"))
+                ("parallel.c", "row_topk.c", "row_masks.c", "zero_masked.c", "uniforms.c"))
+HEADERS = (Path(__file__).with_name("parallel.h"),)  # in the build's name, not on its command line
 # -ffinite-math-only -fno-signed-zeros: the chunk maxima vectorise (5x faster); the values
 # ranked are finite (cwlens checks every measure it ranks, and a <= 1 times a finite norm)
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
@@ -73,7 +74,7 @@ def _build() -> ctypes.CDLL | None:
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         return None
-    source = b"\0".join(path.read_bytes() for path in SOURCES)
+    source = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     tag = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), platform.machine().encode(),
                                      _cpu_features().encode()])).hexdigest()[:16]
     target = _cache_dir() / f"kernels-{tag}.so"

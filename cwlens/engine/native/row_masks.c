@@ -15,11 +15,12 @@
 
    No sort: the k-th key of every job is found by one selection with several targets
    (a quickselect), then each mask is one pass over the row's keys. Rows are split over
-   n_threads POSIX threads. */
-#include <pthread.h>
+   n_threads threads (parallel.h). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "parallel.h"
 
 /* float32 bits -> uint32 in the same order as the floats (-0.0 as 0.0): the unsigned
    twin of cwlens.faithfulness.ranking.sort_key (sort_key(x) + 2^31) */
@@ -127,7 +128,7 @@ typedef struct {
     const float *scores, *ties;
     const int64_t *lo_of, *hi_of, *first_of, *k_of;
     const int32_t *modes;
-    int64_t row0, row1, width, heads, queries, range_heads, n_ranges, n_rows, n_bytes;
+    int64_t width, heads, queries, range_heads, n_ranges, n_rows, n_bytes;
     int n_jobs;
     uint8_t *bits;
     int32_t *counts;
@@ -220,59 +221,37 @@ static int one_row(const Work *w, int64_t r, uint64_t *keys, uint64_t *sel, int6
     return 0;
 }
 
-static void *run_rows(void *arg) {
+/* 0; 1: an eligible NaN score; 2: out of memory */
+static int run_rows(const void *arg, int64_t row0, int64_t row1) {
     const Work *w = (const Work *)arg;
     uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(2 * w->width + 1));
     int64_t *want = malloc(sizeof(int64_t) * (size_t)(2 * w->n_jobs + 1));
     if (!keys || !want) {
         free(keys); free(want);
-        return (void *)1;
+        return 2;
     }
     int nan = 0;
-    for (int64_t r = w->row0; r < w->row1 && !nan; r++)
+    for (int64_t r = row0; r < row1 && !nan; r++)
         nan = one_row(w, r, keys, keys + w->width, want, want + w->n_jobs);
     free(keys); free(want);
-    return nan ? (void *)2 : 0;
+    return nan;
 }
 
 /* scores, ties: [n_rows, width], n_rows = batch * heads * queries (row r = (b, h, q));
    lo_of, hi_of: the eligible range of range g = (b, h if range_heads else -, q);
    first_of[b]: the first real key of text b (-1: none); modes[n_jobs]: 0 / 1;
    k_of[n_jobs, n_ranges]: the entries each job removes in each range's rows;
-   bits: uint8 [n_jobs, n_rows, ceil(width / 8)], zeroed; counts: int32 [n_jobs, n_rows, 3], zeroed. */
+   bits: uint8 [n_jobs, n_rows, ceil(width / 8)], zeroed; counts: int32 [n_jobs, n_rows, 3], zeroed.
+   Returns 0, -1 (out of memory) or -2 (an eligible NaN score). */
 int cwlens_row_masks(const float *scores, const float *ties, int64_t n_rows, int64_t width,
                      int64_t heads, int64_t queries, const int64_t *lo_of, const int64_t *hi_of,
                      int64_t range_heads, int64_t n_ranges, const int64_t *first_of, int n_jobs,
                      const int32_t *modes, const int64_t *k_of, uint8_t *bits, int32_t *counts,
                      int n_threads) {
-    enum { MAX_THREADS = 64 };
     if (n_rows < 1 || n_jobs < 1 || width < 1)
         return 0;
-    if (n_threads < 1) n_threads = 1;
-    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
-    if (n_threads > n_rows) n_threads = (int)n_rows;
-    Work works[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS];
-    int64_t n_bytes = (width + 7) / 8;
-    for (int t = 0; t < n_threads; t++) {
-        Work w = {scores, ties, lo_of, hi_of, first_of, k_of, modes, n_rows * t / n_threads,
-                  n_rows * (t + 1) / n_threads, width, heads, queries, range_heads, n_ranges, n_rows,
-                  n_bytes, n_jobs, bits, counts};
-        works[t] = w;
-        started[t] = t > 0 && pthread_create(&threads[t], 0, run_rows, &works[t]) == 0;
-    }
-    void *rets[MAX_THREADS];
-    rets[0] = run_rows(&works[0]);
-    for (int t = 1; t < n_threads; t++) {
-        rets[t] = 0;
-        if (started[t]) pthread_join(threads[t], &rets[t]);
-        else rets[t] = run_rows(&works[t]);
-    }
-    int out = 0;
-    for (int t = 0; t < n_threads; t++) {
-        if (rets[t] == (void *)1) return -1;  /* out of memory */
-        if (rets[t] == (void *)2) out = -2;  /* a NaN score */
-    }
-    return out;
+    Work w = {scores, ties, lo_of, hi_of, first_of, k_of, modes, width, heads, queries, range_heads,
+              n_ranges, n_rows, (width + 7) / 8, n_jobs, bits, counts};
+    int code = cwlens_parallel_rows(run_rows, &w, n_rows, n_threads);
+    return code == 2 ? -1 : code == 1 ? -2 : 0;
 }

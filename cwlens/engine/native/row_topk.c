@@ -12,19 +12,19 @@
    Two passes a row: the maximum of each chunk of CHUNK keys (a plain loop the compiler
    vectorises), then the k-th largest of those maxima, T, bounds the k-th largest value
    from below, so only the chunks whose maximum reaches T are looked at key by key, in key
-   order (typically k chunks). Rows are split over n_threads POSIX threads (no OpenMP
-   runtime beside torch's). */
+   order (typically k chunks). Rows are split over n_threads threads (parallel.h). */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "parallel.h"
 
 #define CHUNK 32
 
 typedef struct {
     const float *x, *scale;
     const int64_t *lo_of, *hi_of;
-    int64_t row0, row1, stride, rows_per_scale, scale_stride, n_ranges, width;
+    int64_t stride, rows_per_scale, scale_stride, n_ranges, width;
     int k, by_abs;
     int32_t *out_idx;
     float *out_val;
@@ -84,16 +84,16 @@ static void one_row(const float *row, const float *srow, int64_t lo, int64_t hi,
     }
 }
 
-static void *run_rows(void *arg) {
+static int run_rows(const void *arg, int64_t row0, int64_t row1) {
     const Job *a = (const Job *)arg;
     float *cmax = malloc(sizeof(float) * (size_t)((a->width + CHUNK - 1) / CHUNK + 1));
     float *tv = malloc(sizeof(float) * (size_t)a->k);
     int32_t *ti = malloc(sizeof(int32_t) * (size_t)a->k);
     if (!cmax || !tv || !ti) {
         free(cmax); free(tv); free(ti);
-        return (void *)1;
+        return 1;
     }
-    for (int64_t r = a->row0; r < a->row1; r++) {
+    for (int64_t r = row0; r < row1; r++) {
         const float *srow = a->scale ? a->scale + (r / a->rows_per_scale) * a->scale_stride : 0;
         int64_t lo = a->lo_of ? a->lo_of[r % a->n_ranges] : 0;
         int64_t hi = a->hi_of ? a->hi_of[r % a->n_ranges] : a->width;
@@ -110,27 +110,9 @@ int cwlens_row_topk(const float *x, int64_t n_rows, int64_t stride, int64_t widt
                     const float *scale, int64_t rows_per_scale, int64_t scale_stride,
                     const int64_t *lo_of, const int64_t *hi_of, int64_t n_ranges,
                     int k, int by_abs, int32_t *out_idx, float *out_val, int n_threads) {
-    enum { MAX_THREADS = 64 };
     if (k < 1 || n_rows < 1)
         return 0;  /* nothing to rank (the caller filled its outputs) */
-    if (n_threads < 1) n_threads = 1;
-    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
-    if (n_threads > n_rows) n_threads = n_rows > 0 ? (int)n_rows : 1;
-    Job jobs[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS];
-    for (int t = 0; t < n_threads; t++) {
-        Job j = {x, scale, lo_of, hi_of, n_rows * t / n_threads, n_rows * (t + 1) / n_threads, stride,
-                 rows_per_scale, scale_stride, n_ranges, width, k, by_abs, out_idx, out_val};
-        jobs[t] = j;
-        started[t] = t > 0 && pthread_create(&threads[t], 0, run_rows, &jobs[t]) == 0;
-    }
-    int failed = run_rows(&jobs[0]) != 0;
-    for (int t = 1; t < n_threads; t++) {
-        void *ret = 0;
-        if (started[t]) pthread_join(threads[t], &ret);
-        else ret = run_rows(&jobs[t]);  /* no thread: run its rows here */
-        failed |= ret != 0;
-    }
-    return failed ? -1 : 0;  /* -1: out of memory */
+    Job job = {x, scale, lo_of, hi_of, stride, rows_per_scale, scale_stride, n_ranges, width, k, by_abs,
+               out_idx, out_val};
+    return cwlens_parallel_rows(run_rows, &job, n_rows, n_threads) ? -1 : 0;  /* -1: out of memory */
 }

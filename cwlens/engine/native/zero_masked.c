@@ -1,7 +1,8 @@
 /* A packed mask applied to attention weights, for cwlens.engine.interventions.value_masking
    (loaded by cwlens/engine/native/__init__.py, which compiles this file on first use). */
-#include <pthread.h>
 #include <stdint.h>
+
+#include "parallel.h"
 
 /* out[r, j] = +0.0 where bit j of row r of `bits` is set, else x[r, j]: a packed mask
    applied to rows of attention weights (x, out: [n_rows, width] float32; bits: rows of
@@ -10,12 +11,12 @@ typedef struct {
     const float *x;
     const uint8_t *bits;
     float *out;
-    int64_t row0, row1, width, bit_stride;
+    int64_t width, bit_stride;
 } Zero;
 
-static void *zero_rows(void *arg) {
+static int zero_rows(const void *arg, int64_t row0, int64_t row1) {
     const Zero *z = (const Zero *)arg;
-    for (int64_t r = z->row0; r < z->row1; r++) {
+    for (int64_t r = row0; r < row1; r++) {
         const uint32_t *x = (const uint32_t *)(z->x + r * z->width);  /* the floats' bits */
         const uint8_t *b = z->bits + r * z->bit_stride;
         uint32_t *o = (uint32_t *)(z->out + r * z->width);
@@ -33,24 +34,8 @@ static void *zero_rows(void *arg) {
 
 int cwlens_zero_masked(const float *x, const uint8_t *bits, float *out, int64_t n_rows, int64_t width,
                        int64_t bit_stride, int n_threads) {
-    enum { MAX_THREADS = 64 };
     if (n_rows < 1 || width < 1)
         return 0;
-    if (n_threads < 1) n_threads = 1;
-    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
-    if (n_threads > n_rows) n_threads = (int)n_rows;
-    Zero zs[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS];
-    for (int t = 0; t < n_threads; t++) {
-        Zero z = {x, bits, out, n_rows * t / n_threads, n_rows * (t + 1) / n_threads, width, bit_stride};
-        zs[t] = z;
-        started[t] = t > 0 && pthread_create(&threads[t], 0, zero_rows, &zs[t]) == 0;
-    }
-    zero_rows(&zs[0]);
-    for (int t = 1; t < n_threads; t++) {
-        if (started[t]) pthread_join(threads[t], 0);
-        else zero_rows(&zs[t]);
-    }
-    return 0;
+    Zero z = {x, bits, out, width, bit_stride};
+    return cwlens_parallel_rows(zero_rows, &z, n_rows, n_threads);
 }

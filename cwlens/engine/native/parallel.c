@@ -1,0 +1,43 @@
+/* cwlens_parallel_rows (parallel.h): the thread split every kernel of this folder uses. */
+#include <pthread.h>
+#include <stdint.h>
+
+#include "parallel.h"
+
+typedef struct {
+    cwlens_rows_fn fn;
+    const void *work;
+    int64_t row0, row1;
+    int code;
+} Part;
+
+static void *run_part(void *arg) {
+    Part *p = (Part *)arg;
+    p->code = p->fn(p->work, p->row0, p->row1);
+    return 0;
+}
+
+int cwlens_parallel_rows(cwlens_rows_fn fn, const void *work, int64_t n_rows, int n_threads) {
+    enum { MAX_THREADS = 64 };
+    if (n_rows < 1)
+        return 0;
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
+    if (n_threads > n_rows) n_threads = (int)n_rows;
+    Part parts[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    int started[MAX_THREADS];
+    for (int t = 0; t < n_threads; t++) {
+        Part p = {fn, work, n_rows * t / n_threads, n_rows * (t + 1) / n_threads, 0};
+        parts[t] = p;
+        started[t] = t > 0 && pthread_create(&threads[t], 0, run_part, &parts[t]) == 0;
+    }
+    run_part(&parts[0]);
+    int code = parts[0].code;
+    for (int t = 1; t < n_threads; t++) {
+        if (started[t]) pthread_join(threads[t], 0);
+        else run_part(&parts[t]);  /* no thread: run its rows here */
+        if (parts[t].code > code) code = parts[t].code;
+    }
+    return code;
+}
