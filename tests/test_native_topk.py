@@ -10,7 +10,7 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens.engine import native, reducers, row_topk
+from cwlens.engine import block_fused, native, reducers, row_topk
 from cwlens.testing import tiny_model
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: cwlens ranks with torch")
@@ -105,6 +105,7 @@ def test_streamed_topk_lists_equal_with_and_without_the_kernel(name, monkeypatch
     calls = []
     real = native.row_topk
     monkeypatch.setattr(native, "row_topk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(block_fused, "NATIVE", False)  # this kernel alone (the fused one: test_block_fused.py)
 
     def lists(input):
         rs = [reducers.TopK(5, m) for m in metrics] + [reducers.TopK(4, "contribution", by_abs=True, name="abs")]
@@ -155,7 +156,7 @@ def test_a_mask_with_holes_is_ranked_by_torch(monkeypatch):
     real = native.row_topk
     monkeypatch.setattr(native, "row_topk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     fast = cwlens.stream_reduce(model, tokens, [reducers.TopK(3)], attention_mask=mask, query_block=4)
-    assert not calls
+    assert not calls  # (nor the fused kernel: it needs the same ranges, tests/test_block_fused.py)
     monkeypatch.setattr(row_topk, "NATIVE", False)
     slow = cwlens.stream_reduce(model, tokens, [reducers.TopK(3)], attention_mask=mask, query_block=4)
     assert torch.equal(fast["top3_contribution"].indices, slow["top3_contribution"].indices)

@@ -9,7 +9,7 @@ from torch.testing import assert_close
 import cwlens
 from cwlens import reducers
 from cwlens.core._types import STREAM_METRICS
-from cwlens.engine import adapter, row_topk
+from cwlens.engine import adapter, block_fused, row_topk
 from cwlens.engine.batching import pad_batch
 from cwlens.errors import CwlensError, UnknownOptionError
 from cwlens.testing import ARCHITECTURES, tiny_model
@@ -198,6 +198,7 @@ def test_vwon_ranks_once_with_value_weighted(run, monkeypatch, native):
     if native and not kernel.available():
         pytest.skip("the C kernel is not built here (no compiler)")
     monkeypatch.setattr(row_topk, "NATIVE", native)
+    monkeypatch.setattr(block_fused, "NATIVE", False)  # the per-metric paths (the fused one: below)
     seen = []
     name = "_native_row_topk" if native else "_row_topk"
     real = getattr(row_topk, name)
@@ -206,6 +207,24 @@ def test_vwon_ranks_once_with_value_weighted(run, monkeypatch, native):
                                          reducers.TopK(2, "value_weighted_output_normalized")],
                          attention_mask=mask, query_block=None)
     assert len(seen) == model.cfg.n_layers
+
+
+def test_vwon_ranks_once_with_value_weighted_in_the_fused_kernel(run, monkeypatch):
+    """With the block's one C call (cwlens.engine.block_fused), both reducers read one call's
+    lists: one call per layer and text, and no per-metric top-k."""
+    model, tokens, mask, cache, _ = run
+    from cwlens.engine import native as kernel
+
+    if not kernel.available():
+        pytest.skip("the C kernel is not built here (no compiler)")
+    calls, real = [], kernel.block_measures
+    monkeypatch.setattr(kernel, "block_measures", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(row_topk, "_native_row_topk", lambda *a: pytest.fail("ranked again"))
+    monkeypatch.setattr(row_topk, "_row_topk", lambda *a: pytest.fail("ranked again"))
+    cwlens.stream_reduce(model, tokens, [reducers.TopK(2, "value_weighted"),
+                                         reducers.TopK(2, "value_weighted_output_normalized")],
+                         attention_mask=mask, query_block=None)
+    assert len(calls) == model.cfg.n_layers * tokens.shape[0]
 
 
 @pytest.mark.parametrize("kind", ["inter", "intra"])

@@ -227,7 +227,7 @@ class ColumnSums(Reducer):
         self._acc: dict[int, torch.Tensor] = {}
 
     def update(self, layer, query_start, weights, block):
-        s = _pattern_column_sums(weights, self.metric)
+        s = _pattern_column_sums(weights, self.metric)  # (or the block's fused sums)
         if s is None:
             s = weights[self.metric].sum(2)
         if self.sum_heads:
@@ -358,9 +358,11 @@ def _pattern_column_sums(weights, metric: str) -> torch.Tensor | None:
     summed). Equal to the sums of the measures up to float rounding (tests/test_stream.py)."""
     geo, kind = getattr(weights, "geometry", None), getattr(weights, "kind", None)
     cache = getattr(weights, "derived", None)
-    if metric not in _FROM_PATTERN or geo is None or kind is None or cache is None:
+    if cache is not None and ("column_sums", metric) in cache:  # cwlens.engine.block_fused
+        s = cache[("column_sums", metric)]
+    elif metric not in _FROM_PATTERN or geo is None or kind is None or cache is None:
         return None
-    if metric == "value_weighted_output_normalized":
+    elif metric == "value_weighted_output_normalized":
         inv = geo._inverse(kind, 1)  # [batch, head or 1, query]
         s = torch.matmul(inv[:, :, None, :].to(geo.pattern.dtype), geo.pattern).squeeze(-2)
         s = s * geo.value_norm

@@ -33,7 +33,7 @@ import torch
 from cwlens.core import metrics as _metrics
 from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
-from cwlens.engine import adapter, validation
+from cwlens.engine import adapter, block_fused, validation
 from cwlens.engine.adapter import Layers, TLModel
 from cwlens.engine.batching import batch_input
 from cwlens.engine.stream_pass import StreamedPass
@@ -452,10 +452,13 @@ def stream_reduce(
 
     causal = not adapter.is_encoder(model)
     windows = {ly: adapter.attention_window(model, ly) for ly in resolved}
+    plan = block_fused.plan_of(named.values())  # what one C call per block can answer
+    panels: dict[int, block_fused.LayerPanels] = {}
 
     def per_layer(layer: int, geo: AttentionGeometry) -> None:
         for r in named.values():
             r.start_layer(layer, geo)
+        layer_panels = block_fused.LayerPanels()
         n_q, n_k = geo.pattern.shape[2], geo.pattern.shape[3]
         step = n_q if query_block is None else (
             auto_query_block(n_k, geo.pattern.shape[0] * geo.pattern.shape[1], geo.pattern.device)
@@ -468,6 +471,7 @@ def stream_reduce(
             key_stop = geo.query_start + stop if causal else n_k
             block = geo if (step >= n_q and key_stop >= n_k) else geo.rows(start, stop, key_stop)
             weights = BlockMeasures(block, kind, n_k, causal, windows[layer])
+            block_fused.fill(weights, plan, layer_panels)
             for r in named.values():
                 r.update(layer, geo.query_start + start, weights, block)
             del weights, block
@@ -488,6 +492,7 @@ def stream_reduce(
         base = bases[layer]
         block = base.with_rows(rows, info.query_start)
         weights = BlockMeasures(block, kind, info.n_keys, causal, windows[layer])
+        block_fused.fill(weights, plan, panels.setdefault(layer, block_fused.LayerPanels()))
         for r in named.values():
             r.update(layer, info.query_start, weights, block)
         if closure:
@@ -501,6 +506,7 @@ def stream_reduce(
             for r in named.values():
                 r.end_layer(layer, base)
             del bases[layer]
+            panels.pop(layer, None)
             if closure:
                 engine.rebuilt_output(layer, rebuilt.pop(layer))
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in
-                ("parallel.c", "row_topk.c", "row_masks.c", "zero_masked.c", "uniforms.c"))
+                ("parallel.c", "row_topk.c", "row_masks.c", "zero_masked.c", "uniforms.c",
+                 "block_measures.c"))
 HEADERS = (Path(__file__).with_name("parallel.h"),)  # in the build's name, not on its command line
 # -ffinite-math-only -fno-signed-zeros: the chunk maxima vectorise (5x faster); the values
 # ranked are finite (cwlens checks every measure it ranks, and a <= 1 times a finite norm)
@@ -101,6 +102,10 @@ def _build() -> ctypes.CDLL | None:
     fn.restype = i32
     fn = lib.cwlens_uniforms
     fn.argtypes = [p, p, i64, i64, p, i32, i32]
+    fn.restype = i32
+    fn = lib.cwlens_block_measures
+    fn.argtypes = [p, i64, i64, p, p, i64, p, i64, p, i64, p, p, i64, i64, i64, i64, i64, i32, i32,
+                   p, p, p, i32]
     fn.restype = i32
     return lib
 
@@ -245,3 +250,76 @@ def uniforms(rows: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype) -> torc
     lib.cwlens_uniforms(rows.data_ptr(), keys.data_ptr(), len(rows), len(keys), out.data_ptr(),
                         int(dtype == torch.float64), torch.get_num_threads())
     return out
+
+
+# what block_measures computes (its `wants`): the three top-k lists, the column sums
+TOPK_METRICS = ("contribution", "attention", "value_weighted")
+
+
+def block_measures(alpha: torch.Tensor, u: torch.Tensor, vt: torch.Tensor | None, vnorm: torch.Tensor,
+                   inv1: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, k: int,
+                   topk: tuple[str, ...], column_sums: bool, contribution: bool
+                   ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None] | None:
+    """One text's block of the streamed pass in one call (``block_measures.c``).
+
+    ``alpha`` ``[head, q, width]`` (float32 CPU, last axis contiguous), ``u`` ``[head, q, d]``
+    (``o W_O^h^T / ||o||^2``), ``vt`` ``[kv_head, key // 16, d, 16]`` (the values in
+    panels of 16 keys, :func:`value_panels`), ``vnorm`` ``[head, >= width]``
+    (``||v~_j^h||``), ``inv1`` ``[head or 1, q]`` (``1 / ||o_i||``), ``lo``/``hi`` ``[q]``
+    int64: row ``i`` holds keys ``lo[i] <= j < hi[i]``.
+
+    Returns ``({metric: (indices int32, values) [head, q, k]} for each metric of topk (of
+    TOPK_METRICS), column sums [3, head, width] (of the contribution, of a, of
+    a / ||o||) or None)``, or None where a contribution is not finite (torch then computes
+    the block and names it). ``contribution`` False: the contribution is neither ranked
+    nor summed (its column-sum row is then 0)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
+    h, q, width = alpha.shape
+    if vt is None:  # not read: no contribution
+        if contribution:
+            raise ValueError("block_measures: the contribution needs the values (vt)")
+        vt = torch.zeros(1, -(-width // 16), u.shape[-1], 16).expand(h, -1, -1, -1)
+    kv, d = vt.shape[0], vt.shape[2]
+    tensors = (alpha, u, vt, vnorm, inv1)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        raise ValueError("block_measures takes float32 CPU tensors")
+    if (alpha.stride(-1) != 1 or u.shape != (h, q, d) or h % kv or vt.shape[1] * 16 < width or vt.shape[3] != 16
+            or vnorm.shape[0] != h or vnorm.shape[1] < width or inv1.shape[-1] != q
+            or inv1.shape[0] not in (1, h) or lo.shape != (q,) or hi.shape != (q,)):
+        raise ValueError(f"block_measures: shapes do not fit: alpha {tuple(alpha.shape)}, u "
+                         f"{tuple(u.shape)}, vt {tuple(vt.shape)}, vnorm {tuple(vnorm.shape)}, "
+                         f"inv1 {tuple(inv1.shape)}")
+    u, vnorm, inv1 = u.contiguous(), vnorm.contiguous(), inv1.contiguous()
+    if contribution:
+        vt = vt.contiguous()
+    lo, hi = lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous()
+    wants = int(contribution) | (16 if contribution and "contribution" in topk else 0)
+    wants |= (2 if "attention" in topk else 0) | (4 if "value_weighted" in topk else 0)
+    wants |= 8 if column_sums else 0
+    idx = torch.empty(3, h, q, k, dtype=torch.int32)
+    val = torch.empty(3, h, q, k, dtype=torch.float32)
+    cols = torch.zeros(3, h, width, dtype=torch.float32) if column_sums else None
+    code = lib.cwlens_block_measures(
+        alpha.data_ptr(), alpha.stride(0), alpha.stride(1), u.data_ptr(), vt.data_ptr(), vt.stride(0),
+        vnorm.data_ptr(), vnorm.stride(0), inv1.data_ptr(), q if inv1.shape[0] > 1 else 0,
+        lo.data_ptr(), hi.data_ptr(), h, h // kv, q, width, d, int(k), wants, idx.data_ptr(),
+        val.data_ptr(), None if cols is None else cols.data_ptr(), torch.get_num_threads())
+    if code == -2:
+        return None
+    if code:
+        raise MemoryError(f"block_measures: out of memory for rows of {width} keys")
+    tops = {m: (idx[i], val[i]) for i, m in enumerate(TOPK_METRICS) if m in topk}
+    return tops, cols
+
+
+def value_panels(v: torch.Tensor) -> torch.Tensor:
+    """``[key, kv_head, d]`` values as :func:`block_measures` reads them: ``[kv_head,
+    ceil(key / 16), d, 16]`` float32, contiguous, zero past the last key (each panel of 16
+    keys one run of memory)."""
+    n, kv, d = v.shape
+    nb = -(-n // 16)
+    out = torch.zeros(kv, nb * 16, d, dtype=torch.float32)
+    out[:, :n] = v.permute(1, 0, 2)
+    return out.view(kv, nb, 16, d).transpose(2, 3).contiguous()

@@ -1,34 +1,43 @@
-/* cwlens_parallel_rows (parallel.h): the thread split every kernel of this folder uses. */
+/* cwlens_parallel_rows and cwlens_parallel_indexed (parallel.h): the thread split every
+   kernel of this folder uses. */
 #include <pthread.h>
 #include <stdint.h>
 
 #include "parallel.h"
 
+enum { MAX_THREADS = 64 };
+
 typedef struct {
-    cwlens_rows_fn fn;
+    cwlens_part_fn fn;
     const void *work;
+    int part;
     int64_t row0, row1;
     int code;
 } Part;
 
 static void *run_part(void *arg) {
     Part *p = (Part *)arg;
-    p->code = p->fn(p->work, p->row0, p->row1);
+    p->code = p->fn(p->work, p->part, p->row0, p->row1);
     return 0;
 }
 
-int cwlens_parallel_rows(cwlens_rows_fn fn, const void *work, int64_t n_rows, int n_threads) {
-    enum { MAX_THREADS = 64 };
-    if (n_rows < 1)
-        return 0;
+int cwlens_parallel_parts(int64_t n_rows, int n_threads) {
+    if (n_rows < 1) return 0;
     if (n_threads < 1) n_threads = 1;
     if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
     if (n_threads > n_rows) n_threads = (int)n_rows;
+    return n_threads;
+}
+
+int cwlens_parallel_indexed(cwlens_part_fn fn, const void *work, int64_t n_rows, int n_threads) {
+    n_threads = cwlens_parallel_parts(n_rows, n_threads);
+    if (n_threads < 1)
+        return 0;
     Part parts[MAX_THREADS];
     pthread_t threads[MAX_THREADS];
     int started[MAX_THREADS];
     for (int t = 0; t < n_threads; t++) {
-        Part p = {fn, work, n_rows * t / n_threads, n_rows * (t + 1) / n_threads, 0};
+        Part p = {fn, work, t, n_rows * t / n_threads, n_rows * (t + 1) / n_threads, 0};
         parts[t] = p;
         started[t] = t > 0 && pthread_create(&threads[t], 0, run_part, &parts[t]) == 0;
     }
@@ -40,4 +49,20 @@ int cwlens_parallel_rows(cwlens_rows_fn fn, const void *work, int64_t n_rows, in
         if (parts[t].code > code) code = parts[t].code;
     }
     return code;
+}
+
+typedef struct {
+    cwlens_rows_fn fn;
+    const void *work;
+} Plain;
+
+static int plain_part(const void *arg, int part, int64_t row0, int64_t row1) {
+    (void)part;
+    const Plain *p = (const Plain *)arg;
+    return p->fn(p->work, row0, row1);
+}
+
+int cwlens_parallel_rows(cwlens_rows_fn fn, const void *work, int64_t n_rows, int n_threads) {
+    Plain plain = {fn, work};
+    return cwlens_parallel_indexed(plain_part, &plain, n_rows, n_threads);
 }
