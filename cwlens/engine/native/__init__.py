@@ -35,6 +35,9 @@ HEADERS = (Path(__file__).with_name("parallel.h"),)  # in the build's name, not 
 # ranked are finite (cwlens checks every measure it ranks, and a <= 1 times a finite norm)
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
          "-fno-signed-zeros", "-shared", "-fPIC", "-pthread")
+# the kernels' threads: OpenMP's, which are torch's own where torch's libgomp.so.1 is loaded
+# (parallel.c); tried first, then the build goes without
+OPENMP = ("-fopenmp",)
 _state: dict[str, object] = {}
 
 
@@ -69,14 +72,8 @@ def _wanted() -> bool:
         "kernels where a compiler is found.")
 
 
-def _build() -> ctypes.CDLL | None:
-    if not _wanted():
-        return None
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if cc is None:
-        return None
-    source = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
-    tag = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), platform.machine().encode(),
+def _compiled(cc: str, source: bytes, flags: tuple[str, ...]) -> ctypes.CDLL | None:
+    tag = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), platform.machine().encode(),
                                      _cpu_features().encode()])).hexdigest()[:16]
     target = _cache_dir() / f"kernels-{tag}.so"
     try:
@@ -84,11 +81,27 @@ def _build() -> ctypes.CDLL | None:
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 built = Path(tmp) / target.name
-                subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(built), "-lm"], check=True,
+                subprocess.run([cc, *flags, *map(str, SOURCES), "-o", str(built), "-lm"], check=True,
                                capture_output=True, timeout=120)
                 os.replace(built, target)  # atomic: processes building at once never see half a file
-        lib = ctypes.CDLL(str(target))
+        return ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _build() -> ctypes.CDLL | None:
+    if not _wanted():
+        return None
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        return None
+    source = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
+    lib = None
+    for extra in (OPENMP, ()):  # OpenMP where the compiler has it (parallel.c), else threads of our own
+        lib = _compiled(cc, source, (*FLAGS, *extra))
+        if lib is not None:
+            break
+    if lib is None:
         return None
     fn = lib.cwlens_row_topk
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

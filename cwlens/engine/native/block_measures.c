@@ -160,18 +160,37 @@ static int tile_vec(const Job *a, const float *u, const float *vt, const float *
     const int want_c = a->wants & 1, want_cols = a->wants & 8;
     const int64_t d = a->d;
     __mmask16 bad = 0;
-    if (want_c)  /* the tile's <u_r, v_j>, 8 rows x 16 keys at a time, into cbuf */
-        for (int64_t j = j0; j < j1; j += LANES) {
+    if (want_c)  /* the tile's <u_r, v_j>, 8 rows x 32 (at the end 16) keys at a time, into cbuf */
+        for (int64_t j = j0; j < j1;) {
             const float *panel = vt + (j / LANES) * d * LANES;  /* keys j .. j + 15, [d][16] */
+            if (j + LANES < j1) {  /* two panels: keys j .. j + 31 */
+                __m512 acc[ROWS], acc2[ROWS];
+                for (int r = 0; r < ROWS; r++) acc[r] = acc2[r] = _mm512_setzero_ps();
+                for (int64_t e = 0; e < d; e++) {
+                    __m512 v = _mm512_loadu_ps(panel + e * LANES), w = _mm512_loadu_ps(panel + (d + e) * LANES);
+                    for (int r = 0; r < ROWS; r++) {  /* rows past n_rows: whatever u holds, unused */
+                        __m512 x = _mm512_set1_ps(u[r * d + e]);
+                        acc[r] = _mm512_fmadd_ps(x, v, acc[r]);
+                        acc2[r] = _mm512_fmadd_ps(x, w, acc2[r]);
+                    }
+                }
+                for (int r = 0; r < ROWS; r++) {
+                    _mm512_storeu_ps(cbuf + r * span + (j - j0), acc[r]);
+                    _mm512_storeu_ps(cbuf + r * span + (j - j0) + LANES, acc2[r]);
+                }
+                j += 2 * LANES;
+                continue;
+            }
             __m512 acc[ROWS];
             for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
             for (int64_t e = 0; e < d; e++) {
                 __m512 v = _mm512_loadu_ps(panel + e * LANES);
-                for (int r = 0; r < ROWS; r++)  /* rows past n_rows: whatever u holds, unused */
+                for (int r = 0; r < ROWS; r++)
                     acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(u[r * d + e]), v, acc[r]);
             }
             for (int r = 0; r < ROWS; r++)
                 _mm512_storeu_ps(cbuf + r * span + (j - j0), acc[r]);
+            j += LANES;
         }
     /* then GROUP rows at a time (more would share one set of the L1 cache: a tile's rows
        are 4 KB multiples apart): c = a <u, v>, the lane maxima, and the group's column sums
@@ -186,6 +205,11 @@ static int tile_vec(const Job *a, const float *u, const float *vt, const float *
                 if (rows[g0 + r].hi > hi) hi = rows[g0 + r].hi;
             }
         }
+        int64_t ilo = rows[g0].lo, ihi = rows[g0].hi;  /* keys every row of the group holds */
+        for (int r = 1; r < n_g; r++) {
+            if (rows[g0 + r].lo > ilo) ilo = rows[g0 + r].lo;
+            if (rows[g0 + r].hi < ihi) ihi = rows[g0 + r].hi;
+        }
         const __m512 low = _mm512_set1_ps(-FLT_MAX);
         __m512 mc[GROUP], ma[GROUP], mv[GROUP];
         for (int r = 0; r < GROUP; r++) mc[r] = ma[r] = mv[r] = low;
@@ -193,9 +217,10 @@ static int tile_vec(const Job *a, const float *u, const float *vt, const float *
             __m512 vnv = _mm512_maskz_loadu_ps(range_mask(j, lo, hi), vn + j);
             __m512 sc = _mm512_setzero_ps(), sa = sc, sv = sc;
             __mmask16 any = 0;
+            const int inner = j >= ilo && j + LANES <= ihi;  /* every lane of every row: no masks to make */
             for (int r = 0; r < n_g; r++) {
                 const Row *row = rows + g0 + r;
-                __mmask16 in = range_mask(j, row->lo, row->hi);
+                __mmask16 in = inner ? (__mmask16)0xFFFF : range_mask(j, row->lo, row->hi);
                 any |= in;
                 __m512 x = _mm512_maskz_loadu_ps(in, row->alpha + j);
                 if (want_c) {

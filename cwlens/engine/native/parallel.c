@@ -1,7 +1,16 @@
 /* cwlens_parallel_rows and cwlens_parallel_indexed (parallel.h): the thread split every
-   kernel of this folder uses. */
+   kernel of this folder uses.
+
+   Built with -fopenmp (cwlens/engine/native/__init__.py tries it first), the parts run on
+   OpenMP's threads: where torch's libgomp is loaded (it is named libgomp.so.1, as the
+   system's), they are torch's own threads. With threads of our own, each kernel would
+   share its cores with torch's OpenMP workers, which spin for a while after every torch
+   operation: a 2-core machine then ran the kernels no faster on 2 threads than on 1. */
 #include <pthread.h>
 #include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "parallel.h"
 
@@ -33,6 +42,25 @@ int cwlens_parallel_indexed(cwlens_part_fn fn, const void *work, int64_t n_rows,
     n_threads = cwlens_parallel_parts(n_rows, n_threads);
     if (n_threads < 1)
         return 0;
+#ifdef _OPENMP
+    if (n_threads > 1) {
+        int codes[MAX_THREADS] = {0}, ran[MAX_THREADS] = {0};
+        #pragma omp parallel num_threads(n_threads)
+        {
+            int t = omp_get_thread_num(), n = omp_get_num_threads();
+            for (int p = t; p < n_threads; p += n) {  /* fewer threads than asked: each takes more parts */
+                codes[p] = fn(work, p, n_rows * p / n_threads, n_rows * (p + 1) / n_threads);
+                ran[p] = 1;
+            }
+        }
+        int code = 0;
+        for (int p = 0; p < n_threads; p++) {
+            if (!ran[p]) codes[p] = fn(work, p, n_rows * p / n_threads, n_rows * (p + 1) / n_threads);
+            if (codes[p] > code) code = codes[p];
+        }
+        return code;
+    }
+#endif
     Part parts[MAX_THREADS];
     pthread_t threads[MAX_THREADS];
     int started[MAX_THREADS];
