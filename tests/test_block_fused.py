@@ -210,3 +210,36 @@ def test_refuses_shapes_that_do_not_fit():
         native.block_measures(alpha.double(), torch.rand(2, 3, 4), None, torch.rand(2, 10), torch.rand(1, 3),
                               torch.zeros(3, dtype=torch.int64), torch.full((3,), 10), 2, ("attention",),
                               False, False)
+
+
+def test_threads_of_its_own_give_the_same(monkeypatch, tmp_path):
+    """Built without OpenMP (a compiler without -fopenmp: the kernels start threads of their
+    own, parallel.c), the lists and sums are those of the OpenMP build, on 1 and 2 threads."""
+    from cwlens.engine.native import _state
+
+    g = torch.Generator().manual_seed(2)
+    h, kv, q, width, d = 6, 3, 21, 130, 8
+    alpha = torch.rand(h, q, width, generator=g).softmax(-1)
+    u, v = torch.randn(h, q, d, generator=g), torch.randn(width, kv, d, generator=g)
+    vnorm, inv1 = torch.rand(h, width, generator=g) + 0.1, torch.rand(1, q, generator=g) + 0.5
+    lo, hi = torch.zeros(q, dtype=torch.int64), torch.arange(width - q, width) + 1
+    args = (alpha, u, native.value_panels(v), vnorm, inv1, lo, hi, 4, native.TOPK_METRICS, True, True)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for openmp in (native.OPENMP, ()):
+            monkeypatch.setattr(native, "OPENMP", openmp)
+            monkeypatch.setenv("CWLENS_CACHE", str(tmp_path / str(bool(openmp))))
+            monkeypatch.delitem(_state, "lib", raising=False)
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                results.append(native.block_measures(*args))
+    finally:
+        torch.set_num_threads(threads)
+        monkeypatch.delitem(_state, "lib", raising=False)
+    first_tops, first_cols = results[0]
+    for tops, cols in results[1:]:
+        for name in native.TOPK_METRICS:
+            assert torch.equal(tops[name][0], first_tops[name][0]), name
+            assert_close(tops[name][1], first_tops[name][1], equal_nan=True, rtol=1e-6, atol=1e-7)
+        assert_close(cols, first_cols, rtol=1e-5, atol=1e-6)  # summed in another order of parts
