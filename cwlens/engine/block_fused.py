@@ -102,10 +102,11 @@ def fill(weights, plan: Plan | None, panels: LayerPanels) -> bool:
     kind = weights.kind
     inv1 = geo._inverse(kind, 1).to(torch.float32)  # [b, 1 or h, q]
     d = geo.v.shape[-1]
+    values: list[torch.Tensor | None]
     if plan.contribution:
         proj = geo._projection(kind)[0]  # [b, q, h, d]
         u = (proj * geo._inverse(kind, 2).permute(0, 2, 1)[..., None]).permute(0, 2, 1, 3)
-        values = panels.of(geo)
+        values = list(panels.of(geo))
     else:  # nothing reads them
         u, values = geo.pattern.new_zeros(b, h, q, d), [None] * b
     u = u.to(torch.float32)
@@ -127,7 +128,7 @@ def fill(weights, plan: Plan | None, panels: LayerPanels) -> bool:
             n_out = min(kk, width if n_keys is None else max(n_keys, width))
             cache[("row_topk", metric, kk, False, False)] = (_cut(idx, n_out, -1), _cut(val, n_out, float("nan")))
     if plan.column_sums:
-        cols = torch.stack([p[1] for p in parts], 1)  # [3, b, h, width]
+        cols = torch.stack([p[1] for p in parts if p[1] is not None], 1)  # [3, b, h, width]
         norm = geo.value_norm.to(torch.float32)
         cache[("column_sums", "attention")] = cols[1]
         cache[("column_sums", "value_weighted")] = cols[1] * norm

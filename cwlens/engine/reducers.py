@@ -372,7 +372,7 @@ def _pattern_column_sums(weights, metric: str) -> torch.Tensor | None:
         s = cache["column_sums_attention"]
         if metric == "value_weighted":
             s = s * geo.value_norm
-    check_finite(s, f"the column sums of {metric}", geo.layer, head_dim=1)
+    check_finite(s, f"the column sums of {metric}", getattr(geo, "layer", None), head_dim=1)
     return s
 
 
