@@ -125,8 +125,8 @@ def test_kernel_equals_a_float64_reference(width, d, lo_hi):
     elif lo_hi == "full":
         hi = torch.full((q,), width)
     k = 8
-    tops, cols = native.block_measures(alpha, u, native.value_panels(v), vnorm, inv1, lo, hi, k,
-                                       native.TOPK_METRICS, True, True)
+    tops, cols = native.block_measures(native.BlockInputs(alpha, u, native.value_panels(v), vnorm, inv1, lo, hi),
+                                       k, native.TOPK_METRICS, True, True)
     ref_tops, ref_cols = _reference(alpha, u, v, vnorm, inv1, lo, hi, k)
     for name in native.TOPK_METRICS:
         idx, val = tops[name]
@@ -145,8 +145,8 @@ def test_equal_values_come_in_key_order():
     u = torch.zeros(h, q, d)  # every contribution 0: ties too
     v = torch.ones(width, 1, d)
     lo, hi = torch.zeros(q, dtype=torch.int64), torch.full((q,), width)
-    tops, _ = native.block_measures(alpha, u, native.value_panels(v), torch.ones(h, width),
-                                    torch.ones(1, q), lo, hi, 5, native.TOPK_METRICS, False, True)
+    inputs = native.BlockInputs(alpha, u, native.value_panels(v), torch.ones(h, width), torch.ones(1, q), lo, hi)
+    tops, _ = native.block_measures(inputs, 5, native.TOPK_METRICS, False, True)
     for name in native.TOPK_METRICS:
         assert torch.equal(tops[name][0], torch.arange(5, dtype=torch.int32).expand(h, q, 5)), name
 
@@ -161,8 +161,8 @@ def test_a_non_finite_contribution_goes_to_torch(monkeypatch):
     u[1, 2, 0] = 3e38
     v = torch.full((width, 1, d), 3e38)
     lo, hi = torch.zeros(q, dtype=torch.int64), torch.full((q,), width)
-    assert native.block_measures(alpha, u, native.value_panels(v), torch.ones(h, width), torch.ones(1, q),
-                                 lo, hi, 3, native.TOPK_METRICS, True, True) is None
+    inputs = native.BlockInputs(alpha, u, native.value_panels(v), torch.ones(h, width), torch.ones(1, q), lo, hi)
+    assert native.block_measures(inputs, 3, native.TOPK_METRICS, True, True) is None
     model = tiny_model("llama")
     tokens = torch.randint(3, model.cfg.d_vocab, (2, 12))
     calls = []
@@ -186,7 +186,8 @@ def test_without_avx512_the_plain_path_gives_the_same(monkeypatch, tmp_path):
     vnorm, inv1 = torch.rand(h, width, generator=g) + 0.1, torch.rand(h, q, generator=g) + 0.5
     lo = torch.randint(0, 20, (q,), generator=g)
     hi = torch.minimum(lo + torch.randint(0, 80, (q,), generator=g), torch.tensor(width))
-    args = (alpha, u, native.value_panels(v), vnorm, inv1, lo, hi, 6, native.TOPK_METRICS, True, True)
+    args = (native.BlockInputs(alpha, u, native.value_panels(v), vnorm, inv1, lo, hi), 6, native.TOPK_METRICS,
+            True, True)
     vec_tops, vec_cols = native.block_measures(*args)
     monkeypatch.setattr(native, "FLAGS", (*native.FLAGS, "-mno-avx512f"))
     monkeypatch.setenv("CWLENS_CACHE", str(tmp_path))
@@ -202,14 +203,14 @@ def test_without_avx512_the_plain_path_gives_the_same(monkeypatch, tmp_path):
 
 def test_refuses_shapes_that_do_not_fit():
     alpha = torch.rand(2, 3, 10)
+    lo, hi = torch.zeros(3, dtype=torch.int64), torch.full((3,), 10)
     with pytest.raises(ValueError, match="shapes do not fit"):
-        native.block_measures(alpha, torch.rand(2, 3, 4), native.value_panels(torch.rand(10, 1, 5)),
-                              torch.rand(2, 10), torch.rand(1, 3), torch.zeros(3, dtype=torch.int64),
-                              torch.full((3,), 10), 2, native.TOPK_METRICS, True, True)
+        inputs = native.BlockInputs(alpha, torch.rand(2, 3, 4), native.value_panels(torch.rand(10, 1, 5)),
+                                    torch.rand(2, 10), torch.rand(1, 3), lo, hi)
+        native.block_measures(inputs, 2, native.TOPK_METRICS, True, True)
     with pytest.raises(ValueError, match="float32"):
-        native.block_measures(alpha.double(), torch.rand(2, 3, 4), None, torch.rand(2, 10), torch.rand(1, 3),
-                              torch.zeros(3, dtype=torch.int64), torch.full((3,), 10), 2, ("attention",),
-                              False, False)
+        inputs = native.BlockInputs(alpha.double(), torch.rand(2, 3, 4), None, torch.rand(2, 10), torch.rand(1, 3), lo, hi)
+        native.block_measures(inputs, 2, ("attention",), False, False)
 
 
 def test_threads_of_its_own_give_the_same(monkeypatch, tmp_path):
@@ -223,7 +224,8 @@ def test_threads_of_its_own_give_the_same(monkeypatch, tmp_path):
     u, v = torch.randn(h, q, d, generator=g), torch.randn(width, kv, d, generator=g)
     vnorm, inv1 = torch.rand(h, width, generator=g) + 0.1, torch.rand(1, q, generator=g) + 0.5
     lo, hi = torch.zeros(q, dtype=torch.int64), torch.arange(width - q, width) + 1
-    args = (alpha, u, native.value_panels(v), vnorm, inv1, lo, hi, 4, native.TOPK_METRICS, True, True)
+    args = (native.BlockInputs(alpha, u, native.value_panels(v), vnorm, inv1, lo, hi), 4, native.TOPK_METRICS,
+            True, True)
     threads = torch.get_num_threads()
     try:
         results = []

@@ -114,8 +114,8 @@ def fill(weights, plan: Plan | None, panels: LayerPanels) -> bool:
     parts = []
     for i in range(b):
         lo, hi = ranges[0] if len(ranges) == 1 else ranges[i]
-        out = native.block_measures(geo.pattern[i], u[i], values[i], geo.value_norm[i], inv1[i], lo, hi,
-                                    k, plan.topk, plan.column_sums, plan.contribution)
+        inputs = native.BlockInputs(geo.pattern[i], u[i], values[i], geo.value_norm[i], inv1[i], lo, hi)
+        out = native.block_measures(inputs, k, plan.topk, plan.column_sums, plan.contribution)
         if out is None:
             return False  # a contribution is not finite: torch computes it and names it
         parts.append(out)

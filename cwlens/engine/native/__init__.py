@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -269,13 +270,23 @@ def uniforms(rows: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype) -> torc
 TOPK_METRICS = ("contribution", "attention", "value_weighted")
 
 
-def block_measures(alpha: torch.Tensor, u: torch.Tensor, vt: torch.Tensor | None, vnorm: torch.Tensor,
-                   inv1: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, k: int,
-                   topk: tuple[str, ...], column_sums: bool, contribution: bool
+class BlockInputs(NamedTuple):
+    """One text's block for :func:`block_measures` (shapes there)."""
+
+    alpha: torch.Tensor
+    u: torch.Tensor
+    vt: torch.Tensor | None
+    vnorm: torch.Tensor
+    inv1: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+
+def block_measures(block: BlockInputs, k: int, topk: tuple[str, ...], column_sums: bool, contribution: bool
                    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None] | None:
     """One text's block of the streamed pass in one call (``block_measures.c``).
 
-    ``alpha`` ``[head, q, width]`` (float32 CPU, last axis contiguous), ``u`` ``[head, q, d]``
+    ``block`` (:class:`BlockInputs`): ``alpha`` ``[head, q, width]`` (float32 CPU, last axis contiguous), ``u`` ``[head, q, d]``
     (``o W_O^h^T / ||o||^2``), ``vt`` ``[kv_head, key // 16, d, 16]`` (the values in
     panels of 16 keys, :func:`value_panels`), ``vnorm`` ``[head, >= width]``
     (``||v~_j^h||``), ``inv1`` ``[head or 1, q]`` (``1 / ||o_i||``), ``lo``/``hi`` ``[q]``
@@ -289,6 +300,7 @@ def block_measures(alpha: torch.Tensor, u: torch.Tensor, vt: torch.Tensor | None
     lib = library()
     if lib is None:
         raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
+    alpha, u, vt, vnorm, inv1, lo, hi = block
     h, q, width = alpha.shape
     if vt is None:  # not read: no contribution
         if contribution:
