@@ -490,9 +490,12 @@ def stream_reduce(
             for r in named.values():
                 r.start_layer(layer, base)
         base = bases[layer]
-        block = base.with_rows(rows, info.query_start)
+        fused_only = plan is not None and plan.complete  # the kernel checks the rows it reads
+        block = base.with_rows(rows, info.query_start, check=not fused_only)
         weights = BlockMeasures(block, kind, info.n_keys, causal, windows[layer])
-        block_fused.fill(weights, plan, panels.setdefault(layer, block_fused.LayerPanels()))
+        filled = block_fused.fill(weights, plan, panels.setdefault(layer, block_fused.LayerPanels()))
+        if fused_only and not filled:
+            block.check_pattern()
         for r in named.values():
             r.update(layer, info.query_start, weights, block)
         if closure:
