@@ -245,30 +245,3 @@ def test_threads_of_its_own_give_the_same(monkeypatch, tmp_path):
             assert torch.equal(tops[name][0], first_tops[name][0]), name
             assert_close(tops[name][1], first_tops[name][1], equal_nan=True, rtol=1e-6, atol=1e-7)
         assert_close(cols, first_cols, rtol=1e-5, atol=1e-6)  # summed in another order of parts
-
-
-@pytest.mark.parametrize("where", ["in the keys", "after the query"])
-def test_a_non_finite_pattern_is_refused_with_the_fused_kernel(where, monkeypatch):
-    """With only the kernel's reducers the rows are not checked by a pass of their own: the
-    kernel checks every entry of the block (in the row's keys or not), gives the block back,
-    and the pattern's check names the layer."""
-    from cwlens.core.geometry import AttentionGeometry
-    from cwlens.errors import NonFiniteError
-
-    model = tiny_model("llama")
-    if not cwlens.engine.adapter.supports_blockwise(model):
-        pytest.skip("blockwise attention: TransformerLens 4.x")
-    real = AttentionGeometry.with_rows
-
-    def poisoned(self, pattern, query_start, check=True):
-        pattern = pattern.clone()
-        if where == "in the keys":
-            pattern[0, 1, -1, 0] = float("nan")
-        else:  # the block's first query, a key after it (inside the block's width)
-            pattern[0, 1, 0, -1] = float("inf")
-        return real(self, pattern, query_start, check)
-
-    monkeypatch.setattr(AttentionGeometry, "with_rows", poisoned)
-    tokens = torch.randint(3, model.cfg.d_vocab, (1, 12))
-    with pytest.raises(NonFiniteError, match="layer 0"):
-        cwlens.stream_reduce(model, tokens, _reducers(3), attention="blockwise", query_block=4)

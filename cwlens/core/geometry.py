@@ -204,14 +204,12 @@ class AttentionGeometry:
         width = k if key_stop is None else min(k, key_stop)
         return self._block(self.pattern[:, :, start:stop, :width], self.query_start + start)
 
-    def with_rows(self, pattern: torch.Tensor, query_start: int, check: bool = True) -> "AttentionGeometry":
+    def with_rows(self, pattern: torch.Tensor, query_start: int) -> "AttentionGeometry":
         """The geometry of queries ``[query_start, query_start + rows)`` of this layer from
         their own pattern rows ``[batch, head, rows, key_stop]`` over keys ``[0, key_stop)``
         (the keys after are 0), computed elsewhere: blockwise attention hands a layer over
         in such blocks. Pad queries and keys are masked as in the constructor; ``v``,
-        ``W_O`` and the key norms are shared with this one (see :meth:`rows`). ``check=False``
-        leaves the finiteness check of the rows to the caller (:meth:`check_pattern`; the
-        streamed pass's block kernel checks the entries it reads)."""
+        ``W_O`` and the key norms are shared with this one (see :meth:`rows`)."""
         b, h, q, k = pattern.shape
         n_keys = self.v.shape[1]
         if b != self.v.shape[0] or h != self.n_heads or k > n_keys or not 0 <= query_start <= n_keys - q:
@@ -224,15 +222,8 @@ class AttentionGeometry:
             m = self.position_mask.to(alpha.dtype)
             alpha = alpha * m[:, None, None, :k]
             alpha.mul_(m[:, None, query_start : query_start + q, None])
-        block = self._block(alpha, query_start)
-        if check:
-            block.check_pattern()
-        return block
-
-    def check_pattern(self) -> None:
-        """Refuse a pattern with NaN or inf (:class:`~cwlens.errors.NonFiniteError`, naming
-        the layer and the heads)."""
-        _check_finite(self.pattern, self.v[:, :1], self.layer)
+        _check_finite(alpha, self.v[:, :1], self.layer)
+        return self._block(alpha, query_start)
 
     def _block(self, pattern: torch.Tensor, query_start: int) -> "AttentionGeometry":
         keys = slice(0, pattern.shape[3])

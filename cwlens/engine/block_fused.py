@@ -10,10 +10,6 @@ of it while a tile of rows is in the cache, writing nothing of the block's size;
 and sums go into the block's shared ``weights.derived``, where the reducers look first
 (:func:`cwlens.engine.row_topk.shared_row_topk`, ``ColumnSums``), so they are unchanged.
 
-Where the run's reducers are all of these (``Plan.complete``), the kernel's finiteness
-check of every entry it reads replaces the pass of :meth:`~cwlens.core.AttentionGeometry.check_pattern`
-over the block (a block the kernel gives back is checked by it, then computed by torch).
-
 It applies on the CPU to float32 blocks whose keys are one run per query and text (causal,
 sliding windows, padding at either end); anything else, a reducer asking other options
 (``by_abs``, ``sum_heads`` top-k, other metrics) and any block with a non-finite
@@ -43,7 +39,6 @@ class Plan:
     ks: tuple[int, ...]
     column_sums: bool
     contribution: bool
-    complete: bool = False  # every reducer of the run reads only these (the rows' check: the kernel's)
 
 
 def plan_of(reducers) -> Plan | None:
@@ -53,7 +48,6 @@ def plan_of(reducers) -> Plan | None:
     topk: set[str] = set()
     ks: set[int] = set()
     sums = contribution = False
-    complete = True
     for r in reducers:
         if type(r) is TopK and not r.by_abs and not r.sum_heads and r.metric in _SUMMED:
             metric = "value_weighted" if r.metric == _VWON else r.metric  # same row order
@@ -63,12 +57,10 @@ def plan_of(reducers) -> Plan | None:
         elif type(r) is ColumnSums and r.metric in _SUMMED:
             sums = True
             contribution |= r.metric == "contribution"
-        else:
-            complete = False
     if not topk and not sums:
         return None
     order = tuple(m for m in native.TOPK_METRICS if m in topk)
-    return Plan(order, tuple(sorted(ks)), sums, contribution, complete)
+    return Plan(order, tuple(sorted(ks)), sums, contribution)
 
 
 def _usable(geo) -> bool:
@@ -97,7 +89,7 @@ class LayerPanels:
 def fill(weights, plan: Plan | None, panels: LayerPanels) -> bool:
     """Compute ``plan`` for the block of ``weights`` (a ``BlockMeasures``) in one C call per
     text and put the results where the reducers look; False (nothing filled) where the
-    kernel does not apply or found an entry (or a sum) that is not finite."""
+    kernel does not apply or found a non-finite contribution."""
     from cwlens.engine.row_topk import _key_ranges
 
     geo = getattr(weights, "geometry", None)
@@ -125,18 +117,8 @@ def fill(weights, plan: Plan | None, panels: LayerPanels) -> bool:
         inputs = native.BlockInputs(geo.pattern[i], u[i], values[i], geo.value_norm[i], inv1[i], lo, hi)
         out = native.block_measures(inputs, k, plan.topk, plan.column_sums, plan.contribution)
         if out is None:
-            return False  # an a or a contribution is not finite: torch computes it and names it
+            return False  # a contribution is not finite: torch computes it and names it
         parts.append(out)
-    sums = {}
-    if plan.column_sums:  # [3, b, h, width]: of c, of a, of a / ||o||
-        cols = torch.stack([p[1] for p in parts if p[1] is not None], 1)
-        norm = geo.value_norm.to(torch.float32)
-        sums = {"contribution": cols[0], "attention": cols[1], "value_weighted": cols[1] * norm,
-                _VWON: cols[2] * norm}
-        if not all(bool(torch.isfinite(x).all()) for x in sums.values()):
-            return False  # sums of finite entries that overflowed: torch computes them and names them
-        if not plan.contribution:
-            del sums["contribution"]
     cache = weights.derived
     n_keys = getattr(weights, "n_keys", None)
     for metric in plan.topk:
@@ -145,8 +127,14 @@ def fill(weights, plan: Plan | None, panels: LayerPanels) -> bool:
         for kk in plan.ks:  # the k best of the largest k's lists: the same ranking, cut
             n_out = min(kk, width if n_keys is None else max(n_keys, width))
             cache[("row_topk", metric, kk, False, False)] = (_cut(idx, n_out, -1), _cut(val, n_out, float("nan")))
-    for metric, x in sums.items():
-        cache[("column_sums", metric)] = x
+    if plan.column_sums:
+        cols = torch.stack([p[1] for p in parts if p[1] is not None], 1)  # [3, b, h, width]
+        norm = geo.value_norm.to(torch.float32)
+        cache[("column_sums", "attention")] = cols[1]
+        cache[("column_sums", "value_weighted")] = cols[1] * norm
+        cache[("column_sums", _VWON)] = cols[2] * norm
+        if plan.contribution:
+            cache[("column_sums", "contribution")] = cols[0]
     return True
 
 

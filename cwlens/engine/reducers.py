@@ -232,12 +232,8 @@ class ColumnSums(Reducer):
             s = weights[self.metric].sum(2)
         if self.sum_heads:
             s = s.sum(1)
-        acc, width = self._acc.get(layer), s.shape[-1]
-        if acc is None or acc.shape[-1] < width:  # (a first block: zeros over every key)
-            s = _pad_keys(s, getattr(weights, "n_keys", None))
-            self._acc[layer] = s.clone() if acc is None else acc + s
-        else:
-            acc[..., :width] += s  # in place: the blocks' keys are the first `width`
+        s = _pad_keys(s, getattr(weights, "n_keys", None))
+        self._acc[layer] = s if layer not in self._acc else self._acc[layer] + s
 
     def result(self) -> LayerTensor:
         layers = tuple(self._acc)
@@ -363,8 +359,8 @@ def _pattern_column_sums(weights, metric: str) -> torch.Tensor | None:
     geo, kind = getattr(weights, "geometry", None), getattr(weights, "kind", None)
     cache = getattr(weights, "derived", None)
     if cache is not None and ("column_sums", metric) in cache:  # cwlens.engine.block_fused
-        return cache[("column_sums", metric)]  # (checked there)
-    if metric not in _FROM_PATTERN or geo is None or kind is None or cache is None:
+        s = cache[("column_sums", metric)]
+    elif metric not in _FROM_PATTERN or geo is None or kind is None or cache is None:
         return None
     elif metric == "value_weighted_output_normalized":
         inv = geo._inverse(kind, 1)  # [batch, head or 1, query]

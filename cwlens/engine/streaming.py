@@ -490,12 +490,9 @@ def stream_reduce(
             for r in named.values():
                 r.start_layer(layer, base)
         base = bases[layer]
-        fused_only = plan is not None and plan.complete  # the kernel checks the rows it reads
-        block = base.with_rows(rows, info.query_start, check=not fused_only)
+        block = base.with_rows(rows, info.query_start)
         weights = BlockMeasures(block, kind, info.n_keys, causal, windows[layer])
-        filled = block_fused.fill(weights, plan, panels.setdefault(layer, block_fused.LayerPanels()))
-        if fused_only and not filled:
-            block.check_pattern()
+        block_fused.fill(weights, plan, panels.setdefault(layer, block_fused.LayerPanels()))
         for r in named.values():
             r.update(layer, info.query_start, weights, block)
         if closure:

@@ -11,9 +11,8 @@
    rows of c, of a and of a_ij / ||o_i|| (the output-normalised baseline's sums without
    ||v~_j||). Nothing of the block's size is written: the products <u_i, v_j> of a tile of
    ROWS rows are computed into a buffer that stays in the core's cache, multiplied by a,
-   summed into the columns and ranked there. Returns 0, -1 (out of memory) or -2 (an a of
-   the block, in its rows' keys or not, or a contribution is not finite: the caller
-   computes the block with torch, which names it).
+   summed into the columns and ranked there. Returns 0, -1 (out of memory) or -2 (a
+   contribution is not finite: the caller computes the block with torch, which names it).
 
    The top-k of a row takes two passes over it: the maximum of each of the 16 lanes (one
    vector maximum per 16 keys) gives T, the k-th largest of 16 real entries, which no
@@ -144,17 +143,6 @@ static void topk_plain(const float *x, const float *s, int64_t lo, int64_t hi, i
     finish(cnt, k, oi, ov);
 }
 
-/* 1 where one of x[0 .. n) is NaN or inf (by its bits: built -ffinite-math-only) */
-static int nonfinite(const float *x, int64_t n) {
-    uint32_t bad = 0;
-    for (int64_t j = 0; j < n; j++) {
-        uint32_t bits;
-        memcpy(&bits, x + j, 4);
-        bad |= (bits & 0x7F800000u) == 0x7F800000u;
-    }
-    return bad != 0;
-}
-
 typedef struct {
     int64_t lo, hi;
     const float *alpha;
@@ -235,7 +223,6 @@ static int tile_vec(const Job *a, const float *u, const float *vt, const float *
                 __mmask16 in = inner ? (__mmask16)0xFFFF : range_mask(j, row->lo, row->hi);
                 any |= in;
                 __m512 x = _mm512_maskz_loadu_ps(in, row->alpha + j);
-                bad |= _mm512_mask_fpclass_ps_mask(in, x, 0x99);  /* a itself: NaN, +inf, -inf */
                 if (want_c) {
                     float *c = cbuf + (g0 + r) * span - j0 + j;
                     __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, c), x);
@@ -281,9 +268,6 @@ static int tile_plain(const Job *a, const float *u, const float *vt, const Row *
         const float *al = rows[r].alpha;
         float *c = cbuf + r * span - j0;
         for (int64_t j = lo; j < hi; j++) {
-            uint32_t abits;
-            memcpy(&abits, al + j, 4);
-            bad |= (abits & 0x7F800000u) == 0x7F800000u;  /* a itself */
             if (want_c) {
                 float dot = 0.0f;
                 const float *panel = vt + (j / LANES) * d * LANES + j % LANES;
@@ -342,10 +326,6 @@ static int run_tiles(const void *arg, int part, int64_t item0, int64_t item1) {
         if (j1 <= j0) j0 = j1 = 0;
         j0 -= j0 % LANES;  /* on vt's 16-key grid: a tile never reads past its zero padding */
         memcpy(upad, a->u + (h * a->q + i0) * a->d, sizeof(float) * (size_t)(n_rows * a->d));
-        for (int r = 0; r < n_rows && !bad; r++)  /* the entries outside the row's keys: checked too */
-            bad = nonfinite(rows[r].alpha, rows[r].lo) || nonfinite(rows[r].alpha + rows[r].hi, a->width - rows[r].hi);
-        if (bad)
-            break;
         const float *vt = a->vt + (h / a->group) * a->vt_stride, *vn = a->vnorm + h * a->vn_stride;
         float *cc = cols ? cols + h * cs : 0;
         float *ca = cols ? cols + (a->n_heads + h) * cs : 0;
