@@ -59,7 +59,13 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=227, help="queries of the block (227: the CPU's 32 MiB block at 4096)")
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
+    if args.rows < 1 or args.keys < args.rows or args.repeats < 1:
+        ap.error(f"need 1 <= --rows <= --keys and --repeats >= 1; got --rows {args.rows}, --keys {args.keys}, "
+                 f"--repeats {args.repeats}")
     from cwlens.engine import native
+
+    if not native.available():
+        ap.error("no C kernels here (no compiler, or CWLENS_NATIVE=0): nothing to time")
 
     alpha, u, v, vnorm, inv1, lo, hi = block(args.rows, args.keys)
     panels = native.value_panels(v)

@@ -90,13 +90,13 @@ def fill(weights, plan: Plan | None, panels: LayerPanels) -> bool:
     """Compute ``plan`` for the block of ``weights`` (a ``BlockMeasures``) in one C call per
     text and put the results where the reducers look; False (nothing filled) where the
     kernel does not apply or found a non-finite contribution."""
-    from cwlens.engine.row_topk import _key_ranges
+    from cwlens.engine.row_topk import block_key_ranges
 
     geo = getattr(weights, "geometry", None)
     if plan is None or geo is None or not _usable(geo):
         return False
     b, h, q, width = geo.pattern.shape
-    ranges = _key_ranges(geo, q, width, weights.causal, weights.window)
+    ranges = block_key_ranges(weights)
     if ranges is None:
         return False
     kind = weights.kind

@@ -112,13 +112,7 @@ def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | N
     if pattern.dtype != torch.float32 or pattern.device.type != "cpu" or not native.available():
         return None
     q, width = pattern.shape[-2:]
-    cache = getattr(weights, "derived", None)
-    if cache is not None and "key_ranges" in cache:
-        ranges = cache["key_ranges"]  # one block's ranges serve every metric ranked in it
-    else:
-        ranges = _key_ranges(geo, q, width, getattr(weights, "causal", False), getattr(weights, "window", None))
-        if cache is not None:
-            cache["key_ranges"] = ranges
+    ranges = block_key_ranges(weights)
     if ranges is None:
         return None
     n_out = min(k, width if n_keys is None else max(n_keys, width))
@@ -148,6 +142,20 @@ def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | N
             signed = signed * scale[:, :, None, :].expand_as(x).gather(-1, safe)
         val = signed.masked_fill(idx < 0, float("nan"))
     return idx, val
+
+
+def block_key_ranges(weights):
+    """:func:`_key_ranges` of the block of ``weights`` (a ``BlockMeasures``), computed once
+    and shared (``weights.derived``) by every kernel that ranks or reads the block."""
+    geo = weights.geometry
+    cache = getattr(weights, "derived", None)
+    if cache is not None and "key_ranges" in cache:
+        return cache["key_ranges"]
+    q, width = geo.pattern.shape[-2:]
+    ranges = _key_ranges(geo, q, width, getattr(weights, "causal", False), getattr(weights, "window", None))
+    if cache is not None:
+        cache["key_ranges"] = ranges
+    return ranges
 
 
 def _key_ranges(geo, q: int, width: int, causal: bool, window: int | None):

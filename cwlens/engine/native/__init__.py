@@ -31,7 +31,8 @@ import torch
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("parallel.c", "row_topk.c", "row_masks.c", "zero_masked.c", "uniforms.c",
                  "block_measures.c"))
-HEADERS = (Path(__file__).with_name("parallel.h"),)  # in the build's name, not on its command line
+# in the build's name, not on its command line
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("parallel.h", "topk_list.h"))
 # -ffinite-math-only -fno-signed-zeros: the chunk maxima vectorise (5x faster); the values
 # ranked are finite (cwlens checks every measure it ranks, and a <= 1 times a finite norm)
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "parallel.h"
+#include "topk_list.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -47,27 +48,6 @@ typedef struct {
     float *out_val, *partials;  /* partials: [part][3][head][col_stride] */
     int64_t col_stride;
 } Job;
-
-/* v into the sorted best-so-far (ov, oi: cnt of at most k), after every equal value */
-static inline void insert(float v, int32_t j, int k, int *cnt, int32_t *oi, float *ov) {
-    if (*cnt == k && !(v > ov[k - 1]))
-        return;
-    int p = *cnt < k ? (*cnt)++ : k - 1;
-    while (p > 0 && v > ov[p - 1]) {
-        ov[p] = ov[p - 1];
-        oi[p] = oi[p - 1];
-        p--;
-    }
-    ov[p] = v;
-    oi[p] = j;
-}
-
-static void finish(int cnt, int k, int32_t *oi, float *ov) {
-    for (int t = cnt; t < k; t++) {
-        oi[t] = -1;
-        ov[t] = NAN;
-    }
-}
 
 #ifdef VEC
 /* lanes lo <= j0 + l < hi of the 16 keys from j0 */

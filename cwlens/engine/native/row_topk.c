@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "parallel.h"
+#include "topk_list.h"
 
 #define CHUNK 32
 
@@ -47,20 +48,6 @@ static inline float chunk_max(const float *row, const float *srow, int64_t j0, i
     return m;
 }
 
-/* v into the sorted best-so-far (ov, oi: cnt of at most k), after every equal value */
-static inline void insert(float v, int32_t j, int k, int *cnt, int32_t *oi, float *ov) {
-    if (*cnt == k && !(v > ov[k - 1]))
-        return;
-    int p = *cnt < k ? (*cnt)++ : k - 1;  /* a new slot, or the k-th best's */
-    while (p > 0 && v > ov[p - 1]) {
-        ov[p] = ov[p - 1];
-        oi[p] = oi[p - 1];
-        p--;
-    }
-    ov[p] = v;
-    oi[p] = j;
-}
-
 static void one_row(const float *row, const float *srow, int64_t lo, int64_t hi, int k, int by_abs,
                     float *cmax, float *tv, int32_t *ti, int32_t *oi, float *ov) {
     int64_t n_chunks = hi > lo ? (hi - lo + CHUNK - 1) / CHUNK : 0;
@@ -78,10 +65,7 @@ static void one_row(const float *row, const float *srow, int64_t lo, int64_t hi,
         for (int64_t j = j0; j < j1; j++)
             insert(value_at(row, srow, j, by_abs), (int32_t)j, k, &cnt, oi, ov);
     }
-    for (int t = cnt; t < k; t++) {
-        oi[t] = -1;
-        ov[t] = NAN;
-    }
+    finish(cnt, k, oi, ov);
 }
 
 static int run_rows(const void *arg, int64_t row0, int64_t row1) {
