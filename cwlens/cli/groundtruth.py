@@ -93,6 +93,10 @@ def register(sub) -> None:
                    help="write the tables into these markdown files, comma-separated "
                    "(between <!-- groundtruth-scores:start/end --> comments)")
     add_progress_flag(p)
+    from cwlens.cli.groundtruth_edges import EDGE_EPILOG, add_edge_args
+
+    add_edge_args(p)
+    p.epilog = EPILOG + EDGE_EPILOG
     p.set_defaults(func=run)
 
 
@@ -117,6 +121,10 @@ def _command(args) -> str:
 
 
 def run(args) -> int:
+    if args.edges:
+        from cwlens.cli import groundtruth_edges
+
+        return groundtruth_edges.run(args)
 
     from cwlens.engine.handle import wrap
     from cwlens.faithfulness.report import check_block, write_block

@@ -1,0 +1,220 @@
+"""Remove single attention edges ``a_ij^h v~_j^h`` from one query's head outputs, many
+ablated copies of one input at a time, and read what each copy predicts there.
+
+An *edit* subtracts ``delta = a_ij^h v_j^g`` (``d_head`` wide: ``v~ = v W_O``, so this is
+the edge's term before the output projection) from ``hook_z`` of head ``h`` in layer
+``l`` at the query position, in one *row* (one ablated copy of the input). A row may carry
+several edits (the edges of a method's top k, removed together); every other head, key,
+position and layer is untouched. :func:`ablated_outputs` runs the rows in chunks and
+returns ``reduce(final residual logits at the query)`` per row.
+
+Two ways to run a row, equal up to round-off (tested):
+
+``"full"``
+    the whole input, batched (one row per copy). Any model: encoders too, where every
+    position changes after the edit.
+``"prefix"``
+    causal decoders on TransformerLens 4.x (``TransformerBridge``). In a causal model an
+    edit at query ``i`` in layer ``l`` changes nothing before position ``i`` and nothing
+    below layer ``l``, so a row carries only position ``i`` and only from layer ``l`` on:
+    the clean keys and values of positions ``< i`` come from a Hugging Face cache of one
+    clean run of the prefix, shared by every row without being copied, and the residual
+    entering layer ``l`` is the clean one, repeated into the rows at ``hook_resid_pre``
+    (the layers below run once, for one row). A chunk's rows all start at its lowest edit
+    layer. TransformerLens 4.3's attention bridge reads the cache only under the keyword
+    ``past_key_values``, which transformers 5 passes as ``cache``: a forward pre-hook on
+    each attention renames it while the rows run (without it a cached step silently
+    attends to itself alone).
+"""
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cwlens.engine import hook_names
+from cwlens.engine.handle import ModelHandle
+from cwlens.errors import InvalidArgumentError
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]  # logits [rows, d_vocab] -> [rows]
+
+
+@dataclass(frozen=True)
+class Edits:
+    """Edits of ``n_rows`` ablated copies: entry ``e`` subtracts ``delta[e]`` from
+    ``hook_z[row[e], query, head[e]]`` of layer ``layer[e]``. Rows without an entry are
+    clean copies."""
+
+    row: torch.Tensor  # [E] long
+    layer: torch.Tensor  # [E] long
+    head: torch.Tensor  # [E] long
+    delta: torch.Tensor  # [E, d_head]
+    n_rows: int
+
+    def __post_init__(self) -> None:
+        e = self.row.shape[0]
+        if not (self.layer.shape == self.head.shape == (e,) and self.delta.ndim == 2
+                and self.delta.shape[0] == e):
+            raise InvalidArgumentError(
+                f"edits need row, layer, head of one length E and delta [E, d_head]; got "
+                f"{tuple(self.row.shape)}, {tuple(self.layer.shape)}, {tuple(self.head.shape)}, "
+                f"{tuple(self.delta.shape)}")
+        if e and (int(self.row.min()) < 0 or int(self.row.max()) >= self.n_rows):
+            raise InvalidArgumentError(f"an edit's row is outside 0..{self.n_rows - 1}")
+
+    def first_layer(self, n_layers: int) -> torch.Tensor:
+        """``[n_rows]`` each row's lowest edited layer (``n_layers`` for a clean row)."""
+        first = torch.full((self.n_rows,), n_layers, dtype=torch.long)
+        return first.scatter_reduce(0, self.row.cpu(), self.layer.cpu(), "amin")
+
+    def select(self, rows: torch.Tensor) -> "Edits":
+        """The edits of ``rows`` (a 1-D long tensor of row ids), renumbered 0..len(rows)-1."""
+        new_id = torch.full((self.n_rows,), -1, dtype=torch.long)
+        new_id[rows] = torch.arange(len(rows))
+        keep = new_id[self.row.cpu()] >= 0
+        idx = keep.nonzero()[:, 0]
+        return Edits(new_id[self.row.cpu()[idx]], self.layer.cpu()[idx], self.head.cpu()[idx],
+                     self.delta[idx.to(self.delta.device)], len(rows))
+
+
+def _z_hook(rows: torch.Tensor, heads: torch.Tensor, delta: torch.Tensor, position: int):
+    def remove_edges(z: torch.Tensor, hook) -> torch.Tensor:
+        z = z.clone()
+        pos = torch.full_like(rows, position if position >= 0 else z.shape[1] + position)
+        z.index_put_((rows.to(z.device), pos.to(z.device), heads.to(z.device)),
+                     -delta.to(device=z.device, dtype=z.dtype), accumulate=True)
+        return z
+
+    return remove_edges
+
+
+def z_hooks(edits: Edits, position: int) -> list[tuple[str, Any]]:
+    """One ``hook_z`` hook per edited layer, subtracting the edits at ``position``."""
+    hooks = []
+    for layer in sorted(set(edits.layer.tolist())):
+        at = (edits.layer == layer).nonzero()[:, 0]
+        hooks.append((hook_names.z(layer),
+                      _z_hook(edits.row[at], edits.head[at], edits.delta[at.to(edits.delta.device)],
+                              position)))
+    return hooks
+
+
+def _chunks(order: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
+    for start in range(0, len(order), size):
+        yield order[start:start + size]
+
+
+def full_rows(handle: ModelHandle, tokens: torch.Tensor, edits: Edits, query: int,
+              reduce: Reduce, batch_size: int = 32) -> torch.Tensor:
+    """``[n_rows]``: ``reduce`` of each row's logits at ``query``, every row a whole
+    forward pass of ``tokens`` (``[1, pos]``) with its edits at ``query``."""
+    out = []
+    for rows in _chunks(torch.arange(edits.n_rows), batch_size):
+        sub = edits.select(rows)
+        with handle.hooks(z_hooks(sub, query)):
+            logits = handle.model(tokens.expand(len(rows), -1))
+        out.append(reduce(logits[:, query]))
+    return torch.cat(out)
+
+
+# -- the prefix path -----------------------------------------------------------------------
+def _rename_cache_kwarg(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
+        kwargs = {**kwargs, "past_key_values": kwargs["cache"]}
+    return args, kwargs
+
+
+@contextmanager
+def _cache_seen(handle: ModelHandle) -> Iterator[None]:
+    hooks = [block.attn.register_forward_pre_hook(_rename_cache_kwarg, with_kwargs=True)
+             for block in handle.model.blocks]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def _frozen_update(cache: Any) -> None:
+    """Make ``cache`` hand every layer its stored prefix plus the new keys and values,
+    broadcast over the rows, without storing anything: one cache serves every chunk."""
+
+    def update(key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        layer = cache.layers[layer_idx]
+        b = key_states.shape[0]
+        keys = layer.keys.expand(b, *layer.keys.shape[1:])
+        values = layer.values.expand(b, *layer.values.shape[1:])
+        return torch.cat([keys, key_states], -2), torch.cat([values, value_states], -2)
+
+    cache.update = update
+
+
+def supports_prefix(handle: ModelHandle) -> str | None:
+    """Why the prefix path cannot run on this model (None: it can)."""
+    if handle.is_encoder:
+        return "an encoder: every position changes after an edit"
+    if handle.generation != "bridge":
+        return "TransformerLens 3.x (HookedTransformer): the prefix path runs on TransformerBridge"
+    if not hasattr(handle.model, "blocks"):
+        return "the model has no blocks stack"
+    return None
+
+
+class PrefixRunner:
+    """The prefix path for one input: the clean prefix cache and the clean residual at the
+    query, computed once; :meth:`run` then runs any rows."""
+
+    def __init__(self, handle: ModelHandle, tokens: torch.Tensor):
+        why = supports_prefix(handle)
+        if why is not None:
+            raise InvalidArgumentError(f"the prefix path does not apply: {why}. Use path='full'.")
+        self.handle = handle
+        self.tokens = tokens  # [1, query + 1]: the query is the last position
+        self.query = tokens.shape[1] - 1
+        with _cache_seen(handle):
+            if self.query > 0:
+                _, cache = handle.model(tokens[:, :-1], return_type="logits_and_cache")
+                if cache.get_seq_length() != self.query:
+                    raise InvalidArgumentError(
+                        f"the model's cache holds {cache.get_seq_length()} positions after a "
+                        f"prefix of {self.query}: its attention does not read a Hugging Face "
+                        "cache. Use path='full'.")
+                _frozen_update(cache)
+                self.cache = cache
+            else:
+                self.cache = None
+
+    def _forward(self, hooks: list) -> torch.Tensor:
+        kwargs: dict[str, Any] = {}
+        if self.cache is not None:
+            kwargs = {"past_key_values": self.cache, "position_ids": torch.tensor(
+                [[self.query]], device=self.tokens.device)}
+        with _cache_seen(self.handle), self.handle.hooks(hooks):
+            return self.handle.model(self.tokens[:, -1:], **kwargs)
+
+    def run(self, edits: Edits, reduce: Reduce, batch_size: int = 64) -> torch.Tensor:
+        """``[n_rows]``: ``reduce`` of each row's logits at the query."""
+        n_layers = self.handle.n_layers
+        first = edits.first_layer(n_layers)
+        order = torch.argsort(first, descending=True, stable=True)  # deep rows together
+        out = torch.empty(edits.n_rows, dtype=torch.float64)
+        for rows in _chunks(order, batch_size):
+            sub = edits.select(rows)
+            start = int(first[rows].min())
+            hooks = z_hooks(sub, -1)
+            if start < n_layers:
+                hooks.insert(0, (hook_names.resid_pre(start), _repeat_rows(len(rows))))
+                logits = self._forward(hooks)
+            else:  # clean rows only
+                logits = self._forward([]).expand(len(rows), -1, -1)
+            out[rows] = reduce(logits[:, -1]).double().cpu()
+        return out
+
+
+def _repeat_rows(n: int):
+    def into_rows(resid: torch.Tensor, hook) -> torch.Tensor:
+        return resid.expand(n, *resid.shape[1:]).clone()
+
+    return into_rows

@@ -1,0 +1,353 @@
+"""The causal truth per attention edge: what removing one term ``a_ij^h v~_j^h`` does to
+the prediction at query ``i``, measured exactly, for every head and key of chosen layers.
+
+An edge ``(l, h, j)`` at query ``i``: subtract ``a_ij^h v~_j^h`` (with GQA, the head's own
+key/value group) from head ``h``'s attention output at position ``i`` only, in layer ``l``,
+run the rest of the model, and take ``effect = objective(clean) - objective(ablated)``
+(the paper's value masking, for one entry). Positive: the edge supports the objective.
+
+Objectives (``objective=``), each a number read from the logits at query ``i``:
+
+``"logprob"`` (default)
+    ``log p(t)`` of ``target`` (default: the clean run's top-1 next token).
+``"logit_diff"``
+    ``logit(a) - logit(b)`` of ``target=(a, b)`` (IOI: the indirect object minus the
+    subject).
+``"kl"``
+    ``-KL(p_clean || p_ablated)`` of the next-token distribution, so ``effect =
+    KL(p_clean || p_ablated) >= 0``: how much the edge's removal moves the distribution,
+    unsigned.
+``"nll"``
+    ``log p`` of the *true* next token (the input's token at ``i + 1``), so ``effect =
+    NLL(ablated) - NLL(clean)``: the loss the edge's removal adds.
+
+Encoders (bidirectional): the query is a masked position and the objective reads that
+position's prediction; ``target`` is then required for ``"nll"``.
+
+How it runs (:mod:`cwlens.engine.interventions.edge_removal`): a causal decoder on
+TransformerLens 4.x carries only the query's position, from the edge's layer on, over the
+clean keys and values of the positions before it (``path="prefix"``); anything else runs
+the whole input once per edge, batched (``path="full"``). Both give the same numbers
+(tested). Edges with ``a_ij = 0`` exactly (keys outside a sliding window, padding) remove
+nothing: their effect is 0 without a run.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import torch
+
+from cwlens.core import edge_scoring
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.interventions.edge_removal import Edits, PrefixRunner, full_rows, supports_prefix
+from cwlens.errors import InvalidArgumentError, UnknownOptionError
+
+Objective = Literal["logprob", "logit_diff", "kl", "nll"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+Path = Literal["auto", "prefix", "full"]
+
+
+@dataclass
+class EdgeEffects:
+    """The true effect of every edge of the chosen layers at one query.
+
+    Attributes:
+        effect: ``[layer, head, key]`` float64, ``objective(clean) - objective(ablated)``
+            (layers in the order of :attr:`layers`; keys ``0..query`` for a decoder, every
+            position for an encoder).
+        alpha: ``[layer, head, key]`` the clean attention at the query (an edge with
+            ``alpha == 0`` does not exist: :attr:`eligible` leaves it out of every score).
+        layers: the model layers of ``effect``'s first axis.
+        query: the query position (non-negative).
+        objective: the objective's name; ``clean``: its value in the clean run.
+        target: the token(s) it reads (``None`` for ``"kl"``).
+        tokens: ``[pos]`` the input's token ids (up to the query for a decoder).
+        path: how the rows ran (``"prefix"`` or ``"full"``).
+        dtype: the dtype the model ran in.
+    """
+
+    effect: torch.Tensor
+    alpha: torch.Tensor
+    layers: list[int]
+    query: int
+    objective: str
+    clean: float
+    target: Any
+    tokens: torch.Tensor
+    path: str
+    dtype: torch.dtype
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def eligible(self) -> torch.Tensor:
+        """``[layer, head, key]`` True where the edge exists (``alpha > 0``)."""
+        return self.alpha > 0
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.eligible.sum())
+
+    def score(self, weights: torch.Tensor | dict[str, torch.Tensor],
+              ks: Sequence[int] = edge_scoring.KS) -> dict:
+        """Each layer's agreement of ``weights`` (``[layer, head, key]`` like
+        :attr:`effect`, or ``{method: weights}``) with the true effects, over the layer's
+        existing edges: :func:`cwlens.core.edge_scoring.agreement` per layer (Spearman of
+        magnitudes and of signed values, top-k recall, the captured share of the top-k
+        true |effect|). Returns ``{layer: {...}}`` or ``{method: {layer: {...}}}``."""
+        if isinstance(weights, dict):
+            return {name: self.score(w, ks) for name, w in weights.items()}
+        if tuple(weights.shape) != tuple(self.effect.shape):
+            raise InvalidArgumentError(
+                f"weights {tuple(weights.shape)} must be shaped like the effects "
+                f"{tuple(self.effect.shape)} [layer, head, key]")
+        out = {}
+        for i, layer in enumerate(self.layers):
+            ok = self.eligible[i]
+            out[layer] = edge_scoring.agreement(weights[i][ok].double(), self.effect[i][ok], ks)
+        return out
+
+    def __repr__(self) -> str:
+        top = self.effect.abs().flatten().argmax()
+        li, h, k = (int(x) for x in torch.unravel_index(top, self.effect.shape))
+        return (f"EdgeEffects({self.objective} at query {self.query}, {len(self.layers)} layers x "
+                f"{self.effect.shape[1]} heads x {self.effect.shape[2]} keys, {self.n_edges} edges; "
+                f"largest |effect| {float(self.effect[li, h, k]):+.4g} at L{self.layers[li]}H{h} "
+                f"key {k}; path {self.path}, {str(self.dtype).replace('torch.', '')})")
+
+
+# -- inputs ----------------------------------------------------------------------------------
+def tokens_of(handle: ModelHandle, input: Any) -> torch.Tensor:
+    """``[1, pos]`` token ids of a text or of ``[pos]`` / ``[1, pos]`` ids."""
+    if isinstance(input, str):
+        tokens = handle.to_tokens(input)
+    elif isinstance(input, torch.Tensor) and not input.is_floating_point() and input.ndim in (1, 2):
+        tokens = input[None] if input.ndim == 1 else input
+    else:
+        raise InvalidArgumentError(
+            f"edge_effects takes one text or the token ids of one input ([pos] or [1, pos]); "
+            f"got {type(input).__name__}{tuple(getattr(input, 'shape', ()))}. For several "
+            "inputs, call it once per input (or use `cwlens groundtruth --edges`).")
+    if tokens.shape[0] != 1:
+        raise InvalidArgumentError(
+            f"edge_effects takes one input; got a batch of {tokens.shape[0]}. Call it once "
+            "per input.")
+    return tokens.to(handle.device)
+
+
+def resolve_query(query: int, n: int) -> int:
+    if isinstance(query, bool) or not isinstance(query, int):
+        raise InvalidArgumentError(f"query must be an int position; got {query!r}")
+    q = query + n if query < 0 else query
+    if not 0 <= q < n:
+        raise InvalidArgumentError(
+            f"query {query} is outside the input's {n} positions (0..{n - 1}, or -1 for the last)")
+    return q
+
+
+def model_in(model: Any, dtype: torch.dtype) -> Any:
+    """``model`` itself where its weights are ``dtype``, else a copy in ``dtype`` (float32
+    weights are exact in float64): cached on the model's handle, so a loop over inputs
+    copies once."""
+    param = next(unwrap_params(model), None)
+    if param is None or param.dtype == dtype:
+        return model
+    handle = wrap(model)
+    cached = getattr(handle, "_edge_copies", {})
+    if dtype not in cached:
+        cached = {dtype: copy.deepcopy(handle.model).to(dtype)}  # one copy at a time
+        handle._edge_copies = cached  # type: ignore[attr-defined]
+    return cached[dtype]
+
+
+def unwrap_params(model: Any):
+    return wrap(model).model.parameters()
+
+
+# -- objectives --------------------------------------------------------------------------------
+class Reader:
+    """The objective as a function of the logits at the query (``[rows, d_vocab]`` ->
+    ``[rows]`` float64)."""
+
+    def __init__(self, objective: str, target: Any, clean_logits: torch.Tensor | None = None):
+        self.objective = objective
+        self.target = target
+        self.clean_logp = None if clean_logits is None else clean_logits.double().log_softmax(-1)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.double()
+        if self.objective in ("logprob", "nll"):
+            return logits.log_softmax(-1)[:, int(self.target)]
+        if self.objective == "logit_diff":
+            a, b = self.target
+            return logits[:, int(a)] - logits[:, int(b)]
+        assert self.clean_logp is not None  # kl
+        logp = logits.log_softmax(-1)
+        p = self.clean_logp.exp()
+        return -(p * (self.clean_logp - logp)).sum(-1)
+
+
+def _target(objective: str, target: Any, tokens: torch.Tensor, query: int, clean_logits,
+            encoder: bool, next_token: int | None, d_vocab: int) -> Any:
+    def token(t: Any, what: str) -> int:
+        if isinstance(t, bool) or not isinstance(t, int | torch.Tensor) or int(t) < 0 or int(t) >= d_vocab:
+            raise InvalidArgumentError(f"{what} must be a token id in 0..{d_vocab - 1}; got {t!r}")
+        return int(t)
+
+    if objective == "kl":
+        if target is not None:
+            raise InvalidArgumentError("objective 'kl' reads the whole distribution: pass no target")
+        return None
+    if objective == "logit_diff":
+        if not (isinstance(target, tuple | list) and len(target) == 2):
+            raise InvalidArgumentError(
+                "objective 'logit_diff' needs target=(a, b): the logit of a minus that of b "
+                "(IOI: the indirect object's token id, then the subject's)")
+        return (token(target[0], "target[0]"), token(target[1], "target[1]"))
+    if objective == "nll":
+        if target is not None:
+            return token(target, "target")
+        if next_token is None:
+            raise InvalidArgumentError(
+                "objective 'nll' reads the true next token, but the query is the input's last "
+                "position (or the model is an encoder): pass a query before the end, or "
+                "target=<token id>")
+        return next_token
+    return token(target, "target") if target is not None else int(clean_logits.argmax())
+
+
+# -- the measurement --------------------------------------------------------------------------
+def edge_effects(
+    model: Any,
+    input: Any,
+    query: int = -1,
+    target: Any = None,
+    layers: Any = None,
+    objective: str = "logprob",
+    dtype: torch.dtype = torch.float64,
+    path: str = "auto",
+    batch_size: int | None = None,
+) -> EdgeEffects:
+    """The true effect of removing each attention edge at ``query`` on the prediction there.
+
+    Args:
+        model: a TransformerLens model (TransformerBridge or HookedTransformer /
+            HookedEncoder).
+        input: one text, or its token ids ``[pos]`` / ``[1, pos]``.
+        query: the query position (negative: from the end). A decoder's input is cut after
+            it (later positions cannot change it).
+        target: what the objective reads (see the module docstring): a token id for
+            ``"logprob"`` (default: the clean top-1) and ``"nll"`` (default: the true next
+            token), ``(a, b)`` for ``"logit_diff"``, nothing for ``"kl"``.
+        layers: an int, a list or None (every layer).
+        objective: ``"logprob"``, ``"logit_diff"``, ``"kl"`` or ``"nll"``.
+        dtype: the dtype the model runs in (float64, the default, for exactness: a float32
+            model is copied once into float64; float32 runs the model as it is).
+        path: ``"prefix"`` (causal decoders on TransformerLens 4.x), ``"full"`` (any
+            model, a whole forward per edge) or ``"auto"`` (prefix where it applies).
+        batch_size: rows per forward (default 256 on the prefix path, 16 on the full one).
+
+    Returns:
+        An :class:`EdgeEffects` (``.effect [layer, head, key]``, ``.score(weights)``).
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.groundtruth import edge_effects
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> fx = edge_effects(model, torch.tensor([1, 5, 9, 3, 7]), query=-1)
+        >>> tuple(fx.effect.shape)  # [layer, head, key]
+        (2, 4, 5)
+    """
+    if objective not in OBJECTIVES:
+        raise UnknownOptionError(f"Unknown objective={objective!r}. Valid: {', '.join(OBJECTIVES)}.")
+    if path not in get_args(Path):
+        raise UnknownOptionError(f"Unknown path={path!r}. Valid: auto, prefix, full.")
+    if dtype not in (torch.float32, torch.float64):
+        raise InvalidArgumentError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
+    handle = wrap(model)
+    resolved, _ = adapter.resolve_layers(model, layers)
+    tokens = tokens_of(handle, input)
+    n = tokens.shape[1]
+    q = resolve_query(query, n)
+    encoder = handle.is_encoder
+    next_token = int(tokens[0, q + 1]) if (not encoder and q + 1 < n) else None
+    if not encoder:
+        tokens = tokens[:, :q + 1]
+    run_model = model_in(model, dtype)
+    run = wrap(run_model)
+    why = supports_prefix(run)
+    if path == "prefix" and why is not None:
+        raise InvalidArgumentError(f"path='prefix' does not apply: {why}. Use path='full' or 'auto'.")
+    use = "prefix" if (path == "prefix" or (path == "auto" and why is None)) else "full"
+
+    with torch.no_grad():
+        names = set(run.info.hooks(resolved))
+        logits, cache = run.cached_run(tokens, names.__contains__)
+        clean_logits = logits[0, q]
+        tgt = _target(objective, target, tokens, q, clean_logits, encoder, next_token,
+                      int(clean_logits.shape[-1]))
+        reader = Reader(objective, tgt, clean_logits if objective == "kl" else None)
+        clean = float(reader(clean_logits[None])[0])
+        alphas, rows, layer_ids, heads, deltas = [], [], [], [], []
+        for li, layer in enumerate(resolved):
+            pattern = adapter.read(cache, hook_names.pattern(layer), run_model)[0, :, q, :]  # [h, k]
+            v = adapter.read(cache, hook_names.values(layer), run_model)[0]  # [k, kv or h, d]
+            group = pattern.shape[0] // v.shape[1]
+            alphas.append(pattern.double().cpu())
+            h_idx, k_idx = (pattern != 0).nonzero(as_tuple=True)
+            delta = pattern[h_idx, k_idx, None] * v[k_idx, h_idx // group]
+            base = li * pattern.numel()
+            rows.append(base + h_idx * pattern.shape[1] + k_idx)
+            layer_ids.append(torch.full_like(h_idx, layer))
+            heads.append(h_idx)
+            deltas.append(delta)
+        alpha = torch.stack(alphas)
+        row_of_edge = torch.cat(rows).cpu()
+        edits = Edits(torch.arange(len(row_of_edge)), torch.cat(layer_ids).cpu(), torch.cat(heads).cpu(),
+                      torch.cat(deltas), len(row_of_edge))
+        if use == "prefix":
+            ablated = PrefixRunner(run, tokens).run(edits, reader, batch_size or 256)
+        else:
+            ablated = full_rows(run, tokens, edits, q, reader, batch_size or 16).double().cpu()
+    effect = torch.zeros(alpha.numel(), dtype=torch.float64)
+    effect[row_of_edge] = clean - ablated
+    return EdgeEffects(effect.view(alpha.shape), alpha, resolved, q, objective, clean, tgt,
+                       tokens[0].cpu(), use, dtype)
+
+
+def joint_effects(model: Any, fx: EdgeEffects,
+                  sets: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """``[len(sets)]``: ``objective(clean) - objective(ablated)`` with each set's edges
+    removed together, at ``fx``'s input, query and objective (the same model dtype and
+    path). A set is ``(layer index into fx.layers, heads [k], keys [k])``."""
+    run_model = model_in(model, fx.dtype)
+    run = wrap(run_model)
+    tokens = fx.tokens[None].to(run.device)
+    q = fx.query
+    rows, layer_ids, heads, deltas = [], [], [], []
+    with torch.no_grad():
+        layers = sorted({fx.layers[li] for li, _, _ in sets})
+        names = set(run.info.hooks(layers))
+        logits, cache = run.cached_run(tokens, names.__contains__)
+        reader = Reader(fx.objective, fx.target, logits[0, q] if fx.objective == "kl" else None)
+        for r, (li, h, k) in enumerate(sets):
+            layer = fx.layers[li]
+            pattern = adapter.read(cache, hook_names.pattern(layer), run_model)[0, :, q, :]
+            v = adapter.read(cache, hook_names.values(layer), run_model)[0]
+            group = pattern.shape[0] // v.shape[1]
+            h, k = h.to(pattern.device), k.to(pattern.device)
+            rows.append(torch.full((len(h),), r, dtype=torch.long))
+            layer_ids.append(torch.full((len(h),), layer, dtype=torch.long))
+            heads.append(h.cpu())
+            deltas.append(pattern[h, k, None] * v[k, h // group])
+        edits = Edits(torch.cat(rows), torch.cat(layer_ids), torch.cat(heads), torch.cat(deltas), len(sets))
+        if fx.path == "prefix":
+            ablated = PrefixRunner(run, tokens).run(edits, reader, 256)
+        else:
+            ablated = full_rows(run, tokens, edits, q, reader, 16).double().cpu()
+    return fx.clean - ablated
