@@ -119,8 +119,7 @@ def run(args) -> int:
     data = "text" if args.text else args.data
     config = {"model": args.model, "data": data, "objective": args.objective, "dtype": args.dtype,
               "max_tokens": args.max_tokens, "query": args.query, "methods": list(args.methods),
-              "layers": None if args.layers is None else list(args.layers),
-              "inputs": [it.id for it in items]}
+              "layers": None if args.layers is None else list(args.layers)}
     print(f"cwlens groundtruth --edges: {args.model}, {len(items)} inputs of {data}, objective "
           f"{args.objective}, {args.dtype}", flush=True)
     t0 = time.perf_counter()

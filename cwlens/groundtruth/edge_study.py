@@ -128,16 +128,27 @@ def record_of(model, item: EdgeInput, fx: EdgeEffects, weights: dict[str, torch.
 
 
 # -- the resumable run -----------------------------------------------------------------------
+def item_key(item: EdgeInput) -> str:
+    """8 hex digits of the input's token ids, query and target: a stored record is reused
+    only for the very same input."""
+    import hashlib
+
+    text = ",".join(map(str, item.tokens.tolist())) + f"|{item.query}|{item.target}"
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 class EdgesJob(Job):
-    """One JSON file per input under ``<folder>/inputs`` (files of separate inputs never
-    collide, so the ranks of a torchrun job share the folder); a rerun skips the inputs
-    whose file exists."""
+    """One JSON file per input under ``<folder>/inputs``, named by its id and
+    :func:`item_key` (files of separate inputs never collide, so the ranks of a torchrun
+    job share the folder); a rerun skips the inputs whose file exists, so a run over the
+    first n inputs of a folder that holds more reuses them (the settings in
+    ``config.json`` must match: the input list is not part of them)."""
 
     def __init__(self, model, items: list[EdgeInput], spec: JobSpec, settings: dict):
         self.model, self.items, self.spec, self.settings = model, items, spec, settings
 
-    def _path(self, item_id: str) -> Path:
-        return self.spec.folder / "inputs" / f"{item_id}.json"  # type: ignore[operator]
+    def _path(self, item: EdgeInput) -> Path:
+        return self.spec.folder / "inputs" / f"{item.id}-{item_key(item)}.json"  # type: ignore[operator]
 
     def open(self, resume, rank):
         folder = self.spec.folder
@@ -164,7 +175,7 @@ class EdgesJob(Job):
     def survey(self):
         if self.spec.folder is None:
             return list(range(len(self.items)))
-        return [i for i, it in enumerate(self.items) if not self._path(it.id).exists()]
+        return [i for i, it in enumerate(self.items) if not self._path(it).exists()]
 
     def adopt(self, view):
         self.missing = list(view)
@@ -187,13 +198,13 @@ class EdgesJob(Job):
         if self.spec.folder is None:
             self.memory[item.id] = record
         else:
-            atomic_write_text(self._path(item.id), json.dumps(record))
+            atomic_write_text(self._path(item), json.dumps(record))
         return 1
 
     def merge(self):
         if self.spec.folder is None:
             return [self.memory[it.id] for it in self.items if it.id in self.memory]
-        return [json.loads(self._path(it.id).read_text()) for it in self.items if self._path(it.id).exists()]
+        return [json.loads(self._path(it).read_text()) for it in self.items if self._path(it).exists()]
 
 
 def run_edges(model, items: list[EdgeInput], folder: str | Path | None, config: dict, *,

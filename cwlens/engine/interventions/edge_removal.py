@@ -27,6 +27,7 @@ Two ways to run a row, equal up to round-off (tested):
     attends to itself alone).
 """
 
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -173,7 +174,8 @@ class PrefixRunner:
         self.handle = handle
         self.tokens = tokens  # [1, query + 1]: the query is the last position
         self.query = tokens.shape[1] - 1
-        with _cache_seen(handle):
+        with _cache_seen(handle), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
             if self.query > 0:
                 _, cache = handle.model(tokens[:, :-1], return_type="logits_and_cache")
                 if cache.get_seq_length() != self.query:
@@ -191,7 +193,9 @@ class PrefixRunner:
         if self.cache is not None:
             kwargs = {"past_key_values": self.cache, "position_ids": torch.tensor(
                 [[self.query]], device=self.tokens.device)}
-        with _cache_seen(self.handle), self.handle.hooks(hooks):
+        with _cache_seen(self.handle), self.handle.hooks(hooks), warnings.catch_warnings():
+            # transformers 5 renames the forward's past_key_values to cache, with a warning
+            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
             return self.handle.model(self.tokens[:, -1:], **kwargs)
 
     def run(self, edits: Edits, reduce: Reduce, batch_size: int = 64) -> torch.Tensor:
