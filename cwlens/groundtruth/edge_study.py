@@ -121,10 +121,11 @@ def record_of(model, item: EdgeInput, fx: EdgeEffects, weights: dict[str, torch.
     drops = joint_effects(model, fx, sets) if sets else torch.zeros(0)
     for (li, name, k), drop, add in zip(labels, drops.tolist(), additive, strict=True):
         per_layer[li].setdefault("joint", {}).setdefault(name, {})[str(k)] = {"drop": drop, "additive": add}
-    return {"id": item.id, "n_tokens": int(fx.tokens.numel()), "query": fx.query,
-            "objective": fx.objective, "clean": fx.clean,
-            "target": list(fx.target) if isinstance(fx.target, tuple) else fx.target,
-            "n_edges": fx.n_edges, "path": fx.path, "layers": per_layer}
+    record = {"id": item.id, "n_tokens": int(fx.tokens.numel()), "query": fx.query,
+              "objective": fx.objective, "clean": fx.clean,
+              "target": list(fx.target) if isinstance(fx.target, tuple) else fx.target,
+              "n_edges": fx.n_edges, "path": fx.path, "layers": per_layer}
+    return json.loads(json.dumps(record))  # as stored: keys of k are strings
 
 
 # -- the resumable run -----------------------------------------------------------------------

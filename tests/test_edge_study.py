@@ -1,0 +1,113 @@
+"""The per-edge study: records, resume, the summary's JSON and the CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cwlens.groundtruth import edge_study
+from cwlens.groundtruth.edge_study import EdgeInput, edge_kinds, run_edges, summarise
+from cwlens.groundtruth.edges import edge_effects
+from cwlens.testing import save_tiny, tiny_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+def _items(n: int = 4) -> list[EdgeInput]:
+    g = torch.Generator().manual_seed(0)
+    return [EdgeInput(f"x{i}", torch.randint(1, 50, (10,), generator=g)) for i in range(n)]
+
+
+def test_edge_kinds_partition_the_keys():
+    for q in (0, 1, 5, 20):
+        kinds = edge_kinds(q, q + 1)
+        total = sum(m.long() for m in kinds.values())
+        assert (total == 1).all()
+        assert kinds["sink"][0] and (q == 0 or kinds["self"][q])
+
+
+def test_one_edge_removed_jointly_is_its_single_effect(model):
+    item = _items(1)[0]
+    record = edge_study.measure_input(model, item, methods=("attention", "contribution"))
+    fx = edge_effects(model, item.tokens)
+    for li, layer in enumerate(record["layers"]):
+        best = float(fx.effect[li][fx.eligible[li]].max())
+        oracle = layer["joint"]["oracle"]["1"]
+        assert oracle["drop"] == pytest.approx(best, abs=1e-12)
+        assert oracle["additive"] == pytest.approx(best, abs=1e-12)
+
+
+def test_resume_reuses_stored_inputs_and_recomputes_missing(model, tmp_path, monkeypatch):
+    items = _items(4)
+    first = run_edges(model, items, tmp_path, {"v": 1}, progress=False,
+                      methods=("attention", "contribution"))
+    files = sorted((tmp_path / "inputs").glob("*.json"))
+    assert len(files) == 4
+    calls = []
+    real = edge_study.measure_input
+
+    def spy(m, item, **kw):
+        calls.append(item.id)
+        return real(m, item, **kw)
+
+    monkeypatch.setattr(edge_study, "measure_input", spy)
+    files[2].unlink()
+    again = run_edges(model, items, tmp_path, {"v": 1}, progress=False,
+                      methods=("attention", "contribution"))
+    assert calls == [files[2].name.split("-")[0]]
+    assert again == first
+    # the first n inputs of a larger run: nothing recomputed
+    assert run_edges(model, items[:2], tmp_path, {"v": 1}, progress=False) == first[:2]
+    assert len(calls) == 1
+    with pytest.raises(Exception, match="other settings"):
+        run_edges(model, items, tmp_path, {"v": 2}, progress=False)
+
+
+def test_summary_has_the_documented_fields(model):
+    records = run_edges(model, _items(4), None, {}, progress=False)
+    s = summarise(records, {"model": "tiny", "data": "random", "objective": "logprob"})
+    assert {"model", "data", "objective", "n_inputs", "n_edges", "methods", "paired",
+            "joint_removal", "kinds_truth"} <= set(s)
+    assert s["n_inputs"] == 4 and s["n_edges"] == sum(r["n_edges"] for r in records)
+    c = s["methods"]["contribution"]
+    assert {"spearman_abs", "ci", "spearman_signed", "topk_recall", "captured"} <= set(c)
+    assert set(c["topk_recall"]) == set(c["captured"]) == {"1", "5", "10"}
+    assert c["ci"][0] <= c["spearman_abs"] <= c["ci"][1]
+    assert "contribution - attention: spearman_abs" in s["paired"]
+    assert s["methods"]["attention_gradient"]["spearman_abs"] > 0.9  # first order, tiny model
+    json.dumps(s)  # JSON-ready
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "cwlens", "groundtruth", "--edges", *args],
+                          capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_cli_on_a_local_model(tmp_path):
+    path = save_tiny("llama", tmp_path / "model")
+    out = tmp_path / "run"
+    done = _cli("--model", str(path), "--text", "a b c d e f g", "--text", "h i j k l m n o",
+                "--text", "p q r s t u", "--out", str(out), "--json", str(tmp_path / "s.json"),
+                "--methods", "attention,contribution,value_weighted", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["n_inputs"] == 3 and set(s["methods"]) == {"attention", "contribution", "value_weighted"}
+    assert "| contribution (inter) |" in done.stdout and (out / "tables.md").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--data", "gsm8k", "--objective", "logit_diff"), "logit_diff needs two answers"),
+    (("--methods", "attention,magic"), "magic"),
+    (("--data", "ioi", "--objective", "nll"), "nll reads a text"),
+])
+def test_cli_refuses_bad_combinations(tmp_path, args, message):
+    path = save_tiny("llama", tmp_path / "model")
+    done = _cli("--model", str(path), "--samples", "3", "--out", str(tmp_path / "r"), *args)
+    assert done.returncode != 0
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
