@@ -20,7 +20,14 @@ the heads of the compiled graph. Per program and method: the mean per-input ROC 
 precision at |truth| with 95% bootstrap-t intervals over inputs, and the difference from
 the level's attention-based reference resolved by Holm's correction (docs/groundtruth.md).
 Writes per_input.csv.gz, summary.csv and tables.md under --out, the figure (HTML + PNG)
-under --figures and, with --json, the scores of each program."""
+under --figures and, with --json, the scores of each program.
+
+tracr's zero-weight padding heads are in no score. A program whose compiled network's
+output differs from the RASP program's on an input (where the program has an output) is
+refused, naming the input. Rows whose attention output is at most 1e-3 of the layer's
+largest projected value norm (a query that fell back to a value-less BOS writes only the
+softmax's leak) get 0 from the measures normalised by that output (--json:
+"silent_row_threshold"; docs/groundtruth.md, "Numbers")."""
 
 EPILOG = """\
 examples:
@@ -29,9 +36,18 @@ examples:
   cwlens groundtruth --program my_program.py         # a RASP file: program, vocab, max_seq_len
   cwlens groundtruth --json scores.json
   cwlens groundtruth --out results/groundtruth --figures figures --summary-md docs/groundtruth.md
---json FILE holds {"program", "n_inputs", "methods": {method: {"level", "auroc", "ci",
-"precision_at_truth"}}} for one program, a list of such objects for several.
+--json FILE holds {"program", "n_inputs", "output_mismatches", "n_inputs_scored": {level: n},
+"silent_row_threshold", "methods": {method: {"level", "auroc", "ci", "precision_at_truth",
+"n_inputs_scored"}}} for one program, a list of such objects for several. n_inputs: the
+inputs drawn and run; n_inputs_scored: those a level's means are over (an input with no
+positive or no negative entry at a level has no AUROC there).
 """
+
+
+def shipped_names() -> list[str]:
+    """The shipped programs' names, from their files (cheap: nothing imported)."""
+    folder = Path(__file__).resolve().parents[1] / "groundtruth" / "programs"
+    return sorted(p.stem for p in folder.glob("*.json"))
 
 
 def program_list(text: str) -> list[str]:
@@ -70,12 +86,14 @@ def at_least_three(text: str) -> int:
 def register(sub) -> None:
     p = sub.add_parser(
         "groundtruth", help="every importance method scored against compiled (tracr) ground truth",
-        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+        epilog=f"shipped programs: {', '.join(shipped_names())}\n\n{EPILOG}", formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_debug_flag(p, argparse.SUPPRESS)
     p.add_argument("--program", type=program_list, default=None,
-                   help="shipped programs, comma-separated (default: all), or a .py file defining "
-                   "program, vocab, max_seq_len and optionally sample_inputs (needs the tracr extra)")
+                   help="shipped programs, comma-separated (default: all: "
+                   f"{', '.join(shipped_names())}), or a .py file defining program, vocab, "
+                   "max_seq_len and optionally sample_inputs (needs the tracr extra)")
     p.add_argument("--inputs", type=at_least_three, default=256,
                    help="random inputs per program (default: %(default)s; the shipped truth covers "
                    "the first 256 of seed 0, others need tracr)")

@@ -19,6 +19,7 @@ from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth import scoring
 from cwlens.groundtruth.agreement import check_agreement
 from cwlens.groundtruth.methods import answers_of
+from cwlens.groundtruth.padding import padding_heads
 
 DEFAULT_INPUTS = 256
 MIN_INPUTS = 3  # the bootstrap-t needs three (cwlens.core.bootstrap.MIN_N)
@@ -113,6 +114,7 @@ def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_
     check_agreement(program, inputs, [t.output for t in truths])
     corrupted = corrupt(inputs, program.vocab, seed + 1)
     heads = scoring.component_labels(program.components, handle.n_layers, handle.n_heads)
+    scored_heads = ~padding_heads(model)  # tracr's zero-weight padding heads: in no score
     groups: dict[int, list[int]] = {}
     for i, row in enumerate(inputs):
         groups.setdefault(len(row), []).append(i)
@@ -127,7 +129,7 @@ def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_
         for b, i in enumerate(ids):
             truth = truths[i]
             one = {lv: {m: v[b] for m, v in per.items()} for lv, per in scores.items()}
-            for r in scoring.score_input(truth, one, heads, causal):
+            for r in scoring.score_input(truth, one, heads, causal, scored_heads):
                 rows.append({"program": program.name, "input_id": i, "length": len(inputs[i]), **r})
         bar.update(len(ids))
     bar.close()
