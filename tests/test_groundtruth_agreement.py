@@ -9,7 +9,6 @@ import pytest
 from cwlens.cli.main import main
 from cwlens.errors import CwlensWarning
 from cwlens.groundtruth import library
-from cwlens.groundtruth.agreement import first_difference
 from cwlens.groundtruth.evaluate import score_program
 
 CATEGORICAL_MEAN = """\
@@ -32,6 +31,8 @@ def test_positions_without_an_output_are_not_mismatches(name):
 
 
 def test_first_difference():
+    from cwlens.groundtruth.agreement import first_difference
+
     assert first_difference(["BOS", "x", "a"], ["BOS", None, "a"]) is None
     assert first_difference(["BOS", "x", "a"], ["BOS", None, "b"]) == 2
     assert first_difference(["BOS", 0.5004], ["BOS", 0.5]) is None

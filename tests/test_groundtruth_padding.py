@@ -8,11 +8,12 @@ from torch.testing import assert_close
 from cwlens.core.rollout import rollout
 from cwlens.groundtruth import library
 from cwlens.groundtruth.evaluate import float64_copy, score_program
-from cwlens.groundtruth.padding import padding_heads, without_padding
 from tests._groundtruth_gate import GateProgram
 
 
 def test_padding_heads_of_the_compiled_models():
+    from cwlens.groundtruth.padding import padding_heads
+
     assert padding_heads(library.load("reverse")).tolist() == [[False], [True], [True], [False]]
     assert padding_heads(library.load("sort")).tolist() == [[True], [False], [False]]
     assert not padding_heads(library.load("first_two_equal")).any()
@@ -55,6 +56,8 @@ def test_rollout_leaves_padding_heads_out():
 
 
 def test_without_padding_averages_the_real_heads():
+    from cwlens.groundtruth.padding import without_padding
+
     patterns = torch.rand(2, 1, 3, 4, 4)
     padding = torch.tensor([[False, True, False], [True, True, True]])
     out = without_padding(patterns, padding)

@@ -289,3 +289,20 @@ def test_the_softmax_leak_ranks_nothing():
                                torch.tensor([[True, False]]), causal=False)
     main = next(r for r in rows if r["scope"] == "main")
     assert main["n_entries"] == 0 and math.isnan(main["auroc"])
+
+
+def test_the_silent_row_threshold_is_the_one_used_and_written(gate):
+    """--silent-row-threshold 0 scores without the rule (only ||o|| = 0 rows are silent);
+    the JSON says which threshold its scores used."""
+    from cwlens.circuits.compare import circuit_cache
+    from cwlens.groundtruth.layer_scores import layer_scores
+
+    model = float64_copy(gate.model)
+    tokens = encode(model, [["BOS", "b", "a", "b"]])  # every row of head 0 falls back
+    logits, cache = circuit_cache(model, tokens)
+    answers = methods.answers_of(logits)
+    masked = layer_scores(model, tokens, cache, answers)["contribution"][0, 0, 0, 1:]
+    unmasked = layer_scores(model, tokens, cache, answers, 0.0)["contribution"][0, 0, 0, 1:]
+    assert (masked == 0).all() and (unmasked.sum(-1) - 1).abs().max() < 1e-6  # the leak, shared out
+    scores = score_program(gate, n_inputs=6, seed=0, n_boot=20, zero_output=0.0)
+    assert report.program_json(scores)["silent_row_threshold"] == 0.0

@@ -78,6 +78,9 @@ def test_help_lists_the_shipped_programs_and_the_silent_rows(capsys):
     assert f"shipped programs: {', '.join(library.names())}" in text
     assert "at most 1e-3 of the layer's largest projected value norm" in text
     assert "silent_row_threshold" in text and "n_inputs_scored" in text
+    from cwlens.groundtruth.compiler import MAX_SEQ_LEN
+
+    assert f"max_seq_len is at most {MAX_SEQ_LEN}" in text
 
 
 def test_unknown_program_is_a_usage_error(capsys):
@@ -122,3 +125,10 @@ def test_too_few_inputs(capsys):
         main(["groundtruth", "--inputs", "2"])
     assert err.value.code == 2
     assert "at least 3" in capsys.readouterr().err
+
+
+def test_silent_row_threshold_is_checked(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["groundtruth", "--program", "frac_prevs", "--silent-row-threshold", "2"])
+    assert err.value.code == 2
+    assert "must be a number in [0, 1)" in capsys.readouterr().err

@@ -26,8 +26,10 @@ tracr's zero-weight padding heads are in no score. A program whose compiled netw
 output differs from the RASP program's on an input (where the program has an output) is
 refused, naming the input. Rows whose attention output is at most 1e-3 of the layer's
 largest projected value norm (a query that fell back to a value-less BOS writes only the
-softmax's leak) get 0 from the measures normalised by that output (--json:
-"silent_row_threshold"; docs/groundtruth.md, "Numbers")."""
+softmax's leak) get 0 from the measures normalised by that output, as cwlens does where
+||o|| = 0 (--silent-row-threshold; --json: "silent_row_threshold"; docs/groundtruth.md,
+"Numbers"). A program file's max_seq_len is at most 32 (larger ones are refused before
+tracr compiles them)."""
 
 EPILOG = """\
 examples:
@@ -75,6 +77,18 @@ def program_list(text: str) -> list[str]:
     return items
 
 
+def silent_threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a number in [0, 1) (the silent-row threshold; 1e-3 by default, 0 for "
+            f"none); got {text!r}")
+    return value
+
+
 def at_least_three(text: str) -> int:
     value = arg_types.positive_int(text)
     if value < 3:
@@ -99,6 +113,11 @@ def register(sub) -> None:
                    "the first 256 of seed 0, others need tracr)")
     p.add_argument("--seed", type=arg_types.non_negative_int, default=0,
                    help="seed of the inputs (default: %(default)s)")
+    p.add_argument("--silent-row-threshold", type=silent_threshold, default=1e-3, metavar="X",
+                   help="a row whose attention output ||o|| is at most X times the layer's largest "
+                   "||v~|| gets 0 from the output-normalised measures (contribution, its "
+                   "|.|, vw output-norm., ALTI of the attention output, contribution share); "
+                   "0: only rows with ||o|| = 0 (default: %(default)s)")
     p.add_argument("--bootstrap", type=arg_types.positive_int, default=1999,
                    help="bootstrap resamples of the intervals (default: %(default)s)")
     p.add_argument("--out", default="runs/groundtruth",
@@ -128,6 +147,7 @@ def _command(args) -> str:
     if args.program:
         parts.append(f"--program {','.join(args.program)}")
     for flag, value, default in (("--inputs", args.inputs, 256), ("--seed", args.seed, 0),
+                                 ("--silent-row-threshold", args.silent_row_threshold, 1e-3),
                                  ("--bootstrap", args.bootstrap, 1999)):
         if value != default:
             parts.append(f"{flag} {value}")
@@ -160,7 +180,7 @@ def run(args) -> int:
         print(f"cwlens groundtruth: {program.name} ({shape.n_layers} layers x {shape.n_heads} "
               f"heads), {args.inputs} inputs", flush=True)
         results.append(score_program(program, args.inputs, args.seed, progress=progress,
-                                     n_boot=args.bootstrap))
+                                     n_boot=args.bootstrap, zero_output=args.silent_row_threshold))
     import pandas as pd
 
     summary = pd.concat([r.summary for r in results], ignore_index=True)

@@ -18,6 +18,7 @@ from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth import scoring
 from cwlens.groundtruth.agreement import check_agreement
+from cwlens.groundtruth.layer_scores import ZERO_OUTPUT
 from cwlens.groundtruth.methods import answers_of
 from cwlens.groundtruth.padding import padding_heads
 
@@ -37,6 +38,9 @@ class ProgramScores:
         output_mismatches: inputs whose network output differs from the program's, where
             the program has an output: always 0, since :func:`evaluate` refuses a program
             whose network disagrees (:func:`cwlens.groundtruth.agreement.check_agreement`).
+        silent_row_threshold: the ``||o||`` (times the layer's largest ``||v~||``) at or
+            below which a row's output-normalised scores are 0
+            (:func:`cwlens.groundtruth.layer_scores.silent_rows`).
     """
 
     program: str
@@ -44,19 +48,22 @@ class ProgramScores:
     per_input: Any
     summary: Any
     output_mismatches: int = 0
+    silent_row_threshold: float = ZERO_OUTPUT
 
 
-def all_scores(model, tokens: torch.Tensor, corrupted: torch.Tensor) -> tuple[dict, torch.Tensor]:
-    """``({level: {method: [batch, ...]}}, logits)`` of every method on ``tokens``."""
+def all_scores(model, tokens: torch.Tensor, corrupted: torch.Tensor,
+               zero_output: float = ZERO_OUTPUT) -> tuple[dict, torch.Tensor]:
+    """``({level: {method: [batch, ...]}}, logits)`` of every method on ``tokens``;
+    ``zero_output``: the silent-row threshold (:func:`~cwlens.groundtruth.layer_scores.silent_rows`)."""
     from cwlens.circuits.compare import circuit_cache
     from cwlens.groundtruth.input_scores import input_scores
     from cwlens.groundtruth.layer_scores import component_scores, layer_scores
 
     logits, cache = circuit_cache(model, tokens)
     answers = answers_of(logits)
-    out = {"layer": layer_scores(model, tokens, cache, answers),
+    out = {"layer": layer_scores(model, tokens, cache, answers, zero_output),
            "input": input_scores(model, tokens, cache, answers),
-           "component": component_scores(model, tokens, cache, answers, corrupted)}
+           "component": component_scores(model, tokens, cache, answers, corrupted, zero_output)}
     return out, logits
 
 
@@ -90,11 +97,13 @@ def corrupt(inputs: Sequence[Sequence], vocab: Sequence, seed: int) -> list[list
 
 
 def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_size: int = 32,
-             progress: bool = False) -> tuple[list[dict], int]:
+             progress: bool = False, zero_output: float = ZERO_OUTPUT) -> tuple[list[dict], int]:
     """Per-input rows (:data:`scoring.COLUMNS`) of every method on ``n_inputs`` inputs of
     ``program`` (a :class:`~cwlens.groundtruth.library.CompiledProgram`), and the number
     of inputs whose network output differs from the program's (0: a program whose network
-    disagrees with it on an input is refused, naming the input).
+    disagrees with it on an input is refused, naming the input). ``zero_output``: the
+    silent-row threshold (:func:`~cwlens.groundtruth.layer_scores.silent_rows`; 0: only
+    exactly-zero outputs).
 
     Raises:
         InvalidArgumentError: ``n_inputs`` below 3, or the network disagrees with the
@@ -102,6 +111,10 @@ def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_
     """
     from cwlens.groundtruth.codec import encode
 
+    if isinstance(zero_output, bool) or not isinstance(zero_output, int | float) or not 0 <= zero_output < 1:
+        raise InvalidArgumentError(
+            f"zero_output must be a number in [0, 1) (the silent-row threshold, {ZERO_OUTPUT} by "
+            f"default; 0 scores without it); got {zero_output!r}.")
     if isinstance(n_inputs, bool) or not isinstance(n_inputs, int) or n_inputs < MIN_INPUTS:
         raise InvalidArgumentError(
             f"n_inputs must be an int >= {MIN_INPUTS} (the bootstrap intervals need three "
@@ -125,7 +138,7 @@ def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_
     for ids in batches:
         tokens = encode(model, [inputs[i] for i in ids])
         bad = encode(model, [corrupted[i] for i in ids])
-        scores, _ = all_scores(model, tokens, bad)
+        scores, _ = all_scores(model, tokens, bad, zero_output)
         for b, i in enumerate(ids):
             truth = truths[i]
             one = {lv: {m: v[b] for m, v in per.items()} for lv, per in scores.items()}
@@ -137,12 +150,14 @@ def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_
 
 
 def score_program(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0,
-                  batch_size: int = 32, progress: bool = False, n_boot: int = 1999) -> ProgramScores:
+                  batch_size: int = 32, progress: bool = False, n_boot: int = 1999,
+                  zero_output: float = ZERO_OUTPUT) -> ProgramScores:
     """:func:`evaluate` and :func:`scoring.summarize` of one program."""
-    rows, mismatches = evaluate(program, n_inputs, seed, batch_size, progress)
+    rows, mismatches = evaluate(program, n_inputs, seed, batch_size, progress, zero_output)
     per_input = scoring.per_input_frame(rows)
     return ProgramScores(program.name, n_inputs, per_input,
-                         scoring.summarize(per_input, n_boot=n_boot, seed=seed), mismatches)
+                         scoring.summarize(per_input, n_boot=n_boot, seed=seed), mismatches,
+                         zero_output)
 
 
 def _bar(total: int, name: str, on: bool):

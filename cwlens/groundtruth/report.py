@@ -43,11 +43,10 @@ def program_json(scores: Any) -> dict:
     ``n_inputs_scored``: those a level's means are over (an input with no positive or no
     negative entry at a level has no AUROC there and is left out, for every method of the
     level); ``output_mismatches``: inputs where the network's output differs from the
-    program's (0: such a program is refused); ``silent_row_threshold``: the ``||o||`` below
-    which, relative to the layer's largest ``||v~||``, a row's output-normalised scores are
-    0 (:data:`cwlens.groundtruth.layer_scores.ZERO_OUTPUT`)."""
-    from cwlens.groundtruth.layer_scores import ZERO_OUTPUT
-
+    program's (0: such a program is refused); ``silent_row_threshold``: the ``||o||`` at or
+    below which, relative to the layer's largest ``||v~||``, a row's output-normalised
+    scores are 0 (:func:`cwlens.groundtruth.layer_scores.silent_rows`; 1e-3 unless
+    ``--silent-row-threshold`` says otherwise)."""
     main = scores.summary[scores.summary["scope"] == "main"]
     out: dict[str, Any] = {}
     per_level: dict[str, int] = {}
@@ -59,7 +58,7 @@ def program_json(scores: Any) -> dict:
         per_level[r.level] = max(per_level.get(r.level, 0), int(r.n))
     return {"program": scores.program, "n_inputs": int(scores.n_inputs),
             "output_mismatches": int(scores.output_mismatches), "n_inputs_scored": per_level,
-            "silent_row_threshold": ZERO_OUTPUT, "methods": out}
+            "silent_row_threshold": float(scores.silent_row_threshold), "methods": out}
 
 
 def json_document(results: Sequence[Any]) -> dict | list[dict]:
