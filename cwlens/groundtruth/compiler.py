@@ -57,7 +57,8 @@ def compile_program(program: Any, vocab: set, max_seq_len: int, bos: str = "BOS"
 
     Raises:
         InvalidArgumentError: tracr cannot compile the program (its message is kept), or
-            ``vocab``/``max_seq_len``/``bos`` are not what tracr takes.
+            ``vocab``/``max_seq_len``/``bos`` are not what tracr takes (``max_seq_len`` at
+            most :data:`MAX_SEQ_LEN`).
         ModelNotAvailableError: tracr is not installed.
     """
     require_tracr("compiling a RASP program")

@@ -289,7 +289,10 @@ def from_file(path: str | Path, name: str | None = None) -> CompiledProgram:
 
     Raises:
         InvalidArgumentError: no such file, a file that defines no ``program`` (or no
-            ``vocab``/``max_seq_len``), or a program tracr cannot compile.
+            ``vocab``/``max_seq_len``), a syntax error or a statement that raises (the
+            message names the file and its line), an unhashable ``vocab``, a
+            ``max_seq_len`` above :data:`cwlens.groundtruth.compiler.MAX_SEQ_LEN` (32), or
+            a program tracr cannot compile.
         ModelNotAvailableError: tracr is not installed (``pip install "cwlens[tracr]"``).
 
     Examples:
