@@ -56,18 +56,24 @@ def test_movement_and_the_value_less_bos(scored):
         assert cell["resolved"] and cell["delta"] > 0  # Holm-resolved above attention
 
 
-def test_components(scored, gate):
+def test_components(gate):
     """Head 0 is the program's only head; head 1 is empty (uniform attention, no output).
-    Where head 0 falls back on every query (tokens[1] == "b"), attention off BOS ranks the
-    empty head first, and every value-aware score ties the heads at 0."""
-    per = scored.per_input
-    comp = per[per["level"] == "component"].pivot(index="input_id", columns="method", values="auroc")
+    Scored with head 1 (``heads`` of score_input: every head), where head 0 falls back on
+    every query (tokens[1] == "b") attention off BOS ranks the empty head first, and every
+    value-aware score ties the heads at 0. (evaluate leaves the empty head out:
+    tests/test_groundtruth_padding.py.)"""
+    model = float64_copy(gate.model)
     inputs = gate.sample_inputs(30, seed=0)
-    hit = np.array([row[1] == "a" for row in inputs])
-    assert (comp.loc[hit, "contribution_share"] == 1.0).all()
-    assert (comp.loc[hit, "activation_patching"] == 1.0).all()
-    assert (comp.loc[~hit, "attention_off_bos"] == 0.0).all()
-    assert (comp.loc[~hit, "contribution_share"] == 0.5).all()
+    labels = torch.tensor([[True, False]])
+    for row, truth in zip(inputs, gate.truth(inputs), strict=True):
+        tokens = encode(model, row)
+        scores, _ = all_scores(model, tokens, encode(model, corrupt([row], gate.vocab, 1)))
+        one = {"component": {m: v[0] for m, v in scores["component"].items()}}
+        got = {r["method"]: r["auroc"] for r in scoring.score_input(truth, one, labels, False)}
+        if row[1] == "a":
+            assert got["contribution_share"] == 1.0 and got["activation_patching"] == 1.0
+        else:
+            assert got["attention_off_bos"] == 0.0 and got["contribution_share"] == 0.5
 
 
 def test_layer_scores_are_the_measures(gate):
@@ -206,12 +212,17 @@ def test_summary_is_the_bootstrap_it_cites():
 
 def test_json_shape(scored):
     doc = report.program_json(scored)
-    assert set(doc) == {"program", "n_inputs", "methods"}
+    assert set(doc) == {"program", "n_inputs", "output_mismatches", "n_inputs_scored",
+                        "silent_row_threshold", "methods"}
     assert doc["program"] == "gate" and doc["n_inputs"] == 30
+    assert doc["n_inputs_scored"]["component"] == 0  # head 1 (padding) is in no score
     assert set(doc["methods"]) == {m.name for m in methods.METHODS}
     for name, entry in doc["methods"].items():
-        assert set(entry) == {"level", "auroc", "ci", "precision_at_truth"}
+        assert set(entry) >= {"level", "auroc", "ci", "precision_at_truth", "n_inputs_scored"}
         assert entry["level"] == methods.BY_NAME[name].level
+        if entry["level"] == "component":
+            assert entry["auroc"] is None
+            continue
         assert len(entry["ci"]) == 2 and entry["ci"][0] <= entry["auroc"] <= entry["ci"][1]
     assert isinstance(report.json_document([scored, scored]), list)
 
@@ -278,3 +289,20 @@ def test_the_softmax_leak_ranks_nothing():
                                torch.tensor([[True, False]]), causal=False)
     main = next(r for r in rows if r["scope"] == "main")
     assert main["n_entries"] == 0 and math.isnan(main["auroc"])
+
+
+def test_the_silent_row_threshold_is_the_one_used_and_written(gate):
+    """--silent-row-threshold 0 scores without the rule (only ||o|| = 0 rows are silent);
+    the JSON says which threshold its scores used."""
+    from cwlens.circuits.compare import circuit_cache
+    from cwlens.groundtruth.layer_scores import layer_scores
+
+    model = float64_copy(gate.model)
+    tokens = encode(model, [["BOS", "b", "a", "b"]])  # every row of head 0 falls back
+    logits, cache = circuit_cache(model, tokens)
+    answers = methods.answers_of(logits)
+    masked = layer_scores(model, tokens, cache, answers)["contribution"][0, 0, 0, 1:]
+    unmasked = layer_scores(model, tokens, cache, answers, 0.0)["contribution"][0, 0, 0, 1:]
+    assert (masked == 0).all() and (unmasked.sum(-1) - 1).abs().max() < 1e-6  # the leak, shared out
+    scores = score_program(gate, n_inputs=6, seed=0, n_boot=20, zero_output=0.0)
+    assert report.program_json(scores)["silent_row_threshold"] == 0.0

@@ -43,15 +43,44 @@ def test_writes_tables_figure_and_page(run):
 
 def test_json_shape(run):
     doc = json.loads((run / "scores.json").read_text())
-    assert set(doc) == {"program", "n_inputs", "methods"}
+    assert set(doc) == {"program", "n_inputs", "output_mismatches", "n_inputs_scored",
+                        "silent_row_threshold", "methods"}
     assert doc["program"] == "frac_prevs" and doc["n_inputs"] == 12
+    assert doc["output_mismatches"] == 0 and doc["silent_row_threshold"] == 1e-3
     assert list(doc["methods"]) == [m.name for m in METHODS]
     for name, entry in doc["methods"].items():
-        assert set(entry) == {"level", "auroc", "ci", "precision_at_truth"}, name
+        assert set(entry) == {"level", "auroc", "ci", "precision_at_truth", "n_inputs_scored"}, name
         assert entry["level"] in ("layer", "input", "component")
         assert isinstance(entry["ci"], list) and len(entry["ci"]) == 2
         for x in (entry["auroc"], *entry["ci"], entry["precision_at_truth"]):
             assert x is None or 0.0 <= x <= 1.0
+
+
+def test_json_counts_the_inputs_each_level_averaged(run):
+    """n_inputs: the inputs drawn; n_inputs_scored: those with an AUROC at a level (an input
+    of frac_prevs with no "x" moves nothing: no positive at the layer level)."""
+    doc = json.loads((run / "scores.json").read_text())
+    summary = pd.read_csv(run / "run" / "summary.csv")
+    main_scope = summary[summary["scope"] == "main"]
+    for level in ("layer", "input", "component"):
+        n = int(main_scope[main_scope["level"] == level]["n"].max())
+        assert doc["n_inputs_scored"][level] == n
+        for entry in doc["methods"].values():
+            if entry["level"] == level:
+                assert entry["n_inputs_scored"] == n
+    assert doc["n_inputs_scored"]["layer"] < doc["n_inputs"]
+
+
+def test_help_lists_the_shipped_programs_and_the_silent_rows(capsys):
+    with pytest.raises(SystemExit):
+        main(["groundtruth", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"shipped programs: {', '.join(library.names())}" in text
+    assert "at most 1e-3 of the layer's largest projected value norm" in text
+    assert "silent_row_threshold" in text and "n_inputs_scored" in text
+    from cwlens.groundtruth.compiler import MAX_SEQ_LEN
+
+    assert f"max_seq_len is at most {MAX_SEQ_LEN}" in text
 
 
 def test_unknown_program_is_a_usage_error(capsys):
@@ -96,3 +125,10 @@ def test_too_few_inputs(capsys):
         main(["groundtruth", "--inputs", "2"])
     assert err.value.code == 2
     assert "at least 3" in capsys.readouterr().err
+
+
+def test_silent_row_threshold_is_checked(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["groundtruth", "--program", "frac_prevs", "--silent-row-threshold", "2"])
+    assert err.value.code == 2
+    assert "must be a number in [0, 1)" in capsys.readouterr().err

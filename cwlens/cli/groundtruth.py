@@ -20,7 +20,16 @@ the heads of the compiled graph. Per program and method: the mean per-input ROC 
 precision at |truth| with 95% bootstrap-t intervals over inputs, and the difference from
 the level's attention-based reference resolved by Holm's correction (docs/groundtruth.md).
 Writes per_input.csv.gz, summary.csv and tables.md under --out, the figure (HTML + PNG)
-under --figures and, with --json, the scores of each program."""
+under --figures and, with --json, the scores of each program.
+
+tracr's zero-weight padding heads are in no score. A program whose compiled network's
+output differs from the RASP program's on an input (where the program has an output) is
+refused, naming the input. Rows whose attention output is at most 1e-3 of the layer's
+largest projected value norm (a query that fell back to a value-less BOS writes only the
+softmax's leak) get 0 from the measures normalised by that output, as cwlens does where
+||o|| = 0 (--silent-row-threshold; --json: "silent_row_threshold"; docs/groundtruth.md,
+"Numbers"). A program file's max_seq_len is at most 32 (larger ones are refused before
+tracr compiles them)."""
 
 EPILOG = """\
 examples:
@@ -29,9 +38,18 @@ examples:
   cwlens groundtruth --program my_program.py         # a RASP file: program, vocab, max_seq_len
   cwlens groundtruth --json scores.json
   cwlens groundtruth --out results/groundtruth --figures figures --summary-md docs/groundtruth.md
---json FILE holds {"program", "n_inputs", "methods": {method: {"level", "auroc", "ci",
-"precision_at_truth"}}} for one program, a list of such objects for several.
+--json FILE holds {"program", "n_inputs", "output_mismatches", "n_inputs_scored": {level: n},
+"silent_row_threshold", "methods": {method: {"level", "auroc", "ci", "precision_at_truth",
+"n_inputs_scored"}}} for one program, a list of such objects for several. n_inputs: the
+inputs drawn and run; n_inputs_scored: those a level's means are over (an input with no
+positive or no negative entry at a level has no AUROC there).
 """
+
+
+def shipped_names() -> list[str]:
+    """The shipped programs' names, from their files (cheap: nothing imported)."""
+    folder = Path(__file__).resolve().parents[1] / "groundtruth" / "programs"
+    return sorted(p.stem for p in folder.glob("*.json"))
 
 
 def program_list(text: str) -> list[str]:
@@ -59,6 +77,18 @@ def program_list(text: str) -> list[str]:
     return items
 
 
+def silent_threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a number in [0, 1) (the silent-row threshold; 1e-3 by default, 0 for "
+            f"none); got {text!r}")
+    return value
+
+
 def at_least_three(text: str) -> int:
     value = arg_types.positive_int(text)
     if value < 3:
@@ -70,17 +100,24 @@ def at_least_three(text: str) -> int:
 def register(sub) -> None:
     p = sub.add_parser(
         "groundtruth", help="every importance method scored against compiled (tracr) ground truth",
-        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+        epilog=f"shipped programs: {', '.join(shipped_names())}\n\n{EPILOG}", formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_debug_flag(p, argparse.SUPPRESS)
     p.add_argument("--program", type=program_list, default=None,
-                   help="shipped programs, comma-separated (default: all), or a .py file defining "
-                   "program, vocab, max_seq_len and optionally sample_inputs (needs the tracr extra)")
+                   help="shipped programs, comma-separated (default: all: "
+                   f"{', '.join(shipped_names())}), or a .py file defining program, vocab, "
+                   "max_seq_len and optionally sample_inputs (needs the tracr extra)")
     p.add_argument("--inputs", type=at_least_three, default=256,
                    help="random inputs per program (default: %(default)s; the shipped truth covers "
                    "the first 256 of seed 0, others need tracr)")
     p.add_argument("--seed", type=arg_types.non_negative_int, default=0,
                    help="seed of the inputs (default: %(default)s)")
+    p.add_argument("--silent-row-threshold", type=silent_threshold, default=1e-3, metavar="X",
+                   help="a row whose attention output ||o|| is at most X times the layer's largest "
+                   "||v~|| gets 0 from the output-normalised measures (contribution, its "
+                   "|.|, vw output-norm., ALTI of the attention output, contribution share); "
+                   "0: only rows with ||o|| = 0 (default: %(default)s)")
     p.add_argument("--bootstrap", type=arg_types.positive_int, default=1999,
                    help="bootstrap resamples of the intervals (default: %(default)s)")
     p.add_argument("--out", default="runs/groundtruth",
@@ -114,6 +151,7 @@ def _command(args) -> str:
     if args.program:
         parts.append(f"--program {','.join(args.program)}")
     for flag, value, default in (("--inputs", args.inputs, 256), ("--seed", args.seed, 0),
+                                 ("--silent-row-threshold", args.silent_row_threshold, 1e-3),
                                  ("--bootstrap", args.bootstrap, 1999)):
         if value != default:
             parts.append(f"{flag} {value}")
@@ -150,7 +188,7 @@ def run(args) -> int:
         print(f"cwlens groundtruth: {program.name} ({shape.n_layers} layers x {shape.n_heads} "
               f"heads), {args.inputs} inputs", flush=True)
         results.append(score_program(program, args.inputs, args.seed, progress=progress,
-                                     n_boot=args.bootstrap))
+                                     n_boot=args.bootstrap, zero_output=args.silent_row_threshold))
     import pandas as pd
 
     summary = pd.concat([r.summary for r in results], ignore_index=True)

@@ -17,6 +17,12 @@ from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth.convert import require_tracr
 
 PAD = "compiler_pad"
+# The longest max_seq_len cwlens compiles (scripts/compile_time_by_length.py, on the
+# project's shared 2-core CPU: reverse, sort, hist and shift_by compile at 32 in 18-59 s and
+# at most 0.72 GB peak, jax's import included; reverse at 64 ran past 5 minutes; 10**9 dies
+# in tracr with a MemoryError).
+MAX_SEQ_LEN = 32
+GROWTH = "reverse compiles at 32 in about 20 s, at 64 in more than 5 minutes; 10**9 runs out of memory"
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,8 @@ def compile_program(program: Any, vocab: set, max_seq_len: int, bos: str = "BOS"
 
     Raises:
         InvalidArgumentError: tracr cannot compile the program (its message is kept), or
-            ``vocab``/``max_seq_len``/``bos`` are not what tracr takes.
+            ``vocab``/``max_seq_len``/``bos`` are not what tracr takes (``max_seq_len`` at
+            most :data:`MAX_SEQ_LEN`).
         ModelNotAvailableError: tracr is not installed.
     """
     require_tracr("compiling a RASP program")
@@ -70,11 +77,8 @@ def compile_program(program: Any, vocab: set, max_seq_len: int, bos: str = "BOS"
         raise InvalidArgumentError(
             f"program must be a RASP SOp (e.g. tracr.compiler.lib.make_reverse(rasp.tokens)); "
             f"got {type(program).__name__}.")
-    vocab = _check_vocab(vocab, bos)
-    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
-        raise InvalidArgumentError(
-            f"max_seq_len must be a positive int (the longest input after the BOS); got "
-            f"{max_seq_len!r}.")
+    vocab = check_vocab(vocab, bos)
+    check_max_seq_len(max_seq_len)
     unsupported = validating.static_validate(program)
     if unsupported:
         reasons = "; ".join(f"{u.expr.name}: {u.reason}" for u in unsupported)
@@ -101,11 +105,33 @@ def compile_program(program: Any, vocab: set, max_seq_len: int, bos: str = "BOS"
     return assembled, placements(graph, sources, craft_model)
 
 
-def _check_vocab(vocab: Any, bos: str) -> set:
+def check_max_seq_len(max_seq_len: Any) -> int:
+    """``max_seq_len``, or the error: a positive int of at most :data:`MAX_SEQ_LEN`."""
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
+        raise InvalidArgumentError(
+            f"max_seq_len must be a positive int (the longest input after the BOS); got "
+            f"{max_seq_len!r:.60}.")
+    if max_seq_len > MAX_SEQ_LEN:
+        raise InvalidArgumentError(
+            f"max_seq_len {max_seq_len} is beyond what cwlens compiles, {MAX_SEQ_LEN}: tracr's "
+            f"model grows with it ({GROWTH}), and the ground truth tries every token at every "
+            f"position. Pass max_seq_len <= {MAX_SEQ_LEN}.")
+    return max_seq_len
+
+
+def check_vocab(vocab: Any, bos: str) -> set:
+    """``vocab`` as a set, or the error (not a collection, empty, unhashable tokens, the
+    BOS or tracr's pad token in it)."""
     if isinstance(vocab, str) or not hasattr(vocab, "__iter__"):
         raise InvalidArgumentError(
             f"vocab must be a set of tokens, e.g. {{'a', 'b', 'c'}}; got {vocab!r:.60}.")
-    vocab = set(vocab)
+    try:
+        vocab = set(vocab)
+    except TypeError as err:
+        bad = next((t for t in vocab if getattr(t, "__hash__", None) is None), None)
+        raise InvalidArgumentError(
+            f"vocab holds {bad!r:.40}, a {type(bad).__name__}, which is unhashable: tokens are "
+            "hashable values (str, int, ...), e.g. vocab = {'a', 'b', 'c'}.") from err
     if not vocab:
         raise InvalidArgumentError("vocab is empty: give the tokens inputs may hold, e.g. {'a', 'b'}.")
     for special in (bos, PAD):

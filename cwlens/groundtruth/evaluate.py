@@ -8,7 +8,6 @@ same length in which every token after the BOS is replaced by another vocabulary
 (seeded), so every position's token differs.
 """
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,9 +15,12 @@ from typing import Any
 import torch
 
 from cwlens.engine.handle import wrap
-from cwlens.errors import CwlensWarning, InvalidArgumentError
+from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth import scoring
+from cwlens.groundtruth.agreement import check_agreement
+from cwlens.groundtruth.layer_scores import ZERO_OUTPUT
 from cwlens.groundtruth.methods import answers_of
+from cwlens.groundtruth.padding import padding_heads
 
 DEFAULT_INPUTS = 256
 MIN_INPUTS = 3  # the bootstrap-t needs three (cwlens.core.bootstrap.MIN_N)
@@ -33,8 +35,12 @@ class ProgramScores:
         n_inputs: inputs scored.
         per_input: one row per input, method and scope (:data:`scoring.COLUMNS`).
         summary: one row per method and scope (:func:`scoring.summarize`).
-        output_mismatches: inputs whose model output differs from the program's (0 for an
-            exact conversion; a warning says so otherwise).
+        output_mismatches: inputs whose network output differs from the program's, where
+            the program has an output: always 0, since :func:`evaluate` refuses a program
+            whose network disagrees (:func:`cwlens.groundtruth.agreement.check_agreement`).
+        silent_row_threshold: the ``||o||`` (times the layer's largest ``||v~||``) at or
+            below which a row's output-normalised scores are 0
+            (:func:`cwlens.groundtruth.layer_scores.silent_rows`).
     """
 
     program: str
@@ -42,19 +48,22 @@ class ProgramScores:
     per_input: Any
     summary: Any
     output_mismatches: int = 0
+    silent_row_threshold: float = ZERO_OUTPUT
 
 
-def all_scores(model, tokens: torch.Tensor, corrupted: torch.Tensor) -> tuple[dict, torch.Tensor]:
-    """``({level: {method: [batch, ...]}}, logits)`` of every method on ``tokens``."""
+def all_scores(model, tokens: torch.Tensor, corrupted: torch.Tensor,
+               zero_output: float = ZERO_OUTPUT) -> tuple[dict, torch.Tensor]:
+    """``({level: {method: [batch, ...]}}, logits)`` of every method on ``tokens``;
+    ``zero_output``: the silent-row threshold (:func:`~cwlens.groundtruth.layer_scores.silent_rows`)."""
     from cwlens.circuits.compare import circuit_cache
     from cwlens.groundtruth.input_scores import input_scores
     from cwlens.groundtruth.layer_scores import component_scores, layer_scores
 
     logits, cache = circuit_cache(model, tokens)
     answers = answers_of(logits)
-    out = {"layer": layer_scores(model, tokens, cache, answers),
+    out = {"layer": layer_scores(model, tokens, cache, answers, zero_output),
            "input": input_scores(model, tokens, cache, answers),
-           "component": component_scores(model, tokens, cache, answers, corrupted)}
+           "component": component_scores(model, tokens, cache, answers, corrupted, zero_output)}
     return out, logits
 
 
@@ -87,25 +96,25 @@ def corrupt(inputs: Sequence[Sequence], vocab: Sequence, seed: int) -> list[list
     return out
 
 
-def _same(a: Sequence, b: Sequence) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a[1:], b[1:], strict=True):
-        if isinstance(x, float) or isinstance(y, float):
-            if x is None or y is None or abs(float(x) - float(y)) > 1e-3:
-                return False
-        elif x != y:
-            return False
-    return True
-
-
 def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_size: int = 32,
-             progress: bool = False) -> tuple[list[dict], int]:
+             progress: bool = False, zero_output: float = ZERO_OUTPUT) -> tuple[list[dict], int]:
     """Per-input rows (:data:`scoring.COLUMNS`) of every method on ``n_inputs`` inputs of
     ``program`` (a :class:`~cwlens.groundtruth.library.CompiledProgram`), and the number
-    of inputs whose model output differs from the program's."""
-    from cwlens.groundtruth.codec import decode, encode
+    of inputs whose network output differs from the program's (0: a program whose network
+    disagrees with it on an input is refused, naming the input). ``zero_output``: the
+    silent-row threshold (:func:`~cwlens.groundtruth.layer_scores.silent_rows`; 0: only
+    exactly-zero outputs).
 
+    Raises:
+        InvalidArgumentError: ``n_inputs`` below 3, or the network disagrees with the
+            program (:func:`~cwlens.groundtruth.agreement.check_agreement`).
+    """
+    from cwlens.groundtruth.codec import encode
+
+    if isinstance(zero_output, bool) or not isinstance(zero_output, int | float) or not 0 <= zero_output < 1:
+        raise InvalidArgumentError(
+            f"zero_output must be a number in [0, 1) (the silent-row threshold, {ZERO_OUTPUT} by "
+            f"default; 0 scores without it); got {zero_output!r}.")
     if isinstance(n_inputs, bool) or not isinstance(n_inputs, int) or n_inputs < MIN_INPUTS:
         raise InvalidArgumentError(
             f"n_inputs must be an int >= {MIN_INPUTS} (the bootstrap intervals need three "
@@ -115,45 +124,40 @@ def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_
     causal = not handle.is_encoder
     inputs = program.sample_inputs(n_inputs, seed=seed)
     truths = program.truth(inputs)
+    check_agreement(program, inputs, [t.output for t in truths])
     corrupted = corrupt(inputs, program.vocab, seed + 1)
     heads = scoring.component_labels(program.components, handle.n_layers, handle.n_heads)
+    scored_heads = ~padding_heads(model)  # tracr's zero-weight padding heads: in no score
     groups: dict[int, list[int]] = {}
     for i, row in enumerate(inputs):
         groups.setdefault(len(row), []).append(i)
     batches = [ids[s:s + batch_size] for _, ids in sorted(groups.items())
                for s in range(0, len(ids), batch_size)]
     rows: list[dict] = []
-    mismatches = 0
     bar = _bar(len(inputs), program.name, progress)
     for ids in batches:
         tokens = encode(model, [inputs[i] for i in ids])
         bad = encode(model, [corrupted[i] for i in ids])
-        scores, logits = all_scores(model, tokens, bad)
-        decoded = decode(model, logits)
-        decoded = [decoded] if len(ids) == 1 else decoded
+        scores, _ = all_scores(model, tokens, bad, zero_output)
         for b, i in enumerate(ids):
             truth = truths[i]
-            mismatches += not _same(decoded[b], truth.output)
             one = {lv: {m: v[b] for m, v in per.items()} for lv, per in scores.items()}
-            for r in scoring.score_input(truth, one, heads, causal):
+            for r in scoring.score_input(truth, one, heads, causal, scored_heads):
                 rows.append({"program": program.name, "input_id": i, "length": len(inputs[i]), **r})
         bar.update(len(ids))
     bar.close()
-    if mismatches:
-        warnings.warn(f"{program.name}: the model's output differs from the program's on "
-                      f"{mismatches} of {len(inputs)} inputs, so its truth does not describe "
-                      "what the network computed there; the scores include them.",
-                      CwlensWarning, stacklevel=2)
-    return rows, mismatches
+    return rows, 0
 
 
 def score_program(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0,
-                  batch_size: int = 32, progress: bool = False, n_boot: int = 1999) -> ProgramScores:
+                  batch_size: int = 32, progress: bool = False, n_boot: int = 1999,
+                  zero_output: float = ZERO_OUTPUT) -> ProgramScores:
     """:func:`evaluate` and :func:`scoring.summarize` of one program."""
-    rows, mismatches = evaluate(program, n_inputs, seed, batch_size, progress)
+    rows, mismatches = evaluate(program, n_inputs, seed, batch_size, progress, zero_output)
     per_input = scoring.per_input_frame(rows)
     return ProgramScores(program.name, n_inputs, per_input,
-                         scoring.summarize(per_input, n_boot=n_boot, seed=seed), mismatches)
+                         scoring.summarize(per_input, n_boot=n_boot, seed=seed), mismatches,
+                         zero_output)
 
 
 def _bar(total: int, name: str, on: bool):

@@ -32,13 +32,16 @@ def require_captum():
 def input_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor) -> dict[str, torch.Tensor]:
     """``{method: [batch, query_pos, key_pos]}`` float64 for every ``input`` method, from
     ``cache`` (:func:`cwlens.circuits.run_with_cache` of ``tokens``) and captum's passes.
-    Row 0 (BOS, not an output) is left at 0 for the captum methods."""
+    Rollout averages each layer's real heads, tracr's padding heads left out
+    (:func:`cwlens.groundtruth.padding.without_padding`). Row 0 (BOS, not an output) is
+    left at 0 for the captum methods."""
     from cwlens.engine import adapter
+    from cwlens.groundtruth.padding import padding_heads, without_padding
 
     handle = wrap(model)
     patterns = torch.stack([adapter.read(cache, hook_names.pattern(ly), model)
                             for ly in range(handle.n_layers)])  # [layer, b, h, q, k]
-    out = {"rollout": rollout(patterns).cpu()}
+    out = {"rollout": rollout(without_padding(patterns, padding_heads(model))).cpu()}
     out.update(final_flows(cache, model))
     out.update(captum_scores(model, tokens, answers))
     return out

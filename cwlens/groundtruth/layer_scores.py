@@ -25,7 +25,7 @@ GEOMETRY_METRICS = {  # method -> (registry metric, kind)
 ZERO_OUTPUT = 1e-3  # ||o_i|| at most this times the layer's largest ||v~_j||: no output
 
 
-def silent_rows(geo, kind: str) -> torch.Tensor:
+def silent_rows(geo, kind: str, threshold: float = ZERO_OUTPUT) -> torch.Tensor:
     """``[batch, head or 1, query_pos]`` True where the attention output (the head's for
     ``"intra"``, the layer's for ``"inter"``) is numerically zero: ``||o_i|| <=``
     :data:`ZERO_OUTPUT` times the largest projected value norm of the layer. A query that
@@ -35,20 +35,23 @@ def silent_rows(geo, kind: str) -> torch.Tensor:
     output-normalised measures would share out that leak as if it were an output. cwlens
     sets a measure to 0 where ``||o_i|| = 0``
     (:meth:`~cwlens.core.AttentionGeometry.zero_output`); here the same holds where it is
-    zero up to the leak."""
+    zero up to the leak. ``threshold`` replaces :data:`ZERO_OUTPUT` (0: only rows whose
+    output is exactly zero, cwlens' own rule)."""
     scale = geo.value_norm.amax().double()
-    return geo.output_norm(kind).double() <= ZERO_OUTPUT * scale
+    return geo.output_norm(kind).double() <= threshold * scale
 
 
 NORMALISED_BY = {"value_weighted_output_normalized": "inter", "contribution_intra": "intra",
                  "contribution": "inter", "contribution_abs": "inter", "alti_attention": "inter"}
 
 
-def layer_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor) -> dict[str, torch.Tensor]:
+def layer_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
+                 zero_output: float = ZERO_OUTPUT) -> dict[str, torch.Tensor]:
     """``{method: [batch, layer, head_index, query_pos, key_pos]}`` float64 for every
     ``layer`` method, from ``cache`` (:func:`cwlens.circuits.run_with_cache` of ``tokens``)
     and one backward pass for the gradients. The methods normalised by the attention
-    output (:data:`NORMALISED_BY`) are 0 in the rows where it is zero (:func:`silent_rows`)."""
+    output (:data:`NORMALISED_BY`) are 0 in the rows where it is zero (:func:`silent_rows`
+    with ``threshold=zero_output``)."""
     from cwlens.engine import adapter
     from cwlens.engine.gradients import attention_gradient
 
@@ -56,7 +59,7 @@ def layer_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor) -> d
     per: dict[str, list[torch.Tensor]] = {m: [] for m in GEOMETRY_METRICS}
     for layer in range(n_layers):
         geo = adapter.geometry(cache, model, layer)
-        silent = {kind: silent_rows(geo, kind)[..., None].cpu() for kind in ("intra", "inter")}
+        silent = {kind: silent_rows(geo, kind, zero_output)[..., None].cpu() for kind in ("intra", "inter")}
         for method, (metric, kind) in GEOMETRY_METRICS.items():
             values = metrics.from_geometry(geo, metric, kind).double().cpu()
             if method in NORMALISED_BY:
@@ -87,7 +90,7 @@ def _directions(model, answers: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def component_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
-                     corrupted: torch.Tensor) -> dict[str, torch.Tensor]:
+                     corrupted: torch.Tensor, zero_output: float = ZERO_OUTPUT) -> dict[str, torch.Tensor]:
     """``{method: [batch, layer, head_index]}`` float64 for every ``component`` method.
     ``corrupted``: tokens of ``tokens``' shape whose ``hook_z`` patching reads."""
     from cwlens.circuits import direct_math
@@ -105,7 +108,7 @@ def component_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
         geo = adapter.geometry(cache, model, layer)
         a = geo.attention().double()[:, :, 1:, :]  # [b, h, q >= 1, k]
         off_bos.append((1 - a[..., 0]).mean(-1))
-        c = geo.contribution("inter").double().masked_fill(silent_rows(geo, "inter")[..., None], 0.0)
+        c = geo.contribution("inter").double().masked_fill(silent_rows(geo, "inter", zero_output)[..., None], 0.0)
         share.append(c[:, :, 1:, :].sum(-1).abs().mean(-1))
         terms = direct_math.head_key_terms(geo.pattern, geo.v, adapter.W_O(model, layer),
                                            u[:, 1:].to(geo.pattern.device),

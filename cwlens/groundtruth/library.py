@@ -15,7 +15,6 @@ scripts/compile_groundtruth.py`` (needs tracr); loading them needs no jax.
 
 import json
 import random
-import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,26 +195,64 @@ def read_file(path: str | Path) -> dict[str, Any]:
             f"no program file {str(path)!r}: pass a Python file that defines program, vocab and "
             "max_seq_len (see cwlens/groundtruth/programs/ for examples).")
     require_tracr(f"the program file {path}")
-    return _checked(_run_source(path.read_text(), str(path)), str(path))
+    source = path.read_text()
+    return _checked(_run_source(source, str(path)), str(path), source)
 
 
 def _run_source(source: str, where: str) -> dict[str, Any]:
-    import tempfile
+    """The names ``source`` defines, run as the file ``where`` (tracebacks and errors name
+    that file and its lines). A syntax error or a statement that raises is one
+    :class:`InvalidArgumentError` naming the file, the line and the message."""
+    try:
+        code = compile(source, where, "exec")
+    except SyntaxError as err:
+        raise InvalidArgumentError(
+            f"{where}, line {err.lineno}: SyntaxError: {err.msg}: fix the program file (it "
+            "must be Python that defines program, vocab and max_seq_len).") from err
+    names: dict[str, Any] = {"__name__": "cwlens_program", "__file__": where,
+                             "__builtins__": __builtins__}
+    try:
+        exec(code, names)  # noqa: S102 -- running the user's program file is what is asked
+    except ImportError as err:
+        if "tracr" in str(err) or "jax" in str(err) or "haiku" in str(err):
+            raise ModelNotAvailableError(
+                f"{where} needs tracr, which is not installed: {INSTALL}.") from err
+        raise _statement_error(err, where) from err
+    except Exception as err:
+        raise _statement_error(err, where) from err
+    return names
 
-    with tempfile.TemporaryDirectory() as folder:
-        file = Path(folder) / "program.py"
-        file.write_text(source)
-        try:
-            return runpy.run_path(str(file), run_name="cwlens_program")
-        except ImportError as err:
-            if "tracr" in str(err) or "jax" in str(err) or "haiku" in str(err):
-                raise ModelNotAvailableError(
-                    f"{where} needs tracr, which is not installed: {INSTALL}.") from err
-            raise
+
+def _statement_error(err: BaseException, where: str) -> InvalidArgumentError:
+    """``err``, raised while running the program file ``where``, as one error naming the
+    file's line that raised it (the last frame of the traceback in that file)."""
+    import traceback
+
+    lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if f.filename == where]
+    line = f", line {lines[-1]}" if lines else ""
+    return InvalidArgumentError(
+        f"{where}{line}: {type(err).__name__}: {' '.join(str(err).split())}: running the "
+        "program file raised this; fix that statement.")
 
 
-def _checked(names: dict[str, Any], where: str) -> dict[str, Any]:
+def _line_of(source: str, name: str) -> str:
+    """``", line N"``: where ``source`` last assigns ``name`` at its top level ('' if not found)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ""
+    found = [node.lineno for node in tree.body if isinstance(node, ast.Assign | ast.AnnAssign)
+             and any(isinstance(t, ast.Name) and t.id == name
+                     for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))]
+    return f", line {found[-1]}" if found else ""
+
+
+def _checked(names: dict[str, Any], where: str, source: str = "") -> dict[str, Any]:
     from tracr.rasp import rasp
+
+    from cwlens.groundtruth.compiler import check_max_seq_len, check_vocab
 
     missing = [n for n in ("program", "vocab", "max_seq_len") if n not in names]
     if missing:
@@ -226,8 +263,15 @@ def _checked(names: dict[str, Any], where: str) -> dict[str, Any]:
             "int), e.g. program = tracr.compiler.lib.make_reverse(rasp.tokens).")
     if not isinstance(names["program"], rasp.SOp):
         raise InvalidArgumentError(
-            f"{where}: program is a {type(names['program']).__name__}, not a RASP SOp: define "
-            "program = <an SOp>, e.g. tracr.compiler.lib.make_hist().")
+            f"{where}{_line_of(source, 'program')}: program is a "
+            f"{type(names['program']).__name__}, not a RASP SOp: define program = <an SOp>, "
+            "e.g. tracr.compiler.lib.make_hist().")
+    for name, check in (("vocab", lambda: check_vocab(names["vocab"], str(names.get("bos", "BOS")))),
+                        ("max_seq_len", lambda: check_max_seq_len(names["max_seq_len"]))):
+        try:
+            check()
+        except InvalidArgumentError as err:
+            raise type(err)(f"{where}{_line_of(source, name)}: {err}") from err
     return names
 
 
@@ -245,7 +289,10 @@ def from_file(path: str | Path, name: str | None = None) -> CompiledProgram:
 
     Raises:
         InvalidArgumentError: no such file, a file that defines no ``program`` (or no
-            ``vocab``/``max_seq_len``), or a program tracr cannot compile.
+            ``vocab``/``max_seq_len``), a syntax error or a statement that raises (the
+            message names the file and its line), an unhashable ``vocab``, a
+            ``max_seq_len`` above :data:`cwlens.groundtruth.compiler.MAX_SEQ_LEN` (32), or
+            a program tracr cannot compile.
         ModelNotAvailableError: tracr is not installed (``pip install "cwlens[tracr]"``).
 
     Examples:

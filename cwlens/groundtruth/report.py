@@ -31,16 +31,34 @@ def _num(x: Any) -> float | None:
 
 
 def program_json(scores: Any) -> dict:
-    """One program's ``--json`` object: ``{"program", "n_inputs", "methods": {method:
-    {"level", "auroc", "ci": [lo, hi], "precision_at_truth"}}}`` (the main scope: fall-back
-    rows left out; NaN written as ``null``)."""
+    """One program's ``--json`` object (the main scope: fall-back rows left out; NaN written
+    as ``null``)::
+
+        {"program", "n_inputs", "output_mismatches", "n_inputs_scored": {level: n},
+         "silent_row_threshold",
+         "methods": {method: {"level", "auroc", "ci": [lo, hi], "precision_at_truth",
+                              "n_inputs_scored"}}}
+
+    ``n_inputs``: the inputs drawn and run (every one of them, at every level);
+    ``n_inputs_scored``: those a level's means are over (an input with no positive or no
+    negative entry at a level has no AUROC there and is left out, for every method of the
+    level); ``output_mismatches``: inputs where the network's output differs from the
+    program's (0: such a program is refused); ``silent_row_threshold``: the ``||o||`` at or
+    below which, relative to the layer's largest ``||v~||``, a row's output-normalised
+    scores are 0 (:func:`cwlens.groundtruth.layer_scores.silent_rows`; 1e-3 unless
+    ``--silent-row-threshold`` says otherwise)."""
     main = scores.summary[scores.summary["scope"] == "main"]
     out: dict[str, Any] = {}
+    per_level: dict[str, int] = {}
     for r in main.itertuples():
         out[r.method] = {"level": r.level, "auroc": _num(r.auroc),
                          "ci": [_num(r.auroc_low), _num(r.auroc_high)],
-                         "precision_at_truth": _num(r.precision_at_truth)}
-    return {"program": scores.program, "n_inputs": int(scores.n_inputs), "methods": out}
+                         "precision_at_truth": _num(r.precision_at_truth),
+                         "n_inputs_scored": int(r.n)}
+        per_level[r.level] = max(per_level.get(r.level, 0), int(r.n))
+    return {"program": scores.program, "n_inputs": int(scores.n_inputs),
+            "output_mismatches": int(scores.output_mismatches), "n_inputs_scored": per_level,
+            "silent_row_threshold": float(scores.silent_row_threshold), "methods": out}
 
 
 def json_document(results: Sequence[Any]) -> dict | list[dict]:

@@ -16,6 +16,12 @@ its level (:mod:`cwlens.groundtruth.methods`), over the entries the truth speaks
     every attention head ``(layer, head)``; positives are the heads in
     ``program.components`` (MLPs are in the truth but no head score scores them).
 
+tracr's padding heads (all-zero weights, :mod:`cwlens.groundtruth.padding`) are left out
+of the ``layer`` and ``component`` entries (``heads`` of :func:`score_input`): they are the
+compiler's layout, not the program, and would be free negatives (every head that is not
+padding is a component, so the ``component`` level has no negative left in a compiled
+program).
+
 Entries where any method of the level has no score (NaN: a measure undefined there) are
 left out for every method of that level, and counted (``n_undefined``). Scores are ranked
 at a resolution of 1e-4 of the input's largest ``|score|`` (:func:`resolution`): closer
@@ -68,13 +74,18 @@ def visible(n: int, causal: bool) -> torch.Tensor:
     return seen
 
 
-def layer_entries(truth: Any, causal: bool, with_fallback: bool = False) -> torch.Tensor:
-    """``[layer, head, query, key]`` bool: the entries scored against ``truth.movement``."""
+def layer_entries(truth: Any, causal: bool, with_fallback: bool = False,
+                  heads: torch.Tensor | None = None) -> torch.Tensor:
+    """``[layer, head, query, key]`` bool: the entries scored against ``truth.movement``;
+    ``heads`` ``[layer, head]`` bool: the heads scored (default: all; tracr's padding heads
+    are left out by :func:`score_input`'s caller)."""
     movement, fallback = truth.movement, truth.fallback
     n = movement.shape[-1]
     keep = visible(n, causal).expand_as(movement).clone()
     if not with_fallback:
         keep &= ~fallback.to(torch.bool)[..., None]
+    if heads is not None:
+        keep &= heads.to(torch.bool)[..., None, None]
     return keep
 
 
@@ -126,16 +137,22 @@ def resolution(scores: torch.Tensor) -> torch.Tensor:
 
 
 def score_input(truth: Any, scores: Mapping[str, Mapping[str, torch.Tensor]],
-                component_truth: torch.Tensor, causal: bool) -> list[dict]:
+                component_truth: torch.Tensor, causal: bool,
+                heads: torch.Tensor | None = None) -> list[dict]:
     """One row per (method, scope) of one input: ``{method, level, scope, auroc,
     precision_at_truth, n_positive, n_entries}``. ``scores``: ``{level: {method: one input's
-    scores}}`` (layer ``[layer, head, q, k]``, input ``[q, k]``, component ``[layer, head]``)."""
+    scores}}`` (layer ``[layer, head, q, k]``, input ``[q, k]``, component ``[layer, head]``).
+    ``heads`` ``[layer, head]`` bool: the heads whose entries are scored at the ``layer``
+    and ``component`` levels (default: all; :func:`~cwlens.groundtruth.evaluate.evaluate`
+    passes every head but tracr's padding heads)."""
     n = truth.dependence.shape[-1]
     rows = []
-    masks = {("layer", "main"): layer_entries(truth, causal),
-             ("layer", "with_fallback"): layer_entries(truth, causal, with_fallback=True),
+    kept_heads = (torch.ones_like(component_truth, dtype=torch.bool) if heads is None
+                  else heads.to(torch.bool).cpu())
+    masks = {("layer", "main"): layer_entries(truth, causal, heads=kept_heads),
+             ("layer", "with_fallback"): layer_entries(truth, causal, True, kept_heads),
              ("input", "main"): input_entries(n, causal),
-             ("component", "main"): torch.ones_like(component_truth)}
+             ("component", "main"): kept_heads.clone()}
     labels = {"layer": truth.movement, "input": truth.dependence, "component": component_truth}
     for (level, scope), keep in masks.items():
         per = {m: v.detach().cpu() for m, v in scores.get(level, {}).items()}

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth.compiler import Placement
 
 
@@ -62,6 +63,20 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def _evaluate(program: Any, xs: list) -> list:
+    """``rasp.evaluate(program, xs)``; an error of the program on that input is one
+    :class:`~cwlens.errors.InvalidArgumentError` naming the input."""
+    from tracr.rasp import rasp
+
+    try:
+        return list(rasp.evaluate(program, xs))
+    except Exception as err:
+        raise InvalidArgumentError(
+            f"the RASP program fails on the input {['BOS', *xs]!r:.200}: {type(err).__name__}: "
+            f"{' '.join(str(err).split())}: its truth cannot be computed; fix the operation "
+            "(e.g. a mean of tokens that are not numbers) or the vocabulary.") from err
+
+
 def compute(program: Any, tokens: list, vocab: tuple, placements: list[Placement],
             n_layers: int, n_heads: int) -> Truth:
     """The :class:`Truth` of ``tokens`` (BOS first) for ``program``, with tracr's evaluator.
@@ -74,7 +89,7 @@ def compute(program: Any, tokens: list, vocab: tuple, placements: list[Placement
     xs = list(tokens[1:])
     m = len(xs)
     n = m + 1
-    output = list(rasp.evaluate(program, xs))
+    output = _evaluate(program, xs)
     if rasp.is_numerical(program):  # the evaluator keeps a mean of one bool as the bool
         output = [None if v is None else float(v) for v in output]
     dependence = np.zeros((n, n), dtype=bool)
@@ -82,7 +97,7 @@ def compute(program: Any, tokens: list, vocab: tuple, placements: list[Placement
         for alternative in vocab:
             if alternative == xs[i]:
                 continue
-            changed = list(rasp.evaluate(program, xs[:i] + [alternative] + xs[i + 1:]))
+            changed = _evaluate(program, xs[:i] + [alternative] + xs[i + 1:])
             for q in range(m):
                 if not _same(changed[q], output[q]):
                     dependence[q + 1, i + 1] = True
