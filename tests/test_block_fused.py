@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens.engine import block_fused, native, reducers, row_topk
+from cwlens.engine import native, reducers
 from cwlens.testing import tiny_model
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: cwlens computes with torch")
@@ -28,11 +28,9 @@ def _both(monkeypatch, model, input, rs, **kw):
     monkeypatch.setattr(native, "block_measures", lambda *a, **k: calls.append(1) or real(*a, **k))
     fast = cwlens.stream_reduce(model, input, rs, **kw)
     assert calls, "the fused kernel did not run"
-    monkeypatch.setattr(block_fused, "NATIVE", False)
-    monkeypatch.setattr(row_topk, "NATIVE", False)
+    monkeypatch.setenv("CWLENS_NATIVE", "0")
     slow = cwlens.stream_reduce(model, input, rs, **kw)
-    monkeypatch.setattr(block_fused, "NATIVE", True)
-    monkeypatch.setattr(row_topk, "NATIVE", True)
+    monkeypatch.setenv("CWLENS_NATIVE", "1")
     return fast, slow
 
 
@@ -169,8 +167,7 @@ def test_a_non_finite_contribution_goes_to_torch(monkeypatch):
     monkeypatch.setattr(native, "block_measures", lambda *a, **k: calls.append(1))  # None: given back
     given_back = cwlens.stream_reduce(model, tokens, _reducers(3), query_block=4)
     assert calls
-    monkeypatch.setattr(block_fused, "NATIVE", False)
-    monkeypatch.setattr(row_topk, "NATIVE", False)
+    monkeypatch.setenv("CWLENS_NATIVE", "0")
     _assert_equal_results(given_back, cwlens.stream_reduce(model, tokens, _reducers(3), query_block=4))
 
 

@@ -7,7 +7,7 @@
      value_weighted  a_ij * ||v~_j^h||
    and out of them, where asked (`wants`): the k largest of each row of each of the three
    (largest first, equal values in key order, a row with fewer than k keys ends in key -1,
-   value NaN: the lists of cwlens.engine.row_topk), and the column sums over the block's
+   whose value the caller sets to NaN: the lists of cwlens.engine.row_topk), and the column sums over the block's
    rows of c, of a and of a_ij / ||o_i|| (the output-normalised baseline's sums without
    ||v~_j||). Nothing of the block's size is written: the products <u_i, v_j> of a tile of
    ROWS rows are computed into a buffer that stays in the core's cache, multiplied by a,
@@ -84,7 +84,7 @@ static void topk_pass(const float *x, const float *s, int64_t lo, int64_t hi, co
                       int32_t *oi, float *ov) {
     int cnt = 0;
     if (hi <= lo) {
-        finish(cnt, k, oi, ov);
+        finish(cnt, k, oi);
         return;
     }
     const int64_t s0 = lo / SEG, s1 = (hi - 1) / SEG + 1;
@@ -111,7 +111,7 @@ static void topk_pass(const float *x, const float *s, int64_t lo, int64_t hi, co
             }
         }
     }
-    finish(cnt, k, oi, ov);
+    finish(cnt, k, oi);
 }
 #endif
 
@@ -120,7 +120,7 @@ static void topk_plain(const float *x, const float *s, int64_t lo, int64_t hi, i
     int cnt = 0;
     for (int64_t j = lo; j < hi; j++)
         insert(s ? x[j] * s[j] : x[j], (int32_t)j, k, &cnt, oi, ov);
-    finish(cnt, k, oi, ov);
+    finish(cnt, k, oi);
 }
 
 typedef struct {

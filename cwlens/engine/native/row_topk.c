@@ -7,7 +7,8 @@
    ranked is x[j], times scale[j] of the row's scale row where scale is given (row
    r / rows_per_scale: the value-weighted baseline a_ij ||v~_j|| without its tensor), |.|
    where by_abs. Out: the k best keys (int32) and their ranked values per row, largest
-   first, equal values in key order; a row with fewer than k keys ends in key -1, value NaN.
+   first, equal values in key order; a row with fewer than k keys ends in key -1 (its value
+   NaN: the caller's, set before the call).
 
    Two passes a row: the maximum of each chunk of CHUNK keys (a plain loop the compiler
    vectorises), then the k-th largest of those maxima, T, bounds the k-th largest value
@@ -65,7 +66,7 @@ static void one_row(const float *row, const float *srow, int64_t lo, int64_t hi,
         for (int64_t j = j0; j < j1; j++)
             insert(value_at(row, srow, j, by_abs), (int32_t)j, k, &cnt, oi, ov);
     }
-    finish(cnt, k, oi, ov);
+    finish(cnt, k, oi);
 }
 
 static int run_rows(const void *arg, int64_t row0, int64_t row1) {

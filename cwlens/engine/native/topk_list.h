@@ -2,7 +2,6 @@
    kernels of this folder (row_topk.c, block_measures.c). */
 #ifndef CWLENS_TOPK_LIST_H
 #define CWLENS_TOPK_LIST_H
-#include <math.h>
 #include <stdint.h>
 
 /* v into the sorted best-so-far (ov, oi: cnt of at most k), after every equal value */
@@ -19,11 +18,10 @@ static inline void insert(float v, int32_t j, int k, int *cnt, int32_t *oi, floa
     oi[p] = j;
 }
 
-/* a row with fewer than k keys: the rest marked key -1, value NaN */
-static inline void finish(int cnt, int k, int32_t *oi, float *ov) {
-    for (int t = cnt; t < k; t++) {
+/* a row with fewer than k keys: the rest marked key -1 (their values, left as they are,
+   are set to NaN by the caller: no NaN is written in a unit built with -ffinite-math-only) */
+static inline void finish(int cnt, int k, int32_t *oi) {
+    for (int t = cnt; t < k; t++)
         oi[t] = -1;
-        ov[t] = NAN;
-    }
 }
 #endif
