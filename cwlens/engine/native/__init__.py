@@ -10,14 +10,11 @@ random-control uniforms. The sources are
 compiled once per machine (``cc -O3 -march=native``, a second or two) into
 ``$CWLENS_CACHE`` (default ``~/.cache/cwlens``)/native, named by a hash of the sources,
 the flags and the CPU's features, so that a home folder shared by different machines
-never loads another CPU's build. Where no compiler is found or the build fails (said once
-on stderr, with the compiler's error), or ``CWLENS_NATIVE=0`` is set, :func:`available`
-is False and cwlens computes the same values with torch (tests run both:
-``tests/test_native_topk.py``, ``tests/test_native_masks.py``).
-
-This module is the kernels' public surface: :func:`available` is the one switch every
-caller asks (``CWLENS_NATIVE``, read at each call: tests set it to compare the paths),
-and every tensor handed to C is checked here (:func:`_c_array`): C trusts the sizes.
+never loads another CPU's build. Where ``CWLENS_NATIVE=0`` is set (read at every call of
+:func:`available`, the one switch every caller asks), no compiler is found or the build
+fails (said once on stderr), cwlens computes the same values with torch (tests run both:
+``tests/test_native_topk.py``, ``tests/test_native_masks.py``). Every tensor handed to C
+is checked here (:func:`_c_array`): C trusts the sizes.
 """
 
 import ctypes
@@ -195,9 +192,7 @@ def row_topk(x: torch.Tensor, k: int, by_abs: bool = False, scale: torch.Tensor 
     must be finite (the kernel is built with ``-ffinite-math-only``): cwlens checks every
     measure before it gets here and sends a metric of one's own with NaN or inf to torch."""
     lib = _kernels()
-    if x.dim() < 2:
-        raise ValueError(f"row_topk takes rows [..., q, width]; got {tuple(x.shape)}")
-    *lead, q, width = x.shape
+    *lead, q, width = x.shape  # (ValueError where x is not [..., q, width])
     x = _c_array("row_topk's x", x, torch.float32, *x.shape)
     k = max(int(k), 0)
     n_rows = x.numel() // width if width else 0
