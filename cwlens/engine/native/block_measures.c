@@ -36,9 +36,9 @@
 
 #define ROWS 8   /* queries a tile: 8 accumulators of 16 keys */
 #define LANES 16
-/* one panel's 16 keys in GCC's and Clang's vector extension: the vectors the CPU has (one
-   AVX-512 register, two AVX ones, ...), for the path without intrinsics */
-typedef float vf16 __attribute__((vector_size(64)));
+/* 8 floats in GCC's and Clang's vector extension (one AVX register, two SSE or NEON
+   ones), for the path without intrinsics */
+typedef float vf8 __attribute__((vector_size(32)));
 #define GROUP 4  /* rows whose column sums are added together */
 #define SEG 256  /* keys a segment of the top-k's lane maxima */
 
@@ -243,15 +243,22 @@ static int tile_plain(const Job *a, const float *u, const float *vt, const Row *
     if (want_c)
         for (int64_t j = j0; j < j1; j += LANES) {
             const float *panel = vt + (j / LANES) * d * LANES;  /* keys j .. j + 15, [d][16] */
-            for (int r0 = 0; r0 < n_rows; r0 += 4) {  /* 4 rows: 8 AVX registers of sums */
-                vf16 acc[4] = {{0}};
+            for (int r0 = 0; r0 < n_rows; r0 += 4) {  /* 4 rows: 8 vectors of sums */
+                vf8 lo8[4] = {{0}}, hi8[4] = {{0}};
                 for (int64_t e = 0; e < d; e++) {
-                    vf16 v;
+                    vf8 v, w;
                     memcpy(&v, panel + e * LANES, sizeof v);
-                    for (int r = 0; r < 4; r++)  /* rows past n_rows: whatever u holds, unused */
-                        acc[r] += u[(r0 + r) * d + e] * v;
+                    memcpy(&w, panel + e * LANES + 8, sizeof w);
+                    for (int r = 0; r < 4; r++) {  /* rows past n_rows: whatever u holds, unused */
+                        const float x = u[(r0 + r) * d + e];
+                        lo8[r] += x * v;
+                        hi8[r] += x * w;
+                    }
                 }
-                for (int r = 0; r < 4; r++) memcpy(cbuf + (r0 + r) * span + (j - j0), &acc[r], sizeof acc[r]);
+                for (int r = 0; r < 4; r++) {
+                    memcpy(cbuf + (r0 + r) * span + (j - j0), &lo8[r], sizeof lo8[r]);
+                    memcpy(cbuf + (r0 + r) * span + (j - j0) + 8, &hi8[r], sizeof hi8[r]);
+                }
             }
         }
     uint32_t bad = 0;
