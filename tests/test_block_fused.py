@@ -208,6 +208,14 @@ def test_refuses_shapes_that_do_not_fit():
     with pytest.raises(ValueError, match="float32"):
         inputs = native.BlockInputs(alpha.double(), torch.rand(2, 3, 4), None, torch.rand(2, 10), torch.rand(1, 3), lo, hi)
         native.block_measures(inputs, 2, ("attention",), False, False)
+    inputs = native.BlockInputs(alpha, torch.rand(2, 3, 4), None, torch.rand(2, 10), torch.rand(1, 3), lo, hi)
+    assert native.block_measures(inputs, 2, ("attention",), False, False) is not None
+    with pytest.raises(ValueError, match="k 0"):  # no list to keep (the AVX-512 top-k would read past its 16 lanes)
+        native.block_measures(inputs, 0, ("attention",), False, False)
+    with pytest.raises(ValueError, match="lo must be a int64 CPU tensor \\[3\\]"):
+        native.block_measures(inputs._replace(lo=lo[:2]), 2, ("attention",), False, False)
+    with pytest.raises(ValueError, match="inv1 must be"):
+        native.block_measures(inputs._replace(inv1=torch.rand(1, 2)), 2, ("attention",), False, False)
 
 
 def test_threads_of_its_own_give_the_same(monkeypatch, tmp_path):
