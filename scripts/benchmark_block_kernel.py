@@ -1,8 +1,9 @@
 """Time the streamed pass's block kernel (cwlens/engine/native/block_measures.c) on one
-causal block of SmolLM2-135M's shape: built with OpenMP (its threads are torch's) and
-without (threads of its own), on 1 and 2 threads, against the torch path it replaces (the
-contribution's product by a bmm, the product by a, the finiteness check, the column sums,
-three top-k lists with the C top-k). Minimum of --repeats calls each, alternated in one
+causal block of SmolLM2-135M's shape: built with OpenMP (its threads are torch's), with
+OpenMP without AVX-512, and without OpenMP (threads of its own), on 1 and 2 threads,
+against the torch path it replaces (the contribution's product by a bmm, the product by a,
+the finiteness check, the column sums, three top-k lists with the C top-k) and that path
+with torch's top-k (what ``CWLENS_NATIVE=0`` runs). Minimum of --repeats calls each, alternated in one
 process (these machines are noisy); prints milliseconds and ratios.
 
     python scripts/benchmark_block_kernel.py                  # [9, 227, 4096]
@@ -31,15 +32,23 @@ def block(rows: int, keys: int, heads: int = 9, kv: int = 3, d: int = 64, seed: 
     return alpha, u, v, vnorm, inv1, torch.zeros(rows, dtype=torch.int64), pos + 1
 
 
-def torch_path(native, alpha, u, v, vnorm, inv1, lo, hi):
-    """What the streamed pass computes for this block without the fused kernel."""
-    h, q, _ = alpha.shape
+def torch_path(native, alpha, u, v, vnorm, inv1, lo, hi, c_topk: bool = True):
+    """What the streamed pass computes for this block without the fused kernel: its top-k
+    lists with the C top-k (``c_topk``), or with torch's (``CWLENS_NATIVE=0``: no kernel)."""
+    from cwlens.engine.row_topk import _row_topk  # the torch top-k the streamed pass runs
+
+    h, q, width = alpha.shape
     kv = v.shape[1]
     dot = torch.matmul(u.reshape(kv, h // kv * q, -1), v.permute(1, 2, 0)).view(h, q, -1)
     c = dot.mul_(alpha)
     assert bool(torch.isfinite(c.sum()))
     sums = (c.sum(1), alpha.sum(1), torch.matmul(inv1[:, None, :], alpha).squeeze(1))
-    tops = [native.row_topk(x[None], 8, False, s, lo, hi) for x, s in ((c, None), (alpha, None), (alpha, vnorm[None]))]
+    if c_topk:
+        tops = [native.row_topk(x[None], 8, False, s, lo, hi) for x, s in ((c, None), (alpha, None), (alpha, vnorm[None]))]
+    else:
+        j = torch.arange(width)
+        allowed = ((j >= lo[:, None]) & (j < hi[:, None]))[None, None]
+        tops = [_row_topk(x[None], 8, False, None, allowed) for x in (c, alpha, alpha * vnorm[:, None, :])]
     return sums, tops
 
 
@@ -71,13 +80,15 @@ def main() -> None:
     panels = native.value_panels(v)
     builds = {}
     saved = native.OPENMP, os.environ.get("CWLENS_CACHE")
-    for name, openmp in (("OpenMP", saved[0]), ("own threads", ())):
+    flags = native.FLAGS
+    for name, openmp, extra in (("OpenMP", saved[0], ()), ("OpenMP, -mno-avx512f", saved[0], ("-mno-avx512f",)),
+                                ("own threads", (), ())):
         with tempfile.TemporaryDirectory() as tmp:  # a build of its own (loaded: it may go)
-            native.OPENMP = openmp
+            native.OPENMP, native.FLAGS = openmp, (*flags, *extra)
             os.environ["CWLENS_CACHE"] = tmp
             native._state.pop("lib", None)
             builds[name] = native.library()
-    native.OPENMP = saved[0]
+    native.OPENMP, native.FLAGS = saved[0], flags
     if saved[1] is None:
         os.environ.pop("CWLENS_CACHE")
     else:
@@ -92,16 +103,18 @@ def main() -> None:
             native._state["lib"] = lib
             fused = best_ms(lambda: native.block_measures(inputs, 8, native.TOPK_METRICS, True, True), args.repeats)
             unfused = best_ms(lambda: torch_path(native, alpha, u, v, vnorm, inv1, lo, hi), args.repeats)
-            rows.append((n, name, fused, unfused))
+            alone = best_ms(lambda: torch_path(native, alpha, u, v, vnorm, inv1, lo, hi, False), args.repeats)
+            rows.append((n, name, fused, unfused, alone))
     torch.set_num_threads(threads)
     native._state.pop("lib", None)
     print(f"block [9, {args.rows}, {args.keys}] (causal), minimum of {args.repeats} calls, milliseconds")
-    print("| threads | kernels built with | fused kernel | torch path (C top-k) | torch / fused |")
-    print("|---|---|---|---|---|")
-    for n, name, fused, unfused in rows:
-        print(f"| {n} | {name} | {fused:.1f} | {unfused:.1f} | {unfused / fused:.2f} |")
-    one = {name: f for n, name, f, _ in rows if n == 1}
-    for n, name, fused, _ in rows:
+    print("| threads | kernels built with | fused kernel | torch path (C top-k) | torch path (torch top-k) "
+          "| C top-k / fused | torch top-k / fused |")
+    print("|---|---|---|---|---|---|---|")
+    for n, name, fused, unfused, alone in rows:
+        print(f"| {n} | {name} | {fused:.1f} | {unfused:.1f} | {alone:.1f} | {unfused / fused:.2f} | {alone / fused:.2f} |")
+    one = {name: f for n, name, f, *_ in rows if n == 1}
+    for n, name, fused, *_ in rows:
         if n == 2:
             print(f"{name}: fused kernel, 1 thread / 2 threads = {one[name] / fused:.2f}")
 

@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens.engine import block_fused, native, reducers, row_topk
+from cwlens.engine import native, reducers
 from cwlens.testing import tiny_model
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: cwlens computes with torch")
@@ -28,11 +28,9 @@ def _both(monkeypatch, model, input, rs, **kw):
     monkeypatch.setattr(native, "block_measures", lambda *a, **k: calls.append(1) or real(*a, **k))
     fast = cwlens.stream_reduce(model, input, rs, **kw)
     assert calls, "the fused kernel did not run"
-    monkeypatch.setattr(block_fused, "NATIVE", False)
-    monkeypatch.setattr(row_topk, "NATIVE", False)
+    monkeypatch.setenv("CWLENS_NATIVE", "0")
     slow = cwlens.stream_reduce(model, input, rs, **kw)
-    monkeypatch.setattr(block_fused, "NATIVE", True)
-    monkeypatch.setattr(row_topk, "NATIVE", True)
+    monkeypatch.setenv("CWLENS_NATIVE", "1")
     return fast, slow
 
 
@@ -169,8 +167,7 @@ def test_a_non_finite_contribution_goes_to_torch(monkeypatch):
     monkeypatch.setattr(native, "block_measures", lambda *a, **k: calls.append(1))  # None: given back
     given_back = cwlens.stream_reduce(model, tokens, _reducers(3), query_block=4)
     assert calls
-    monkeypatch.setattr(block_fused, "NATIVE", False)
-    monkeypatch.setattr(row_topk, "NATIVE", False)
+    monkeypatch.setenv("CWLENS_NATIVE", "0")
     _assert_equal_results(given_back, cwlens.stream_reduce(model, tokens, _reducers(3), query_block=4))
 
 
@@ -211,6 +208,14 @@ def test_refuses_shapes_that_do_not_fit():
     with pytest.raises(ValueError, match="float32"):
         inputs = native.BlockInputs(alpha.double(), torch.rand(2, 3, 4), None, torch.rand(2, 10), torch.rand(1, 3), lo, hi)
         native.block_measures(inputs, 2, ("attention",), False, False)
+    inputs = native.BlockInputs(alpha, torch.rand(2, 3, 4), None, torch.rand(2, 10), torch.rand(1, 3), lo, hi)
+    assert native.block_measures(inputs, 2, ("attention",), False, False) is not None
+    with pytest.raises(ValueError, match="k 0"):  # no list to keep (the AVX-512 top-k would read past its 16 lanes)
+        native.block_measures(inputs, 0, ("attention",), False, False)
+    with pytest.raises(ValueError, match="lo must be a int64 CPU tensor \\[3\\]"):
+        native.block_measures(inputs._replace(lo=lo[:2]), 2, ("attention",), False, False)
+    with pytest.raises(ValueError, match="inv1 must be"):
+        native.block_measures(inputs._replace(inv1=torch.rand(1, 2)), 2, ("attention",), False, False)
 
 
 def test_threads_of_its_own_give_the_same(monkeypatch, tmp_path):

@@ -12,7 +12,7 @@ import torch
 import cwlens.engine.streaming as streaming
 from cwlens.datasets import TextSample
 from cwlens.engine import native
-from cwlens.faithfulness import FaithfulnessConfig, lockstep, native_masks, passes, run_faithfulness
+from cwlens.faithfulness import FaithfulnessConfig, lockstep, passes, run_faithfulness
 from cwlens.faithfulness import job_masks as jm
 from cwlens.testing import tiny_model
 
@@ -44,7 +44,7 @@ def test_long_text_every_layer_per_block_equals_the_whole_layer_sort(monkeypatch
     with monkeypatch.context() as m:
         m.setattr(passes, "layer_masks", keep_layer)
         m.setattr(jm, "worth_it", lambda *a: False)
-        m.setattr(native_masks, "NATIVE", False)
+        m.setenv("CWLENS_NATIVE", "0")
         whole = run_faithfulness(model, [LONG], FaithfulnessConfig(**{**cfg.__dict__, "ranking_path": "whole_layer"}),
                                  progress=False).table
     monkeypatch.setattr(streaming, "AUTO_THRESHOLD", 2)  # blockwise
@@ -60,7 +60,7 @@ def test_long_text_every_layer_per_block_equals_the_whole_layer_sort(monkeypatch
         return out
 
     monkeypatch.setattr(lockstep._Lockstep, "_block_masks", keep_block)
-    monkeypatch.setattr(native_masks, "NATIVE", kernel)
+    monkeypatch.setenv("CWLENS_NATIVE", "1" if kernel else "0")
     ends_only = []
     real_partial = jm.rank_rows_partially
     monkeypatch.setattr(jm, "rank_rows_partially", lambda *a: ends_only.append(1) or real_partial(*a))

@@ -32,7 +32,7 @@ def _both(jobs, piece, monkeypatch, scope="row"):
     """job_masks with the kernel and without: ({key: bool mask}, counts) each."""
     out = []
     for on in (True, False):
-        monkeypatch.setattr(native_masks, "NATIVE", on)
+        monkeypatch.setenv("CWLENS_NATIVE", "1" if on else "0")
         counts: dict = {}
         kinds = set()
         masks = {}
@@ -120,7 +120,7 @@ def test_a_sweep_writes_the_same_numbers_with_and_without_the_kernel(path, monke
     real = native.row_masks
     monkeypatch.setattr(native, "row_masks", lambda *a: kernel.append(1) or real(*a))
     for on in (True, False):
-        monkeypatch.setattr(native_masks, "NATIVE", on)
+        monkeypatch.setenv("CWLENS_NATIVE", "1" if on else "0")
         tables.append(run_faithfulness(model, "gsm8k", cfg, n=4, progress=False).table)
     assert kernel  # the kernel ranked in the first run
     assert tables[0].equals(tables[1])
@@ -131,12 +131,8 @@ def test_packed_masks_applied_by_the_kernel_give_the_same_logits(attention, monk
     """run_masked with PackedMask masks: the kernel's zeroing (value_masking._zero_packed)
     and unpack + multiply give the very same logits, whole layers and query blocks (with
     a left-padded batch); renormalize stays with torch."""
-    import importlib
-
     from cwlens.engine import streaming
     from cwlens.engine.interventions.value_masking import run_masked
-
-    value_masking = importlib.import_module("cwlens.engine.interventions.value_masking")
     from cwlens.testing import tiny_model
 
     model = tiny_model("llama")
@@ -152,7 +148,7 @@ def test_packed_masks_applied_by_the_kernel_give_the_same_logits(attention, monk
     monkeypatch.setattr(native, "zero_masked", lambda *a: zeroed.append(1) or real(*a))
     out = {}
     for on in (True, False):
-        monkeypatch.setattr(value_masking, "NATIVE", on)
+        monkeypatch.setenv("CWLENS_NATIVE", "1" if on else "0")
         for renorm in (False, True):
             out[on, renorm] = run_masked(model, tokens, masks, renorm, attention_mask=position,
                                          attention=attention)
@@ -169,9 +165,32 @@ def test_kernel_uniforms_equal_the_torch_hash(dtype, monkeypatch):
     queries = torch.tensor([0, 1, 2, 7, 300, 16383, 2**31 + 5])
     keys = torch.arange(0, 1000, 3)
     for key in ("ties:0:3", "0:gsm8k-12/0:29", ""):
-        monkeypatch.setattr(ranking, "NATIVE", True)
+        monkeypatch.setenv("CWLENS_NATIVE", "1")
         fast = ranking.uniforms_at(3, queries, keys, key, dtype)
-        monkeypatch.setattr(ranking, "NATIVE", False)
+        monkeypatch.setenv("CWLENS_NATIVE", "0")
         slow = ranking.uniforms_at(3, queries, keys, key, dtype)
         assert fast.dtype == dtype and torch.equal(fast, slow)
         assert 0 <= float(fast.min()) and float(fast.max()) < 1
+
+
+def test_every_tensor_handed_to_c_is_checked():
+    """A tensor of another shape than C reads (first: one per text) is refused, never read
+    past its end."""
+    scores, eligible, tb, first = tied_rows(0, 5, True, None, 12)
+    b, h, q, w = scores.shape
+    lo, hi = torch.zeros(b, 1, q, dtype=torch.int64), torch.full((b, 1, q), w)
+    ks = torch.ones(1, b, 1, q, dtype=torch.int64)
+    assert native.row_masks(scores, tb, lo, hi, torch.zeros(b, dtype=torch.int64), [0], ks) is not None
+    for bad_first in (torch.zeros(b - 1, dtype=torch.int64), torch.zeros(b, 2, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="first must be a int64 CPU tensor"):
+            native.row_masks(scores, tb, lo, hi, bad_first, [0], ks)
+    with pytest.raises(ValueError, match="first must be"):
+        native.row_masks(scores, tb, lo, hi, torch.zeros(b), [0], ks)  # float keys
+    with pytest.raises(ValueError, match="hi must be"):
+        native.row_masks(scores, tb, lo, hi[:, :, :-1], torch.zeros(b, dtype=torch.int64), [0], ks)
+    with pytest.raises(ValueError, match="ks must be"):
+        native.row_masks(scores, tb, lo, hi, torch.zeros(b, dtype=torch.int64), [0, 1], ks)
+    with pytest.raises(ValueError, match="bits"):
+        native.zero_masked(torch.rand(2, 3, 17), torch.zeros(2, 3, 2, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="bits must be"):
+        native.zero_masked(torch.rand(2, 3, 16), torch.zeros(3, 2, dtype=torch.uint8))

@@ -10,7 +10,7 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens.engine import block_fused, native, reducers, row_topk
+from cwlens.engine import native, reducers
 from cwlens.testing import tiny_model
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: cwlens ranks with torch")
@@ -80,7 +80,7 @@ def test_a_metric_of_ones_own_with_nan_is_ranked_by_torch(monkeypatch):
                       compute=nan_attention)
     with M.registered(metric):
         fast = cwlens.stream_reduce(model, tokens, [reducers.TopK(2, "nan_attention")], query_block=4)
-        monkeypatch.setattr(row_topk, "NATIVE", False)
+        monkeypatch.setenv("CWLENS_NATIVE", "0")
         slow = cwlens.stream_reduce(model, tokens, [reducers.TopK(2, "nan_attention")], query_block=4)
     assert torch.equal(fast["top2_nan_attention"].indices, slow["top2_nan_attention"].indices)
 
@@ -105,7 +105,8 @@ def test_streamed_topk_lists_equal_with_and_without_the_kernel(name, monkeypatch
     calls = []
     real = native.row_topk
     monkeypatch.setattr(native, "row_topk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(block_fused, "NATIVE", False)  # this kernel alone (the fused one: test_block_fused.py)
+    # this kernel alone: the fused one gives every block back (it: test_block_fused.py)
+    monkeypatch.setattr(native, "block_measures", lambda *a, **kw: None)
 
     def lists(input):
         rs = [reducers.TopK(5, m) for m in metrics] + [reducers.TopK(4, "contribution", by_abs=True, name="abs")]
@@ -114,10 +115,10 @@ def test_streamed_topk_lists_equal_with_and_without_the_kernel(name, monkeypatch
 
     for input, ranked_natively in ((tokens, True), (texts, True)):
         calls.clear()
-        monkeypatch.setattr(row_topk, "NATIVE", True)
+        monkeypatch.setenv("CWLENS_NATIVE", "1")
         fast = lists(input)
         assert bool(calls) == ranked_natively
-        monkeypatch.setattr(row_topk, "NATIVE", False)
+        monkeypatch.setenv("CWLENS_NATIVE", "0")
         slow = lists(input)
         for n in fast:
             assert_close(fast[n].values, slow[n].values, equal_nan=True, rtol=1e-6, atol=1e-7)
@@ -135,7 +136,7 @@ def test_without_the_kernel_torch_ranks(monkeypatch, tmp_path):
     assert not native.available()
     with pytest.raises(RuntimeError, match="no compiled kernels"):
         native.row_topk(torch.zeros(1, 1, 2, 3), 1)
-    monkeypatch.delitem(_state, "lib")
+    monkeypatch.delitem(_state, "lib", raising=False)
     monkeypatch.setenv("CWLENS_NATIVE", "1")
     monkeypatch.setenv("CC", "/no/such/compiler")
     monkeypatch.setenv("PATH", str(tmp_path))  # no gcc either
@@ -157,7 +158,7 @@ def test_a_mask_with_holes_is_ranked_by_torch(monkeypatch):
     monkeypatch.setattr(native, "row_topk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     fast = cwlens.stream_reduce(model, tokens, [reducers.TopK(3)], attention_mask=mask, query_block=4)
     assert not calls  # (nor the fused kernel: it needs the same ranges, tests/test_block_fused.py)
-    monkeypatch.setattr(row_topk, "NATIVE", False)
+    monkeypatch.setenv("CWLENS_NATIVE", "0")
     slow = cwlens.stream_reduce(model, tokens, [reducers.TopK(3)], attention_mask=mask, query_block=4)
     assert torch.equal(fast["top3_contribution"].indices, slow["top3_contribution"].indices)
 
@@ -182,3 +183,56 @@ def test_a_misspelt_switch_is_refused(monkeypatch):
     with pytest.raises(InvalidArgumentError, match="CWLENS_NATIVE='nope'.*0 \\(or false"):
         native.available()
     monkeypatch.delitem(_state, "lib", raising=False)
+
+
+def test_no_nan_or_inf_is_written_in_the_finite_math_build():
+    """The kernels are built with -ffinite-math-only, where making a NaN or an infinity is
+    undefined behaviour (and isnan() may be folded to 0): a row's missing keys are -1 in
+    C and NaN in Python."""
+    import re
+
+    assert "-ffinite-math-only" in native.FLAGS
+    for path in (*native.SOURCES, *native.HEADERS):
+        made = r"\b(NAN|INFINITY|HUGE_VALF?)\b|\b(nanf?|isnan|isinf|isfinite)\s*\("  # folded away there
+        assert not re.search(made, path.read_text()), path.name
+    g = torch.Generator().manual_seed(0)
+    h, kv, q, width, d = 2, 1, 3, 5, 4
+    lo, hi = torch.zeros(q, dtype=torch.int64), torch.tensor([1, 3, 5])  # rows of 1, 3, 5 keys
+    inputs = native.BlockInputs(torch.rand(h, q, width, generator=g), torch.randn(h, q, d, generator=g),
+                                native.value_panels(torch.randn(width, kv, d, generator=g)),
+                                torch.rand(h, width, generator=g), torch.rand(1, q, generator=g), lo, hi)
+    tops, _ = native.block_measures(inputs, 4, native.TOPK_METRICS, False, True)
+    for name in native.TOPK_METRICS:
+        idx, val = tops[name]
+        assert idx[:, 0, 1:].eq(-1).all() and idx[:, 1, 3:].eq(-1).all() and idx[:, 2].ge(0).all(), name
+        assert torch.equal(val.isnan(), idx < 0), name
+    idx, val = native.row_topk(inputs.alpha, 4, lo=lo, hi=hi)
+    assert torch.equal(val.isnan(), idx < 0) and idx[:, 0, 1:].eq(-1).all()
+
+
+def test_a_failed_build_says_so_once(monkeypatch, tmp_path, capsys):
+    """A compiler that fails: one line on stderr, once per process, naming the compiler's
+    error and CWLENS_NATIVE=0; torch computes."""
+    from cwlens.engine.native import _state
+
+    cc = tmp_path / "broken-cc"
+    cc.write_text("#!/bin/sh\necho 'In file included from x.c:1:' >&2\n"
+                  "echo 'x.c:3:5: error: no such thing as a working compiler' >&2\nexit 1\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("CWLENS_CACHE", str(tmp_path))
+    monkeypatch.delitem(_state, "lib", raising=False)
+    monkeypatch.delitem(_state, "told", raising=False)
+    try:
+        assert not native.available()
+        monkeypatch.delitem(_state, "lib")  # built again: said no more
+        assert not native.available()
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1, err
+        assert "error: no such thing as a working compiler" in err[0] and "CWLENS_NATIVE=0" in err[0]
+        assert "broken-cc" in err[0]
+        model = tiny_model("llama")
+        out = cwlens.stream_reduce(model, torch.randint(3, 50, (1, 9)), [reducers.TopK(3)], query_block=4)
+        assert out["top3_contribution"].indices.shape[-1] == 3
+    finally:
+        monkeypatch.delitem(_state, "lib", raising=False)  # the next test loads the usual build again

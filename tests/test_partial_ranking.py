@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cwlens.faithfulness import job_masks as jm
-from cwlens.faithfulness import native_masks, partial_ranking
+from cwlens.faithfulness import partial_ranking
 from cwlens.faithfulness.cut_counts import RowCutCounts
 from cwlens.faithfulness.partial_ranking import rank_rows_partially
 from cwlens.faithfulness.ranking import n_to_mask, rank_entries
@@ -54,7 +54,7 @@ def test_equal_keys_inside_a_block_fall_back_to_the_sort():
     ((0.3, 0.9), ("sufficiency",), False),  # 90% of a row: the sort is cheaper
 ])
 def test_job_masks_take_the_ends_only_where_masks_are_small(rates, modes, partial, monkeypatch):
-    monkeypatch.setattr(native_masks, "NATIVE", False)  # torch's ranking (the kernel: test_native_masks.py)
+    monkeypatch.setenv("CWLENS_NATIVE", "0")  # torch's ranking (the kernel: test_native_masks.py)
     scores, eligible, tb, first = _case(5, 7, True, None, n=60)
     jobs = [((m, r, mode), SimpleNamespace(metric=m, rate=r, mode=mode))
             for m in ("a", "b") for r in rates for mode in modes]

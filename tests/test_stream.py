@@ -9,7 +9,7 @@ from torch.testing import assert_close
 import cwlens
 from cwlens import reducers
 from cwlens.core._types import STREAM_METRICS
-from cwlens.engine import adapter, block_fused, row_topk
+from cwlens.engine import adapter, row_topk
 from cwlens.engine.batching import pad_batch
 from cwlens.errors import CwlensError, UnknownOptionError
 from cwlens.testing import ARCHITECTURES, tiny_model
@@ -159,7 +159,7 @@ def test_grouped_topk_equals_topk_on_the_rows_of_every_metric(run, columns, monk
     (row_topk.GROUPED_FROM): forced here on short rows, with a ragged tail (3 columns),
     signed and |.| ranking."""
     model, tokens, mask, cache, _ = run
-    monkeypatch.setattr(row_topk, "NATIVE", False)  # the torch path (the C kernel: test_native_topk.py)
+    monkeypatch.setenv("CWLENS_NATIVE", "0")  # the torch path (the C kernel: test_native_topk.py)
     monkeypatch.setattr(row_topk, "GROUPED_FROM", 1)
     monkeypatch.setattr(row_topk, "COLUMNS", columns)
     k = 2
@@ -197,8 +197,8 @@ def test_vwon_ranks_once_with_value_weighted(run, monkeypatch, native):
 
     if native and not kernel.available():
         pytest.skip("the C kernel is not built here (no compiler)")
-    monkeypatch.setattr(row_topk, "NATIVE", native)
-    monkeypatch.setattr(block_fused, "NATIVE", False)  # the per-metric paths (the fused one: below)
+    monkeypatch.setenv("CWLENS_NATIVE", "1" if native else "0")
+    monkeypatch.setattr(kernel, "block_measures", lambda *a, **kw: None)  # the per-metric paths (the fused one: below)
     seen = []
     name = "_native_row_topk" if native else "_row_topk"
     real = getattr(row_topk, name)

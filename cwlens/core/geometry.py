@@ -295,7 +295,9 @@ class AttentionGeometry:
         norm_sq = (o * o).sum(-1)[:, None, :]  # [b, 1, q]
         return proj, norm_sq
 
-    def _projection(self, kind: Kind) -> tuple[torch.Tensor, torch.Tensor]:
+    def projection(self, kind: Kind) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(o W_O^h^T [batch, query_pos, head_index, d_head], ||o||^2 [batch, head or 1,
+        query_pos])``: per head (intra) or of the layer's output (inter)."""
         proj, norm_sq = self._intra if check_kind(kind) == "intra" else self._inter
         # the inputs are finite (checked in __init__): only an overflow gets here
         check_finite(norm_sq, f"the squared norm of the attention output ({kind})", self.layer,
@@ -306,15 +308,15 @@ class AttentionGeometry:
 
     def output_norm(self, kind: Kind = "inter") -> torch.Tensor:
         """``||o_i^h||`` ``[batch, head_index, query_pos]`` (intra) or ``||o_i||`` ``[batch, 1, query_pos]`` (inter)."""
-        return self._projection(kind)[1].sqrt()
+        return self.projection(kind)[1].sqrt()
 
     def zero_output(self, kind: Kind = "inter") -> torch.Tensor:
         """True where ``||o|| = 0``, so that the weights there are set to 0, not NaN."""
-        return self._projection(kind)[1] == 0
+        return self.projection(kind)[1] == 0
 
-    def _inverse(self, kind: Kind, power: float) -> torch.Tensor:
+    def inverse_norm(self, kind: Kind, power: float) -> torch.Tensor:
         """``||o||^-power`` (0 where ``||o|| = 0``), ``[batch, head or 1, query_pos]``."""
-        norm_sq = self._projection(kind)[1]
+        norm_sq = self.projection(kind)[1]
         ok = norm_sq > 0
         inv = torch.where(ok, norm_sq, torch.ones_like(norm_sq)).pow(-power / 2)
         return inv * ok
@@ -328,7 +330,7 @@ class AttentionGeometry:
     def dot(self, kind: Kind = "inter") -> PairWeights:
         """``<o_i, v~_j^h>`` (unweighted by attention): ``[batch, head_index, query_pos, key_pos]``."""
         if kind not in self._dots:
-            self._dots[kind] = self._pair_dot(self._projection(kind)[0])
+            self._dots[kind] = self._pair_dot(self.projection(kind)[0])
         return self._dots[kind]
 
     # -- the measures --------------------------------------------------------------------
@@ -347,14 +349,14 @@ class AttentionGeometry:
     @_measure
     def value_weighted_output_normalized(self, kind: Kind = "inter") -> PairWeights:
         """``a_ij ||v~_j|| / ||o_i||``."""
-        out = self.pattern * self._inverse(kind, 1)[..., None]  # one allocation, two passes
+        out = self.pattern * self.inverse_norm(kind, 1)[..., None]  # one allocation, two passes
         return out.mul_(self.value_norm[:, :, None, :])
 
     @_measure
     def contribution(self, kind: Kind = "inter") -> PairWeights:
         """``<o_i, a_ij v~_j> / ||o_i||^2``, signed."""
-        proj = self._projection(kind)[0]
-        inv = self._inverse(kind, 2)  # [b, h or 1, q] -> scale the projection, not the pairs
+        proj = self.projection(kind)[0]
+        inv = self.inverse_norm(kind, 2)  # [b, h or 1, q] -> scale the projection, not the pairs
         scaled = proj * inv.permute(0, 2, 1)[..., None]
         return self._pair_dot(scaled).mul_(self.pattern)  # in place: no second big buffer
 
@@ -366,14 +368,14 @@ class AttentionGeometry:
     @_checked
     def relative_norm(self, kind: Kind = "inter") -> PairWeights:
         """``||v~_j|| / ||o_i||`` broadcast to ``[batch, head_index, query_pos, key_pos]``."""
-        rel = self._inverse(kind, 1)[..., None] * self.value_norm[:, :, None, :]
+        rel = self.inverse_norm(kind, 1)[..., None] * self.value_norm[:, :, None, :]
         return rel.expand_as(self.pattern)
 
     @_checked
     def cosine(self, kind: Kind = "inter") -> PairWeights:
         """``cos(o_i, v~_j)``; 0 where either vector is zero."""
         inv_v = safe_divide(torch.ones_like(self.value_norm), self.value_norm)
-        scale = self._inverse(kind, 1)[..., None] * inv_v[:, :, None, :]
+        scale = self.inverse_norm(kind, 1)[..., None] * inv_v[:, :, None, :]
         return self.dot(kind) * scale
 
     @_measure

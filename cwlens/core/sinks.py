@@ -117,8 +117,8 @@ def key_contribution(geo: AttentionGeometry, key_index: torch.Tensor, kind: Kind
     index = key_index.to(geo.pattern.device)
     inside = (index < k).to(geo.pattern.dtype)  # [b]
     index = index.clamp_max(k - 1)
-    proj, _ = geo._projection(kind)  # o W_O^h^T: [b, q, h, d]
-    inv = geo._inverse(kind, 2)  # 1/||o||^2: [b, h or 1, q]
+    proj, _ = geo.projection(kind)  # o W_O^h^T: [b, q, h, d]
+    inv = geo.inverse_norm(kind, 2)  # 1/||o||^2: [b, h or 1, q]
     v_key = _row_gather(geo.v, index, 1).repeat_interleave(geo.group, dim=1)  # [b, h, d]
     dots = torch.einsum("bqhd,bhd->bhq", proj, v_key.to(proj.dtype))
     alpha = _row_gather(geo.pattern, index, 3)  # [b, h, q]

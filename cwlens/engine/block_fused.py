@@ -13,9 +13,9 @@ and sums go into the block's shared ``weights.derived``, where the reducers look
 It applies on the CPU to float32 blocks whose keys are one run per query and text (causal,
 sliding windows, padding at either end); anything else, a reducer asking other options
 (``by_abs``, ``sum_heads`` top-k, other metrics) and any block with a non-finite
-contribution go the torch way as before (which names the layer and heads). ``NATIVE =
-False`` (or ``CWLENS_NATIVE=0``) turns it off; tests compare both paths
-(``tests/test_block_fused.py``).
+contribution go the torch way as before (which names the layer and heads).
+``CWLENS_NATIVE=0`` turns it off (:func:`cwlens.engine.native.available`); tests compare
+both paths (``tests/test_block_fused.py``).
 """
 
 from dataclasses import dataclass
@@ -23,8 +23,6 @@ from dataclasses import dataclass
 import torch
 
 from cwlens.engine import native
-
-NATIVE = True  # tests turn it off to compare
 
 _VWON = "value_weighted_output_normalized"
 _SUMMED = ("contribution", "attention", "value_weighted", _VWON)
@@ -65,7 +63,7 @@ def plan_of(reducers) -> Plan | None:
 
 def _usable(geo) -> bool:
     p = geo.pattern
-    return (NATIVE and p.dtype == torch.float32 and p.device.type == "cpu" and p.stride(-1) == 1
+    return (p.dtype == torch.float32 and p.device.type == "cpu" and p.stride(-1) == 1
             and geo.v.dtype == torch.float32 and native.available())
 
 
@@ -100,12 +98,12 @@ def fill(weights, plan: Plan | None, panels: LayerPanels) -> bool:
     if ranges is None:
         return False
     kind = weights.kind
-    inv1 = geo._inverse(kind, 1).to(torch.float32)  # [b, 1 or h, q]
+    inv1 = geo.inverse_norm(kind, 1).to(torch.float32)  # [b, 1 or h, q]
     d = geo.v.shape[-1]
     values: list[torch.Tensor | None]
     if plan.contribution:
-        proj = geo._projection(kind)[0]  # [b, q, h, d]
-        u = (proj * geo._inverse(kind, 2).permute(0, 2, 1)[..., None]).permute(0, 2, 1, 3)
+        proj = geo.projection(kind)[0]  # [b, q, h, d]
+        u = (proj * geo.inverse_norm(kind, 2).permute(0, 2, 1)[..., None]).permute(0, 2, 1, 3)
         values = list(panels.of(geo))
     else:  # nothing reads them
         u, values = geo.pattern.new_zeros(b, h, q, d), [None] * b

@@ -167,7 +167,7 @@ class TopK(Reducer):
             # query), so the row order is value_weighted's: rank that, then rescale
             idx, val = shared_row_topk(weights, "value_weighted", self.k, self.by_abs, False, n_keys,
                                        allowed)
-            val = val * block._inverse(weights.kind, 1)[..., None]
+            val = val * block.inverse_norm(weights.kind, 1)[..., None]
         else:
             idx, val = shared_row_topk(weights, self.metric, self.k, self.by_abs, self.sum_heads,
                                        n_keys, allowed)
@@ -363,7 +363,7 @@ def _pattern_column_sums(weights, metric: str) -> torch.Tensor | None:
     elif metric not in _FROM_PATTERN or geo is None or kind is None or cache is None:
         return None
     elif metric == "value_weighted_output_normalized":
-        inv = geo._inverse(kind, 1)  # [batch, head or 1, query]
+        inv = geo.inverse_norm(kind, 1)  # [batch, head or 1, query]
         s = torch.matmul(inv[:, :, None, :].to(geo.pattern.dtype), geo.pattern).squeeze(-2)
         s = s * geo.value_norm
     else:

@@ -93,18 +93,15 @@ def shared_row_topk(weights, metric: str, k: int, by_abs: bool, sum_heads: bool,
     return out
 
 
-NATIVE = True  # rank with the C kernel where it is built (cwlens.engine.native); tests turn it off
-
-
 def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | None):
     """The block's top-k lists from :func:`cwlens.engine.native.row_topk`, or None where it
-    does not apply (not built, not a float32 CPU block, a padding mask whose real tokens are
-    not one run per text). The keys a query attends to are one range per text and query
+    does not apply (not built or ``CWLENS_NATIVE=0``, not a float32 CPU block, a padding
+    mask whose real tokens are not one run per text). The keys a query attends to are one range per text and query
     (causal: up to the query; a sliding window: after ``query - window``; padding: the
     text's real tokens, none for a pad query); the value-weighted baseline is ranked as
     ``pattern x ||v~||`` without making its tensor."""
     geo = getattr(weights, "geometry", None)
-    if not NATIVE or geo is None:
+    if geo is None:
         return None
     from cwlens.engine import native
 

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from cwlens.core._types import Scope
+from cwlens.engine import native
 from cwlens.faithfulness import native_masks
 from cwlens.faithfulness.causal_scope import causal_ranking
 from cwlens.faithfulness.cut_counts import RowCutCounts
@@ -87,7 +88,7 @@ def _rank(metric: str, jobs: Sequence[tuple], piece: Piece, scope: Scope, tiebre
     shape, eligible = piece.shape, piece.eligible
     scores = piece.scores_of(metric)
     mine = [(k, j) for k, j in jobs if j.metric == metric]
-    if scope == "row" and native_masks.NATIVE:  # the C kernel: every job of this metric at once
+    if scope == "row" and native.available():  # the C kernel: every job of this metric at once
         if not ranges:
             ranges.append(native_masks.eligible_ranges(eligible, shape))
         fast = native_masks.row_masks_of(mine, scores, tiebreak, eligible, piece.first_key,

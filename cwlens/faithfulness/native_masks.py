@@ -15,9 +15,8 @@ from collections.abc import Sequence
 import torch
 
 from cwlens.core.bitmask import PackedMask
+from cwlens.engine import native
 from cwlens.faithfulness.ranking import n_to_mask
-
-NATIVE = True  # tests turn it off to compare with the torch path
 
 _MODES = {"comprehensiveness": 0, "sufficiency": 1}
 
@@ -46,9 +45,7 @@ def row_masks_of(jobs: Sequence[tuple], scores: torch.Tensor, tiebreak: torch.Te
     with ``.rate``, ``.mode``, one metric) over ``scores`` ``[b, h, q, w]``, or None where
     the kernel does not apply (then rank with torch). ``ranges``: :func:`eligible_ranges`
     of ``eligible``, where the caller has it (one piece's metrics share it)."""
-    from cwlens.engine import native
-
-    if not NATIVE or scores.dim() != 4 or scores.dtype != torch.float32 or scores.device.type != "cpu":
+    if scores.dim() != 4 or scores.dtype != torch.float32 or scores.device.type != "cpu":
         return None
     if not native.available():
         return None

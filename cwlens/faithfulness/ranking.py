@@ -256,9 +256,6 @@ def position_uniforms(h: int, n: int, key: str) -> torch.Tensor:
     return uniforms_at(h, every, every, key)
 
 
-NATIVE = True  # the uniforms from the C kernel where it is built; tests turn it off
-
-
 def uniforms_at(h: int, queries: torch.Tensor, keys: torch.Tensor, key: str,
                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """``[h, len(queries), len(keys)]`` uniforms (float64, or rounded once to ``dtype``):
@@ -268,7 +265,7 @@ def uniforms_at(h: int, queries: torch.Tensor, keys: torch.Tensor, key: str,
     base = zlib.crc32(key.encode())
     hh = torch.arange(h, dtype=torch.int64)[:, None, None]
     rows = _mix32(_mix32((hh + base) & 0xFFFFFFFF) ^ queries.to(torch.int64)[None, :, None])
-    if NATIVE and dtype in (torch.float32, torch.float64):
+    if dtype in (torch.float32, torch.float64):
         from cwlens.engine import native
 
         if native.available():  # the same values in one pass (tests/test_native_masks.py)

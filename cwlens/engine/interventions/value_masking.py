@@ -71,15 +71,12 @@ def pattern_mask_hook(mask: "torch.Tensor | PackedMask", renormalize: bool = Fal
     return mask_pattern
 
 
-NATIVE = True  # a packed mask applied by the C kernel where it applies; tests turn it off
-
-
 def _zero_packed(pattern: Pattern, mask: PackedMask, block) -> Pattern | None:
     """``pattern`` with ``mask``'s entries set to 0 by :func:`cwlens.engine.native.zero_masked`
     (one pass, the mask never unpacked; the same values as :func:`remove_entries`, the
     pattern being finite and >= 0), or None where it does not apply: not built, not a
     float32 CPU pattern, a mask that broadcasts instead of matching the pattern."""
-    if not NATIVE or pattern.dtype != torch.float32 or pattern.device.type != "cpu":
+    if pattern.dtype != torch.float32 or pattern.device.type != "cpu":
         return None
     from cwlens.engine import native
 

@@ -10,10 +10,11 @@ random-control uniforms. The sources are
 compiled once per machine (``cc -O3 -march=native``, a second or two) into
 ``$CWLENS_CACHE`` (default ``~/.cache/cwlens``)/native, named by a hash of the sources,
 the flags and the CPU's features, so that a home folder shared by different machines
-never loads another CPU's build. Where no compiler is found, the build fails, or
-``CWLENS_NATIVE=0`` is set, :func:`available` is False and cwlens computes the same
-values with torch (tests run both: ``tests/test_native_topk.py``,
-``tests/test_native_masks.py``).
+never loads another CPU's build. Where ``CWLENS_NATIVE=0`` is set (read at every call of
+:func:`available`, the one switch every caller asks), no compiler is found or the build
+fails (said once on stderr), cwlens computes the same values with torch (tests run both:
+``tests/test_native_topk.py``, ``tests/test_native_masks.py``). Every tensor handed to C
+is checked here (:func:`_c_array`): C trusts the sizes.
 """
 
 import ctypes
@@ -22,6 +23,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
@@ -74,7 +76,9 @@ def _wanted() -> bool:
         "kernels where a compiler is found.")
 
 
-def _compiled(cc: str, source: bytes, flags: tuple[str, ...]) -> ctypes.CDLL | None:
+def _compiled(cc: str, source: bytes, flags: tuple[str, ...]) -> ctypes.CDLL | str:
+    """The build with ``flags`` (compiled here once), or why it failed: the compiler's first
+    error line."""
     tag = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), platform.machine().encode(),
                                      _cpu_features().encode()])).hexdigest()[:16]
     target = _cache_dir() / f"kernels-{tag}.so"
@@ -87,23 +91,34 @@ def _compiled(cc: str, source: bytes, flags: tuple[str, ...]) -> ctypes.CDLL | N
                                capture_output=True, timeout=120)
                 os.replace(built, target)  # atomic: processes building at once never see half a file
         return ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError):
-        return None
+    except subprocess.CalledProcessError as e:
+        lines = [line.strip() for line in (e.stderr or b"").decode(errors="replace").splitlines() if line.strip()]
+        return next((line for line in lines if "error" in line.lower()), lines[0] if lines else
+                    f"{Path(cc).name} exited with status {e.returncode}")
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+
+
+def _without(reason: str) -> None:
+    """Say once per process, on one line of stderr, that the kernels are not built and why."""
+    if not _state.get("told"):
+        _state["told"] = True
+        print(f"cwlens: no C kernels ({reason[:300]}); computing with torch, slower (the streamed pass "
+              "about 1.6x). Set CWLENS_NATIVE=0 to choose torch and silence this.", file=sys.stderr)
 
 
 def _build() -> ctypes.CDLL | None:
-    if not _wanted():
-        return None
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
+        _without(f"no C compiler found: neither CC={os.environ.get('CC', 'cc')!r} nor gcc")
         return None
     source = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
-    lib = None
     for extra in (OPENMP, ()):  # OpenMP where the compiler has it (parallel.c), else threads of our own
         lib = _compiled(cc, source, (*FLAGS, *extra))
-        if lib is not None:
+        if not isinstance(lib, str):
             break
-    if lib is None:
+    else:  # the error of the build without OpenMP
+        _without(f"{cc} failed: {lib}")
         return None
     fn = lib.cwlens_row_topk
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -126,14 +141,42 @@ def _build() -> ctypes.CDLL | None:
 
 
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels, or None (no compiler, a failed build, ``CWLENS_NATIVE=0``)."""
+    """The compiled kernels, or None (``CWLENS_NATIVE=0``, no compiler, a failed build)."""
+    if not _wanted():
+        return None
     if "lib" not in _state:
         _state["lib"] = _build()
     return _state["lib"]  # type: ignore[return-value]
 
 
 def available() -> bool:
+    """The one switch: True where the C kernels compute (``CWLENS_NATIVE`` is not off, read
+    at every call, and they are built), False where torch does."""
     return library() is not None
+
+
+def _kernels() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
+    return lib
+
+
+def _c_array(name: str, t: torch.Tensor, dtype: torch.dtype, *shape: int | None,
+             rows: bool = False) -> torch.Tensor:
+    """``t`` as C reads it: a CPU tensor of ``dtype`` and ``shape`` (None: any length on that
+    axis), contiguous (``rows``: its last axis only, the other strides handed to C); an
+    integer tensor is converted to an integer ``dtype``, floats must be ``dtype``. Every
+    tensor handed to C passes here (ValueError naming it otherwise): C trusts the sizes."""
+    fits = t.dim() == len(shape) and all(n is None or n == m for n, m in zip(shape, t.shape, strict=True))
+    ints = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool
+                or dtype.is_floating_point)
+    if t.device.type != "cpu" or not fits or not (t.dtype == dtype or ints):
+        want = ", ".join("*" if n is None else str(n) for n in shape)
+        raise ValueError(f"{name} must be a {str(dtype).removeprefix('torch.')} CPU tensor [{want}]; "
+                         f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    t = t.to(dtype)
+    return t if rows and t.stride(-1) == 1 else t.contiguous()
 
 
 def row_topk(x: torch.Tensor, k: int, by_abs: bool = False, scale: torch.Tensor | None = None,
@@ -148,31 +191,23 @@ def row_topk(x: torch.Tensor, k: int, by_abs: bool = False, scale: torch.Tensor 
     value NaN. ``by_abs``: rank ``|.|`` (the values returned are then ``|.|``). The values
     must be finite (the kernel is built with ``-ffinite-math-only``): cwlens checks every
     measure before it gets here and sends a metric of one's own with NaN or inf to torch."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
-    if x.dtype != torch.float32 or x.device.type != "cpu":
-        raise ValueError(f"row_topk takes a float32 CPU tensor; got {x.dtype} on {x.device}")
-    x = x.contiguous()
-    *lead, q, width = x.shape
+    lib = _kernels()
+    *lead, q, width = x.shape  # (ValueError where x is not [..., q, width])
+    x = _c_array("row_topk's x", x, torch.float32, *x.shape)
     k = max(int(k), 0)
     n_rows = x.numel() // width if width else 0
     idx = torch.full((*lead, q, k), -1, dtype=torch.int32)
-    val = torch.full((*lead, q, k), float("nan"), dtype=torch.float32)
+    val = torch.full((*lead, q, k), float("nan"), dtype=torch.float32)  # key -1's, kept: C writes no NaN
     if n_rows == 0 or k == 0:
         return idx, val
     s_ptr, s_stride = None, 0
-    if scale is not None:
-        scale = scale.to(torch.float32).contiguous()
-        if scale.shape[-1] != width or scale.numel() * q != x.numel():
-            raise ValueError(f"scale {tuple(scale.shape)} does not fit rows {tuple(x.shape)}")
+    if scale is not None:  # one row per q rows of x
+        scale = _c_array("row_topk's scale", scale, torch.float32, *lead, width)
         s_ptr, s_stride = scale.data_ptr(), width
     lo_ptr = hi_ptr = None
-    if lo is not None or hi is not None:
-        lo = (torch.zeros(q, dtype=torch.int64) if lo is None else lo).to(torch.int64).contiguous()
-        hi = (torch.full((q,), width, dtype=torch.int64) if hi is None else hi).to(torch.int64).contiguous()
-        if lo.shape != (q,) or hi.shape != (q,):
-            raise ValueError(f"lo and hi must be [{q}] (one range per query)")
+    if lo is not None or hi is not None:  # one range per query
+        lo = _c_array("row_topk's lo", torch.zeros(q, dtype=torch.int64) if lo is None else lo, torch.int64, q)
+        hi = _c_array("row_topk's hi", torch.full((q,), width) if hi is None else hi, torch.int64, q)
         lo_ptr, hi_ptr = lo.data_ptr(), hi.data_ptr()
     failed = lib.cwlens_row_topk(x.data_ptr(), n_rows, width, width, s_ptr, q, s_stride, lo_ptr,
                                  hi_ptr, q, int(k), int(bool(by_abs)), idx.data_ptr(), val.data_ptr(),
@@ -196,24 +231,16 @@ def row_masks(scores: torch.Tensor, ties: torch.Tensor, lo: torch.Tensor, hi: to
     uint8 [jobs, b, h, q, ceil(width / 8)]`` (:class:`cwlens.core.bitmask.PackedMask`'s
     layout), ``counts int32 [jobs, b, h, q, 3]``: removed, removed by the tie-break, removed
     on the first token), or None where an eligible score is NaN (rank those with torch)."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
-    if scores.dtype != torch.float32 or scores.device.type != "cpu" or scores.dim() != 4:
-        raise ValueError(f"row_masks takes float32 CPU [b, h, q, width] scores; got {scores.dtype} "
-                         f"{tuple(scores.shape)} on {scores.device}")
+    lib = _kernels()
+    scores = _c_array("row_masks' scores", scores, torch.float32, None, None, None, None)
     b, h, q, width = scores.shape
-    ties = ties.to(torch.float32).expand(b, h, q, width).contiguous()
-    scores = scores.contiguous()
-    e = lo.shape[1]
-    if lo.shape != (b, e, q) or hi.shape != lo.shape or e not in (1, h):
-        raise ValueError(f"lo/hi must be [{b}, 1 or {h}, {q}]; got {tuple(lo.shape)}, {tuple(hi.shape)}")
+    ties = _c_array("row_masks' ties", ties.to(torch.float32).expand(b, h, q, width), torch.float32, b, h, q, width)
+    e = lo.shape[1] if lo.dim() == 3 and lo.shape[1] == h else 1
+    lo = _c_array("row_masks' lo", lo, torch.int64, b, e, q)
+    hi = _c_array("row_masks' hi", hi, torch.int64, b, e, q)
+    first = _c_array("row_masks' first", first, torch.int64, b)
     n_jobs = len(modes)
-    if ks.shape != (n_jobs, b, e, q):
-        raise ValueError(f"ks must be [{n_jobs}, {b}, {e}, {q}]; got {tuple(ks.shape)}")
-    lo, hi = lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous()
-    first = first.to(torch.int64).contiguous()
-    ks = ks.to(torch.int64).contiguous()
+    ks = _c_array("row_masks' ks", ks, torch.int64, n_jobs, b, e, q)
     mode_t = torch.tensor(modes, dtype=torch.int32)
     bits = torch.zeros(n_jobs, b, h, q, (width + 7) // 8, dtype=torch.uint8)
     counts = torch.zeros(n_jobs, b, h, q, 3, dtype=torch.int32)
@@ -234,15 +261,12 @@ def zero_masked(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     (uint8 ``[..., >= ceil(width / 8)]``, :class:`cwlens.core.bitmask.PackedMask`'s
     layout, the same leading shape) set to 0: a packed mask applied in one pass, without
     unpacking it (``zero_masked.c``)."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
-    width = x.shape[-1]
-    if (x.dtype != torch.float32 or x.device.type != "cpu" or bits.dtype != torch.uint8
-            or bits.shape[:-1] != x.shape[:-1] or bits.shape[-1] * 8 < width):
-        raise ValueError(f"zero_masked takes float32 CPU x and uint8 bits of its rows; got "
-                         f"{x.dtype} {tuple(x.shape)} and {bits.dtype} {tuple(bits.shape)}")
-    x, bits = x.contiguous(), bits.contiguous()
+    lib = _kernels()
+    x = _c_array("zero_masked's x", x, torch.float32, *x.shape)
+    width = x.shape[-1] if x.dim() else 0
+    bits = _c_array("zero_masked's bits", bits, torch.uint8, *x.shape[:-1], None)
+    if bits.shape[-1] * 8 < width:
+        raise ValueError(f"zero_masked's bits {tuple(bits.shape)} hold fewer than the {width} keys of x")
     out = torch.empty_like(x)
     lib.cwlens_zero_masked(x.data_ptr(), bits.data_ptr(), out.data_ptr(), x.numel() // max(width, 1),
                            width, bits.shape[-1], torch.get_num_threads())
@@ -254,13 +278,11 @@ def uniforms(rows: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype) -> torc
     float32) from each row's hash ``rows`` and the key positions ``keys`` (int64): the
     values of :func:`cwlens.faithfulness.ranking.uniforms_at`'s per-entry hash, in one
     pass (``uniforms.c``)."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
+    lib = _kernels()
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"uniforms are float32 or float64; got {dtype}")
-    rows = rows.to(torch.int64).reshape(-1).contiguous()
-    keys = keys.to(torch.int64).reshape(-1).contiguous()
+    rows = _c_array("uniforms' rows", rows.reshape(-1), torch.int64, None)
+    keys = _c_array("uniforms' keys", keys.reshape(-1), torch.int64, None)
     out = torch.empty(len(rows), len(keys), dtype=dtype)
     lib.cwlens_uniforms(rows.data_ptr(), keys.data_ptr(), len(rows), len(keys), out.data_ptr(),
                         int(dtype == torch.float64), torch.get_num_threads())
@@ -298,29 +320,27 @@ def block_measures(block: BlockInputs, k: int, topk: tuple[str, ...], column_sum
     a / ||o||) or None)``, or None where a contribution is not finite (torch then computes
     the block and names it). ``contribution`` False: the contribution is neither ranked
     nor summed (its column-sum row is then 0)."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("cwlens.engine.native: no compiled kernels (see available())")
+    lib = _kernels()
     alpha, u, vt, vnorm, inv1, lo, hi = block
+    alpha = _c_array("block_measures' alpha", alpha, torch.float32, None, None, None, rows=True)
     h, q, width = alpha.shape
+    d = u.shape[-1]
     if vt is None:  # not read: no contribution
         if contribution:
             raise ValueError("block_measures: the contribution needs the values (vt)")
-        vt = torch.zeros(1, -(-width // 16), u.shape[-1], 16).expand(h, -1, -1, -1)
-    kv, d = vt.shape[0], vt.shape[2]
-    tensors = (alpha, u, vt, vnorm, inv1)
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
-        raise ValueError("block_measures takes float32 CPU tensors")
-    if (alpha.stride(-1) != 1 or u.shape != (h, q, d) or h % kv or vt.shape[1] * 16 < width or vt.shape[3] != 16
-            or vnorm.shape[0] != h or vnorm.shape[1] < width or inv1.shape[-1] != q
-            or inv1.shape[0] not in (1, h) or lo.shape != (q,) or hi.shape != (q,)):
-        raise ValueError(f"block_measures: shapes do not fit: alpha {tuple(alpha.shape)}, u "
+        vt = torch.zeros(1, 1, d, 16)
+    kv = vt.shape[0]
+    if (k < 1 or h % max(kv, 1) or vt.dim() != 4 or vt.shape[2] != d or (contribution and vt.shape[1] * 16 < width)
+            or vnorm.dim() != 2 or vnorm.shape[-1] < width or inv1.dim() != 2 or inv1.shape[0] not in (1, h)):
+        raise ValueError(f"block_measures: shapes do not fit: k {k}, alpha {tuple(alpha.shape)}, u "
                          f"{tuple(u.shape)}, vt {tuple(vt.shape)}, vnorm {tuple(vnorm.shape)}, "
                          f"inv1 {tuple(inv1.shape)}")
-    u, vnorm, inv1 = u.contiguous(), vnorm.contiguous(), inv1.contiguous()
-    if contribution:
-        vt = vt.contiguous()
-    lo, hi = lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous()
+    u = _c_array("block_measures' u", u, torch.float32, h, q, d)
+    vt = _c_array("block_measures' vt", vt, torch.float32, kv, None, d, 16)
+    vnorm = _c_array("block_measures' vnorm", vnorm, torch.float32, h, None)
+    inv1 = _c_array("block_measures' inv1", inv1, torch.float32, None, q)
+    lo = _c_array("block_measures' lo", lo, torch.int64, q)
+    hi = _c_array("block_measures' hi", hi, torch.int64, q)
     wants = int(contribution) | (16 if contribution and "contribution" in topk else 0)
     wants |= (2 if "attention" in topk else 0) | (4 if "value_weighted" in topk else 0)
     wants |= 8 if column_sums else 0
@@ -336,6 +356,7 @@ def block_measures(block: BlockInputs, k: int, topk: tuple[str, ...], column_sum
         return None
     if code:
         raise MemoryError(f"block_measures: out of memory for rows of {width} keys")
+    val.masked_fill_(idx < 0, float("nan"))  # key -1's (C writes no NaN: -ffinite-math-only)
     tops = {m: (idx[i], val[i]) for i, m in enumerate(TOPK_METRICS) if m in topk}
     return tops, cols
 

@@ -7,16 +7,17 @@
      value_weighted  a_ij * ||v~_j^h||
    and out of them, where asked (`wants`): the k largest of each row of each of the three
    (largest first, equal values in key order, a row with fewer than k keys ends in key -1,
-   value NaN: the lists of cwlens.engine.row_topk), and the column sums over the block's
+   whose value the caller sets to NaN: the lists of cwlens.engine.row_topk), and the column sums over the block's
    rows of c, of a and of a_ij / ||o_i|| (the output-normalised baseline's sums without
    ||v~_j||). Nothing of the block's size is written: the products <u_i, v_j> of a tile of
    ROWS rows are computed into a buffer that stays in the core's cache, multiplied by a,
    summed into the columns and ranked there. Returns 0, -1 (out of memory) or -2 (a
    contribution is not finite: the caller computes the block with torch, which names it).
 
-   The top-k of a row takes two passes over it: the maximum of each of the 16 lanes (one
-   vector maximum per 16 keys) gives T, the k-th largest of 16 real entries, which no
-   entry of the k best is below; the second pass inserts only the entries >= T. Rows are
+   With AVX-512 (and k <= 16), the top-k of a row takes two passes over it: the maximum of
+   each of the 16 lanes (one vector maximum per 16 keys) gives T, the k-th largest of 16
+   real entries, which no entry of the k best is below; the second pass inserts only the
+   entries >= T. Without, a row's top-k is row_topk.c's (topk_row, topk_list.h). Rows are
    split over n_threads threads (parallel.h); each thread sums its own columns, added in
    thread order at the end (the same sums for the same thread count). */
 #include <float.h>
@@ -35,6 +36,9 @@
 
 #define ROWS 8   /* queries a tile: 8 accumulators of 16 keys */
 #define LANES 16
+/* 8 floats in GCC's and Clang's vector extension (one AVX register, two SSE or NEON
+   ones), for the path without intrinsics */
+typedef float vf8 __attribute__((vector_size(32)));
 #define GROUP 4  /* rows whose column sums are added together */
 #define SEG 256  /* keys a segment of the top-k's lane maxima */
 
@@ -84,7 +88,7 @@ static void topk_pass(const float *x, const float *s, int64_t lo, int64_t hi, co
                       int32_t *oi, float *ov) {
     int cnt = 0;
     if (hi <= lo) {
-        finish(cnt, k, oi, ov);
+        finish(cnt, k, oi);
         return;
     }
     const int64_t s0 = lo / SEG, s1 = (hi - 1) / SEG + 1;
@@ -111,17 +115,9 @@ static void topk_pass(const float *x, const float *s, int64_t lo, int64_t hi, co
             }
         }
     }
-    finish(cnt, k, oi, ov);
+    finish(cnt, k, oi);
 }
 #endif
-
-static void topk_plain(const float *x, const float *s, int64_t lo, int64_t hi, int k,
-                       int32_t *oi, float *ov) {
-    int cnt = 0;
-    for (int64_t j = lo; j < hi; j++)
-        insert(s ? x[j] * s[j] : x[j], (int32_t)j, k, &cnt, oi, ov);
-    finish(cnt, k, oi, ov);
-}
 
 typedef struct {
     int64_t lo, hi;
@@ -237,35 +233,59 @@ static int tile_vec(const Job *a, const float *u, const float *vt, const float *
 }
 #endif
 
-/* the same, one row at a time, without vectors */
+/* the same without vector intrinsics (what other CPUs build): the products <u_r, v_j> of
+   the tile's rows one panel of 16 keys at a time (loops over the lanes the compiler
+   vectorises), then row by row c = a <u, v>, its finiteness and the column sums */
 static int tile_plain(const Job *a, const float *u, const float *vt, const Row *rows, int n_rows,
-                      int64_t j0, float *cbuf, int64_t span, float *cc, float *ca, float *cv) {
+                      int64_t j0, int64_t j1, float *cbuf, int64_t span, float *cc, float *ca, float *cv) {
     const int want_c = a->wants & 1, want_cols = a->wants & 8;
     const int64_t d = a->d;
-    int bad = 0;
+    if (want_c)
+        for (int64_t j = j0; j < j1; j += LANES) {
+            const float *panel = vt + (j / LANES) * d * LANES;  /* keys j .. j + 15, [d][16] */
+            for (int r0 = 0; r0 < n_rows; r0 += 4) {  /* 4 rows: 8 vectors of sums */
+                vf8 lo8[4] = {{0}}, hi8[4] = {{0}};
+                for (int64_t e = 0; e < d; e++) {
+                    vf8 v, w;
+                    memcpy(&v, panel + e * LANES, sizeof v);
+                    memcpy(&w, panel + e * LANES + 8, sizeof w);
+                    for (int r = 0; r < 4; r++) {  /* rows past n_rows: whatever u holds, unused */
+                        const float x = u[(r0 + r) * d + e];
+                        lo8[r] += x * v;
+                        hi8[r] += x * w;
+                    }
+                }
+                for (int r = 0; r < 4; r++) {
+                    memcpy(cbuf + (r0 + r) * span + (j - j0), &lo8[r], sizeof lo8[r]);
+                    memcpy(cbuf + (r0 + r) * span + (j - j0) + 8, &hi8[r], sizeof hi8[r]);
+                }
+            }
+        }
+    uint32_t bad = 0;
     for (int r = 0; r < n_rows; r++) {
         const int64_t lo = rows[r].lo, hi = rows[r].hi;
-        const float *al = rows[r].alpha;
-        float *c = cbuf + r * span - j0;
-        for (int64_t j = lo; j < hi; j++) {
-            if (want_c) {
-                float dot = 0.0f;
-                const float *panel = vt + (j / LANES) * d * LANES + j % LANES;
-                for (int64_t e = 0; e < d; e++) dot += u[r * d + e] * panel[e * LANES];
-                float x = dot * al[j];
+        const float *restrict al = rows[r].alpha;
+        float *restrict c = cbuf + r * span - j0;
+        if (want_c)
+            for (int64_t j = lo; j < hi; j++) {
+                float x = c[j] * al[j];
                 uint32_t bits;
                 memcpy(&bits, &x, 4);
                 bad |= (bits & 0x7F800000u) == 0x7F800000u;  /* by its bits: -ffinite-math-only */
                 c[j] = x;
-                if (want_cols) cc[j] += x;
             }
-            if (want_cols) {
-                ca[j] += al[j];
-                cv[j] += al[j] * rows[r].inv;
+        if (want_cols) {
+            const float inv = rows[r].inv;
+            float *restrict sc = cc, *restrict sa = ca, *restrict sv = cv;
+            if (want_c)
+                for (int64_t j = lo; j < hi; j++) sc[j] += c[j];
+            for (int64_t j = lo; j < hi; j++) {
+                sa[j] += al[j];
+                sv[j] += al[j] * inv;
             }
         }
     }
-    return bad;
+    return bad != 0;
 }
 
 static int run_tiles(const void *arg, int part, int64_t item0, int64_t item1) {
@@ -275,8 +295,11 @@ static int run_tiles(const void *arg, int part, int64_t item0, int64_t item1) {
     float *upad = calloc((size_t)(ROWS * a->d), sizeof(float));
     const int64_t n_seg = a->width / SEG + 1;
     float *segs = malloc(sizeof(float) * (size_t)(3 * ROWS * n_seg * LANES));
-    if (!cbuf || !upad || !segs) {
-        free(cbuf); free(upad); free(segs);
+    float *cmax = malloc(sizeof(float) * (size_t)(a->width / CHUNK + 2));  /* topk_row's */
+    float *tv = malloc(sizeof(float) * (size_t)a->k);
+    int32_t *ti = malloc(sizeof(int32_t) * (size_t)a->k);
+    if (!cbuf || !upad || !segs || !cmax || !tv || !ti) {
+        free(cbuf); free(upad); free(segs); free(cmax); free(tv); free(ti);
         return 1;
     }
     const int want_c = a->wants & 1;
@@ -317,7 +340,7 @@ static int run_tiles(const void *arg, int part, int64_t item0, int64_t item1) {
             bad = tile_vec(a, upad, vt, vn, rows, n_rows, j0, j1, cbuf, span, cc, ca, cv, segs, n_seg);
 #endif
         if (!vec)
-            bad = tile_plain(a, upad, vt, rows, n_rows, j0, cbuf, span, cc, ca, cv);
+            bad = tile_plain(a, upad, vt, rows, n_rows, j0, j1, cbuf, span, cc, ca, cv);
         if (bad)
             break;
         for (int r = 0; r < n_rows; r++) {
@@ -336,11 +359,11 @@ static int run_tiles(const void *arg, int part, int64_t item0, int64_t item1) {
                     continue;
                 }
 #endif
-                topk_plain(x, s, lo, hi, a->k, oi + m * per, ov + m * per);
+                topk_row(x, s, lo, hi, a->k, 0, cmax, tv, ti, oi + m * per, ov + m * per);
             }
         }
     }
-    free(cbuf); free(upad); free(segs);
+    free(cbuf); free(upad); free(segs); free(cmax); free(tv); free(ti);
     return bad ? 2 : 0;
 }
 

@@ -7,20 +7,16 @@
    ranked is x[j], times scale[j] of the row's scale row where scale is given (row
    r / rows_per_scale: the value-weighted baseline a_ij ||v~_j|| without its tensor), |.|
    where by_abs. Out: the k best keys (int32) and their ranked values per row, largest
-   first, equal values in key order; a row with fewer than k keys ends in key -1, value NaN.
+   first, equal values in key order; a row with fewer than k keys ends in key -1 (its value
+   NaN: the caller's, set before the call).
 
-   Two passes a row: the maximum of each chunk of CHUNK keys (a plain loop the compiler
-   vectorises), then the k-th largest of those maxima, T, bounds the k-th largest value
-   from below, so only the chunks whose maximum reaches T are looked at key by key, in key
-   order (typically k chunks). Rows are split over n_threads threads (parallel.h). */
+   Each row: topk_row (topk_list.h). Rows are split over n_threads threads (parallel.h). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "parallel.h"
 #include "topk_list.h"
-
-#define CHUNK 32
 
 typedef struct {
     const float *x, *scale;
@@ -30,43 +26,6 @@ typedef struct {
     int32_t *out_idx;
     float *out_val;
 } Job;
-
-static inline float value_at(const float *row, const float *srow, int64_t j, int by_abs) {
-    float v = srow ? row[j] * srow[j] : row[j];
-    return by_abs ? fabsf(v) : v;
-}
-
-static inline float chunk_max(const float *row, const float *srow, int64_t j0, int64_t j1, int by_abs) {
-    float m = value_at(row, srow, j0, by_abs);
-    if (srow) {
-        if (by_abs) { for (int64_t j = j0; j < j1; j++) { float v = fabsf(row[j] * srow[j]); m = v > m ? v : m; } }
-        else { for (int64_t j = j0; j < j1; j++) { float v = row[j] * srow[j]; m = v > m ? v : m; } }
-    } else {
-        if (by_abs) { for (int64_t j = j0; j < j1; j++) { float v = fabsf(row[j]); m = v > m ? v : m; } }
-        else { for (int64_t j = j0; j < j1; j++) { float v = row[j]; m = v > m ? v : m; } }
-    }
-    return m;
-}
-
-static void one_row(const float *row, const float *srow, int64_t lo, int64_t hi, int k, int by_abs,
-                    float *cmax, float *tv, int32_t *ti, int32_t *oi, float *ov) {
-    int64_t n_chunks = hi > lo ? (hi - lo + CHUNK - 1) / CHUNK : 0;
-    int tcnt = 0;
-    for (int64_t c = 0; c < n_chunks; c++) {
-        int64_t j0 = lo + c * CHUNK, j1 = j0 + CHUNK < hi ? j0 + CHUNK : hi;
-        cmax[c] = chunk_max(row, srow, j0, j1, by_abs);
-        insert(cmax[c], (int32_t)c, k, &tcnt, ti, tv);
-    }
-    int cnt = 0;
-    for (int64_t c = 0; c < n_chunks; c++) {
-        if (tcnt == k && cmax[c] < tv[k - 1])
-            continue;  /* below T: none of its keys is among the k best */
-        int64_t j0 = lo + c * CHUNK, j1 = j0 + CHUNK < hi ? j0 + CHUNK : hi;
-        for (int64_t j = j0; j < j1; j++)
-            insert(value_at(row, srow, j, by_abs), (int32_t)j, k, &cnt, oi, ov);
-    }
-    finish(cnt, k, oi, ov);
-}
 
 static int run_rows(const void *arg, int64_t row0, int64_t row1) {
     const Job *a = (const Job *)arg;
@@ -83,8 +42,8 @@ static int run_rows(const void *arg, int64_t row0, int64_t row1) {
         int64_t hi = a->hi_of ? a->hi_of[r % a->n_ranges] : a->width;
         if (lo < 0) lo = 0;
         if (hi > a->width) hi = a->width;
-        one_row(a->x + r * a->stride, srow, lo, hi, a->k, a->by_abs, cmax, tv, ti,
-                a->out_idx + r * a->k, a->out_val + r * a->k);
+        topk_row(a->x + r * a->stride, srow, lo, hi, a->k, a->by_abs, cmax, tv, ti,
+                 a->out_idx + r * a->k, a->out_val + r * a->k);
     }
     free(cmax); free(tv); free(ti);
     return 0;
