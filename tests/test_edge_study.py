@@ -93,8 +93,12 @@ def test_cli_on_a_local_model(tmp_path):
     out = tmp_path / "run"
     done = _cli("--model", str(path), "--text", "a b c d e f g", "--text", "h i j k l m n o",
                 "--text", "p q r s t u", "--out", str(out), "--json", str(tmp_path / "s.json"),
-                "--methods", "attention,contribution,value_weighted", "--no-progress")
+                "--methods", "attention,contribution,value_weighted", "--no-progress", "--no-png",
+                "--summary-md", str(tmp_path / "doc.md"))
     assert done.returncode == 0, done.stderr
+    assert [f.name for f in (out / "figures").iterdir()] == [f"edges_captured_{path.name}-text-logprob.html"]
+    doc = (tmp_path / "doc.md").read_text()
+    assert "<!-- edge-truth:" in doc and "| contribution (inter) |" in doc
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["n_inputs"] == 3 and set(s["methods"]) == {"attention", "contribution", "value_weighted"}
     assert "| contribution (inter) |" in done.stdout and (out / "tables.md").exists()
@@ -107,7 +111,7 @@ def test_cli_on_a_local_model(tmp_path):
 ])
 def test_cli_refuses_bad_combinations(tmp_path, args, message):
     path = save_tiny("llama", tmp_path / "model")
-    done = _cli("--model", str(path), "--samples", "3", "--out", str(tmp_path / "r"), *args)
+    done = _cli("--model", str(path), "--samples", "3", "--out", str(tmp_path / "r"), "--figures", "", *args)
     assert done.returncode != 0
     assert message in done.stderr
     assert "Traceback" not in done.stderr

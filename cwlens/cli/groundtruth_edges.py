@@ -3,12 +3,14 @@ each attention edge at one query (:mod:`cwlens.groundtruth.edge_study`)."""
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import DEFAULT_MODEL
+from cwlens.groundtruth import edge_report
 
 EDGE_EPILOG = """\
 per-edge truth (--edges): remove one edge a_ij v~_j of head h at the query, run the rest of
@@ -108,12 +110,22 @@ def _items(args, model) -> list:
 def run(args) -> int:
     import torch
 
-    from cwlens.cli.common import load_model
-    from cwlens.groundtruth import edge_report
+    from cwlens.cli.common import figures_dir, load_model
+    from cwlens.faithfulness.report import check_block, write_block
     from cwlens.groundtruth.edge_study import run_edges, summarise
 
-    out = arg_types.output_dir(args.out if args.out != "runs/groundtruth" else "runs/groundtruth_edges")
+    if args.out == "runs/groundtruth":  # the compiled programs' default: a folder of its own
+        args.out = "runs/groundtruth_edges"
+    out = arg_types.output_dir(args.out)
     json_path = arg_types.output_file(args.json, "--json", "edges.json") if args.json else None
+    figures = figures_dir(args)
+    figures_out = arg_types.output_dir(figures, "--figures") if figures else None
+    md = [arg_types.markdown_file(p, "--summary-md") for p in (args.summary_md or "").split(",") if p]
+    model_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model.rstrip("/")).name)  # a hub id or folder
+    key = f"{model_name}-{'text' if args.text else args.data}-{args.objective}"
+    start, end = edge_report.START.format(key=key), edge_report.END.format(key=key)
+    for path in md:
+        check_block(path, start, end)
     model = load_model(args)
     items = _items(args, model)
     data = "text" if args.text else args.data
@@ -140,5 +152,15 @@ def run(args) -> int:
     if json_path is not None:
         Path(json_path).write_text(json.dumps(summary, indent=1))
         written.append(Path(json_path))
+    if figures_out is not None:
+        from cwlens.groundtruth.edge_methods import LABELS
+        from cwlens.plotting.edges import captured_figure
+        from cwlens.plotting.export import save_figure
+
+        written += save_figure(captured_figure([summary], LABELS), figures_out / f"edges_captured_{key}",
+                               png=not args.no_png)
+    for path in md:
+        write_block(path, text, start, end)
+        written.append(Path(path))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
