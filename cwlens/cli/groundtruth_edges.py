@@ -27,6 +27,7 @@ captured share of the top-k true |effect|) and remove each method's top k edges 
 
 TEXT_DATA = ("gsm8k", "fineweb_edu")
 CHOICE_DATA = ("ioi", "induction")
+TRACR_DATA = ("tracr",)
 
 
 def add_edge_args(p: argparse.ArgumentParser) -> None:
@@ -39,8 +40,9 @@ def add_edge_args(p: argparse.ArgumentParser) -> None:
                    "of a real model (instead of the compiled programs)")
     g.add_argument("--model", default=DEFAULT_MODEL, help="with --edges: the model (default: %(default)s)")
     g.add_argument("--device", default=None, type=arg_types.device, help="with --edges: cpu, cuda, ...")
-    g.add_argument("--data", default="gsm8k", choices=TEXT_DATA + CHOICE_DATA,
-                   help="with --edges: the inputs (default: %(default)s)")
+    g.add_argument("--data", default="gsm8k", choices=TEXT_DATA + CHOICE_DATA + TRACR_DATA,
+                   help="with --edges: the inputs (default: %(default)s; tracr: the compiled programs "
+                   "of --program, --samples inputs each, objective: the decoded output's logit)")
     g.add_argument("--text", action="append", default=None,
                    help="with --edges: a text of your own (repeat for several; replaces --data)")
     g.add_argument("--samples", type=arg_types.positive_int, default=100,
@@ -126,6 +128,8 @@ def run(args) -> int:
     start, end = edge_report.START.format(key=key), edge_report.END.format(key=key)
     for path in md:
         check_block(path, start, end)
+    if args.data == "tracr" and not args.text:
+        return _run_programs(args, out, json_path, md, start, end)
     model = load_model(args)
     items = _items(args, model)
     data = "text" if args.text else args.data
@@ -159,6 +163,45 @@ def run(args) -> int:
 
         written += save_figure(captured_figure([summary], LABELS), figures_out / f"edges_captured_{key}",
                                png=not args.no_png)
+    for path in md:
+        write_block(path, text, start, end)
+        written.append(Path(path))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _run_programs(args, out, json_path, md, start, end) -> int:
+    """``--data tracr``: every chosen compiled program, its own sampled inputs, the last
+    position's decoded output logit (:mod:`cwlens.groundtruth.edge_programs`)."""
+    from cwlens.faithfulness.report import write_block
+    from cwlens.groundtruth import library
+    from cwlens.groundtruth.edge_programs import program_records
+    from cwlens.groundtruth.edge_study import summarise
+
+    chosen = args.program or library.names()
+    programs = ([library.from_file(chosen[0])] if len(chosen) == 1 and chosen[0].endswith(".py")
+                else [library.load(name) for name in chosen])
+    summaries, texts = {}, []
+    t0 = time.perf_counter()
+    for program in programs:
+        print(f"cwlens groundtruth --edges: {program.name}, {args.samples} inputs, objective: the "
+              "decoded output's logit at the last position", flush=True)
+        records = program_records(program, args.samples, methods=args.methods)
+        header = {"model": program.name, "data": "tracr", "objective": "logit", "dtype": "float64",
+                  "max_tokens": None, "query": -1,
+                  "command": f"cwlens groundtruth --edges --data tracr --program {program.name} "
+                             f"--samples {args.samples}"}
+        summaries[program.name] = summary = summarise(records, header)
+        texts.append(edge_report.markdown(summary))
+    text = "\n".join(texts)
+    print(text)
+    result = {"data": "tracr", "wall_s_this_run": round(time.perf_counter() - t0, 1), "programs": summaries}
+    (out / "summary.json").write_text(json.dumps(result, indent=1))
+    (out / "tables.md").write_text(text)
+    written = [out / "summary.json", out / "tables.md"]
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(result, indent=1))
+        written.append(Path(json_path))
     for path in md:
         write_block(path, text, start, end)
         written.append(Path(path))

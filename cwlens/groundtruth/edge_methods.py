@@ -92,7 +92,7 @@ def _dla(run_model, cache, fx: EdgeEffects) -> torch.Tensor:
         return torch.full_like(fx.effect, float("nan"))
     handle = wrap(run_model)
     W_U, _ = handle.unembed()
-    if fx.objective == "logit_diff":
+    if fx.objective == "logit_diff":  # logprob, nll, logit: the target's own column
         answers, foils = torch.tensor([[fx.target[0]]]), torch.tensor([[fx.target[1]]])
     else:
         answers, foils = torch.tensor([[int(fx.target)]]), None

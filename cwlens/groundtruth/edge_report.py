@@ -36,9 +36,10 @@ def markdown(s: dict) -> str:
     """The tables of one run: agreement per method, by depth, edge kinds, joint removal,
     paired differences."""
     ks = list(next(iter(s["methods"].values()))["captured"])
+    cut = f", texts cut to {s['max_tokens']} tokens" if s.get("max_tokens") else ""
     lines = [f"**{s['model']}**, {s['data']}, objective `{s['objective']}`, {s['dtype']}, "
-             f"{s['n_inputs']} inputs, {s['n_edges']:,} edges (query {s['query']}, texts cut to "
-             f"{s['max_tokens']} tokens). `{s.get('command', '')}`", "",
+             f"{s['n_inputs']} inputs, {s['n_edges']:,} edges (query {s['query']}{cut}). "
+             f"`{s.get('command', '')}`", "",
              "Per (input, layer): agreement of each method's edge weights with the true effects "
              "over the layer's edges; per input the mean over layers; mean over inputs [95% "
              f"bootstrap-t]. {FLAG}: outside the interval's validity range.", "",

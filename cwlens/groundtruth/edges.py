@@ -10,6 +10,9 @@ Objectives (``objective=``), each a number read from the logits at query ``i``:
 
 ``"logprob"`` (default)
     ``log p(t)`` of ``target`` (default: the clean run's top-1 next token).
+``"logit"``
+    the raw logit of ``target`` (default: the clean top-1): a compiled program's decoded
+    output (:mod:`cwlens.groundtruth`), a numerical program's output value itself.
 ``"logit_diff"``
     ``logit(a) - logit(b)`` of ``target=(a, b)`` (IOI: the indirect object minus the
     subject).
@@ -47,7 +50,7 @@ from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.interventions.edge_removal import Edits, PrefixRunner, full_rows, supports_prefix
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
 
-Objective = Literal["logprob", "logit_diff", "kl", "nll"]
+Objective = Literal["logprob", "logit", "logit_diff", "kl", "nll"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 Path = Literal["auto", "prefix", "full"]
 
@@ -182,6 +185,8 @@ class Reader:
         logits = logits.double()
         if self.objective in ("logprob", "nll"):
             return logits.log_softmax(-1)[:, int(self.target)]
+        if self.objective == "logit":
+            return logits[:, int(self.target)]
         if self.objective == "logit_diff":
             a, b = self.target
             return logits[:, int(a)] - logits[:, int(b)]
