@@ -6,6 +6,9 @@
   :class:`Truth` (``truth``), its ``components``.
 - :func:`from_tracr`: tracr's assembled model -> a model every cwlens function measures.
 - :func:`encode` / :func:`decode`: token ids of an input, tracr's decoded outputs.
+- :func:`edge_effects`: the exact effect of removing each attention edge of any model at
+  one query (the per-edge truth, docs/edge_truth.md); :class:`EdgeEffects` scores a
+  method's weights against it.
 
 See docs/groundtruth.md. Importing this package imports neither jax nor tracr.
 """
@@ -13,8 +16,9 @@ See docs/groundtruth.md. Importing this package imports neither jax nor tracr.
 from cwlens.engine.models.tracr_network import TracrTransformer
 from cwlens.groundtruth.codec import decode, encode
 from cwlens.groundtruth.convert import TracrLayout, from_tracr, load_weights, save
+from cwlens.groundtruth.edges import EdgeEffects, edge_effects
 from cwlens.groundtruth.library import CompiledProgram, from_file, load, names
 from cwlens.groundtruth.truth import Truth
 
-__all__ = ["CompiledProgram", "TracrLayout", "TracrTransformer", "Truth", "decode", "encode",
+__all__ = ["CompiledProgram", "EdgeEffects", "edge_effects", "TracrLayout", "TracrTransformer", "Truth", "decode", "encode",
            "from_file", "from_tracr", "load", "load_weights", "names", "save"]

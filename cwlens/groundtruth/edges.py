@@ -260,7 +260,7 @@ def edge_effects(
         An :class:`EdgeEffects` (``.effect [layer, head, key]``, ``.score(weights)``).
 
     Examples:
-        >>> import cwlens
+        >>> import torch
         >>> from cwlens.groundtruth import edge_effects
         >>> from cwlens.testing import tiny_model
         >>> model = tiny_model("llama")
