@@ -124,7 +124,8 @@ def run(args) -> int:
     figures_out = arg_types.output_dir(figures, "--figures") if figures else None
     md = [arg_types.markdown_file(p, "--summary-md") for p in (args.summary_md or "").split(",") if p]
     model_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model.rstrip("/")).name)  # a hub id or folder
-    key = f"{model_name}-{'text' if args.text else args.data}-{args.objective}"
+    key = ("tracr" if args.data == "tracr" and not args.text
+           else f"{model_name}-{'text' if args.text else args.data}-{args.objective}")
     start, end = edge_report.START.format(key=key), edge_report.END.format(key=key)
     for path in md:
         check_block(path, start, end)
