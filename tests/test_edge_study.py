@@ -115,3 +115,21 @@ def test_cli_refuses_bad_combinations(tmp_path, args, message):
     assert done.returncode != 0
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_torchrun_two_processes_give_the_one_process_summary(tmp_path):
+    from tests.test_distributed import env, finish, torchrun
+
+    path = save_tiny("llama", tmp_path / "model")
+    texts = [t for i in range(4) for t in ("--text", " ".join("abcdefghij"[i:] + "k"))]
+    common = ["groundtruth", "--edges", "--model", str(path), *texts, "--figures", "",
+              "--methods", "attention,contribution", "--no-progress"]
+    one = subprocess.run([sys.executable, "-m", "cwlens", *common, "--out", str(tmp_path / "one")],
+                         env=env(), capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    code, out, err = finish(torchrun(2, "-m", "cwlens", *common, "--out", str(tmp_path / "two")))
+    assert code == 0, err[-3000:]
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
+    a.pop("wall_s_this_run"), b.pop("wall_s_this_run")
+    assert a == b
+    assert len(list((tmp_path / "two" / "inputs").glob("*.json"))) == 4

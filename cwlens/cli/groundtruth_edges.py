@@ -110,11 +110,9 @@ def _items(args, model) -> list:
 
 
 def run(args) -> int:
-    import torch
 
-    from cwlens.cli.common import figures_dir, load_model
-    from cwlens.faithfulness.report import check_block, write_block
-    from cwlens.groundtruth.edge_study import run_edges, summarise
+    from cwlens.cli.common import figures_dir
+    from cwlens.faithfulness.report import check_block
 
     if args.out == "runs/groundtruth":  # the compiled programs' default: a folder of its own
         args.out = "runs/groundtruth_edges"
@@ -131,14 +129,30 @@ def run(args) -> int:
         check_block(path, start, end)
     if args.data == "tracr" and not args.text:
         return _run_programs(args, out, json_path, md, start, end)
+    from cwlens.runs import distributed
+
+    with distributed.session() as world:  # torchrun: the inputs are dealt over the ranks
+        main = world is None or world.main
+        return _run_model(args, out, json_path, figures_out, md, (start, end, key), main)
+
+
+def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
+    import torch
+
+    from cwlens.cli.common import load_model
+    from cwlens.faithfulness.report import write_block
+    from cwlens.groundtruth.edge_study import run_edges, summarise
+
+    start, end, key = block
     model = load_model(args)
     items = _items(args, model)
     data = "text" if args.text else args.data
     config = {"model": args.model, "data": data, "objective": args.objective, "dtype": args.dtype,
               "max_tokens": args.max_tokens, "query": args.query, "methods": list(args.methods),
               "layers": None if args.layers is None else list(args.layers)}
-    print(f"cwlens groundtruth --edges: {args.model}, {len(items)} inputs of {data}, objective "
-          f"{args.objective}, {args.dtype}", flush=True)
+    if main:
+        print(f"cwlens groundtruth --edges: {args.model}, {len(items)} inputs of {data}, objective "
+              f"{args.objective}, {args.dtype}", flush=True)
     t0 = time.perf_counter()
     records = run_edges(model, items, out, config, resume=not args.no_resume,
                         progress=not args.no_progress, objective=args.objective,
@@ -147,6 +161,8 @@ def run(args) -> int:
     header = {k: config[k] for k in ("model", "data", "objective", "dtype", "max_tokens", "query")}
     header["wall_s_this_run"] = round(time.perf_counter() - t0, 1)
     header["command"] = edge_report.command_line(args)
+    if not main:  # rank 0 writes
+        return 0
     summary = summarise(records, header)
     text = edge_report.markdown(summary)
     print()
