@@ -133,3 +133,28 @@ def test_torchrun_two_processes_give_the_one_process_summary(tmp_path):
     a.pop("wall_s_this_run"), b.pop("wall_s_this_run")
     assert a == b
     assert len(list((tmp_path / "two" / "inputs").glob("*.json"))) == 4
+
+
+def test_cli_scores_a_compiled_program_against_the_graded_truth(tmp_path):
+    done = _cli("--data", "tracr", "--program", "reverse", "--samples", "3", "--out",
+                str(tmp_path / "run"), "--json", str(tmp_path / "t.json"), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    s = json.loads((tmp_path / "t.json").read_text())
+    reverse = s["programs"]["reverse"]
+    assert reverse["n_inputs"] == 3 and reverse["objective"] == "logit"
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_padding_heads_are_in_no_edge_score():
+    from cwlens.groundtruth import encode, load
+    from cwlens.groundtruth.edge_programs import program_records
+    from cwlens.groundtruth.padding import padding_heads
+
+    program = load("reverse")
+    padding = padding_heads(program)
+    assert padding.any()
+    inp = program.sample_inputs(1, 0)[0]
+    fx = edge_effects(program.model, encode(program.model, inp)[0], objective="logit")
+    real = int(((fx.alpha > 0) & ~padding[:, :, None]).sum())
+    record = program_records(program, 1, methods=("attention",))[0]
+    assert record["n_edges"] == real < fx.n_edges

@@ -213,6 +213,7 @@ def _run_programs(args, out, json_path, md, start, end) -> int:
     text = "\n".join(texts)
     print(text)
     result = {"data": "tracr", "wall_s_this_run": round(time.perf_counter() - t0, 1), "programs": summaries}
+    out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(result, indent=1))
     (out / "tables.md").write_text(text)
     written = [out / "summary.json", out / "tables.md"]
