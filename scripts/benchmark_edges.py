@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     parser.add_argument("--naive-layers", type=int, default=2)
     parser.add_argument("--forwards", type=int, default=5, help="plain forwards timed (median)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--docs", default=None, help="also write the table into this page "
+                        "(docs/edge_truth.md, between <!-- edge-benchmark:start/end -->)")
     args = parser.parse_args(argv)
     if args.tokens < 2 or args.naive_layers < 1 or args.forwards < 1:
         parser.error("--tokens must be >= 2, --naive-layers and --forwards >= 1")
@@ -87,7 +89,33 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(row, f, indent=2)
+    if args.docs:
+        _write_docs(args, row)
     return 0
+
+
+def _write_docs(args, row: dict) -> None:
+    from cwlens.faithfulness.report import write_block
+
+    load = os.getloadavg()[0]
+    flags = (f" --tokens {args.tokens}" if args.tokens != 64 else "") + (
+        f" --naive-layers {args.naive_layers}" if args.naive_layers != 2 else "")
+    table = "\n".join([
+        f"`python scripts/benchmark_edges.py{flags} --docs {args.docs}` (SmolLM2-135M, {row['tokens']} "
+        f"tokens, {row['edges']:,} edges, {row['threads']} torch threads, load average "
+        f"{load:.1f} at the end; load_model's float32 weights, float64 a copy):", "",
+        "| | float32 | float64 |", "|---|---|---|",
+        f"| a plain forward pass of the text | {row['plain_f32_s']:.3f} s | {row['plain_f64_s']:.3f} s |",
+        f"| every edge, prefix path | {row['prefix_f32_s']:.1f} s ({row['prefix_f32_edges_per_s']:.0f} "
+        f"edges/s) | {row['prefix_f64_s']:.1f} s ({row['prefix_f64_edges_per_s']:.0f} edges/s) |",
+        f"| every edge, naive path (a whole forward per edge; {args.naive_layers} layers timed, "
+        f"extrapolated) | | {row['naive_f64_s_all_edges_est']:.0f} s ({row['naive_f64_edges_per_s']:.0f} "
+        f"edges/s) |", "",
+        f"Prefix path in float64 = {row['prefix_f64_in_plain_f64_forwards']:.0f} plain float64 forward "
+        f"passes (goal <= 400); float32 {row['prefix_f32_s']:.1f} s (goal <= 20 s); prefix / naive "
+        f"speed-up {row['speedup_prefix_vs_naive_f64']:.0f}x; largest difference between the two paths "
+        f"on the naive layers' edges {row['max_abs_diff_prefix_vs_naive_f64']:.1e} (float64)."])
+    write_block(args.docs, table, "<!-- edge-benchmark:start -->", "<!-- edge-benchmark:end -->")
 
 
 if __name__ == "__main__":
