@@ -118,6 +118,15 @@ def test_removing_all_edges_of_a_head_equals_zeroing_its_output(decoder):
         assert abs(joint - (fx.clean - zeroed)) < 1e-9, (arch, head)
 
 
+@pytest.mark.parametrize("arch", ["mistral", "deepseek"])
+def test_prefix_path_on_the_other_decoders(arch):
+    model = tiny_model(arch)
+    fx = edge_effects(model, TOKENS, layers=[1])
+    full = edge_effects(model, TOKENS, layers=[1], path="full")
+    torch.testing.assert_close(fx.effect, full.effect, rtol=0, atol=1e-12)
+    assert fx.effect.abs().max() > 1e-6
+
+
 def test_an_edge_without_attention_has_no_effect():
     model = tiny_model("gemma3")  # layer 0 slides a window: keys outside it get a = 0
     tokens = torch.arange(1, 13)
