@@ -58,3 +58,61 @@ def test_a_flagged_unresolved_pair_is_named_once():
     verdict = hierarchy_verdict(pd.DataFrame(rows), "toy", "comprehensiveness", 0.3, "delta_ppl")
     assert verdict.count("attn vs contrib") == 1, verdict
     assert verdict.endswith("unresolved (attn vs contrib†)"), verdict
+
+
+# --- 1. "per head" means two things -------------------------------------------------------
+
+TEXT = "when mary and john went to the store , john gave a bottle of milk to mary ."
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from cwlens.testing import tiny_model
+
+    return tiny_model("llama")
+
+
+def test_the_per_head_view_compares_like_with_like(tiny, tmp_path):
+    """The report's per-head heatmaps set each head's *intra* contribution (rows sum to 1,
+    as attention) beside its attention unless inter is asked, and the title names the kind."""
+    import torch
+
+    from cwlens.report import analyze_text, render_report
+
+    a = analyze_text(tiny, TEXT, window=None)
+    assert a.head_kind == "intra"
+    rows = a.head_view()["contribution"].sum(-1)  # [layer, head, query]
+    assert torch.allclose(rows, torch.ones_like(rows), atol=1e-4)
+    page = render_report(a, tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "contribution to the head's own output (intra-head" in page
+    inter = analyze_text(tiny, TEXT, window=None, head_kind="inter")
+    assert torch.equal(inter.head_view()["contribution"], inter.contribution)
+    assert "(inter-head: a head's row sums to its share" in render_report(
+        inter, tmp_path / "i.html").read_text(encoding="utf-8")
+
+
+def test_circuitsvis_and_heatmap_titles_name_the_kind(tiny):
+    import cwlens
+    from cwlens.plotting import attention_vs_contribution
+    from cwlens.report.export import circuitsvis_heads, weights_kind
+
+    _, cache = cwlens.run_with_cache(tiny, TEXT)
+    inter = cwlens.contribution_weights(cache, tiny, 0)[0]
+    intra = cwlens.contribution_weights(cache, tiny, 0, kind="intra")[0]
+    assert (weights_kind(inter), weights_kind(intra)) == ("inter", "intra")
+    assert weights_kind(cwlens.importance(cache, tiny, 0, "attention")[0] * 0.5) == "other"
+    tokens = [str(t) for t in tiny.to_str_tokens(TEXT)]
+    assert "inter-head" in circuitsvis_heads(inter, tokens).title
+    assert "intra-head" in circuitsvis_heads(intra, tokens).title
+    heads = [dict(name="L0H1", attention=intra[1].numpy(), contribution=intra[1].numpy())]
+    fig = attention_vs_contribution(heads, tokens)
+    assert "L0H1: contribution (intra-head)" in [a.text for a in fig.layout.annotations]
+
+
+def test_the_quickstart_says_what_sums_to_one():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    line = next(x for x in readme.splitlines() if "c = cwlens.contribution_weights(cache" in x)
+    assert "heads x keys sum to 1" in line
+    assert 'kind="intra"' in readme.split("## Quickstart")[1].split("```")[1]

@@ -51,8 +51,12 @@ def contribution_weights(
     """Signed contribution weights ``c_ij^h = <o_i, a_ij^h v~_j^h> / ||o_i||^2``.
 
     ``kind="inter"``: ``o_i`` is the layer's multi-head output (b_O excluded); the weights
-    sum to 1 over heads and keys. ``kind="intra"``: ``o_i`` is head ``h``'s own output;
-    each head's row sums to 1 over keys.
+    sum to 1 over heads and keys *together*: one head's row sums to that head's share of
+    the layer output (about -0.06..0.33 on SmolLM2), not to 1. ``kind="intra"``: ``o_i`` is
+    head ``h``'s own output; each head's row sums to 1 over keys, as attention does. So
+    "a head's contribution" means two things: to compare one head's contribution with its
+    attention (a per-head view, CircuitsVis), take ``kind="intra"``; to say how much of the
+    layer's output a head and key carry, ``"inter"``.
 
     Args:
         cache: the cache of :func:`run_with_cache` (or any cache holding ``hook_pattern``
@@ -79,7 +83,10 @@ def contribution_weights(
         >>> c = cwlens.contribution_weights(cache, model, layer=0)
         >>> c.shape  # [batch, head, query, key]
         torch.Size([1, 4, 7, 7])
-        >>> torch.allclose(c.sum((1, 3)), torch.ones(1, 7), atol=1e-5)  # rows sum to 1
+        >>> torch.allclose(c.sum((1, 3)), torch.ones(1, 7), atol=1e-5)  # heads x keys sum to 1
+        True
+        >>> intra = cwlens.contribution_weights(cache, model, layer=0, kind="intra")
+        >>> torch.allclose(intra.sum(3), torch.ones(1, 4, 7), atol=1e-4)  # each head's row
         True
         >>> cwlens.contribution_weights(cache, model).shape  # every layer
         torch.Size([2, 1, 4, 7, 7])

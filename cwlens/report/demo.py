@@ -50,7 +50,7 @@ def run_demo(
     text = load_dataset("gsm8k", n=sample + 1)[sample].text  # type: ignore[union-attr]
     # one streamed pass: every layer's geometry built once, all 40 tokens kept (window=None)
     an = analyze_text(model, text, model_name=model_name, max_tokens=max_tokens, window=None,
-                      top_k=top_k, check_intra=True)
+                      top_k=top_k, check_intra=True, head_kind="inter")  # the layer-share story
     str_tokens = an.str_tokens
 
     print(f"cwlens demo — model {model_name}, GSM8K sample {sample}, first {len(str_tokens)} tokens")

@@ -313,15 +313,43 @@ def read_tables(out_dir) -> dict[str, pd.DataFrame]:
     return out
 
 
+def weights_kind(weights: torch.Tensor, atol: float = 1e-3) -> str:
+    """Which kind ``[head, query, key]`` contribution weights are, from their sums:
+    ``"intra"`` (each head's rows sum to 1, or are 0), ``"inter"`` (the heads' rows sum
+    to 1 together), else ``"other"`` (attention, a part of the keys, ...)."""
+    w = weights.detach().float()
+    rows = w.sum(-1)
+    if bool((((rows - 1).abs() < atol) | (w.abs().sum(-1) == 0)).all()):
+        return "intra"
+    if bool(((rows.sum(0) - 1).abs() < atol).all()):
+        return "inter"
+    return "other"
+
+
+KIND_TITLES = {
+    "intra": "contribution weights, intra-head (each head's row sums to 1)",
+    "inter": "contribution weights, inter-head (a head's row sums to its share of the layer "
+             "output, not 1: faint next to attention; kind=\"intra\" to compare a head with it)",
+    "other": "weights",
+}
+
+
 def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: bool = True,
-                      title: str = "contribution weights"):
+                      title: str | None = None):
     """``circuitsvis.attention.attention_heads`` of ``[head, query, key]`` weights (e.g.
     contribution weights of one text and layer), for notebook users who know that widget.
 
     Returns a :class:`~cwlens.report.circuitsvis.CircuitsVisView` whose JavaScript is
     inlined (circuitsvis' own ``str(view)`` loads it from a CDN and shows a blank page
     offline): it shows itself in a notebook, and ``view.save("view.html")`` writes a page
-    that opens from disk without network (``title``: the page's heading).
+    that opens from disk without network (``title``: the page's heading; default: the
+    weights' kind, read from their sums by :func:`weights_kind`, named as
+    :data:`KIND_TITLES` does).
+
+    Pass ``kind="intra"`` weights (``contribution_weights(..., kind="intra")``) to compare
+    a head with its attention: each head's row sums to 1. The default ``"inter"`` weights
+    sum to 1 over heads *and* keys, so one head's row holds only its share of the layer
+    output (about -0.06..0.33 on SmolLM2) and its view looks nearly blank.
 
     The widget expects non-negative weights: ``signed=True`` (default) passes signed
     contribution weights as they are, which the widget draws with negative cells clipped;
@@ -350,7 +378,7 @@ def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: 
     from cwlens.report.circuitsvis import offline_view
 
     rendered = attention_heads(attention=w if signed else w.abs(), tokens=[str(t) for t in str_tokens])
-    return offline_view(rendered, str(title))
+    return offline_view(rendered, str(title) if title is not None else KIND_TITLES[weights_kind(w)])
 
 
 def _require(module: str, what: str, fix: str) -> None:
