@@ -116,3 +116,45 @@ def test_the_quickstart_says_what_sums_to_one():
     line = next(x for x in readme.splitlines() if "c = cwlens.contribution_weights(cache" in x)
     assert "heads x keys sum to 1" in line
     assert 'kind="intra"' in readme.split("## Quickstart")[1].split("```")[1]
+
+
+# --- 9. one rule for cwlens' environment variables ------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["CWLENS_PROGRESS", "CWLENS_NATIVE"])
+def test_a_switch_set_to_another_word_is_refused_naming_the_words(monkeypatch, name):
+    """``CWLENS_PROGRESS=sometimes`` was silently ignored where ``CWLENS_NATIVE=maybe``
+    was refused."""
+    from cwlens.core import env
+    from cwlens.errors import InvalidArgumentError
+    from cwlens.runs import progress
+
+    monkeypatch.setenv(name, "sometimes")
+    with pytest.raises(InvalidArgumentError, match=f"{name}='sometimes'.*0 \\(or false, no, off\\) or 1"):
+        env.flag(name)
+    if name == "CWLENS_PROGRESS":
+        with pytest.raises(InvalidArgumentError, match="CWLENS_PROGRESS='sometimes'"):
+            progress.shown()
+    for word, value in (("ON", True), (" no ", False), ("", None)):
+        monkeypatch.setenv(name, word)
+        assert env.flag(name) is value
+
+
+def test_the_command_refuses_a_bad_setting_before_it_runs(monkeypatch, capsys):
+    from cwlens.cli.main import main
+
+    monkeypatch.setenv("CWLENS_PROGRESS", "sometimes")
+    assert main(["analyze", "--text", "hi", "--model", "no-such-model"]) == 1
+    err = capsys.readouterr().err
+    assert "CWLENS_PROGRESS='sometimes' is not a setting" in err and "no-such-model" not in err
+
+
+def test_numbers_follow_the_same_rule(monkeypatch):
+    from cwlens.core import env
+    from cwlens.errors import InvalidArgumentError
+
+    monkeypatch.setenv("CWLENS_TEST_WRITE_DELAY", "soon")
+    with pytest.raises(InvalidArgumentError, match="CWLENS_TEST_WRITE_DELAY='soon' is not a number at least 0"):
+        env.number("CWLENS_TEST_WRITE_DELAY", 0.0, inclusive=True)
+    with pytest.raises(KeyError):  # a name cwlens does not read is a bug, not an unset variable
+        env.flag("CWLENS_PROGRES")
