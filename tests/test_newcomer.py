@@ -118,6 +118,29 @@ def test_the_quickstart_says_what_sums_to_one():
     assert 'kind="intra"' in readme.split("## Quickstart")[1].split("```")[1]
 
 
+# --- 3. library use is quiet ----------------------------------------------------------------
+
+
+def test_load_model_is_quiet_unless_asked(tmp_path, capfd):
+    """Every load printed transformers' "Loading weights 0/272" bar."""
+    import cwlens
+    from cwlens.testing import save_tiny
+
+    path = save_tiny("llama", tmp_path)
+    capfd.readouterr()
+    cwlens.load_model(str(path), device="cpu")
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in out + err and (out + err).strip() == ""
+    cwlens.load_model(str(path), device="cpu", verbose=True)
+    assert "Loading weights" in "".join(capfd.readouterr())
+    with pytest.raises(cwlens.errors.UnknownOptionError, match="verbose"):
+        cwlens.load_model(str(path), device="cpu", verbos=True)
+    # transformers' own settings are put back
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+
+
 # --- 9. one rule for cwlens' environment variables ------------------------------------------
 
 
