@@ -181,3 +181,23 @@ def test_numbers_follow_the_same_rule(monkeypatch):
         env.number("CWLENS_TEST_WRITE_DELAY", 0.0, inclusive=True)
     with pytest.raises(KeyError):  # a name cwlens does not read is a bug, not an unset variable
         env.flag("CWLENS_PROGRES")
+
+
+# --- 4. short reprs -----------------------------------------------------------------------
+
+
+def test_reprs_say_what_and_how_big_not_the_data(tiny):
+    import cwlens
+    from cwlens import reducers
+
+    _, cache = cwlens.run_with_cache(tiny, TEXT, closure=True)
+    for obj, must in ((cwlens.decompose(cache, tiny, 1), "Decomposition(kind='inter', layer 1, [batch 1"),
+                      (cwlens.closure(cache, tiny), "Closure(layers 0..1: heads x keys rebuild"),
+                      (cwlens.names_filter(tiny), "names_filter(6 hooks: blocks.0.attn.hook_pattern"),
+                      (cwlens.stream_reduce(tiny, TEXT, [reducers.TopK(3)])["top3_contribution"],
+                       "TopKResult(the 3 largest")):
+        text = repr(obj)
+        assert text.startswith(must), text
+        assert "tensor(" not in text and "built-in method" not in text and len(text) < 300, text
+    keep = cwlens.names_filter(tiny)
+    assert keep("blocks.0.attn.hook_v") and not keep("blocks.0.hook_mlp_out")

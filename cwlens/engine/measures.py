@@ -221,6 +221,17 @@ class Decomposition:
         product = self.attention * self.relative_norm * self.cosine
         return float((product - self.contribution).abs().max())
 
+    def __repr__(self) -> str:  # shapes and the check, not four tensors of data
+        axes = ["batch", "head", "query", "key"]
+        if self.contribution.ndim == 5:
+            axes.insert(0, "layer")
+        shape = ", ".join(f"{a} {n}" for a, n in zip(axes, self.contribution.shape, strict=False))
+        layers = _layer_span(self.layers)
+        return (f"Decomposition(kind={self.kind!r}, {layers}, [{shape}]: .attention * "
+                f".relative_norm * .cosine == .contribution within {self.max_product_error:.1e}"
+                f"{', padded batch' if self.attention_mask is not None else ''}; "
+                ".to_dataframe(query=-1) lists one query)")
+
     def to_dataframe(self, batch: int = 0, query: int = -1, str_tokens=None):
         """Long table (layer, head, key, token, attention, relative_norm, cosine, contribution) for one query.
 
@@ -378,6 +389,23 @@ class Closure:
     def worst_relative_error(self) -> float:
         """The largest per-layer relative error (NaN-aware: never a NaN dropped)."""
         return worst(self.relative_error)
+
+    def __repr__(self) -> str:  # the worst layer, not a float per layer
+        if not self.layers:
+            return "Closure(no layer checked)"
+        k = max(range(len(self.layers)), key=lambda i: self.relative_error[i])
+        return (f"Closure({_layer_span(self.layers)}: heads x keys rebuild the attention output "
+                f"within {self.worst_relative_error:.1e} relative (worst: layer {self.layers[k]}), "
+                f"{max(self.max_abs_error):.1e} absolute; per layer: .relative_error, .max_abs_error)")
+
+
+def _layer_span(layers: tuple[int, ...]) -> str:
+    """``layer 5``, ``layers 0..29`` (consecutive) or ``layers [1, 3, 7]``."""
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    if list(layers) == list(range(layers[0], layers[0] + len(layers))):
+        return f"layers {layers[0]}..{layers[-1]}"
+    return f"layers {list(layers)}"
 
 
 def closure(

@@ -128,6 +128,14 @@ class TopKResult:
         """``[layer, batch, head or 1, query, k]`` bool: True on real entries (index >= 0)."""
         return self.indices >= 0
 
+    def __repr__(self) -> str:  # shapes and the rule, not the lists
+        axes = ("layer", "batch", "head", "query", "k")
+        shape = ", ".join(f"{a} {n}" for a, n in zip(axes, self.indices.shape, strict=False))
+        return (f"TopKResult(the {self.indices.shape[-1]} largest {self.metric} of each row"
+                f"{' (heads summed)' if self.summed_heads else ''}, layers {list(self.layers)}: "
+                f".indices/.values [{shape}], -1/NaN where a row has fewer keys; "
+                ".to_dataframe() lists them)")
+
     def to_dataframe(self, attention_mask: torch.Tensor | None = None):
         """Long table, one row per valid entry: ``layer, batch, head, query, rank, key,
         value`` (``head = -1``: heads summed). With ``attention_mask`` (a padded batch:
