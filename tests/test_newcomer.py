@@ -201,3 +201,29 @@ def test_reprs_say_what_and_how_big_not_the_data(tiny):
         assert "tensor(" not in text and "built-in method" not in text and len(text) < 300, text
     keep = cwlens.names_filter(tiny)
     assert keep("blocks.0.attn.hook_v") and not keep("blocks.0.hook_mlp_out")
+
+
+# --- 9. one ranking rule for exports and reducers; groundtruth.written; random_model -------
+
+
+def test_the_export_top_k_is_the_k_largest_values(tiny, tmp_path):
+    """``cwlens export --metrics contribution --k 3`` listed keys by |c| (+0.093, +0.048,
+    -0.039) and left out key 0 at +0.032, under a ``metric`` column saying contribution."""
+    import cwlens
+    from cwlens import reducers
+    from cwlens.report.export import export_texts, read_tables, reduction_tables
+
+    export_texts(tiny, [TEXT], tmp_path, k=3, metrics=("contribution",))
+    top = read_tables(tmp_path)["topk"]
+    assert set(top.metric) == {"contribution"}
+    _, cache = cwlens.run_with_cache(tiny, TEXT)
+    c = cwlens.contribution_weights(cache, tiny)[:, 0]  # [layer, head, query, key]
+    for (layer, head, query), rows in top.groupby(["layer", "head", "query"]):
+        want = c[layer, head, query, : query + 1].topk(min(3, query + 1)).values
+        assert rows.sort_values("rank").value.to_numpy() == pytest.approx(want.numpy(), abs=1e-6)
+    # a magnitude ranking of one's own says so, in its repr and its table
+    res = cwlens.stream_reduce(tiny, TEXT, [reducers.TopK(3, by_abs=True)])["top3_contribution"]
+    assert res.ranked_by == "|contribution|" and "largest |contribution|" in repr(res)
+    table = reduction_tables(cwlens.stream_reduce(tiny, TEXT, [reducers.TopK(3, by_abs=True)]),
+                             [str(t) for t in tiny.to_str_tokens(TEXT)])["topk"]
+    assert set(table.metric) == {"contribution (ranked by |value|)"}

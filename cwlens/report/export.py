@@ -6,7 +6,7 @@ long tables, one row per number, with the model, the text id and the token strin
 =================  ==========================================================================
 table              columns (besides ``model, text_id``)
 =================  ==========================================================================
-``topk``           ``metric, layer, head, query, rank, key, value, query_token, key_token``
+``topk``           ``metric, layer, head, query, rank, key, value, query_token, key_token`` (the ``k`` largest values)
 ``column_sums``    ``metric, layer, head, key, value, key_token`` (``head = -1``: heads summed)
 ``token_level``    ``metric, layer, query, key, value, query_token, key_token``
 ``heads``          ``layer, head, sink_rate, sink_contribution_intra, sink_contribution_inter, entropy, output_share`` (docs/sinks.md, "Columns")
@@ -43,7 +43,7 @@ def _topk_rows(res: reducers.TopKResult, tokens: list[str], causal: bool) -> pd.
     if causal:  # nor, on a decoder, the keys after the query (0 in every measure): a query
         keep &= key <= query  # with fewer than k keys listed them at ranks with value 0
     df = pd.DataFrame({
-        "metric": res.metric,
+        "metric": res.metric if not res.by_abs else f"{res.metric} (ranked by |value|)",
         "layer": torch.tensor(res.layers)[layer].numpy(),
         "head": head.numpy() if n_h > 1 else -1,
         "query": query.numpy(), "rank": rank.numpy(), "key": key.numpy(),
@@ -147,10 +147,13 @@ def _check_one_text(result, n_tokens: int) -> None:
 def default_reducers(metrics: Sequence[str] = ("contribution", "attention"), k: int = 8,
                      token_layers: Sequence[int] = ()) -> list:
     """Per-row top-``k`` and column sums of each metric, head summaries, and the
-    token-level matrices of ``token_layers``."""
+    token-level matrices of ``token_layers``. The top-``k`` of a metric is its ``k``
+    largest values (:class:`~cwlens.reducers.TopK`'s rule; a signed contribution's
+    opposing keys are not among them: add ``contribution_abs`` for the largest in
+    magnitude)."""
     rs: list = []
     for m in metrics:
-        rs += [reducers.TopK(k, m, by_abs=m == "contribution"), reducers.ColumnSums(m)]
+        rs += [reducers.TopK(k, m), reducers.ColumnSums(m)]  # by value: TopK's rule
     rs.append(reducers.HeadSummary())
     if token_layers:
         rs.append(reducers.TokenLevel(token_layers))
