@@ -227,3 +227,17 @@ def test_the_export_top_k_is_the_k_largest_values(tiny, tmp_path):
     table = reduction_tables(cwlens.stream_reduce(tiny, TEXT, [reducers.TopK(3, by_abs=True)]),
                              [str(t) for t in tiny.to_str_tokens(TEXT)])["topk"]
     assert set(table.metric) == {"contribution (ranked by |value|)"}
+
+
+def test_every_ground_truth_call_of_the_api_table_imports_from_the_package():
+    """``groundtruth.written`` was in docs/api.md's table but only importable from ``.codec``."""
+    from pathlib import Path
+
+    import cwlens.groundtruth as gt
+
+    page = (Path(__file__).parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    names = [line.rsplit(".", 1)[1] for line in page.splitlines()
+             if line.startswith("::: cwlens.groundtruth.")]
+    assert "written" in names
+    assert [n for n in names if not hasattr(gt, n)] == []
+    assert "written" in gt.__all__

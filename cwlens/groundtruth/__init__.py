@@ -5,16 +5,17 @@
   :class:`CompiledProgram`: its ``model``, its inputs (``sample_inputs``) and their
   :class:`Truth` (``truth``), its ``components``.
 - :func:`from_tracr`: tracr's assembled model -> a model every cwlens function measures.
-- :func:`encode` / :func:`decode`: token ids of an input, tracr's decoded outputs.
+- :func:`encode` / :func:`decode`: token ids of an input, tracr's decoded outputs;
+  :func:`written`: where the program wrote an output at all.
 
 See docs/groundtruth.md. Importing this package imports neither jax nor tracr.
 """
 
 from cwlens.engine.models.tracr_network import TracrTransformer
-from cwlens.groundtruth.codec import decode, encode
+from cwlens.groundtruth.codec import decode, encode, written
 from cwlens.groundtruth.convert import TracrLayout, from_tracr, load_weights, save
 from cwlens.groundtruth.library import CompiledProgram, from_file, load, names
 from cwlens.groundtruth.truth import Truth
 
 __all__ = ["CompiledProgram", "TracrLayout", "TracrTransformer", "Truth", "decode", "encode",
-           "from_file", "from_tracr", "load", "load_weights", "names", "save"]
+           "from_file", "from_tracr", "load", "load_weights", "names", "save", "written"]
