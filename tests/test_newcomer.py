@@ -241,3 +241,17 @@ def test_every_ground_truth_call_of_the_api_table_imports_from_the_package():
     assert "written" in names
     assert [n for n in names if not hasattr(gt, n)] == []
     assert "written" in gt.__all__
+
+
+def test_random_model_leaves_nothing_in_the_temp_dir(tmp_path, monkeypatch):
+    """Every call left a ``cwlens-random-*`` folder behind."""
+    import tempfile
+
+    import cwlens
+    from cwlens.engine.models.random_init import random_model
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    model = random_model("tiny-llama")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("cwlens-random")] == []
+    logits, _ = cwlens.run_with_cache(model, "t3 t4 t5")  # the model works without its folder
+    assert logits.shape == (1, 4, 64)
