@@ -255,3 +255,28 @@ def test_random_model_leaves_nothing_in_the_temp_dir(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("cwlens-random")] == []
     logits, _ = cwlens.run_with_cache(model, "t3 t4 t5")  # the model works without its folder
     assert logits.shape == (1, 4, 64)
+
+
+# --- 8. MissingHookError names the hooks the call needs -------------------------------------
+
+
+def test_a_missing_hook_error_names_what_the_call_needs(tiny):
+    """A cache of layer 0 asked for every layer named layer 1's hooks plus a
+    hook_resid_pre the call does not read; closure() on a cache without its target
+    advised run_with_cache without closure=True."""
+    import cwlens
+    from cwlens.errors import MissingHookError
+
+    _, cache = cwlens.run_with_cache(tiny, TEXT, layers=[0])
+    with pytest.raises(MissingHookError) as err:
+        cwlens.contribution_weights(cache, tiny)
+    text = str(err.value)
+    assert "the cache lacks 2: 'blocks.1.attn.hook_pattern', 'blocks.1.attn.hook_v'." in text
+    assert "resid_pre" not in text
+    with pytest.raises(MissingHookError, match=r"closure reads .*lacks 1: 'blocks\.0\.attn\..*"
+                       r"cwlens\.run_with_cache\(model, tokens, layers=\[0\], closure=True\)"):
+        cwlens.closure(cache, tiny, layer=0)
+    _, bare = tiny.run_with_cache(TEXT, names_filter=lambda n: n.endswith(("hook_pattern", "attn.hook_v")))
+    assert cwlens.contribution_weights(bare, tiny, layer=1).shape[1] == 4  # enough for it
+    with pytest.raises(MissingHookError, match=r"importance\(metric='alti'\) .*lacks 1: 'blocks\.1\.hook_resid_pre'"):
+        cwlens.importance(bare, tiny, 1, "alti")

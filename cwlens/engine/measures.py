@@ -34,8 +34,10 @@ def _mask(cache, attention_mask):
     return adapter.cache_mask(cache)
 
 
-def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
+def _per_layer(cache, model, layer, attention_mask, fn: Callable, what: str = "this call",
+               residual: bool = False) -> torch.Tensor:
     layers, single = adapter.resolve_requested_layers(model, layer)
+    adapter.require_cached(cache, model, layers, residual=residual, what=what)
     attention_mask = _mask(cache, attention_mask)
     outs = [fn(adapter.geometry(cache, model, ly, attention_mask)) for ly in layers]
     return outs[0] if single else torch.stack(outs)
@@ -92,7 +94,8 @@ def contribution_weights(
         torch.Size([2, 1, 4, 7, 7])
     """
     check_kind(kind)
-    return _per_layer(cache, model, layer, attention_mask, lambda g: g.contribution(kind))
+    return _per_layer(cache, model, layer, attention_mask, lambda g: g.contribution(kind),
+                      what="contribution_weights")
 
 
 def token_contributions(
@@ -172,7 +175,8 @@ def importance(
     get_metric(metric, metrics.GEOMETRY)
     check_kind(kind)
     return _per_layer(cache, model, layer, attention_mask,
-                      lambda g: metrics.from_geometry(g, metric, kind))
+                      lambda g: metrics.from_geometry(g, metric, kind),
+                      what=f"importance(metric={metric!r})", residual=metric == "alti")
 
 
 @dataclass(frozen=True)
@@ -329,6 +333,7 @@ def decompose(
     """
     check_kind(kind)
     layers, single = adapter.resolve_requested_layers(model, layer)
+    adapter.require_cached(cache, model, layers, what="decompose")
     attention_mask = _mask(cache, attention_mask)
     parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
     for ly in layers:
@@ -436,6 +441,7 @@ def closure(
         True
     """
     layers, _ = adapter.resolve_requested_layers(model, layer)
+    adapter.require_cached(cache, model, layers, closure=True, what="closure")
     attention_mask = _mask(cache, attention_mask)
     errors = [
         closure_errors(adapter.geometry(cache, model, ly, attention_mask).layer_output,
