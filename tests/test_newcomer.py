@@ -280,3 +280,44 @@ def test_a_missing_hook_error_names_what_the_call_needs(tiny):
     assert cwlens.contribution_weights(bare, tiny, layer=1).shape[1] == 4  # enough for it
     with pytest.raises(MissingHookError, match=r"importance\(metric='alti'\) .*lacks 1: 'blocks\.1\.hook_resid_pre'"):
         cwlens.importance(bare, tiny, 1, "alti")
+
+
+# --- 2. `make demo` installs no system package --------------------------------------------
+
+
+@pytest.mark.parametrize("flags, installs", [("", False), ("browser=1", True)])
+def test_setup_installs_chromium_only_when_asked(tmp_path, flags, installs):
+    """``make demo`` ran ``apt-get install chromium`` as root; only ``--browser`` (``make
+    test``) may. The setup's function runs here with a fake root ``id`` and ``apt-get``."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "apt.log"
+    for name, body in (("id", "echo 0"), ("apt-get", f'echo "$@" >> {log}')):
+        (fake / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / name).chmod(0o755)
+    script = (root / "scripts" / "setup.sh").read_text()
+    function = script[script.index("chromium_for_png() {"):]
+    function = function[: function.index("\n}\n") + 3]
+    subprocess.run(["/bin/bash", "-c", f"browser=0; {flags}\n{function}\nchromium_for_png"],
+                   env={"PATH": str(fake)}, check=True, capture_output=True)
+    assert log.exists() == installs
+    make = (root / "Makefile").read_text()
+    demo = make.split("\ndemo:")[1].split("\n\n")[0]
+    test = make.split("\ntest:")[1].split("\n\n")[0]
+    assert "--browser" not in demo and "--browser" in test
+
+
+def test_a_figure_without_a_browser_is_html_and_one_note(tmp_path, monkeypatch):
+    import plotly.graph_objects as go
+
+    from cwlens.errors import CwlensWarning
+    from cwlens.plotting import export
+
+    monkeypatch.setattr(export, "find_chrome", lambda: None)
+    with pytest.warns(CwlensWarning, match=r"no Chromium, so .*f\.png was skipped .*plotly_get_chrome"):
+        written = export.save_figure(go.Figure(), tmp_path / "f")
+    assert [p.name for p in written] == ["f.html"]
