@@ -321,3 +321,30 @@ def test_a_figure_without_a_browser_is_html_and_one_note(tmp_path, monkeypatch):
     with pytest.warns(CwlensWarning, match=r"no Chromium, so .*f\.png was skipped .*plotly_get_chrome"):
         written = export.save_figure(go.Figure(), tmp_path / "f")
     assert [p.name for p in written] == ["f.html"]
+
+
+# --- 6. the README's example and excerpt ----------------------------------------------------
+
+
+def test_the_readme_examples_write_under_runs():
+    """``cwlens analyze --text … --out report.html`` wrote into the repository root."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    outs = re.findall(r"^cwlens .*--out (\S+)", readme, re.M)
+    assert outs and all(o.startswith("runs/") for o in outs), outs
+
+
+@pytest.mark.slow
+def test_the_readme_demo_excerpt_is_a_real_run(smollm2, tmp_path, capsys):
+    """The excerpt listed L18H7 first while the run listed L17H4: it is printed from a run
+    (scripts/demo_excerpt.py) and must equal what the demo prints now."""
+    from pathlib import Path
+
+    from cwlens.report.demo import EXCERPT_END, EXCERPT_START, readme_excerpt, run_demo
+
+    run_demo(model=smollm2, out_dir=tmp_path, png=False)
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split(EXCERPT_START + "\n")[1].split("\n" + EXCERPT_END)[0]
+    assert block == readme_excerpt(capsys.readouterr().out), "paste what python scripts/demo_excerpt.py prints"
