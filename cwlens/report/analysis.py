@@ -115,7 +115,8 @@ class TextAnalysis:
             f"sink heads (mean attention on the first token > 0.3): "
             f"{int((self.sink_rate > 0.3).sum())} of {self.sink_rate.numel()}",
             f"top contributing tokens for the last query ({token_at(q, self.str_tokens)}; "
-            "key:token, contribution of the token to the layer output, heads summed):",
+            "key:token, contribution of the token to the layer output, ranked by |contribution|, "
+            "heads summed):",
         ]
         for layer in layers if layers is not None else _spread(self.n_layers, 4):
             tops = [(j, c) for j, _, c in self.top_tokens(layer, q, k)]
