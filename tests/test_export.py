@@ -28,7 +28,7 @@ def test_written_tables_read_back_equal(model, tmp_path, fmt):
     for tid, text in zip("ab", TEXTS, strict=True):
         tokens = model.to_tokens(text)
         res = cwlens.stream_reduce(model, tokens, [
-            reducers.TopK(3, "contribution", by_abs=True), reducers.TopK(3, "attention"),
+            reducers.TopK(3, "contribution"), reducers.TopK(3, "attention"),
             reducers.ColumnSums("contribution"), reducers.ColumnSums("attention"),
             reducers.HeadSummary(), reducers.TokenLevel([1])])
         want = reduction_tables(res, model.to_str_tokens(tokens[0]), "tiny", tid, causal=True)

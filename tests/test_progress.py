@@ -90,11 +90,12 @@ def test_circuits_counts_forward_passes(terminal, model_dir, tmp_path, capsys):
             "--figures", ""]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    # clean + corrupted (head scores), the corrupted z and the clean metric, then one
-    # pass per layer (2) patching its 4 heads
+    # counted in sequences run (so that the time left follows the work): clean + corrupted
+    # (head scores), the corrupted z and the clean metric, 2 prompts each, then one pass
+    # per layer (2) patching its 4 heads: the 2 prompts 4 times
     seen = counts(err, "induction: forward passes")
     ks = [k for k, _ in seen]
-    assert ks == sorted(ks) and set(ks) == set(range(7)) and seen[-1] == (6, 6), err
+    assert ks == sorted(ks) and set(ks) == {0, 2, 4, 6, 8, 16, 24} and seen[-1] == (24, 24), err
     assert f"loading {model_dir}" in err and "token flow" in err
 
 

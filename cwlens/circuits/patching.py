@@ -88,12 +88,14 @@ def patch_effects(
         sources = _z_of(model, corrupted)
     else:
         sources = {ly: z.mean(0, keepdim=True).expand_as(z) for ly, z in _z_of(model, clean).items()}
-    tick()  # progress: forward passes, 2 + one per patched layer
     handle = wrap(model)
     n_layers, n_heads, batch = handle.n_layers, handle.n_heads, clean.shape[0]
+    # progress in sequences run, so that a bar's rate, and its time left, follow the work:
+    # the batch twice, then n_heads x batch per patched layer (one pass each)
+    tick(batch)
     with torch.no_grad():
         base = metric(model(clean)).double()
-        tick()
+        tick(batch)
         repeated = clean.repeat(n_heads, 1)
         effect = torch.zeros(batch, n_layers, n_heads, dtype=torch.float64)
         for layer in chosen:
@@ -101,7 +103,7 @@ def patch_effects(
             with handle.hooks([(hook_names.z(layer), hook)]):
                 patched = metric(model(repeated)).double().view(n_heads, batch)
             effect[:, layer] = (base[None, :] - patched).T.cpu()
-            tick()  # progress: one forward pass (cwlens.runs.progress)
+            tick(n_heads * batch)  # progress: one pass of the batch once per head
     return effect
 
 

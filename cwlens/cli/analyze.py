@@ -34,6 +34,11 @@ def register(sub) -> None:
                    help="largest report size in MB (default: %(default)s)")
     p.add_argument("--layers", default=None, type=arg_types.layer_list,
                    help="comma-separated layers for the per-head heatmaps (default: 4 spread over the depth)")
+    p.add_argument("--kind", choices=("intra", "inter"), default="intra",
+                   help="the contribution the per-head heatmaps set beside attention: intra (to "
+                   "the head's own output, each row sums to 1 like attention) or inter (to the "
+                   "layer's output: a head's row sums to its share of it, not 1); the "
+                   "token-level view is inter, heads summed (default: %(default)s)")
     add_progress_flag(p)
     p.set_defaults(func=run)
 
@@ -80,7 +85,7 @@ def run(args) -> int:
     with bar(shape.n_layers, f"streaming {n_tokens} tokens", "layer", enabled=not args.no_progress,
              ticks=True):
         analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,
-                                window=window, past_context=args.past_context)
+                                window=window, past_context=args.past_context, head_kind=args.kind)
     written = render_report(analysis, out, layers)
     print("\n".join(analysis.summary_lines(layers=layers)))
     print(f"\nwrote {written} ({written.stat().st_size / 1e6:.1f} MB, opens offline)")

@@ -93,12 +93,18 @@ def run(args) -> int:
     model = load_model(args, device=args.device)
     task = circuits.build_task(args.task, model, **kwargs)
     shape = wrap(model)
+    batch = task.clean.shape[0]
     print(f"cwlens circuits: {args.model}, {shape.n_layers} layers x {shape.n_heads} heads; "
-          f"patching mode {args.mode}", flush=True)
+          f"patching mode {args.mode}: {4 + shape.n_layers} forward passes, "
+          f"{(4 + shape.n_layers * shape.n_heads) * batch} sequences ({batch} prompts, once per "
+          "head in each layer's pass)", flush=True)
     # forward passes: the clean (cached) and corrupted runs score every head, two more
-    # prepare the patching, then one per layer patches its heads (the batch once per head)
-    with bar(4 + shape.n_layers, f"{task.name}: forward passes (then {shape.n_heads} heads "
-             f"patched per layer)", "pass", enabled=show, ticks=True):
+    # prepare the patching, then one per layer patches its heads (the batch once per
+    # head). The bar counts sequences run, not passes: a patching pass runs n_heads times
+    # the batch, so counting passes set the first time left at half the real one (3:17 of 7 min)
+    with bar((4 + shape.n_layers * shape.n_heads) * batch,
+             f"{task.name}: forward passes ({4 + shape.n_layers}, {shape.n_heads} heads patched "
+             f"per layer)", "seq", enabled=show, ticks=True):
         comparison = circuits.compare_with_patching(model, task, k=args.k, mode=args.mode)
     print(comparison.format(top=args.top), flush=True)
 

@@ -13,7 +13,9 @@ def register(sub) -> None:
         help="per-row top-k, column sums, head summaries (and token-level matrices) as Parquet",
         description="Runs the streaming engine on each text and writes tidy tables, one row "
         "per number, with model, text id, layer, head, query, key and the token strings: "
-        "topk.parquet (per-row top-k of each metric), column_sums.parquet (what each key "
+        "topk.parquet (per-row top-k of each metric: its k largest values, so a signed "
+        "contribution's opposing keys are left out; add contribution_abs for the largest in "
+        "magnitude), column_sums.parquet (what each key "
         "gives, summed over queries), heads.parquet (sink rate, sink contribution, entropy, "
         "output share per head) and, with --token-layers, token_level.parquet (heads summed, "
         "full query x key). Read them back with pandas.read_parquet or "

@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from cwlens.core.env import check_all
+
+        check_all()  # a misspelt CWLENS_* setting stops here, before a model loads
         with _notes():
             return args.func(args)
     except (CwlensError, OSError) as err:  # model load errors arrive as ModelNotAvailableError

@@ -173,6 +173,32 @@ def bootstrap_ci(values, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: 
     return float(low), float(high)
 
 
+def positive_ci(values, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 0):
+    """``(low, high)``: the bootstrap-t interval of the mean of a *positive* quantity (a
+    perplexity), on the log scale: ``t*_b = (log m*_b - log m) / (s*_b / m*_b)`` (the
+    standard error of ``log m`` by the delta method), ``m exp(-/+ q s / m)`` for ``q`` the
+    ``level`` quantile of ``|t*|``. Always inside ``(0, inf)`` and around the mean ``m``
+    itself, where the plain interval ``m -/+ q s`` of a few skewed values reaches below
+    zero (four texts' perplexities: ``21.56 [-302.43, 345.56]``). Same resamples as
+    :func:`studentized` with the same ``seed``; NaN for ``n < 3``; ``[m, m]`` without
+    spread. Values that are not all positive get :func:`bootstrap_ci`'s interval."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n < MIN_N or not (x > 0).all() or not np.isfinite(x).all():
+        return bootstrap_ci(x, n_boot, level, seed)
+    m, s = float(x.mean()), float(x.std(ddof=1) / np.sqrt(n))
+    if s == 0:
+        return m, m
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    xs = x[idx]
+    ms, ss = xs.mean(-1), xs.std(-1, ddof=1) / np.sqrt(n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.abs(np.log(ms) - np.log(m)) / (ss / ms)
+    t[~np.isfinite(t) | (np.ptp(xs, axis=-1) == 0)] = np.nan  # as studentized
+    q = float(np.nanquantile(t, level))
+    return m * float(np.exp(-q * s / m)), m * float(np.exp(q * s / m))
+
+
 def bca_ci(values, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 0):
     """``(low, high)`` BCa (bias-corrected and accelerated) bootstrap interval of the mean
     (Efron 1987): the percentiles of the resampled means at ``Phi(z0 + (z0 + z) / (1 - a

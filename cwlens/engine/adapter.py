@@ -223,11 +223,55 @@ def read(cache: Cache, name: str, model: TLModel, closure=False):
     if name in cache.keys():
         return cache[name]
     layer = int(name.split(".")[1])
+    require_cached(cache, model, [layer], closure=closure, what="this call")
+    raise MissingHookError(f"The cache has no {name!r}.")  # require_cached names it first
+
+
+def call_hooks(model: TLModel, layers: Iterable[int], closure: bool = False,
+               residual: bool = False) -> list[str]:
+    """The hooks a measure of ``layers`` reads from a cache: each layer's pattern and
+    values; ``closure``: the heads' output it is checked against; ``residual``: the
+    residual stream entering the layer (full ALTI)."""
+    info = ModelInfo.of(model)
+    names = []
+    for layer in layers:
+        names += [hook_names.pattern(layer), hook_names.values(layer)]
+        if residual:
+            names.append(hook_names.resid_pre(layer))
+        if closure:
+            names.append(hook_names.closure_target(layer, info.generation, info.post_attn_norm))
+    return names
+
+
+def require_cached(cache: Cache, model: TLModel, layers: Iterable[int], closure: bool = False,
+                   residual: bool = False, what: str = "this call") -> None:
+    """Refuse, before anything is computed, a cache without every hook the call needs
+    (:func:`call_hooks`): :class:`~cwlens.errors.MissingHookError` names the hooks it
+    lacks, those the call needs, and the ``run_with_cache`` / ``names_filter`` arguments
+    that keep them."""
+    if not callable(getattr(cache, "keys", None)):
+        return  # read() names a cache that is not one
+    layers = list(layers)
+    needed = call_hooks(model, layers, closure, residual)
+    held = set(cache.keys())
+    missing = [n for n in needed if n not in held]
+    if not missing:
+        return
+    n = wrap(model).n_layers
+    span = (f"layer {layers[0]}" if len(layers) == 1 else
+            "every layer" if layers == list(range(n)) else f"layers {layers}")
+    args = "".join([f", layers={layers}" if layers != list(range(n)) else "",
+                    ", closure=True" if closure else ""])
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(map(repr, names[:6])) + (f", ... ({len(names) - 6} more)" if len(names) > 6 else "")
+
+    kinds = sorted({m.rsplit(".", 1)[-1] for m in needed})
     raise MissingHookError(
-        f"The cache has no {name!r}. cwlens needs {ModelInfo.of(model).hooks([layer], closure)}. "
-        "Run the model with `cwlens.run_with_cache(model, tokens)`, or pass "
-        "`names_filter=cwlens.names_filter(model)` to `model.run_with_cache`."
-    )
+        f"{what} reads {', '.join(kinds)} of {span} ({len(needed)} hooks); the cache lacks "
+        f"{len(missing)}: {listed(missing)}. Run the model with "
+        f"cwlens.run_with_cache(model, tokens{args}), or pass "
+        f"names_filter=cwlens.names_filter(model{args}) to model.run_with_cache.")
 
 
 #: The attribute under which :func:`remember_mask` keeps a cache's attention mask.

@@ -66,7 +66,36 @@ def names_filter_for(
 ) -> Callable[[str], bool]:
     """A ``names_filter`` for ``run_with_cache`` that keeps just :func:`needed` (and
     the hook names in ``extra``)."""
-    return frozenset(needed(layers, closure, **kw)).union(extra).__contains__
+    return NamesFilter(frozenset(needed(layers, closure, **kw)).union(extra))
+
+
+class NamesFilter:
+    """A ``names_filter``: called with a hook name, True for the hooks it keeps;
+    ``names`` is the set, and it prints them (``<built-in method __contains__ of
+    frozenset>`` said nothing)."""
+
+    def __init__(self, names: frozenset[str]):
+        self.names = names
+
+    def __call__(self, name: str) -> bool:
+        return name in self.names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __repr__(self) -> str:
+        names = sorted(self.names, key=_hook_order)
+        shown = ", ".join(names[:4]) + (f", ... ({len(names) - 4} more)" if len(names) > 4 else "")
+        return f"names_filter({len(names)} hooks: {shown}; .names lists them)"
+
+
+def _hook_order(name: str) -> tuple:
+    """Hook names in the model's order: block number first (``blocks.10`` after ``blocks.9``)."""
+    parts = name.split(".")
+    return (int(parts[1]) if parts[0] == "blocks" and parts[1].isdigit() else 10**9, name)
 
 
 

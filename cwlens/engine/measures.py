@@ -34,8 +34,10 @@ def _mask(cache, attention_mask):
     return adapter.cache_mask(cache)
 
 
-def _per_layer(cache, model, layer, attention_mask, fn: Callable) -> torch.Tensor:
+def _per_layer(cache, model, layer, attention_mask, fn: Callable, what: str = "this call",
+               residual: bool = False) -> torch.Tensor:
     layers, single = adapter.resolve_requested_layers(model, layer)
+    adapter.require_cached(cache, model, layers, residual=residual, what=what)
     attention_mask = _mask(cache, attention_mask)
     outs = [fn(adapter.geometry(cache, model, ly, attention_mask)) for ly in layers]
     return outs[0] if single else torch.stack(outs)
@@ -51,8 +53,12 @@ def contribution_weights(
     """Signed contribution weights ``c_ij^h = <o_i, a_ij^h v~_j^h> / ||o_i||^2``.
 
     ``kind="inter"``: ``o_i`` is the layer's multi-head output (b_O excluded); the weights
-    sum to 1 over heads and keys. ``kind="intra"``: ``o_i`` is head ``h``'s own output;
-    each head's row sums to 1 over keys.
+    sum to 1 over heads and keys *together*: one head's row sums to that head's share of
+    the layer output (about -0.06..0.33 on SmolLM2), not to 1. ``kind="intra"``: ``o_i`` is
+    head ``h``'s own output; each head's row sums to 1 over keys, as attention does. So
+    "a head's contribution" means two things: to compare one head's contribution with its
+    attention (a per-head view, CircuitsVis), take ``kind="intra"``; to say how much of the
+    layer's output a head and key carry, ``"inter"``.
 
     Args:
         cache: the cache of :func:`run_with_cache` (or any cache holding ``hook_pattern``
@@ -79,13 +85,17 @@ def contribution_weights(
         >>> c = cwlens.contribution_weights(cache, model, layer=0)
         >>> c.shape  # [batch, head, query, key]
         torch.Size([1, 4, 7, 7])
-        >>> torch.allclose(c.sum((1, 3)), torch.ones(1, 7), atol=1e-5)  # rows sum to 1
+        >>> torch.allclose(c.sum((1, 3)), torch.ones(1, 7), atol=1e-5)  # heads x keys sum to 1
+        True
+        >>> intra = cwlens.contribution_weights(cache, model, layer=0, kind="intra")
+        >>> torch.allclose(intra.sum(3), torch.ones(1, 4, 7), atol=1e-4)  # each head's row
         True
         >>> cwlens.contribution_weights(cache, model).shape  # every layer
         torch.Size([2, 1, 4, 7, 7])
     """
     check_kind(kind)
-    return _per_layer(cache, model, layer, attention_mask, lambda g: g.contribution(kind))
+    return _per_layer(cache, model, layer, attention_mask, lambda g: g.contribution(kind),
+                      what="contribution_weights")
 
 
 def token_contributions(
@@ -165,7 +175,8 @@ def importance(
     get_metric(metric, metrics.GEOMETRY)
     check_kind(kind)
     return _per_layer(cache, model, layer, attention_mask,
-                      lambda g: metrics.from_geometry(g, metric, kind))
+                      lambda g: metrics.from_geometry(g, metric, kind),
+                      what=f"importance(metric={metric!r})", residual=metric == "alti")
 
 
 @dataclass(frozen=True)
@@ -213,6 +224,17 @@ class Decomposition:
     def max_product_error(self) -> float:
         product = self.attention * self.relative_norm * self.cosine
         return float((product - self.contribution).abs().max())
+
+    def __repr__(self) -> str:  # shapes and the check, not four tensors of data
+        axes = ["batch", "head", "query", "key"]
+        if self.contribution.ndim == 5:
+            axes.insert(0, "layer")
+        shape = ", ".join(f"{a} {n}" for a, n in zip(axes, self.contribution.shape, strict=False))
+        layers = _layer_span(self.layers)
+        return (f"Decomposition(kind={self.kind!r}, {layers}, [{shape}]: .attention * "
+                f".relative_norm * .cosine == .contribution within {self.max_product_error:.1e}"
+                f"{', padded batch' if self.attention_mask is not None else ''}; "
+                ".to_dataframe(query=-1) lists one query)")
 
     def to_dataframe(self, batch: int = 0, query: int = -1, str_tokens=None):
         """Long table (layer, head, key, token, attention, relative_norm, cosine, contribution) for one query.
@@ -311,6 +333,7 @@ def decompose(
     """
     check_kind(kind)
     layers, single = adapter.resolve_requested_layers(model, layer)
+    adapter.require_cached(cache, model, layers, what="decompose")
     attention_mask = _mask(cache, attention_mask)
     parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
     for ly in layers:
@@ -372,6 +395,23 @@ class Closure:
         """The largest per-layer relative error (NaN-aware: never a NaN dropped)."""
         return worst(self.relative_error)
 
+    def __repr__(self) -> str:  # the worst layer, not a float per layer
+        if not self.layers:
+            return "Closure(no layer checked)"
+        k = max(range(len(self.layers)), key=lambda i: self.relative_error[i])
+        return (f"Closure({_layer_span(self.layers)}: heads x keys rebuild the attention output "
+                f"within {self.worst_relative_error:.1e} relative (worst: layer {self.layers[k]}), "
+                f"{max(self.max_abs_error):.1e} absolute; per layer: .relative_error, .max_abs_error)")
+
+
+def _layer_span(layers: tuple[int, ...]) -> str:
+    """``layer 5``, ``layers 0..29`` (consecutive) or ``layers [1, 3, 7]``."""
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    if list(layers) == list(range(layers[0], layers[0] + len(layers))):
+        return f"layers {layers[0]}..{layers[-1]}"
+    return f"layers {list(layers)}"
+
 
 def closure(
     cache: Cache,
@@ -401,6 +441,7 @@ def closure(
         True
     """
     layers, _ = adapter.resolve_requested_layers(model, layer)
+    adapter.require_cached(cache, model, layers, closure=True, what="closure")
     attention_mask = _mask(cache, attention_mask)
     errors = [
         closure_errors(adapter.geometry(cache, model, ly, attention_mask).layer_output,

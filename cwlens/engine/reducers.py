@@ -122,11 +122,27 @@ class TopKResult:
     layers: tuple[int, ...]
     metric: str
     summed_heads: bool = False
+    by_abs: bool = False  # ranked by |value| (TopK(by_abs=True)); the values keep their sign
+
+    @property
+    def ranked_by(self) -> str:
+        """What the rows are sorted by: the metric's value (``"contribution"``: the rule of
+        every cwlens export and reducer) or, with ``by_abs``, its magnitude
+        (``"|contribution|"``)."""
+        return f"|{self.metric}|" if self.by_abs else self.metric
 
     @property
     def valid(self) -> torch.Tensor:
         """``[layer, batch, head or 1, query, k]`` bool: True on real entries (index >= 0)."""
         return self.indices >= 0
+
+    def __repr__(self) -> str:  # shapes and the rule, not the lists
+        axes = ("layer", "batch", "head", "query", "k")
+        shape = ", ".join(f"{a} {n}" for a, n in zip(axes, self.indices.shape, strict=False))
+        return (f"TopKResult(the {self.indices.shape[-1]} largest {self.ranked_by} of each row"
+                f"{' (heads summed)' if self.summed_heads else ''}, layers {list(self.layers)}: "
+                f".indices/.values [{shape}], -1/NaN where a row has fewer keys; "
+                ".to_dataframe() lists them)")
 
     def to_dataframe(self, attention_mask: torch.Tensor | None = None):
         """Long table, one row per valid entry: ``layer, batch, head, query, rank, key,
@@ -140,7 +156,10 @@ class TopKResult:
 
 class TopK(Reducer):
     """The ``k`` largest entries of each row (per head, or of the head sum with
-    ``sum_heads=True``). ``by_abs=True`` ranks by ``|w|`` (values keep their sign).
+    ``sum_heads=True``), by value: the rule of every cwlens reducer and export (a signed
+    contribution's most negative keys are not among them; rank ``contribution_abs`` for
+    the largest in magnitude). ``by_abs=True`` ranks by ``|w|`` instead (values keep their
+    sign; :attr:`TopKResult.ranked_by` says ``|metric|``).
 
     Only the keys a query attends to are ranked: pad keys and pad queries, keys after the
     query on a decoder and keys outside a sliding window are never results; a row with
@@ -185,7 +204,7 @@ class TopK(Reducer):
     def result(self) -> TopKResult:
         layers = tuple(self._idx)
         return TopKResult(_layers_of_rows(self._idx, layers), _layers_of_rows(self._val, layers),
-                          layers, self.metric, self.sum_heads)
+                          layers, self.metric, self.sum_heads, self.by_abs)
 
     def release(self) -> None:
         self.reset()  # the result is a copy: the per-block rows can go

@@ -34,7 +34,7 @@ def describe(value: Any) -> str:
         heads = "head 1 (heads summed)" if value.summed_heads else "head"
         axes = f"layer batch {heads.split()[0]} query k"
         note = " (heads summed)" if value.summed_heads else ""
-        return (f"TopKResult: the {value.indices.shape[-1]} largest {value.metric} of each row"
+        return (f"TopKResult: the {value.indices.shape[-1]} largest {value.ranked_by} of each row"
                 f"{note}, .indices/.values {_shape(value.indices, axes)} (-1/NaN: no key)")
     if isinstance(value, reducers.LayerTensor):
         if value.kind == "token_level":

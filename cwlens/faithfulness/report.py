@@ -141,9 +141,15 @@ def _verdict_text(pairs: dict, order: tuple[str, ...]) -> str:
     expected = list(zip(present, present[1:], strict=False))
     signs = {(a, b): (0 if pairs[(a, b)].identical else pairs[(a, b)].sign, pairs[(a, b)].identical)
              for a, b in expected}
-    reversed_ = [f"{SHORT[a]} > {SHORT[b]}" for (a, b), (s, _) in signs.items() if s < 0]
-    unresolved = [f"{SHORT[a]} vs {SHORT[b]}" for (a, b), (s, same) in signs.items()
+    flagged = {pair for pair, d in pairs.items() if d.flagged}
+
+    def mark(a: str, b: str) -> str:  # a pair named in the verdict carries its own FLAG
+        return FLAG if (a, b) in flagged else ""
+
+    reversed_ = [f"{SHORT[a]} > {SHORT[b]}{mark(a, b)}" for (a, b), (s, _) in signs.items() if s < 0]
+    unresolved = [f"{SHORT[a]} vs {SHORT[b]}{mark(a, b)}" for (a, b), (s, same) in signs.items()
                   if s == 0 and not same]
+    named = {(a, b) for (a, b), (s, same) in signs.items() if s < 0 or (s == 0 and not same)}
     if reversed_:
         verdict = f"does not hold ({', '.join(reversed_)})"
     elif unresolved:
@@ -157,9 +163,11 @@ def _verdict_text(pairs: dict, order: tuple[str, ...]) -> str:
     if not verdict.startswith("holds") and best in present and all(
             diff(m, best).sign > 0 for m in present if m != best):
         verdict += f"; {best.replace('_', ' ')} best"
-    flagged = [f"{SHORT[a]} vs {SHORT[b]}" for (a, b), d in pairs.items() if d.flagged]
-    if flagged:  # pairs outside the bootstrap-t's validity range (cwlens.core.bootstrap.flag_note)
-        verdict += f" ({FLAG} {', '.join(flagged)})"
+    # pairs outside the bootstrap-t's validity range (cwlens.core.bootstrap.flag_note) that
+    # the verdict has not named already: each pair is written once
+    others = [f"{SHORT[a]} vs {SHORT[b]}" for (a, b) in pairs if (a, b) in flagged - named]
+    if others:
+        verdict += f" ({FLAG} {'also ' if named & flagged else ''}{', '.join(others)})"
     return "".join(parts) + f": {verdict}"
 
 

@@ -53,6 +53,7 @@ COLUMNS = (*SETTING, "metric", "mode", "rate", "layers", "sample_id", "measure",
 KEY = tuple(c for c in COLUMNS if c != "value")
 CELL = (*SETTING, "metric", "mode", "rate", "layers", "measure")
 ACCURACY = ("acc", "acc_norm")  # per-item 0/1 measures: exact intervals (summarize)
+POSITIVE = ("ppl", "nll")  # positive per-sample measures: intervals on the log scale (summarize)
 
 
 class ConfigMismatchError(CwlensError, ValueError):
@@ -324,18 +325,24 @@ def partial_samples(df) -> list[str]:
 def _interval(measure, values, n_boot: int, level: float, seed: int) -> tuple[float, float]:
     """The exact (Clopper–Pearson) interval of an accuracy (0/1 per item: a proportion,
     as ``cwlens accuracy`` reports the clean one; a bootstrap-t of 0/1 values leaves
-    [0, 1] and is degenerate at 0 or n correct), else the bootstrap-t of the mean."""
+    [0, 1] and is degenerate at 0 or n correct); for a positive measure (:data:`POSITIVE`:
+    perplexity, NLL) the bootstrap-t on the log scale, which stays above zero
+    (:func:`cwlens.core.bootstrap.positive_ci`); else the bootstrap-t of the mean."""
+    from cwlens.core.bootstrap import positive_ci
     from cwlens.core.proportion import clopper_pearson
 
     if measure in ACCURACY and len(values) and set(values.tolist()) <= {0.0, 1.0}:
         return clopper_pearson(int(values.sum()), len(values), level)
+    if measure in POSITIVE:
+        return positive_ci(values, n_boot, level, seed)
     return bootstrap_ci(values, n_boot, level, seed)
 
 
 def summarize(df, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
     """Mean and 95% interval per cell (:data:`CELL`: the setting, the condition and the
     measure), over the de-duplicated rows: exact (Clopper–Pearson) for accuracies,
-    bootstrap-t for every other measure, with the values' ``skewness``
+    bootstrap-t on the log scale for perplexity and NLL (positive:
+    :data:`POSITIVE`), bootstrap-t for every other measure, with the values' ``skewness``
     (:func:`cwlens.core.bootstrap.sample_skewness`; NaN for an exact interval), which
     places a bootstrap-t cell inside or outside its validity range
     (:func:`cwlens.core.bootstrap.outside_validity`)."""

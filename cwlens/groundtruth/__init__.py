@@ -5,7 +5,8 @@
   :class:`CompiledProgram`: its ``model``, its inputs (``sample_inputs``) and their
   :class:`Truth` (``truth``), its ``components``.
 - :func:`from_tracr`: tracr's assembled model -> a model every cwlens function measures.
-- :func:`encode` / :func:`decode`: token ids of an input, tracr's decoded outputs.
+- :func:`encode` / :func:`decode`: token ids of an input, tracr's decoded outputs;
+  :func:`written`: where the program wrote an output at all.
 - :func:`edge_effects`: the exact effect of removing each attention edge of any model at
   one query (the per-edge truth, docs/edge_truth.md); :class:`EdgeEffects` scores a
   method's weights against it.
@@ -14,11 +15,12 @@ See docs/groundtruth.md. Importing this package imports neither jax nor tracr.
 """
 
 from cwlens.engine.models.tracr_network import TracrTransformer
-from cwlens.groundtruth.codec import decode, encode
+from cwlens.groundtruth.codec import decode, encode, written
 from cwlens.groundtruth.convert import TracrLayout, from_tracr, load_weights, save
 from cwlens.groundtruth.edges import EdgeEffects, edge_effects
 from cwlens.groundtruth.library import CompiledProgram, from_file, load, names
 from cwlens.groundtruth.truth import Truth
 
-__all__ = ["CompiledProgram", "EdgeEffects", "edge_effects", "TracrLayout", "TracrTransformer", "Truth", "decode", "encode",
-           "from_file", "from_tracr", "load", "load_weights", "names", "save"]
+__all__ = ["CompiledProgram", "EdgeEffects", "TracrLayout", "TracrTransformer", "Truth", "decode",
+           "edge_effects", "encode", "from_file", "from_tracr", "load", "load_weights", "names", "save",
+           "written"]

@@ -128,7 +128,7 @@ WRITTEN = 0.5  # a categorical output the program wrote is a one-hot of magnitud
 
 
 def written(model: Any, logits: torch.Tensor) -> torch.Tensor:
-    """``[batch, n]`` (or ``[n]``) bool: where the program wrote an output value.
+    """Where the program wrote an output value: ``[batch, n]`` (or ``[n]``) bool.
 
     A categorical output is a one-hot of magnitude 1 in the output directions; where the
     program has no value (RASP's None: a query that matched nothing), every output logit is

@@ -1,8 +1,9 @@
 """Save plotly figures as self-contained HTML (no CDN) and PNG.
 
-PNG export uses kaleido >= 1 with a system Chromium (Debian: ``apt-get install chromium``;
-``scripts/setup.sh`` installs it). Without a browser the HTML is still written and a
-warning says how to get PNGs.
+PNG export uses kaleido >= 1 with a Chromium: ``$BROWSER_PATH``, one on ``PATH`` (Debian:
+``apt-get install chromium``; ``scripts/setup.sh --browser``, as ``make test`` runs it), or
+kaleido's own Chrome (``plotly_get_chrome``, no root), found where kaleido looks for it.
+Without a browser the HTML is still written and a one-line note says how to get PNGs.
 """
 
 import os
@@ -23,7 +24,19 @@ def find_chrome() -> str | None:
         found = shutil.which(name)
         if found:
             return found
-    return None
+    return _kaleido_chrome()
+
+
+def _kaleido_chrome() -> str | None:
+    """The Chrome kaleido downloaded itself (``plotly_get_chrome``), where kaleido's browser
+    layer (choreographer) looks for it; None without one."""
+    try:
+        from choreographer.browsers.chromium import Chromium
+
+        found = Chromium.find_browser(skip_local=False, skip_typical=True)
+    except Exception:  # an older or newer choreographer: no path of its own to offer
+        return None
+    return found if found and os.access(found, os.X_OK) else None
 
 
 def save_figure(fig, path_stem: str | Path, png: bool = True, scale: float = 1.0) -> list[Path]:
@@ -39,11 +52,13 @@ def save_figure(fig, path_stem: str | Path, png: bool = True, scale: float = 1.0
     if png:
         chrome = find_chrome()
         if chrome is None:
-            warnings.warn(
-                f"No Chromium found, so {stem.with_suffix('.png')} was not written (the HTML "
-                "was). Install one (Debian/Ubuntu: apt-get install chromium) or set "
-                "BROWSER_PATH.",
-                stacklevel=2,
+            from cwlens.errors import CwlensWarning
+
+            warnings.warn(  # one "cwlens: note:" line in the CLI
+                f"no Chromium, so {stem.with_suffix('.png')} was skipped (the HTML is written): "
+                "`plotly_get_chrome` fetches kaleido's own Chrome (no root), or install one "
+                "(scripts/setup.sh --browser) or set BROWSER_PATH.",
+                CwlensWarning, stacklevel=2,
             )
             return written
         out = stem.with_suffix(".png")

@@ -47,6 +47,10 @@ def attention_vs_contribution(
             ``attention``, ``contribution``, and optionally ``relative_norm``, ``cosine``
             for the hover text.
         str_tokens: token strings of the sequence (axis labels).
+        contribution_label: names the kind of the contribution rows (the bottom titles):
+            ``"contribution (intra-head)"`` (default: each head's row sums to 1, like
+            attention) or ``"contribution (inter-head)"`` (a head's row sums to its share
+            of the layer output, e.g. -0.06..0.33, not to 1).
         masked: ``[query, key]`` bool, True on the cells no query sees (a decoder's keys
             after the query: :func:`causal_mask`), drawn grey, apart from zeros; None: none.
     """
@@ -59,7 +63,7 @@ def attention_vs_contribution(
         rows=2,
         cols=n,
         subplot_titles=[f"{h['name']}: attention" for h in heads]
-        + [f"{h['name']}: contribution" for h in heads],
+        + [f"{h['name']}: {contribution_label}" for h in heads],  # names the kind
         horizontal_spacing=0.04,
         vertical_spacing=0.12,
     )

@@ -31,7 +31,12 @@ DEFAULT_WINDOW = 64
 class TextAnalysis:
     """Per-layer attention vs contribution of one text (batch of 1), as CPU tensors.
 
-    Inter-head throughout (``o`` is the layer's attention output, b_O excluded).
+    Inter-head throughout (``o`` is the layer's attention output, b_O excluded), except
+    ``head_factors``: with ``head_kind="intra"`` (:func:`analyze_text`'s default) the
+    window's ``{"contribution", "relative_norm", "cosine"}`` against each head's *own*
+    output (each head's row sums to 1), which the report's per-head view compares with
+    attention; an inter weight of one head sums to that head's share of the layer output
+    (about -0.06..0.33 on SmolLM2), not to 1 (:meth:`head_view`).
 
     ``attention``/``contribution``/``relative_norm``/``cosine``: ``[layer, head, w, w]`` on
     the window positions ``window = (start, stop)`` (queries and keys both in it).
@@ -65,6 +70,15 @@ class TextAnalysis:
     intra_sum_error: float
     notes: list[str] = field(default_factory=list)
     causal: bool = True
+    head_kind: str = "inter"
+    head_factors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def head_view(self) -> dict[str, torch.Tensor]:
+        """``{"attention", "contribution", "relative_norm", "cosine"}``, ``[layer, head, w,
+        w]`` on the window, of the kind :attr:`head_kind` (the per-head heatmaps)."""
+        inter = {"attention": self.attention, "contribution": self.contribution,
+                 "relative_norm": self.relative_norm, "cosine": self.cosine}
+        return {**inter, **self.head_factors} if self.head_kind == "intra" else inter
 
     @property
     def n_layers(self) -> int:
@@ -101,7 +115,8 @@ class TextAnalysis:
             f"sink heads (mean attention on the first token > 0.3): "
             f"{int((self.sink_rate > 0.3).sum())} of {self.sink_rate.numel()}",
             f"top contributing tokens for the last query ({token_at(q, self.str_tokens)}; "
-            "key:token, contribution of the token to the layer output, heads summed):",
+            "key:token, contribution of the token to the layer output, ranked by |contribution|, "
+            "heads summed):",
         ]
         for layer in layers if layers is not None else _spread(self.n_layers, 4):
             tops = [(j, c) for j, _, c in self.top_tokens(layer, q, k)]
@@ -116,14 +131,19 @@ def _spread(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
 
 
-def _factors(geo: AttentionGeometry, keys: slice) -> dict[str, torch.Tensor]:
-    """The four factors (inter) of a block's rows on ``keys``: ``{factor: [b, h, q, keys]}``."""
-    return {
+def _factors(geo: AttentionGeometry, keys: slice, intra: bool = False) -> dict[str, torch.Tensor]:
+    """The four factors (inter) of a block's rows on ``keys``: ``{factor: [b, h, q, keys]}``;
+    ``intra``: also the three of each head's own output (``<factor>_intra``)."""
+    out = {
         "attention": geo.attention()[..., keys],
         "relative_norm": geo.relative_norm("inter")[..., keys],
         "cosine": geo.cosine("inter")[..., keys],
         "contribution": geo.contribution("inter")[..., keys],
     }
+    if intra:
+        out |= {f"{f}_intra": getattr(geo, f)("intra")[..., keys]
+                for f in ("relative_norm", "cosine", "contribution")}
+    return out
 
 
 class _ReportReducer(reducers.Reducer):
@@ -131,8 +151,9 @@ class _ReportReducer(reducers.Reducer):
 
     metrics = ("attention", "contribution")
 
-    def __init__(self, n: int, window: tuple[int, int], check_intra: bool):
+    def __init__(self, n: int, window: tuple[int, int], check_intra: bool, head_kind: str = "inter"):
         self.n, self.window, self.check_intra = n, window, check_intra
+        self.head_kind = head_kind
         self.name = "report"
         self._win: dict[int, dict[str, list]] = {}
         self._last: dict[int, dict[str, torch.Tensor]] = {}
@@ -161,7 +182,8 @@ class _ReportReducer(reducers.Reducer):
         w0, w1 = self.window
         r0, r1 = max(w0, query_start) - query_start, min(w1, query_start + bq) - query_start
         if r0 < r1:
-            rows = _factors(self._all_keys(block, r0, r1, query_start), slice(w0, w1))
+            rows = _factors(self._all_keys(block, r0, r1, query_start), slice(w0, w1),
+                            intra=self.head_kind == "intra")
             for key, val in rows.items():
                 self._win.setdefault(layer, {}).setdefault(key, []).append((query_start, val[0].clone()))
         last = self.n - 1 - query_start
@@ -195,9 +217,14 @@ def analyze_text(
     collect what the report shows. ``window``: the number of last tokens drawn at full
     resolution, or ``(start, stop)``, or None for every token. A text past the model's
     context is cut there, unless ``past_context`` (rotary models only; docs/inputs.md).
+    ``options``' ``head_kind``: the contribution the per-head heatmaps compare with
+    attention, ``"intra"`` (default: against the head's own output, each row sums to 1,
+    like attention) or ``"inter"`` (against the layer's output: a head's row sums to its
+    share).
     ``options``: the forward pass's ``query_block`` (default ``"auto"``: 256 rows up to 8192
     tokens, fewer above) and ``attention`` (see
     :func:`cwlens.stream_reduce`; ``"auto"``: blockwise above 2048 tokens)."""
+    head_kind = options.pop("head_kind", "intra")
     run = pass_options("analyze_text", {"query_block": "auto", **options}, ("attention", "query_block"))
     validation.text(text)
     if max_tokens is not None:
@@ -221,7 +248,10 @@ def analyze_text(
         win = (max(0, n - window), n)
     else:
         win = (max(0, int(window[0])), min(n, int(window[1])))
-    report = _ReportReducer(n, win, check_intra)
+    from cwlens.core.geometry import check_kind
+
+    check_kind(head_kind)
+    report = _ReportReducer(n, win, check_intra, head_kind)
     top = reducers.TopK(top_k, "contribution", by_abs=True, sum_heads=True, name="top")
     with validation.past_context_said(past_context):  # fit_context said it
         res = stream_reduce(model, tokens, [report, top], query_block=run["query_block"],
@@ -257,6 +287,9 @@ def analyze_text(
         intra_sum_error=report._err.get("intra", float("nan")),
         notes=notes,
         causal=causal,
+        head_kind=head_kind,
+        head_factors={f: stack(f"{f}_intra") for f in ("relative_norm", "cosine", "contribution")}
+        if head_kind == "intra" else {},
     )
 
 

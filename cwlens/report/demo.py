@@ -50,7 +50,7 @@ def run_demo(
     text = load_dataset("gsm8k", n=sample + 1)[sample].text  # type: ignore[union-attr]
     # one streamed pass: every layer's geometry built once, all 40 tokens kept (window=None)
     an = analyze_text(model, text, model_name=model_name, max_tokens=max_tokens, window=None,
-                      top_k=top_k, check_intra=True)
+                      top_k=top_k, check_intra=True, head_kind="inter")  # the layer-share story
     str_tokens = an.str_tokens
 
     print(f"cwlens demo — model {model_name}, GSM8K sample {sample}, first {len(str_tokens)} tokens")
@@ -115,3 +115,41 @@ def run_demo(
     paths = save_figure(fig, Path(out_dir) / "demo_attention_vs_contribution", png=png)
     print("\nwrote " + ", ".join(str(p) for p in paths))
     return {"heads": heads, "paths": paths, "closure_error": an.closure_error}
+
+
+EXCERPT_START, EXCERPT_END = "<!-- demo-excerpt:start -->", "<!-- demo-excerpt:end -->"
+
+
+def readme_excerpt(printed: str) -> str:
+    """The README's demo excerpt, from what :func:`run_demo` printed (``printed``): the
+    checks line, the first head's line, its factor-split header and sink row, and a
+    sentence read off that row (``scripts/demo_excerpt.py`` prints it: it goes into the
+    README between :data:`EXCERPT_START` and :data:`EXCERPT_END`; a test compares the two)."""
+    import re
+
+    lines = printed.splitlines()
+    checks = next(line for line in lines if line.startswith("checks:"))
+    at = next(i for i, line in enumerate(lines) if re.match(r"L\d+H\d+  sink rate", line))
+    head = lines[at]
+    header = next(i for i in range(at, len(lines)) if lines[i].startswith("  factor split"))
+    sink = lines[header + 1]
+    numbers = sink.split()[-4:]  # attention, rel.norm, cosine, contribution
+    attention, rel, cos, contribution = numbers
+    name = head.split()[0]
+    share = float(contribution)
+    return "\n".join([
+        "An excerpt of what it prints (`make demo`; SmolLM2-135M-Instruct, Q4_1 GGUF "
+        "dequantized; printed from a run by `python scripts/demo_excerpt.py`):",
+        "",
+        "```",
+        checks,
+        head,
+        lines[header],
+        sink,
+        "```",
+        "",
+        f"Head {name} puts {attention} of its attention on the first token, yet that token "
+        f"carries {share:.1%} of the layer's attention output: its projected value is "
+        f"{float(rel):.2f} of the output's norm, at cosine {cos} to it (attention x rel.norm "
+        f"x cosine = contribution).",
+    ])

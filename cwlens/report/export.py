@@ -6,7 +6,7 @@ long tables, one row per number, with the model, the text id and the token strin
 =================  ==========================================================================
 table              columns (besides ``model, text_id``)
 =================  ==========================================================================
-``topk``           ``metric, layer, head, query, rank, key, value, query_token, key_token``
+``topk``           ``metric, layer, head, query, rank, key, value, query_token, key_token`` (the ``k`` largest values)
 ``column_sums``    ``metric, layer, head, key, value, key_token`` (``head = -1``: heads summed)
 ``token_level``    ``metric, layer, query, key, value, query_token, key_token``
 ``heads``          ``layer, head, sink_rate, sink_contribution_intra, sink_contribution_inter, entropy, output_share`` (docs/sinks.md, "Columns")
@@ -43,7 +43,7 @@ def _topk_rows(res: reducers.TopKResult, tokens: list[str], causal: bool) -> pd.
     if causal:  # nor, on a decoder, the keys after the query (0 in every measure): a query
         keep &= key <= query  # with fewer than k keys listed them at ranks with value 0
     df = pd.DataFrame({
-        "metric": res.metric,
+        "metric": res.metric if not res.by_abs else f"{res.metric} (ranked by |value|)",
         "layer": torch.tensor(res.layers)[layer].numpy(),
         "head": head.numpy() if n_h > 1 else -1,
         "query": query.numpy(), "rank": rank.numpy(), "key": key.numpy(),
@@ -147,10 +147,13 @@ def _check_one_text(result, n_tokens: int) -> None:
 def default_reducers(metrics: Sequence[str] = ("contribution", "attention"), k: int = 8,
                      token_layers: Sequence[int] = ()) -> list:
     """Per-row top-``k`` and column sums of each metric, head summaries, and the
-    token-level matrices of ``token_layers``."""
+    token-level matrices of ``token_layers``. The top-``k`` of a metric is its ``k``
+    largest values (:class:`~cwlens.reducers.TopK`'s rule; a signed contribution's
+    opposing keys are not among them: add ``contribution_abs`` for the largest in
+    magnitude)."""
     rs: list = []
     for m in metrics:
-        rs += [reducers.TopK(k, m, by_abs=m == "contribution"), reducers.ColumnSums(m)]
+        rs += [reducers.TopK(k, m), reducers.ColumnSums(m)]  # by value: TopK's rule
     rs.append(reducers.HeadSummary())
     if token_layers:
         rs.append(reducers.TokenLevel(token_layers))
@@ -313,15 +316,43 @@ def read_tables(out_dir) -> dict[str, pd.DataFrame]:
     return out
 
 
+def weights_kind(weights: torch.Tensor, atol: float = 1e-3) -> str:
+    """Which kind ``[head, query, key]`` contribution weights are, from their sums:
+    ``"intra"`` (each head's rows sum to 1, or are 0), ``"inter"`` (the heads' rows sum
+    to 1 together), else ``"other"`` (attention, a part of the keys, ...)."""
+    w = weights.detach().float()
+    rows = w.sum(-1)
+    if bool((((rows - 1).abs() < atol) | (w.abs().sum(-1) == 0)).all()):
+        return "intra"
+    if bool(((rows.sum(0) - 1).abs() < atol).all()):
+        return "inter"
+    return "other"
+
+
+KIND_TITLES = {
+    "intra": "contribution weights, intra-head (each head's row sums to 1)",
+    "inter": "contribution weights, inter-head (a head's row sums to its share of the layer "
+             "output, not 1: faint next to attention; kind=\"intra\" to compare a head with it)",
+    "other": "weights",
+}
+
+
 def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: bool = True,
-                      title: str = "contribution weights"):
+                      title: str | None = None):
     """``circuitsvis.attention.attention_heads`` of ``[head, query, key]`` weights (e.g.
     contribution weights of one text and layer), for notebook users who know that widget.
 
     Returns a :class:`~cwlens.report.circuitsvis.CircuitsVisView` whose JavaScript is
     inlined (circuitsvis' own ``str(view)`` loads it from a CDN and shows a blank page
     offline): it shows itself in a notebook, and ``view.save("view.html")`` writes a page
-    that opens from disk without network (``title``: the page's heading).
+    that opens from disk without network (``title``: the page's heading; default: the
+    weights' kind, read from their sums by :func:`weights_kind`, named as
+    :data:`KIND_TITLES` does).
+
+    Pass ``kind="intra"`` weights (``contribution_weights(..., kind="intra")``) to compare
+    a head with its attention: each head's row sums to 1. The default ``"inter"`` weights
+    sum to 1 over heads *and* keys, so one head's row holds only its share of the layer
+    output (about -0.06..0.33 on SmolLM2) and its view looks nearly blank.
 
     The widget expects non-negative weights: ``signed=True`` (default) passes signed
     contribution weights as they are, which the widget draws with negative cells clipped;
@@ -350,7 +381,7 @@ def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: 
     from cwlens.report.circuitsvis import offline_view
 
     rendered = attention_heads(attention=w if signed else w.abs(), tokens=[str(t) for t in str_tokens])
-    return offline_view(rendered, str(title))
+    return offline_view(rendered, str(title) if title is not None else KIND_TITLES[weights_kind(w)])
 
 
 def _require(module: str, what: str, fix: str) -> None:

@@ -22,6 +22,13 @@ from cwlens.plotting.heatmaps import (
 from cwlens.report.analysis import TextAnalysis, _spread
 from cwlens.report.printed import entry_list, plain, signed, token_at
 
+# the per-head view's title, naming its kind: the two rows of a head sum to different things
+HEAD_TITLES = {
+    "intra": "Per head: attention vs contribution to the head's own output (intra-head: each "
+             "row sums to 1, like attention)",
+    "inter": "Per head: attention vs contribution to the layer output (inter-head: a head's row "
+             "sums to its share of the layer output, not 1)",
+}
 HOVER = (
     "query %{y}<br>key %{x}<br>attention %{customdata[0]:.3f}<br>"
     "relative norm %{customdata[1]:.3f}<br>cosine %{customdata[2]:+.3f}<br>"
@@ -152,8 +159,9 @@ def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = 
     w = a.window[1] - a.window[0]
     masked = causal_mask(w) if a.causal else None  # window queries and keys: the same positions
     layers = layers if layers is not None else _spread(a.n_layers, 4)
+    view = a.head_view()  # the per-head heatmaps' kind (intra by default: rows sum to 1)
     custom = lambda idx: np.stack(  # noqa: E731
-        [a.attention[idx].numpy(), a.relative_norm[idx].numpy(), a.cosine[idx].numpy()], -1
+        [view["attention"][idx].numpy(), view["relative_norm"][idx].numpy(), view["cosine"][idx].numpy()], -1
     )
     tok = a.token_contribution()
     token_pairs = [
@@ -164,14 +172,14 @@ def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = 
     head_pairs, head_names = [], []
     for ly in layers:
         for h in range(a.n_heads):
-            head_pairs.append((a.attention[ly, h].numpy(), a.contribution[ly, h].numpy(), custom((ly, h))))
+            head_pairs.append((a.attention[ly, h].numpy(), view["contribution"][ly, h].numpy(), custom((ly, h))))
             head_names.append(f"L{ly}H{h}")
     figs = [
         _sink_figure(a),
         _slider_figure(token_pairs, labels, "Token level: mean attention over heads vs contribution to the layer output",
                        [f"layer {ly}" for ly in range(a.n_layers)], "contribution (heads summed)", masked),
-        _slider_figure(head_pairs, labels, "Per head: attention vs contribution to the layer output (inter-head)",
-                       head_names, "contribution (this head)", masked),
+        _slider_figure(head_pairs, labels, HEAD_TITLES[a.head_kind], head_names,
+                       f"contribution ({a.head_kind}-head)", masked),
     ]
     fig_html = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
 

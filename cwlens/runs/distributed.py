@@ -124,18 +124,9 @@ TIMEOUT_VAR = "CWLENS_DIST_TIMEOUT_S"
 
 def _timeout() -> datetime.timedelta:
     """``CWLENS_DIST_TIMEOUT_S`` (default 7200): a finite number of seconds above 0."""
-    import math
+    from cwlens.core.env import number
 
-    text = os.environ.get(TIMEOUT_VAR, "").strip() or "7200"
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise DistributedError(
-            f"{TIMEOUT_VAR}={os.environ.get(TIMEOUT_VAR)!r} is not a number of seconds above 0: "
-            f"set it to e.g. {TIMEOUT_VAR}=600, or unset it for the default 7200.")
-    return datetime.timedelta(seconds=seconds)
+    return datetime.timedelta(seconds=number(TIMEOUT_VAR, 7200.0, error=DistributedError))
 
 
 def check_environment() -> None:

@@ -13,17 +13,13 @@ with ``ticks=True``, or the callback given to :func:`ticking`; without one it do
 nothing, so library code can tick whether or not anyone draws a bar.
 """
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-ENV = "CWLENS_PROGRESS"
-_ON = ("1", "true", "yes", "on", "always")
-_OFF = ("0", "false", "no", "off", "never")
-
+ENV = "CWLENS_PROGRESS"  # a switch of cwlens.core.env: 1/true/yes/on, 0/false/no/off
 #: tqdm's redraw limits: at most every 0.1 s (tests set 0 and 1 to see every count)
 MIN_INTERVAL: float = 0.1
 MIN_ITERS: int | None = None
@@ -40,14 +36,15 @@ def _in_notebook() -> bool:
 
 def shown(enabled: bool = True) -> bool:
     """Whether a bar is drawn: ``enabled``, and ``CWLENS_PROGRESS`` (``1`` / ``0``) or,
-    when it is unset, stderr being a terminal or a notebook."""
+    when it is unset, stderr being a terminal or a notebook. Another value of
+    ``CWLENS_PROGRESS`` is refused (:func:`cwlens.core.env.flag`)."""
+    from cwlens.core.env import flag
+
+    wanted = flag(ENV)  # refuses a value it does not take, even with enabled=False
     if not enabled:
         return False
-    env = os.environ.get(ENV, "").strip().lower()
-    if env in _ON:
-        return True
-    if env in _OFF:
-        return False
+    if wanted is not None:
+        return wanted
     try:
         return sys.stderr.isatty() or _in_notebook()
     except (AttributeError, ValueError):  # a closed or replaced stream

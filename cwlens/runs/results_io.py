@@ -37,6 +37,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from cwlens.core.env import number
 from cwlens.errors import CwlensError
 
 LOCK_NAME = ".cwlens.lock"
@@ -221,7 +222,7 @@ def atomic_write(path, write: Callable[[Path], object]) -> Path:
         with open(tmp, "rb+") as f:
             f.flush()
             os.fsync(f.fileno())
-        delay = float(os.environ.get("CWLENS_TEST_WRITE_DELAY", "0") or 0)
+        delay = number("CWLENS_TEST_WRITE_DELAY", 0.0, inclusive=True)
         if delay:
             time.sleep(delay)
         os.replace(tmp, path)

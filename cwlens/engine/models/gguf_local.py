@@ -10,6 +10,7 @@ and its leftovers are removed by the next conversion.
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -133,6 +134,9 @@ def dequantized_dir(name: str, spec: OfflineGGUF) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_temp_dirs(target)
     tmp = temp_dir_for(target)
+    # the one long step of a load (the tokenizer alone takes ~25 s): say so, with a bar
+    print(f"cwlens: first use of {name}: converting its GGUF weights to float32, once (about "
+          f"30 s of one CPU core), into {target}", file=sys.stderr, flush=True)
     try:
         try:
             _convert(gguf_path, tmp)
@@ -199,17 +203,57 @@ def _alive(pid: int) -> bool:
 
 def _convert(gguf_path: Path, out: Path) -> None:
     import torch
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = dict(gguf_file=gguf_path.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), dtype=torch.float32, **kwargs
-    )
-    # The weights are dequantized already; drop the GGUF marker so the directory is a
-    # plain float32 checkpoint that save_pretrained accepts and any loader can read.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    setattr(model, "hf_quantizer", None)  # noqa: B010  (typed as a module attribute)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    steps = tqdm(total=3, desc="converting", unit="step", file=sys.stderr, leave=False,
+                 disable=not _drawn(), bar_format="{desc}{postfix}: step {n}/{total} [{elapsed}]")
+    with steps:
+        steps.set_postfix_str("tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
+        steps.update()
+        steps.set_postfix_str("weights")
+        with _gguf_bar_quiet():
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf_path.parent), dtype=torch.float32, **kwargs
+            )
+        steps.update()
+        steps.set_postfix_str("saving")
+        # The weights are dequantized already; drop the GGUF marker so the directory is a
+        # plain float32 checkpoint that save_pretrained accepts and any loader can read.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        setattr(model, "hf_quantizer", None)  # noqa: B010  (typed as a module attribute)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        steps.update()
+
+
+def _gguf_bar_quiet():
+    """transformers' GGUF reader draws its own tqdm bar, whatever its progress-bar
+    setting: leave it out where that setting is off (``load_model(verbose=False)``)."""
+    import contextlib
+    from functools import partial
+    from unittest import mock
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None or hf_logging.is_progress_bar_enabled():
+        return contextlib.nullcontext()
+    return mock.patch.object(gguf_utils, "tqdm", partial(bar, disable=True))
+
+
+def _drawn() -> bool:
+    """Whether the conversion draws its bar: stderr is a terminal and ``CWLENS_PROGRESS``
+    does not say no (the rule of :mod:`cwlens.runs.progress`, which this layer cannot
+    import)."""
+    from cwlens.core.env import flag
+
+    wanted = flag("CWLENS_PROGRESS")
+    try:
+        return wanted if wanted is not None else sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -8,6 +8,8 @@ gives a ``HookedTransformer`` loaded without weight processing (same raw geometr
 """
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
@@ -75,8 +77,14 @@ def load_model(
     n_devices: int | None = None,
     device_map: str | dict | None = None,
     max_memory: dict | None = None,
+    **options,
 ):
     """Load a TransformerLens model.
+
+    Quiet by default: transformers' "Loading weights" bar and its warnings are silenced
+    while it loads (``verbose=True`` shows them, as the ``cwlens`` command does). The one
+    long step, the first use of an offline GGUF model (its conversion to float32, about
+    30 s on a laptop CPU, once), says so in one line on stderr with a bar.
 
     Args:
         name_or_path: a short name (``"smollm2-135m"`` works offline; ``"llama-3.1-8b"``,
@@ -95,6 +103,8 @@ def load_model(
         device_map: a Hugging Face device map (``"auto"``, ``"balanced"``,
             ``"sequential"``, or ``{module: device}``); exclusive with ``device``.
         max_memory: per-device budget for the device map (``{gpu index: bytes}``).
+        verbose: (keyword) ``True`` shows transformers' and TransformerLens' own loading
+            bars and messages; ``False`` (default) silences them.
 
     Returns:
         A ``TransformerBridge`` (TransformerLens 4.x) or a ``HookedTransformer`` (3.x), in
@@ -121,6 +131,12 @@ def load_model(
         >>> logits.shape[:2]
         torch.Size([1, 4])
     """
+    verbose = options.pop("verbose", False)
+    if options:
+        raise UnknownOptionError(f"load_model() got an unknown keyword {next(iter(options))!r}; "
+                                 "beside its named arguments it takes verbose=True/False.")
+    if not isinstance(verbose, bool):
+        raise InvalidArgumentError(f"verbose must be True or False; got {verbose!r}.")
     if generation not in ("auto", "bridge", "hooked"):
         raise UnknownOptionError(
             f"generation must be 'auto', 'bridge' or 'hooked'; got {generation!r}"
@@ -159,7 +175,40 @@ def load_model(
                                  f"or 'cuda', not {device!r}.")
     # multi-device: the bridge places the model (device and device_map are exclusive)
     placed_device = None if multi else str(check_device(device))
-    source, hub_id = resolve(name_or_path)
+    with quiet_loading(not verbose):
+        source, hub_id = resolve(name_or_path)
+        return _load_resolved(source, hub_id, generation, placed_device, dtype, compatibility_mode,
+                              (n_devices, device_map, max_memory), multi)
+
+
+@contextmanager
+def quiet_loading(quiet: bool = True) -> Iterator[None]:
+    """Within the block, transformers draws no progress bar and logs errors only (its
+    settings are put back after), and what TransformerLens 3.x prints ("Loaded pretrained
+    model ...") is dropped; nothing changes when ``quiet`` is False."""
+    if not quiet:
+        yield
+        return
+    import contextlib
+    import io
+
+    from transformers.utils import logging as hf_logging
+
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _load_resolved(source, hub_id, generation, placed_device, dtype, compatibility_mode,
+                   placed: tuple, multi: bool):
+    n_devices, device_map, max_memory = placed
     # a local directory needs no network: offline while it loads, then as it was (a process
     # setting left behind would also keep a later hub name offline)
     offline = os.path.isdir(source) and "HF_HUB_OFFLINE" not in os.environ

@@ -52,10 +52,13 @@ def random_model(shape: str, device: str | torch.device = "cpu", dtype: torch.dt
             hf = LlamaForCausalLM(config).eval()
     finally:
         torch.set_default_dtype(previous)
-    folder = Path(tempfile.mkdtemp(prefix=f"cwlens-random-{shape}-"))
-    config.save_pretrained(folder)
-    _write_tokenizer(folder, config.vocab_size)
-    return TransformerBridge.boot_transformers(str(folder), hf_model=hf, device=device, dtype=dtype)
+    # the bridge reads the config and tokenizer from a folder while it boots, not after:
+    # a temporary one, removed on return (one was left in the temp dir by every call)
+    with tempfile.TemporaryDirectory(prefix=f"cwlens-random-{shape}-") as tmp:
+        folder = Path(tmp)
+        config.save_pretrained(folder)
+        _write_tokenizer(folder, config.vocab_size)
+        return TransformerBridge.boot_transformers(str(folder), hf_model=hf, device=device, dtype=dtype)
 
 
 def _write_tokenizer(folder: Path, vocab_size: int) -> None:

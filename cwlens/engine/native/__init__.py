@@ -57,23 +57,14 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("CWLENS_CACHE") or Path.home() / ".cache" / "cwlens") / "native"
 
 
-OFF, ON = ("0", "false", "no", "off"), ("", "1", "true", "yes", "on")
 
 
 def _wanted() -> bool:
     """``CWLENS_NATIVE``: unset or 1/true/yes/on builds the kernels, 0/false/no/off leaves
     them out (any case); anything else is refused, naming the values it takes."""
-    value = os.environ.get("CWLENS_NATIVE", "1").strip().lower()
-    if value in OFF:
-        return False
-    if value in ON:
-        return True
-    from cwlens.errors import InvalidArgumentError
+    from cwlens.core.env import flag
 
-    raise InvalidArgumentError(
-        f"CWLENS_NATIVE={os.environ['CWLENS_NATIVE']!r} is not a setting: use 0 (or false, no, "
-        "off) to compute with torch alone, 1 (or true, yes, on; the default) to use the C "
-        "kernels where a compiler is found.")
+    return bool(flag("CWLENS_NATIVE", True))  # one rule for every variable (cwlens.core.env)
 
 
 def _compiled(cc: str, source: bytes, flags: tuple[str, ...]) -> ctypes.CDLL | str:
