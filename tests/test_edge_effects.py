@@ -11,7 +11,6 @@ from cwlens.groundtruth.edges import Reader, edge_effects, joint_effects, model_
 from cwlens.testing import tiny_model
 
 
-
 def _has_hooked_transformer() -> bool:
     try:
         from transformer_lens import HookedTransformer  # noqa: F401

@@ -45,7 +45,7 @@ def test_one_edge_removed_jointly_is_its_single_effect(model):
 def test_resume_reuses_stored_inputs_and_recomputes_missing(model, tmp_path, monkeypatch):
     items = _items(4)
     first = run_edges(model, items, tmp_path, {"v": 1}, progress=False,
-                      methods=("attention", "contribution"))
+                      settings=edge_study.EdgeSettings(methods=("attention", "contribution")))
     files = sorted((tmp_path / "inputs").glob("*.json"))
     assert len(files) == 4
     calls = []
@@ -58,7 +58,7 @@ def test_resume_reuses_stored_inputs_and_recomputes_missing(model, tmp_path, mon
     monkeypatch.setattr(edge_study, "measure_input", spy)
     files[2].unlink()
     again = run_edges(model, items, tmp_path, {"v": 1}, progress=False,
-                      methods=("attention", "contribution"))
+                      settings=edge_study.EdgeSettings(methods=("attention", "contribution")))
     assert calls == [files[2].name.split("-")[0]]
     assert again == first
     # the first n inputs of a larger run: nothing recomputed

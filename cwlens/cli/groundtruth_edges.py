@@ -141,7 +141,7 @@ def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
 
     from cwlens.cli.common import load_model
     from cwlens.faithfulness.report import write_block
-    from cwlens.groundtruth.edge_study import run_edges, summarise
+    from cwlens.groundtruth.edge_study import EdgeSettings, run_edges, summarise
 
     start, end, key = block
     model = load_model(args)
@@ -154,10 +154,10 @@ def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
         print(f"cwlens groundtruth --edges: {args.model}, {len(items)} inputs of {data}, objective "
               f"{args.objective}, {args.dtype}", flush=True)
     t0 = time.perf_counter()
+    settings = EdgeSettings(args.objective, None if args.layers is None else list(args.layers),
+                            getattr(torch, args.dtype), tuple(args.methods))
     records = run_edges(model, items, out, config, resume=not args.no_resume,
-                        progress=not args.no_progress, objective=args.objective,
-                        layers=None if args.layers is None else list(args.layers),
-                        dtype=getattr(torch, args.dtype), methods=args.methods)
+                        progress=not args.no_progress, settings=settings)
     header = {k: config[k] for k in ("model", "data", "objective", "dtype", "max_tokens", "query")}
     header["wall_s_this_run"] = round(time.perf_counter() - t0, 1)
     header["command"] = edge_report.command_line(args)

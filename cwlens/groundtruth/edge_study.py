@@ -208,15 +208,26 @@ class EdgesJob(Job):
         return [json.loads(self._path(it).read_text()) for it in self.items if self._path(it).exists()]
 
 
+@dataclass(frozen=True)
+class EdgeSettings:
+    """What :func:`measure_input` measures on each input (see its arguments)."""
+
+    objective: str = "logprob"
+    layers: Any = None
+    dtype: torch.dtype = torch.float64
+    methods: tuple[str, ...] = EDGE_METHODS
+
+
 def run_edges(model, items: list[EdgeInput], folder: str | Path | None, config: dict, *,
-              resume: bool = True, progress: bool = True, objective: str = "logprob", layers=None,
-              dtype: torch.dtype = torch.float64, methods: Sequence[str] = EDGE_METHODS) -> list[dict]:
+              resume: bool = True, progress: bool = True,
+              settings: EdgeSettings | None = None) -> list[dict]:
     """Measure every input (resumable in ``folder``; torchrun shards the inputs) and return
     the records in input order."""
     spec = JobSpec("edge ground-truth configuration", config, None if folder is None else Path(folder),
                    resume, len(items), "edges", "input", progress)
-    settings = {"objective": objective, "layers": layers, "dtype": dtype, "methods": tuple(methods)}
-    return run_job(EdgesJob(model, items, spec, settings))
+    s = settings or EdgeSettings()
+    kwargs = {"objective": s.objective, "layers": s.layers, "dtype": s.dtype, "methods": tuple(s.methods)}
+    return run_job(EdgesJob(model, items, spec, kwargs))
 
 
 # -- the summary -----------------------------------------------------------------------------

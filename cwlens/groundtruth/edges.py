@@ -53,6 +53,7 @@ from cwlens.errors import InvalidArgumentError, UnknownOptionError
 Objective = Literal["logprob", "logit", "logit_diff", "kl", "nll"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 Path = Literal["auto", "prefix", "full"]
+ROWS = {"prefix": 256, "full": 16}  # ablated copies per forward: one position vs the whole input
 
 
 @dataclass
@@ -235,7 +236,6 @@ def edge_effects(
     objective: str = "logprob",
     dtype: torch.dtype = torch.float64,
     path: str = "auto",
-    batch_size: int | None = None,
 ) -> EdgeEffects:
     """The true effect of removing each attention edge at ``query`` on the prediction there.
 
@@ -253,11 +253,11 @@ def edge_effects(
         dtype: the dtype the model runs in (float64, the default, for exactness: a float32
             model is copied once into float64; float32 runs the model as it is).
         path: ``"prefix"`` (causal decoders on TransformerLens 4.x), ``"full"`` (any
-            model, a whole forward per edge) or ``"auto"`` (prefix where it applies).
-        batch_size: rows per forward (default 256 on the prefix path, 16 on the full one).
+            model, a whole forward per edge) or ``"auto"`` (prefix where it applies). Rows
+            per forward: :data:`ROWS` of the path.
 
     Returns:
-        An :class:`EdgeEffects` (``.effect [layer, head, key]``, ``.score(weights)``).
+        The effects as :class:`EdgeEffects` (``.effect [layer, head, key]``, ``.score(weights)``).
 
     Examples:
         >>> import torch
@@ -316,9 +316,9 @@ def edge_effects(
         edits = Edits(torch.arange(len(row_of_edge)), torch.cat(layer_ids).cpu(), torch.cat(heads).cpu(),
                       torch.cat(deltas), len(row_of_edge))
         if use == "prefix":
-            ablated = PrefixRunner(run, tokens).run(edits, reader, batch_size or 256)
+            ablated = PrefixRunner(run, tokens).run(edits, reader, ROWS["prefix"])
         else:
-            ablated = full_rows(run, tokens, edits, q, reader, batch_size or 16).double().cpu()
+            ablated = full_rows(run, tokens, edits, q, reader, ROWS["full"]).double().cpu()
     effect = torch.zeros(alpha.numel(), dtype=torch.float64)
     effect[row_of_edge] = clean - ablated
     return EdgeEffects(effect.view(alpha.shape), alpha, resolved, q, objective, clean, tgt,
@@ -352,7 +352,7 @@ def joint_effects(model: Any, fx: EdgeEffects,
             deltas.append(pattern[h, k, None] * v[k, h // group])
         edits = Edits(torch.cat(rows), torch.cat(layer_ids), torch.cat(heads), torch.cat(deltas), len(sets))
         if fx.path == "prefix":
-            ablated = PrefixRunner(run, tokens).run(edits, reader, 256)
+            ablated = PrefixRunner(run, tokens).run(edits, reader, ROWS["prefix"])
         else:
-            ablated = full_rows(run, tokens, edits, q, reader, 16).double().cpu()
+            ablated = full_rows(run, tokens, edits, q, reader, ROWS["full"]).double().cpu()
     return fx.clean - ablated
