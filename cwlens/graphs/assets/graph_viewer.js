@@ -44,6 +44,11 @@
     this.factors = this.fm ? decode(m.factors, Float32Array) : null;
     this.B = B; this.n = n; this.H = H;
     this.routeKeep = null;
+    var top = 0;  // the strongest edge between two positions: the widest line
+    for (var idx = 0; idx < this.weight.length; idx++) {
+      if (idx % this.K !== 0 && this.from[idx] >= 0) top = Math.max(top, Math.abs(this.weight[idx]));
+    }
+    this.maxCross = top > 0 ? top : 1;
   }
 
   // Ferrando & Voita (2024) routes: from (top, target) down, keep incoming edges with
@@ -83,7 +88,7 @@
     el("span", {"class": "cwg-title", text: data.title}, bar);
     var metricSel = el("select", {"title": "metric"}, el("label", {text: "metric "}, bar));
     metrics.forEach(function (m, k) { el("option", {value: String(k), text: m.name}, metricSel); });
-    if (metrics.length > 1) el("option", {value: "both", text: metrics[0].name + " | " + metrics[1].name + " side by side"}, metricSel);
+    if (metrics.length > 1) el("option", {value: "both", text: "both, side by side"}, metricSel);
     var thrLabel = el("label", {text: "|weight| \u2265 "}, bar);
     var thr = el("input", {type: "range", min: "0", max: "1", step: "0.001", value: String(state.threshold), "class": "cwg-threshold"}, thrLabel);
     var thrVal = el("span", {"class": "cwg-val"}, thrLabel);
@@ -157,7 +162,7 @@
 
     // -- drawing --------------------------------------------------------------------------
     var LEVELS = 8;
-    function bucketOf(w) { return Math.min(LEVELS - 1, Math.floor(Math.sqrt(Math.abs(w)) * LEVELS)); }
+    function bucketOf(w, top) { return Math.min(LEVELS - 1, Math.floor(Math.sqrt(Math.min(1, Math.abs(w) / top)) * LEVELS)); }
     function drawPlot(p) {
       var d = dims(p), dpr = window.devicePixelRatio || 1, c = p.canvas;
       if (c.width !== Math.round(d.w * dpr) || c.height !== Math.round(d.h * dpr)) {
@@ -183,6 +188,7 @@
       // edges, in buckets of (sign, width): one path each
       var keep = visibleMask(m), K = m.K, paths = [];
       for (var q = 0; q < 2 * LEVELS; q++) paths.push([]);
+      var selfPath = [];  // the residual stream's own edges: thin, grey, under the rest
       var drawn = 0;
       for (var b = 0; b < B; b++) {
         var y1 = Y(d, b + 1), y0 = Y(d, b);
@@ -194,16 +200,22 @@
             var j = m.from[idx];
             if ((i < lo && j < lo) || (i > hi && j > hi)) continue;
             var w = m.weight[idx];
-            paths[(w < 0 ? LEVELS : 0) + bucketOf(w)].push(X(j), y0, xi, y1);
+            if (s === 0) selfPath.push(xi, y0, xi, y1);
+            else paths[(w < 0 ? LEVELS : 0) + bucketOf(w, m.maxCross)].push(X(j), y0, xi, y1);
             drawn++;
           }
         }
+      }
+      if (selfPath.length) {
+        ctx.lineWidth = 1; ctx.strokeStyle = "rgba(107,114,128,0.45)"; ctx.beginPath();
+        for (var t0 = 0; t0 < selfPath.length; t0 += 4) { ctx.moveTo(selfPath[t0], selfPath[t0 + 1]); ctx.lineTo(selfPath[t0 + 2], selfPath[t0 + 3]); }
+        ctx.stroke();
       }
       for (q = 0; q < 2 * LEVELS; q++) {
         var pts = paths[q];
         if (!pts.length) continue;
         var lvq = q % LEVELS, neg = q >= LEVELS;
-        ctx.lineWidth = 0.4 + lvq * 0.55;
+        ctx.lineWidth = 0.5 + lvq * 0.6;
         ctx.strokeStyle = neg ? "rgba(220,38,38," + (0.3 + 0.09 * lvq) + ")" : "rgba(37,99,235," + (0.3 + 0.09 * lvq) + ")";
         ctx.beginPath();
         for (var t = 0; t < pts.length; t += 4) { ctx.moveTo(pts[t], pts[t + 1]); ctx.lineTo(pts[t + 2], pts[t + 3]); }
@@ -232,7 +244,7 @@
       ctx.restore();
       // token labels: position-numbered, shown where they fit (zoom in for more)
       ctx.save();
-      ctx.beginPath(); ctx.rect(M.left - 30, 0, d.pw + 40, d.h); ctx.clip();
+      ctx.beginPath(); ctx.rect(0, Y(d, 0) + 2, d.w, d.h); ctx.clip();
       ctx.fillStyle = "#111827"; ctx.font = "11px ui-monospace, SFMono-Regular, Menlo, monospace";
       var step = Math.max(1, Math.ceil(12 / state.sx)), yb = Y(d, 0) + 8;
       ctx.textAlign = "right"; ctx.textBaseline = "middle";
@@ -293,14 +305,15 @@
         }
         out += "</div>";
       }
+      if (m.fm) out += "<div class='muted f'>a head's part = attention share \u00d7 c<sub>h</sub>, c<sub>h</sub> = \u03b1 \u00b7 \u2016\u1e7d\u2016/\u2016o\u2016 \u00b7 cos</div>";
       out += "<table><tr><th>from</th><th>weight</th><th>largest heads</th></tr>";
       rows.forEach(function (r) {
         var cls = r.weight < 0 ? "neg" : "pos", heads = "";
         if (r.factors) {
           heads = r.factors.map(function (f) {
             var part = r.heads ? r.heads[f.head] : null;
-            return "H" + f.head + (part === null ? "" : " " + fmt(part)) + " <span class=muted>= \u03b1 " + f.attention.toFixed(3) +
-              " \u00d7 \u2016v\u2016/\u2016o\u2016 " + f.relative_norm.toFixed(2) + " \u00d7 cos " + f.cosine.toFixed(2) + "</span>";
+            return "H" + f.head + (part === null ? "" : " " + fmt(part)) + " <span class='muted f'>(\u03b1 " + f.attention.toFixed(3) +
+              " \u00b7 \u2016\u1e7d\u2016/\u2016o\u2016 " + f.relative_norm.toFixed(2) + " \u00b7 cos " + f.cosine.toFixed(2) + ")</span>";
           }).join("<br>");
         } else if (r.heads) {
           var order = r.heads.map(function (v, h) { return [v, h]; }).filter(function (x) { return x[0] !== null; })
@@ -413,7 +426,7 @@
       while (plots.length < want) makePlot();
       while (plots.length > want) { var p = plots.pop(); plotsDiv.removeChild(p.div); }
       plots[0].metric = state.metric; if (state.both) plots[1].metric = 1;
-      showPanel(); redraw();
+      showPanel(); fit();
     }
     metricSel.addEventListener("change", function () { setMetric(metricSel.value); });
     thr.addEventListener("input", function () { state.threshold = parseFloat(thr.value); showPanel(); redraw(); });
@@ -445,7 +458,6 @@
     routeIn.checked = state.routes;
     thr.value = String(state.threshold);
     setMetric("0");
-    fit();
     if (state.selected) showPanel();
     var api = {
       select: select,
