@@ -25,66 +25,71 @@ import numpy as np
 #: a :class:`cwlens.graphs.result.ContributionGraph` (not imported: result imports this module)
 ContributionGraph = Any
 
-#: the raw bytes of the embedded arrays (base64 adds a third): the page stays under 25 MB
+#: the raw bytes of all embedded arrays (base64 adds a third): the page stays under 25 MB
 BYTE_BUDGET = 18 * 2**20
+#: of which at most this much for what the panel shows beyond the edges (heads, factors,
+#: head shares), so that a mid-sized page still opens fast (512 positions: within 1 s)
+DETAIL_BUDGET = 8 * 2**20
 
 
 def _b64(a: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()).decode("ascii")
 
 
-def _metric(g: ContributionGraph, budget: int) -> tuple[dict[str, Any], int]:
-    """One metric's arrays (and the bytes left of ``budget``)."""
-    n = g.n_positions
+def _edges(g: ContributionGraph) -> tuple[dict[str, Any], int]:
+    """One metric's edges (every one: they are what is drawn) and their bytes."""
     valid = g.valid
-    frm = np.where(valid, g.from_position, -1)
-    frm = frm.astype(np.int16 if n <= 32767 else np.int32)
+    frm = np.where(valid, g.from_position, -1).astype(np.int16 if g.n_positions <= 32767 else np.int32)
     weight = np.where(valid, g.weight, np.nan).astype(np.float32)
-    out: dict[str, Any] = {
-        "name": g.metric, "top_k": g.top_k, "slots": int(g.from_position.shape[2]),
-        "from": _b64(frm), "from_bytes": frm.dtype.itemsize, "weight": _b64(weight),
-        "residual": _b64(g.residual.astype(np.float32)),
-        "attention": _b64(g.attention.astype(np.float32))}
-    budget -= frm.nbytes + weight.nbytes + 8 * g.residual.size
-    slots, h = frm.size, g.n_heads
+    residual, attention = g.residual.astype(np.float32), g.attention.astype(np.float32)
+    out = {"name": g.metric, "top_k": g.top_k, "slots": int(g.from_position.shape[2]),
+           "from": _b64(frm), "from_bytes": frm.dtype.itemsize, "weight": _b64(weight),
+           "residual": _b64(residual), "attention": _b64(attention), "heads_per_edge": 0}
+    return out, frm.nbytes + weight.nbytes + residual.nbytes + attention.nbytes
+
+
+def _details(out: dict[str, Any], g: ContributionGraph, budget: int) -> int:
+    """Add to ``out`` what fits in ``budget`` bytes, in this order: each head's share of
+    the layer, each edge's largest heads (all where they fit), the factor split; returns
+    the bytes used."""
+    used = 0
     share = g.head_share.astype(np.float32)
     if share.nbytes <= budget:
         out["head_share"] = _b64(share)
-        budget -= share.nbytes
-    m = int(min(h, max(0, budget // (5 * slots))))  # heads per edge that fit
-    out["heads_per_edge"] = m
-    if m:
+        used += share.nbytes
+    slots, h = g.weight.size, g.n_heads
+    m = int(min(h, max(0, (budget - used) // (5 * slots))))  # heads per edge that fit
+    if m == h or m and (budget - used) // (4 * slots) >= h:  # all heads: no index needed
+        out["heads_per_edge"] = h
+        out["head_value"] = _b64(g.heads.astype(np.float32))
+        used += 4 * slots * h
+    elif m:
         order = np.argsort(-np.abs(np.nan_to_num(g.heads)), axis=-1, kind="stable")[..., :m]
-        if m == h:
-            order = np.sort(order, axis=-1)
-        vals = np.take_along_axis(g.heads, order, -1).astype(np.float32)
+        out["heads_per_edge"] = m
         out["head_index"] = _b64(order.astype(np.uint8))
-        out["head_value"] = _b64(vals)
-        budget -= slots * m * 5
+        out["head_value"] = _b64(np.take_along_axis(g.heads, order, -1).astype(np.float32))
+        used += 5 * slots * m
     if g.factors is not None and g.factor_heads is not None:
-        f = g.factors.astype(np.float32)
-        fh = g.factor_heads.astype(np.uint8)
-        if f.nbytes + fh.nbytes <= budget:
-            out["factor_heads"] = _b64(fh)
-            out["factors"] = _b64(f)
-            out["factor_m"] = int(fh.shape[-1])
-            budget -= f.nbytes + fh.nbytes
-    return out, budget
+        f, fh = g.factors.astype(np.float32), g.factor_heads.astype(np.uint8)
+        if f.nbytes + fh.nbytes <= budget - used:
+            out.update(factor_heads=_b64(fh), factors=_b64(f), factor_m=int(fh.shape[-1]))
+            used += f.nbytes + fh.nbytes
+    return used
 
 
 def payload(g: ContributionGraph, title: str | None = None) -> dict[str, Any]:
-    """What the viewer reads: the tokens, the layers and each metric's arrays."""
+    """What the viewer reads: the tokens, the layers and each metric's arrays (every edge;
+    the per-head and factor splits as far as :data:`BYTE_BUDGET` and
+    :data:`DETAIL_BUDGET` allow, the first metric first)."""
     graphs = [g] if g.compare is None else [g, g.compare]
-    budget = BYTE_BUDGET
-    metrics = []
-    for one in graphs:
-        m, budget = _metric(one, budget)
-        metrics.append(m)
+    metrics, sizes = zip(*(_edges(one) for one in graphs), strict=True)
+    left = max(0, min(BYTE_BUDGET - sum(sizes), DETAIL_BUDGET))
+    for k, (out, one) in enumerate(zip(metrics, graphs, strict=True)):
+        left -= _details(out, one, left // (len(graphs) - k))
     return {
         "title": title or f"Contribution graph ({g.metric})" + (f" · {g.model_name}" if g.model_name else ""),
         "tokens": list(g.tokens), "layers": list(g.layers), "n_heads": g.n_heads,
-        "metrics": metrics,
-        "route": g.route,
+        "metrics": list(metrics), "route": g.route,
     }
 
 

@@ -37,7 +37,7 @@
     this.attention = decode(m.attention, Float32Array);
     this.headShare = m.head_share ? decode(m.head_share, Float32Array) : null;
     this.mh = m.heads_per_edge || 0;
-    this.headIndex = this.mh ? decode(m.head_index, Uint8Array) : null;
+    this.headIndex = m.head_index ? decode(m.head_index, Uint8Array) : null;  // none: every head, in order
     this.headValue = this.mh ? decode(m.head_value, Float32Array) : null;
     this.fm = m.factor_m || 0;
     this.factorHeads = this.fm ? decode(m.factor_heads, Uint8Array) : null;
@@ -161,7 +161,9 @@
     }
 
     // -- drawing --------------------------------------------------------------------------
-    var LEVELS = 8;
+    var LEVELS = 8, MAX_LINES = 20000, HBINS = 96;
+    // |w| in bins of a quarter octave, strongest first (bin 0: |w| >= 1)
+    function binOf(w) { var a = Math.abs(w); return a >= 1 ? 0 : Math.min(HBINS - 1, 1 + Math.floor(-Math.log2(a) * 4)); }
     function bucketOf(w, top) { return Math.min(LEVELS - 1, Math.floor(Math.sqrt(Math.min(1, Math.abs(w) / top)) * LEVELS)); }
     function drawPlot(p) {
       var d = dims(p), dpr = window.devicePixelRatio || 1, c = p.canvas;
@@ -185,30 +187,60 @@
       }
       ctx.save();
       ctx.beginPath(); ctx.rect(M.left - 4, 0, d.pw + 8, d.h); ctx.clip();
-      // edges, in buckets of (sign, width): one path each
-      var keep = visibleMask(m), K = m.K, paths = [];
+      // edges between positions, in buckets of (sign, width): one path each. At most
+      // MAX_LINES are drawn (the strongest in view: a log-histogram of |weight| finds the
+      // cutoff), since a canvas rasterises every segment; zoom in to see the weaker ones.
+      var keep = visibleMask(m), K = m.K, from = m.from, weight = m.weight, paths = [];
       for (var q = 0; q < 2 * LEVELS; q++) paths.push([]);
-      var selfPath = [];  // the residual stream's own edges: thin, grey, under the rest
-      var drawn = 0;
-      for (var b = 0; b < B; b++) {
-        var y1 = Y(d, b + 1), y0 = Y(d, b);
-        for (var i = 0; i < n; i++) {
-          var xi = X(i), base = (b * n + i) * K;
-          for (var s = 0; s < K; s++) {
-            var idx = base + s;
+      var hist = new Int32Array(HBINS), inView = 0, b, i, s, idx, j, w, base;
+      for (b = 0; b < B; b++) {
+        for (i = 0; i < n; i++) {
+          base = (b * n + i) * K;
+          for (s = 1; s < K; s++) {
+            idx = base + s;
             if (!isVisible(m, idx, s, keep)) continue;
-            var j = m.from[idx];
+            j = from[idx];
             if ((i < lo && j < lo) || (i > hi && j > hi)) continue;
-            var w = m.weight[idx];
-            if (s === 0) selfPath.push(xi, y0, xi, y1);
-            else paths[(w < 0 ? LEVELS : 0) + bucketOf(w, m.maxCross)].push(X(j), y0, xi, y1);
+            hist[binOf(weight[idx])]++; inView++;
+          }
+        }
+      }
+      var cutBin = HBINS, total = 0;  // draw the bins below cutBin (strongest first)
+      for (var hb = 0; hb < HBINS; hb++) { if (total + hist[hb] > MAX_LINES) break; total += hist[hb]; cutBin = hb + 1; }
+      if (cutBin > HBINS) cutBin = HBINS;
+      var drawn = 0;
+      for (b = 0; b < B; b++) {
+        var y1 = Y(d, b + 1), y0 = Y(d, b);
+        for (i = 0; i < n; i++) {
+          var xi = X(i);
+          base = (b * n + i) * K;
+          for (s = 1; s < K; s++) {
+            idx = base + s;
+            if (!isVisible(m, idx, s, keep)) continue;
+            j = from[idx];
+            if ((i < lo && j < lo) || (i > hi && j > hi)) continue;
+            w = weight[idx];
+            if (binOf(w) >= cutBin) continue;
+            paths[(w < 0 ? LEVELS : 0) + bucketOf(w, m.maxCross)].push(X(j), y0, xi, y1);
             drawn++;
           }
         }
       }
-      if (selfPath.length) {
-        ctx.lineWidth = 1; ctx.strokeStyle = "rgba(107,114,128,0.45)"; ctx.beginPath();
-        for (var t0 = 0; t0 < selfPath.length; t0 += 4) { ctx.moveTo(selfPath[t0], selfPath[t0 + 1]); ctx.lineTo(selfPath[t0 + 2], selfPath[t0 + 3]); }
+      // the residual stream: each self edge where few are in view, else one line a position
+      var nView = hi - lo + 1;
+      ctx.strokeStyle = "rgba(107,114,128,0.45)";
+      if (nView * B <= 8000) {
+        for (b = 0; b < B; b++) {
+          for (i = lo; i <= hi; i++) {
+            idx = (b * n + i) * K;
+            if (!isVisible(m, idx, 0, keep)) continue;
+            ctx.lineWidth = 0.6 + 1.6 * Math.min(1, Math.abs(weight[idx]));
+            ctx.beginPath(); ctx.moveTo(X(i), Y(d, b)); ctx.lineTo(X(i), Y(d, b + 1)); ctx.stroke();
+          }
+        }
+      } else if (state.sx >= 1.5 && !keep) {
+        ctx.lineWidth = 1; ctx.beginPath();
+        for (i = lo; i <= hi; i++) { ctx.moveTo(X(i), Y(d, 0)); ctx.lineTo(X(i), Y(d, B)); }
         ctx.stroke();
       }
       for (q = 0; q < 2 * LEVELS; q++) {
@@ -221,6 +253,7 @@
         for (var t = 0; t < pts.length; t += 4) { ctx.moveTo(pts[t], pts[t + 1]); ctx.lineTo(pts[t + 2], pts[t + 3]); }
         ctx.stroke();
       }
+      p.drawn = drawn; p.inView = inView;
       // nodes
       var r = Math.min(4, state.sx / 3);
       if (r >= 1.2) {
@@ -246,7 +279,7 @@
       ctx.save();
       ctx.beginPath(); ctx.rect(0, Y(d, 0) + 2, d.w, d.h); ctx.clip();
       ctx.fillStyle = "#111827"; ctx.font = "11px ui-monospace, SFMono-Regular, Menlo, monospace";
-      var step = Math.max(1, Math.ceil(12 / state.sx)), yb = Y(d, 0) + 8;
+      var step = Math.max(1, Math.ceil(14 / state.sx)), yb = Y(d, 0) + 8;
       ctx.textAlign = "right"; ctx.textBaseline = "middle";
       for (i = Math.ceil(lo / step) * step; i <= hi; i += step) {
         var label = step === 1 ? i + " " + tok(tokens[i]).slice(0, 14) : String(i);
@@ -260,10 +293,13 @@
     var pending = false;
     function draw() {
       pending = false;
+      state.draws = (state.draws || 0) + 1;
       plots.forEach(drawPlot);
       thrVal.textContent = state.threshold.toFixed(3);
       kVal.textContent = String(state.topK);
-      count.textContent = visibleEdges().toLocaleString() + " edges shown";
+      var shown = visibleEdges(), p0 = plots[0];
+      count.textContent = shown.toLocaleString() + " edges" + (p0.inView > p0.drawn
+        ? " (in view, the strongest " + p0.drawn.toLocaleString() + " of " + p0.inView.toLocaleString() + " drawn: zoom in for more)" : "");
     }
     function redraw() { if (!pending) { pending = true; requestAnimationFrame(draw); } }
 
@@ -278,7 +314,7 @@
         var heads = null;
         if (m.mh) {
           heads = []; for (var h = 0; h < H; h++) heads.push(null);
-          for (var t = 0; t < m.mh; t++) heads[m.headIndex[idx * m.mh + t]] = m.headValue[idx * m.mh + t];
+          for (var t = 0; t < m.mh; t++) heads[m.headIndex ? m.headIndex[idx * m.mh + t] : t] = m.headValue[idx * m.mh + t];
         }
         var row = {from_layer: nodeLayer(level) - 1, from_position: j, weight: m.weight[idx], heads: heads,
                    residual: s === 0 ? m.residual[b * n + pos] : 0, rank: s, from_token: tokens[j]};
@@ -443,7 +479,7 @@
       if (state.matches.length) {
         state.matchAt = (state.matchAt + 1) % state.matches.length;
         var d = dims(plots[0]), pos = state.matches[state.matchAt];
-        if (state.sx < 12) state.sx = 14;
+        if (state.sx < 16) state.sx = 18;
         state.ox = d.pw / 2 - pos * state.sx;
       }
       redraw();
@@ -469,8 +505,15 @@
       search: search,
       fit: fit,
       metric: function () { return state.both ? "both" : current().name; },
+      // where node (layer, position) is drawn, in the page's client coordinates (for tests)
+      point: function (layer, position, plot) {
+        var p = plots[plot || 0], d = dims(p), r = p.canvas.getBoundingClientRect();
+        return {x: r.left + X(position), y: r.top + Y(d, levelOfLayer(layer))};
+      },
+      panel: panel,
       state: state, root: root
     };
+    api.readyMs = performance.now();  // the first drawing is done
     root.cwlensGraph = api;
     window.cwlensGraph = api;
     (window.cwlensGraphs = window.cwlensGraphs || []).push(api);
