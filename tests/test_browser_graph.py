@@ -178,3 +178,22 @@ def test_a_long_graph_opens_within_the_budget(loaded, tmp_path, n, seconds):
     assert path.stat().st_size <= 25e6
     info = _open_timed(page, log, path, tmp_path, f"graph_viewer_{n}")
     assert max(info["ready"], info["load"]) <= seconds * 1000, info
+
+
+def test_the_analyze_reports_graph_section(loaded, tmp_path):
+    """``cwlens analyze``'s report carries the graph (its own reducers in the report's pass)."""
+    from cwlens.report import analyze_text, render_report
+
+    page, log = loaded
+    an = analyze_text(tiny_model("llama"), TEXT, model_name="tiny")
+    assert an.graph is not None and an.graph.compare.metric == "attention"
+    path = render_report(an, tmp_path / "report.html")
+    page.goto(path.resolve().as_uri(), wait_until="load")
+    page.wait_for_function("window.cwlensGraph && window.cwlensGraph.readyMs > 0")
+    page.locator("#contribution-graph").scroll_into_view_if_needed()
+    rows = page.evaluate("window.cwlensGraph.select(2, 9)")
+    _same_rows(rows, an.graph.node(2, 9))
+    shot = tmp_path / "graph_in_report.png"
+    page.screenshot(path=str(shot))
+    _keep(shot)
+    assert log.problems() == []

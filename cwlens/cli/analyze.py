@@ -34,6 +34,9 @@ def register(sub) -> None:
                    help="largest report size in MB (default: %(default)s)")
     p.add_argument("--layers", default=None, type=arg_types.layer_list,
                    help="comma-separated layers for the per-head heatmaps (default: 4 spread over the depth)")
+    p.add_argument("--graph-top-k", type=arg_types.non_negative_int, default=4,
+                   help="the report's contribution graph: edges kept per node besides the "
+                   "residual's (default: %(default)s; 0: no graph; docs/graph.md)")
     add_progress_flag(p)
     p.set_defaults(func=run)
 
@@ -80,7 +83,8 @@ def run(args) -> int:
     with bar(shape.n_layers, f"streaming {n_tokens} tokens", "layer", enabled=not args.no_progress,
              ticks=True):
         analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,
-                                window=window, past_context=args.past_context)
+                                window=window, past_context=args.past_context,
+                                graph_top_k=args.graph_top_k)
     written = render_report(analysis, out, layers)
     print("\n".join(analysis.summary_lines(layers=layers)))
     print(f"\nwrote {written} ({written.stat().st_size / 1e6:.1f} MB, opens offline)")

@@ -152,14 +152,18 @@ def graph(model: TLModel, text, metric: str = "contribution", top_k: int = 8,
     reducers = [GraphEdges(m, top_k) for m in metrics]
     res = stream_reduce(model, tokens, reducers, layers=layers, query_block=run["query_block"],
                         attention=run["attention"], logits=False)
-    str_tokens = _str_tokens(model, tokens[0])
-    name = str(wrap(model).name or "")
-    graphs = [_graph(res[r.name], r.metric, top_k, str_tokens, name) for r in reducers]
-    if len(graphs) == 2:
-        from dataclasses import replace
+    return assemble(res, reducers, _str_tokens(model, tokens[0]), str(wrap(model).name or ""))
 
-        return replace(graphs[0], compare=graphs[1])
-    return graphs[0]
+
+def assemble(results, reducers: Sequence[GraphEdges], tokens: Sequence[str], model_name: str = ""
+             ) -> ContributionGraph:
+    """The graph from a :func:`cwlens.stream_reduce` result holding one or two
+    :class:`GraphEdges` reducers' results (the second becomes ``compare``): for callers that
+    run the graph's reducers in a pass of their own (``cwlens analyze``'s report)."""
+    from dataclasses import replace
+
+    graphs = [_graph(results[r.name], r.metric, r.top_k, tokens, model_name) for r in reducers]
+    return graphs[0] if len(graphs) == 1 else replace(graphs[0], compare=graphs[1])
 
 
 def _tokens(model: TLModel, text) -> torch.Tensor:

@@ -12,6 +12,7 @@ Long texts are fine: while the model runs, each layer is reduced to what is draw
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,6 +21,7 @@ from cwlens.core.numerics import worst
 from cwlens.engine import reducers, validation
 from cwlens.engine.handle import wrap
 from cwlens.engine.streaming import pass_options, stream_reduce
+from cwlens.graphs.build import GraphEdges, assemble
 from cwlens.report.printed import entry_list, listed_entries, token_at
 from cwlens.runs.progress import tick
 
@@ -65,6 +67,7 @@ class TextAnalysis:
     intra_sum_error: float
     notes: list[str] = field(default_factory=list)
     causal: bool = True
+    graph: Any = None  # the text's ContributionGraph (cwlens.graphs), or None
 
     @property
     def n_layers(self) -> int:
@@ -189,6 +192,7 @@ def analyze_text(
     top_k: int = 5,
     check_intra: bool = False,
     past_context: bool = False,
+    graph_top_k: int = 4,
     **options,
 ) -> TextAnalysis:
     """Run the model once on ``text`` (its first ``max_tokens`` tokens; None: all) and
@@ -223,9 +227,12 @@ def analyze_text(
         win = (max(0, int(window[0])), min(n, int(window[1])))
     report = _ReportReducer(n, win, check_intra)
     top = reducers.TopK(top_k, "contribution", by_abs=True, sum_heads=True, name="top")
+    graph_parts = [] if not graph_top_k else [GraphEdges("contribution", graph_top_k),
+                                              GraphEdges("attention", graph_top_k)]
     with validation.past_context_said(past_context):  # fit_context said it
-        res = stream_reduce(model, tokens, [report, top], query_block=run["query_block"],
+        res = stream_reduce(model, tokens, [report, top, *graph_parts], query_block=run["query_block"],
                             closure=True, attention=run["attention"], logits=False)
+    graph = assemble(res, graph_parts, str_tokens, model_name) if graph_parts else None
     layers = sorted(report._win)
     stack = lambda key: torch.stack(  # noqa: E731
         [reducers.in_query_order(report._win[ly][key], 1) for ly in layers]).cpu()
@@ -257,6 +264,7 @@ def analyze_text(
         intra_sum_error=report._err.get("intra", float("nan")),
         notes=notes,
         causal=causal,
+        graph=graph,
     )
 
 

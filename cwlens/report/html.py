@@ -142,6 +142,18 @@ def window_for(max_mb: float, n_layers: int, n_heads: int, n_head_layers: int) -
     return max(1, int((max(room, 0) / per_cell) ** 0.5))
 
 
+def _graph_section(a: TextAnalysis) -> str:
+    """The text's contribution graph (:mod:`cwlens.graphs.viewer`), or nothing."""
+    if a.graph is None:
+        return ""
+    return ('<h2 id="contribution-graph">Contribution graph</h2>\n<p class="legend">Nodes: each '
+            "position's residual stream after each layer (bottom: the embeddings); edges: the "
+            "layer's token-level weight of each key times attention's share of the stream, the "
+            "residual's own share on the self edge; contribution and attention side by side on "
+            "one layout (the metric menu); click a node for its incoming edges, their heads and "
+            "factor split (docs/graph.md).</p>\n" + a.graph.to_html(fragment=True))
+
+
 def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = None) -> Path:
     """Write the report to ``path`` and return it. ``layers``: per-head heatmaps for these.
 
@@ -204,6 +216,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} th{{background:#f
 .legend{{font-size:12px;color:#444;margin:4px 0}}</style>
 </head><body>
 <h1>cwlens report — {html.escape(a.model_name)}</h1>
+{'<p><a href="#contribution-graph">→ the contribution graph (interactive)</a></p>' if a.graph is not None else ''}
 <p>Contribution weights c<sub>ij</sub> = ⟨o<sub>i</sub>, α<sub>ij</sub>ṽ<sub>j</sub>⟩ / ‖o<sub>i</sub>‖² = attention × relative norm × cosine,
 with o<sub>i</sub> the layer's attention output (b<sub>O</sub> excluded): what each head moves, not only where it looks.
 Red adds along the output, blue opposes it.</p>
@@ -225,6 +238,7 @@ relative norm (‖ṽ<sub>j</sub>‖ / ‖o<sub>i</sub>‖) × cosine (cos(o<sub
 <p class="legend">Per query and layer, the 3 keys of largest |contribution| (heads summed) as position:token and
 contribution, among the keys the query sees{" (a decoder's query i sees keys 0..i: early queries list fewer)" if a.causal else ""}.</p>
 {_table(["query"] + [f"layer {ly}" for ly in layers], top_rows)}
+{_graph_section(a)}
 </body></html>
 """
     path = Path(path)

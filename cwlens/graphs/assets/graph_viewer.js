@@ -342,6 +342,7 @@
         out += "</div>";
       }
       if (m.fm) out += "<div class='muted f'>a head's part = attention share \u00d7 c<sub>h</sub>, c<sub>h</sub> = \u03b1 \u00b7 \u2016\u1e7d\u2016/\u2016o\u2016 \u00b7 cos</div>";
+      if (!m.mh && !m.fm) out += "<div class='muted f'>heads not embedded at this size (the page stays under 25 MB): graph.node(layer, position) in Python has them</div>";
       out += "<table><tr><th>from</th><th>weight</th><th>largest heads</th></tr>";
       rows.forEach(function (r) {
         var cls = r.weight < 0 ? "neg" : "pos", heads = "";
@@ -355,7 +356,7 @@
           var order = r.heads.map(function (v, h) { return [v, h]; }).filter(function (x) { return x[0] !== null; })
             .sort(function (a, c) { return Math.abs(c[0]) - Math.abs(a[0]); }).slice(0, 3);
           heads = order.map(function (x) { return "H" + x[1] + " " + fmt(x[0]); }).join("<br>");
-        } else heads = "<span class=muted>not embedded at this size (graph.node() in Python)</span>";
+        } else heads = "<span class=muted>\u2014</span>";
         out += "<tr><td>L" + r.from_layer + ":" + r.from_position + " <code>" + esc(tok(r.from_token)) + "</code>" +
           (r.rank === 0 ? " <span class=muted>(self: residual " + fmt(r.residual) + ")</span>" : "") +
           "</td><td class=" + cls + ">" + fmt(r.weight) + "</td><td>" + heads + "</td></tr>";
