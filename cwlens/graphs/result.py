@@ -17,7 +17,9 @@ FACTORS = ("attention", "relative_norm", "cosine")
 
 @dataclass(frozen=True, repr=False)
 class ContributionGraph:
-    """Nodes ``(layer, position)`` (layer 0: the token embeddings; layer ``l``: the
+    """A text's contribution graph, what :func:`cwlens.graph` returns.
+
+    Nodes ``(layer, position)`` (layer 0: the token embeddings; layer ``l``: the
     residual stream after the ``l``-th block, i.e. block ``l - 1`` counted from 0) and, into each node of layer ``l``, its top edges from layer ``l - 1``
     (:mod:`cwlens.graphs.edges_math`: the layer's token-level weight of each key, heads
     summed, scaled by the attention's share, plus the residual's own share on the self edge).
@@ -43,6 +45,18 @@ class ContributionGraph:
         factors: ``[block, pos, slot, m, 3]``: their ``(attention, relative_norm, cosine)``.
         compare: the same graph under another metric (same text, same pass), or None.
         keep: ``[block, pos, slot]`` bool: the edges of a :meth:`routes` subgraph (None: all).
+
+    Examples:
+        >>> import cwlens
+        >>> from cwlens.testing import tiny_model
+        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
+        >>> g = cwlens.graph(model, "when mary and john went to the store", top_k=2)
+        >>> df = g.to_pandas()  # one row per edge
+        >>> list(df.columns[:8])
+        ['layer', 'position', 'token', 'from_layer', 'from_position', 'from_token', 'rank', 'weight']
+        >>> r = g.routes(target=-1, threshold=0.04)  # Ferrando & Voita's routes to the last token
+        >>> bool((r.to_pandas().weight >= 0.04).all())
+        True
     """
 
     tokens: tuple[str, ...]
