@@ -181,3 +181,16 @@ def test_bad_arguments_are_refused():
         cwlens.graph(model, TEXT, metric="nope")
     with pytest.raises(cwlens.errors.CwlensError):
         cwlens.graph(model, TEXT, top_k=0)
+
+
+def test_a_subset_of_layers_gives_those_layers_edges():
+    model = tiny_model("llama")
+    full = cwlens.graph(model, TEXT, top_k=3)
+    part = cwlens.graph(model, TEXT, top_k=3, layers=[1])
+    assert part.blocks == (1,) and part.layers == (2,)
+    for pos in (0, 7, -1):
+        assert part.node(2, pos) == full.node(2, pos)
+    with pytest.raises(cwlens.errors.CwlensError, match="node layer 1"):
+        part.node(1, 0)
+    with pytest.raises(cwlens.errors.CwlensError):
+        cwlens.graph(model, TEXT, layers=[5])

@@ -110,8 +110,12 @@ def fragment(g: ContributionGraph, title: str | None = None) -> str:
             f"<style>{_asset('graph_viewer.css')}</style>\n"
             f'<script type="application/json" id="{uid}-data">{_json(payload(g, title))}</script>\n'
             f"<script>{_asset('graph_viewer.js')}\n"
-            f'cwlensGraphViewer(document.getElementById("{uid}"), '
-            f'JSON.parse(document.getElementById("{uid}-data").textContent));</script>\n')
+            # the cell's own elements, even where a notebook runs the script before it
+            # attaches the output to the document
+            "(function () { var s = document.currentScript, up = s && s.parentNode;\n"
+            f'  function find(id) {{ return document.getElementById(id) || (up && up.querySelector("#" + id)); }}\n'
+            f'  cwlensGraphViewer(find("{uid}"), JSON.parse(find("{uid}-data").textContent));\n'
+            "})();</script>\n")
 
 
 def page(g: ContributionGraph, title: str | None = None) -> str:

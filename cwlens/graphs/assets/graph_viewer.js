@@ -418,7 +418,7 @@
         var rect = c.getBoundingClientRect(), x = e.clientX - rect.left - M.left;
         var z = Math.exp(-e.deltaY * 0.0015), d = dims(p);
         var sx = Math.min(240, Math.max(d.pw / Math.max(n, 1) * 0.5, state.sx * z));
-        state.ox = x - (x - state.ox) * sx / state.sx; state.sx = sx;
+        state.ox = x - (x - state.ox) * sx / state.sx; state.sx = sx; state.touched = true;
         redraw();
       }, {passive: false});
       c.addEventListener("pointerdown", function (e) { drag = {x: e.clientX, ox: state.ox, moved: false}; c.setPointerCapture(e.pointerId); });
@@ -426,7 +426,7 @@
         var rect = c.getBoundingClientRect(), x = e.clientX - rect.left, y = e.clientY - rect.top;
         if (drag) {
           if (Math.abs(e.clientX - drag.x) > 3) drag.moved = true;
-          if (drag.moved) { state.ox = drag.ox + e.clientX - drag.x; tip.style.display = "none"; redraw(); return; }
+          if (drag.moved) { state.ox = drag.ox + e.clientX - drag.x; state.touched = true; tip.style.display = "none"; redraw(); return; }
         }
         var node = nodeAt(p, x, y), text = null, m = metrics[p.metric];
         if (node) {
@@ -481,6 +481,7 @@
         state.matchAt = (state.matchAt + 1) % state.matches.length;
         var d = dims(plots[0]), pos = state.matches[state.matchAt];
         if (state.sx < 16) state.sx = 18;
+        state.touched = true;
         state.ox = d.pw / 2 - pos * state.sx;
       }
       redraw();
@@ -488,8 +489,9 @@
     }
     searchIn.addEventListener("keydown", function (e) { if (e.key === "Enter") search(searchIn.value); });
     searchIn.addEventListener("input", function () { state.matchAt = -1; if (!searchIn.value) search(""); });
-    fitBtn.addEventListener("click", fit);
-    if (typeof ResizeObserver !== "undefined") new ResizeObserver(function () { redraw(); }).observe(root);
+    fitBtn.addEventListener("click", function () { state.touched = false; fit(); });
+    // a notebook may lay the cell out after the script ran: refit until the user moves the view
+    if (typeof ResizeObserver !== "undefined") new ResizeObserver(function () { if (state.touched) redraw(); else fit(); }).observe(root);
 
     makePlot();
     routeIn.checked = state.routes;
