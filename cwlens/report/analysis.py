@@ -192,7 +192,6 @@ def analyze_text(
     top_k: int = 5,
     check_intra: bool = False,
     past_context: bool = False,
-    graph_top_k: int = 4,
     **options,
 ) -> TextAnalysis:
     """Run the model once on ``text`` (its first ``max_tokens`` tokens; None: all) and
@@ -201,7 +200,12 @@ def analyze_text(
     context is cut there, unless ``past_context`` (rotary models only; docs/inputs.md).
     ``options``: the forward pass's ``query_block`` (default ``"auto"``: 256 rows up to 8192
     tokens, fewer above) and ``attention`` (see
-    :func:`cwlens.stream_reduce`; ``"auto"``: blockwise above 2048 tokens)."""
+    :func:`cwlens.stream_reduce`; ``"auto"``: blockwise above 2048 tokens), and
+    ``graph_top_k`` (default 4): the report's contribution graph keeps that many edges per
+    node besides the residual's, in the same pass (:mod:`cwlens.graphs`; 0: no graph)."""
+    graph_top_k = options.pop("graph_top_k", 4)  # 0: no graph
+    if graph_top_k:
+        validation.positive_int(graph_top_k, "graph_top_k")
     run = pass_options("analyze_text", {"query_block": "auto", **options}, ("attention", "query_block"))
     validation.text(text)
     if max_tokens is not None:
