@@ -81,9 +81,9 @@ class GraphEdges(Reducer):
     def result(self) -> dict[str, Any]:
         layers = sorted(self._rows)
         out: dict[str, Any] = {"blocks": tuple(layers)}
-        for key in _KEYS:
+        for key in _KEYS:  # one key at a time, its per-layer tensors dropped once stacked
             if key in self._rows[layers[0]][0][1]:
-                out[key] = torch.stack([self._rows[ly][0][1][key] for ly in layers]).cpu().numpy()
+                out[key] = torch.stack([self._rows[ly][0][1].pop(key) for ly in layers]).cpu().numpy()
         return out
 
     def release(self) -> None:
@@ -192,10 +192,10 @@ def _graph(parts: dict[str, Any], metric: str, top_k: int, tokens: Sequence[str]
            ) -> ContributionGraph:
     return ContributionGraph(
         tokens=tuple(tokens), metric=metric, blocks=parts["blocks"], top_k=top_k,
-        from_position=parts["from_position"].astype(np.int32),
-        weight=parts["weight"].astype(np.float32), heads=parts["heads"].astype(np.float32),
-        residual=parts["residual"].astype(np.float32), attention=parts["attention"].astype(np.float32),
-        head_share=parts["head_share"].astype(np.float32),
-        factor_heads=None if "factor_heads" not in parts else parts["factor_heads"].astype(np.int16),
-        factors=None if "factors" not in parts else parts["factors"].astype(np.float32),
+        from_position=parts["from_position"].astype(np.int32, copy=False),
+        weight=parts["weight"].astype(np.float32, copy=False), heads=parts["heads"].astype(np.float32, copy=False),
+        residual=parts["residual"].astype(np.float32, copy=False), attention=parts["attention"].astype(np.float32, copy=False),
+        head_share=parts["head_share"].astype(np.float32, copy=False),
+        factor_heads=None if "factor_heads" not in parts else parts["factor_heads"].astype(np.int16, copy=False),
+        factors=None if "factors" not in parts else parts["factors"].astype(np.float32, copy=False),
         model_name=name)
