@@ -29,7 +29,7 @@ ContributionGraph = Any
 BYTE_BUDGET = 18 * 2**20
 #: of which at most this much for what the panel shows beyond the edges (heads, factors,
 #: head shares), so that a mid-sized page still opens fast (512 positions: within 1 s)
-DETAIL_BUDGET = 8 * 2**20
+DETAIL_BUDGET = 6 * 2**20
 
 
 def _b64(a: np.ndarray) -> str:
@@ -86,8 +86,9 @@ def payload(g: ContributionGraph, title: str | None = None) -> dict[str, Any]:
     left = max(0, min(BYTE_BUDGET - sum(sizes), DETAIL_BUDGET))
     for k, (out, one) in enumerate(zip(metrics, graphs, strict=True)):
         left -= _details(out, one, left // (len(graphs) - k))
+    model = g.model_name.rstrip("/").rsplit("/", 1)[-1]  # a local folder: its name
     return {
-        "title": title or f"Contribution graph ({g.metric})" + (f" · {g.model_name}" if g.model_name else ""),
+        "title": title or f"Contribution graph ({g.metric})" + (f" · {model}" if model else ""),
         "tokens": list(g.tokens), "layers": list(g.layers), "n_heads": g.n_heads,
         "metrics": list(metrics), "route": g.route,
     }

@@ -254,6 +254,17 @@
         ctx.stroke();
       }
       p.drawn = drawn; p.inView = inView;
+      // the selected node's incoming edges (those drawn at these settings), on top
+      var sel = state.selected;
+      if (sel && sel.level > 0) {
+        var sb = sel.level - 1, sbase = (sb * n + sel.pos) * K;
+        ctx.strokeStyle = "rgba(245,158,11,0.95)";
+        for (s = 0; s < K; s++) {
+          if (!isVisible(m, sbase + s, s, keep)) continue;
+          ctx.lineWidth = 1.5 + 4 * Math.min(1, Math.sqrt(Math.abs(weight[sbase + s]) / (s === 0 ? 1 : m.maxCross)));
+          ctx.beginPath(); ctx.moveTo(X(from[sbase + s]), Y(d, sb)); ctx.lineTo(X(sel.pos), Y(d, sel.level)); ctx.stroke();
+        }
+      }
       // nodes
       var r = Math.min(4, state.sx / 3);
       if (r >= 1.2) {
@@ -357,7 +368,7 @@
             .sort(function (a, c) { return Math.abs(c[0]) - Math.abs(a[0]); }).slice(0, 3);
           heads = order.map(function (x) { return "H" + x[1] + " " + fmt(x[0]); }).join("<br>");
         } else heads = "<span class=muted>\u2014</span>";
-        out += "<tr><td>L" + r.from_layer + ":" + r.from_position + " <code>" + esc(tok(r.from_token)) + "</code>" +
+        out += "<tr><td>" + (r.from_layer === 0 && nodeLayer(0) === 0 ? "emb" : "L" + r.from_layer) + ":" + r.from_position + " <code>" + esc(tok(r.from_token)) + "</code>" +
           (r.rank === 0 ? " <span class=muted>(self: residual " + fmt(r.residual) + ")</span>" : "") +
           "</td><td class=" + cls + ">" + fmt(r.weight) + "</td><td>" + heads + "</td></tr>";
       });
