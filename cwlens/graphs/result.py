@@ -15,7 +15,7 @@ from cwlens.graphs.routes import route_mask
 FACTORS = ("attention", "relative_norm", "cosine")
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True, repr=False, eq=False)  # (arrays: no elementwise ==)
 class ContributionGraph:
     """A text's contribution graph, what :func:`cwlens.graph` returns.
 
