@@ -127,8 +127,7 @@
     function Y(d, level) { return M.top + d.ph - level * d.ph / B; }
     function fit() {
       var d = dims(plots[0]);
-      state.sx = d.pw / Math.max(1, n - 1 + 1e-9) * (n > 1 ? 1 : 0.5);
-      if (n > 1) state.sx = d.pw / (n - 1);
+      state.sx = n > 1 ? d.pw / (n - 1) : d.pw;
       state.ox = n > 1 ? 0 : d.pw / 2;
       draw();
     }
