@@ -190,7 +190,12 @@ def test_the_analyze_reports_graph_section(loaded, tmp_path):
     path = render_report(an, tmp_path / "report.html")
     page.goto(path.resolve().as_uri(), wait_until="load")
     page.wait_for_function("window.cwlensGraph && window.cwlensGraph.readyMs > 0")
-    page.locator("#contribution-graph").scroll_into_view_if_needed()
+    assert page.locator("#contribution-graph").is_hidden()  # the report's first tab is the report
+    page.click("text=Contribution graph (interactive)")
+    page.wait_for_timeout(300)
+    assert page.locator("#contribution-graph").is_visible() and page.locator("#tab-report").is_hidden()
+    # the viewer, laid out while hidden, fits itself when its tab opens
+    assert page.evaluate("window.cwlensGraph.root.querySelector('canvas').clientWidth") > 300
     rows = page.evaluate("window.cwlensGraph.select(2, 9)")
     _same_rows(rows, an.graph.node(2, 9))
     shot = tmp_path / "graph_in_report.png"

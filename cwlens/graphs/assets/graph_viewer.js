@@ -118,7 +118,7 @@
     }
 
     // -- geometry -----------------------------------------------------------------------
-    var M = {left: 46, right: 20, top: 22, bottom: 86};
+    var M = {left: 46, right: 20, top: 30, bottom: 86};
     function dims(p) {
       var w = p.div.clientWidth, h = p.div.clientHeight;
       return {w: w, h: h, pw: Math.max(10, w - M.left - M.right), ph: Math.max(10, h - M.top - M.bottom)};
