@@ -57,6 +57,16 @@ def test_a_large_graph_keeps_to_the_byte_budget(g, monkeypatch):
     assert m[0]["heads_per_edge"] < g.n_heads and "factors" not in m[0]
 
 
+def test_a_graph_too_large_for_the_page_keeps_each_nodes_strongest_edges(g, monkeypatch):
+    n_nodes = g.residual.size
+    # room for the shares and 3 slots of two metrics (int16 source + float32 weight)
+    monkeypatch.setattr(viewer, "BYTE_BUDGET", 2 * n_nodes * 8 + 3 * 2 * n_nodes * 6)
+    m = viewer.payload(g)["metrics"]
+    assert [x["top_k"] for x in m] == [2, 2] and m[0]["graph_top_k"] == 4 and m[0]["slots"] == 3
+    w = np.frombuffer(base64.b64decode(m[0]["weight"]), "<f4").reshape(*g.weight.shape[:2], 3)
+    np.testing.assert_array_equal(np.nan_to_num(w, nan=9), np.nan_to_num(g.weight[:, :, :3], nan=9))
+
+
 def test_routes_subgraph_opens_on_its_target(g):
     data = _data(g.routes(target=5, threshold=0.03).to_html())
     assert data["route"] == {"target": 5, "threshold": 0.03, "absolute": False}

@@ -26,7 +26,7 @@ import numpy as np
 ContributionGraph = Any
 
 #: the raw bytes of all embedded arrays (base64 adds a third): the page stays under 25 MB
-BYTE_BUDGET = 18 * 2**20
+BYTE_BUDGET = 17 * 2**20
 #: of which at most this much for what the panel shows beyond the edges (heads, factors,
 #: head shares), so that a mid-sized page still opens fast (512 positions: within 1 s)
 DETAIL_BUDGET = 6 * 2**20
@@ -77,12 +77,41 @@ def _details(out: dict[str, Any], g: ContributionGraph, budget: int) -> int:
     return used
 
 
+def _slots_that_fit(graphs: list[ContributionGraph]) -> int:
+    """How many edge slots per node (the self edge and the strongest others) fit in
+    :data:`BYTE_BUDGET` for all ``graphs`` (all of them up to ~5,000 positions x 30 layers
+    at top-k 8 with two metrics; at least 2)."""
+    slots = int(graphs[0].from_position.shape[2])
+    per_node = sum(one.residual.size * 8 for one in graphs)  # the shares: always there
+    per_slot = sum(one.from_position[:, :, 0].size * (4 + (2 if one.n_positions <= 32767 else 4))
+                   for one in graphs)
+    return max(2, min(slots, (BYTE_BUDGET - per_node) // max(per_slot, 1)))
+
+
+def _cut(g: ContributionGraph, slots: int) -> ContributionGraph:
+    """``g`` with each node's first ``slots`` edges (the self edge, then the strongest)."""
+    from dataclasses import replace
+
+    if slots >= g.from_position.shape[2]:
+        return g
+    part = {name: getattr(g, name)[:, :, :slots] for name in
+            ("from_position", "weight", "heads", "factor_heads", "factors", "keep")
+            if getattr(g, name) is not None}
+    return replace(g, **part, top_k=slots - 1, compare=None)
+
+
 def payload(g: ContributionGraph, title: str | None = None) -> dict[str, Any]:
-    """What the viewer reads: the tokens, the layers and each metric's arrays (every edge;
-    the per-head and factor splits as far as :data:`BYTE_BUDGET` and
-    :data:`DETAIL_BUDGET` allow, the first metric first)."""
+    """What the viewer reads: the tokens, the layers and each metric's arrays (every edge
+    kept where :data:`BYTE_BUDGET` allows, else each node's strongest ones; the per-head
+    and factor splits as far as :data:`BYTE_BUDGET` and :data:`DETAIL_BUDGET` allow, the
+    first metric first)."""
     graphs = [g] if g.compare is None else [g, g.compare]
+    slots = _slots_that_fit(graphs)
+    graphs = [_cut(one, slots) for one in graphs]
     metrics, sizes = zip(*(_edges(one) for one in graphs), strict=True)
+    if slots < g.from_position.shape[2]:
+        for m in metrics:
+            m["graph_top_k"] = g.top_k  # the page holds fewer: the viewer says so
     left = max(0, min(BYTE_BUDGET - sum(sizes), DETAIL_BUDGET))
     for k, (out, one) in enumerate(zip(metrics, graphs, strict=True)):
         left -= _details(out, one, left // (len(graphs) - k))

@@ -309,7 +309,8 @@
       kVal.textContent = String(state.topK);
       var shown = visibleEdges(), p0 = plots[0];
       count.textContent = shown.toLocaleString() + " edges" + (p0.inView > p0.drawn
-        ? " (in view, the strongest " + p0.drawn.toLocaleString() + " of " + p0.inView.toLocaleString() + " drawn: zoom in for more)" : "");
+        ? " (in view, the strongest " + p0.drawn.toLocaleString() + " of " + p0.inView.toLocaleString() + " drawn: zoom in for more)" : "") +
+        (data.metrics[0].graph_top_k ? "; the page keeps each node's top " + maxK + " of " + data.metrics[0].graph_top_k + " (the page's size)" : "");
     }
     function redraw() { if (!pending) { pending = true; requestAnimationFrame(draw); } }
 
