@@ -4,6 +4,7 @@ sliders and toggles change what is drawn as the Python side predicts, and a 4,09
 page opens within the budget. Screenshots go to the test's folder, and also to
 ``$CWLENS_SCREENSHOTS`` where it is set (look at them)."""
 
+import math
 import os
 import shutil
 import time
@@ -40,6 +41,11 @@ def loaded(graph, tmp_path_factory):
     with browser_page(1400, 850) as (page, log):
         open_file(page, path, settle_ms=300)
         yield page, log
+
+
+def _threshold(page, t: float) -> None:
+    """Move the threshold slider (a log scale: its value is log10(t), -4 for 0) to ``t``."""
+    _slider(page, ".cwg-threshold", math.log10(t) if t > 0 else -4)
 
 
 def _slider(page, css: str, value) -> None:
@@ -94,14 +100,17 @@ def test_clicking_a_node_opens_its_panel(loaded, graph, tmp_path):
 def test_threshold_and_top_k_sliders_change_the_edges_drawn(loaded, graph):
     page, _ = loaded
     for t in (0.0, 0.03, 0.1, 0.5):
-        _slider(page, ".cwg-threshold", t)
+        _threshold(page, t)
         assert page.evaluate("window.cwlensGraph.visibleEdges()") == graph.visible_edges(t, 4)
-    _slider(page, ".cwg-threshold", 0.03)
+    page.fill(".cwg-threshold-value", "0.005")  # the exact number, typed
+    page.press(".cwg-threshold-value", "Enter")
+    assert page.evaluate("window.cwlensGraph.visibleEdges()") == graph.visible_edges(0.005, 4)
+    _threshold(page, 0.03)
     for k in (0, 2, 4):
         _slider(page, ".cwg-topk", k)
         assert page.evaluate("window.cwlensGraph.visibleEdges()") == graph.visible_edges(0.03, k)
     _slider(page, ".cwg-topk", 4)
-    _slider(page, ".cwg-threshold", 0.02)
+    _threshold(page, 0.02)
 
 
 def test_the_metric_toggle_swaps_the_weights(loaded, graph, tmp_path):
@@ -124,7 +133,7 @@ def test_the_metric_toggle_swaps_the_weights(loaded, graph, tmp_path):
 def test_routes_toggle_shows_the_pythons_routes(loaded, graph, tmp_path):
     page, _ = loaded
     page.evaluate("window.cwlensGraph.select(2, -1)")
-    _slider(page, ".cwg-threshold", 0.04)
+    _threshold(page, 0.04)
     page.check(".cwg-routes")
     want = graph.routes(target=-1, threshold=0.04)
     assert page.evaluate("window.cwlensGraph.visibleEdges()") == int(want.valid.sum())
@@ -132,7 +141,7 @@ def test_routes_toggle_shows_the_pythons_routes(loaded, graph, tmp_path):
     page.screenshot(path=str(shot))
     _keep(shot)
     page.uncheck(".cwg-routes")
-    _slider(page, ".cwg-threshold", 0.02)
+    _threshold(page, 0.02)
 
 
 def test_token_search_finds_the_positions(loaded, graph):

@@ -71,6 +71,10 @@
     return keep;
   };
 
+  var LOG_MIN = -4;  // the threshold slider: 10^-4 .. 1, and 0 at its left end
+  function fromSlider(v) { v = parseFloat(v); return v <= LOG_MIN ? 0 : Math.pow(10, v); }
+  function toSlider(t) { return t <= 0 ? LOG_MIN : Math.max(LOG_MIN + 0.01, Math.min(0, Math.log10(t))); }
+
   window.cwlensGraphViewer = function (root, data) {
     var tokens = data.tokens, n = tokens.length, layers = data.layers, B = layers.length, H = data.n_heads;
     var metrics = data.metrics.map(function (m) { return new Metric(m, B, n, H); });
@@ -90,8 +94,11 @@
     metrics.forEach(function (m, k) { el("option", {value: String(k), text: m.name}, metricSel); });
     if (metrics.length > 1) el("option", {value: "both", text: "both, side by side"}, metricSel);
     var thrLabel = el("label", {text: "|weight| \u2265 "}, bar);
-    var thr = el("input", {type: "range", min: "0", max: "1", step: "0.001", value: String(state.threshold), "class": "cwg-threshold"}, thrLabel);
-    var thrVal = el("span", {"class": "cwg-val"}, thrLabel);
+    // a log scale (most edges between positions weigh 0.001-0.05): the slider's value is
+    // log10(threshold), its lowest position 0; the box beside it takes an exact number
+    var thr = el("input", {type: "range", min: String(LOG_MIN), max: "0", step: "any", "class": "cwg-threshold",
+                           title: "|weight| threshold (log scale; leftmost: 0)"}, thrLabel);
+    var thrVal = el("input", {type: "number", min: "0", max: "1", step: "0.001", "class": "cwg-threshold-value"}, thrLabel);
     var kLabel = el("label", {text: "top-k "}, bar);
     var kIn = el("input", {type: "range", min: "0", max: String(maxK), step: "1", value: String(maxK), "class": "cwg-topk"}, kLabel);
     var kVal = el("span", {"class": "cwg-val"}, kLabel);
@@ -305,7 +312,7 @@
       pending = false;
       state.draws = (state.draws || 0) + 1;
       plots.forEach(drawPlot);
-      thrVal.textContent = state.threshold.toFixed(3);
+      if (document.activeElement !== thrVal) thrVal.value = String(+state.threshold.toPrecision(3));
       kVal.textContent = String(state.topK);
       var shown = visibleEdges(), p0 = plots[0];
       count.textContent = shown.toLocaleString() + " edges" + (p0.inView > p0.drawn
@@ -477,7 +484,11 @@
       showPanel(); fit();
     }
     metricSel.addEventListener("change", function () { setMetric(metricSel.value); });
-    thr.addEventListener("input", function () { state.threshold = parseFloat(thr.value); showPanel(); redraw(); });
+    thr.addEventListener("input", function () { state.threshold = fromSlider(thr.value); showPanel(); redraw(); });
+    thrVal.addEventListener("change", function () {
+      var t = parseFloat(thrVal.value);
+      if (t >= 0) { state.threshold = t; thr.value = String(toSlider(t)); showPanel(); redraw(); }
+    });
     kIn.addEventListener("input", function () { state.topK = parseInt(kIn.value, 10); redraw(); });
     routeIn.addEventListener("change", function () {
       state.routes = routeIn.checked;
@@ -506,13 +517,13 @@
 
     makePlot();
     routeIn.checked = state.routes;
-    thr.value = String(state.threshold);
+    thr.value = String(toSlider(state.threshold));
     setMetric("0");
     if (state.selected) showPanel();
     var api = {
       select: select,
       visibleEdges: function () { return visibleEdges(); },
-      setThreshold: function (t) { state.threshold = +t; thr.value = String(t); showPanel(); draw(); return visibleEdges(); },
+      setThreshold: function (t) { state.threshold = +t; thr.value = String(toSlider(+t)); showPanel(); draw(); return visibleEdges(); },
       setTopK: function (k) { state.topK = +k; kIn.value = String(k); draw(); return visibleEdges(); },
       setMetric: function (v) { setMetric(v); draw(); return state.both ? "both" : current().name; },
       setRoutes: function (on) { routeIn.checked = !!on; state.routes = !!on; if (on && !state.selected) state.selected = {level: B, pos: n - 1}; draw(); return visibleEdges(); },
