@@ -24,6 +24,8 @@ _PUBLIC = {
     "stream_reduce": "cwlens.engine.streaming",
     "StreamResult": "cwlens.engine.streaming",
     "AttentionGeometry": "cwlens.core",
+    "graph": "cwlens.graphs.build",
+    "ContributionGraph": "cwlens.graphs.result",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__", "reducers"]

@@ -25,5 +25,6 @@ if [ -x .venv-tl3/bin/python ]; then
   echo "== TransformerLens 3.x (HookedTransformer)"
   .venv-tl3/bin/python -m pytest -q -p no:cacheprovider tests/test_architectures.py tests/test_geometry.py tests/test_stream.py \
     tests/test_keyset_reducer.py tests/test_blockwise.py \
-    tests/test_groundtruth_convert.py tests/test_groundtruth_convert_surfaces.py tests/test_edge_effects.py
+    tests/test_groundtruth_convert.py tests/test_groundtruth_convert_surfaces.py tests/test_edge_effects.py \
+    tests/test_graph.py tests/test_graph_viewer.py
 fi

@@ -66,6 +66,7 @@ def _commands(lm: str, enc: str) -> dict[str, list[str]]:
         "circuits": ["circuits", *cpu, "--task", "induction", "--prompts", "2", "--length", "3",
                      "--k", "3", "--no-png"],
         "export": ["export", *cpu, "--text", "the cat sat on the mat", "--max-tokens", "12"],
+        "graph": ["graph", *cpu, "--text", "the cat sat on the mat", "--no-progress"],
         "groundtruth": ["groundtruth", "--program", "frac_prevs", "--inputs", "3",
                         "--bootstrap", "20", "--no-png", "--no-progress"],
         "replicate": ["replicate", "--models", f"{lm},{enc}", "--device", "cpu",
@@ -84,6 +85,7 @@ WRITES = {
     "accuracy": None,  # prints its table; writes only with --summary-md
     "circuits": "runs/circuits/figures/circuits_induction_agreement.html",
     "export": "runs/export/topk.parquet",
+    "graph": "runs/graph/graph.html",
     "replicate": "runs/replicate/figures",
     "groundtruth": "runs/groundtruth/figures/groundtruth_auroc.html",
 }

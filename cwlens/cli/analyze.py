@@ -39,6 +39,9 @@ def register(sub) -> None:
                    "the head's own output, each row sums to 1 like attention) or inter (to the "
                    "layer's output: a head's row sums to its share of it, not 1); the "
                    "token-level view is inter, heads summed (default: %(default)s)")
+    p.add_argument("--graph-top-k", type=arg_types.non_negative_int, default=4,
+                   help="the report's contribution graph: edges kept per node besides the "
+                   "residual's (default: %(default)s; 0: no graph; docs/graph.md)")
     add_progress_flag(p)
     p.set_defaults(func=run)
 
@@ -85,7 +88,8 @@ def run(args) -> int:
     with bar(shape.n_layers, f"streaming {n_tokens} tokens", "layer", enabled=not args.no_progress,
              ticks=True):
         analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,
-                                window=window, past_context=args.past_context, head_kind=args.kind)
+                                window=window, past_context=args.past_context, head_kind=args.kind,
+                                graph_top_k=args.graph_top_k)
     written = render_report(analysis, out, layers)
     print("\n".join(analysis.summary_lines(layers=layers)))
     print(f"\nwrote {written} ({written.stat().st_size / 1e6:.1f} MB, opens offline)")

@@ -16,6 +16,7 @@ from cwlens.errors import CwlensError, UsageError
 EPILOG = """examples:
   cwlens demo                                   # the offline model on one GSM8K problem
   cwlens analyze --text "The capital of France is Paris" --out report.html
+  cwlens graph --text "When Mary and John went to the store, John gave" --out runs/graph/ioi.html
   cwlens sinks --dataset gsm8k --samples 50     # attention-sink analysis
   cwlens faithfulness --dataset gsm8k --samples 50 --rates 0.1,0.3,0.5
   cwlens figures                                # regenerate every figure in figures/
@@ -26,7 +27,7 @@ models: a short name (smollm2-135m works offline), a local HF directory, or a hu
 
 # Each subcommand lives in its own module with a ``register(subparsers)`` function.
 SUBCOMMANDS = ("demo", "analyze", "sinks", "faithfulness", "accuracy", "figures", "circuits",
-               "export", "replicate", "groundtruth")
+               "export", "replicate", "groundtruth", "graph")
 
 
 def build_parser() -> argparse.ArgumentParser:

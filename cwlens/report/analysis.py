@@ -12,6 +12,7 @@ Long texts are fine: while the model runs, each layer is reduced to what is draw
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,6 +21,7 @@ from cwlens.core.numerics import worst
 from cwlens.engine import reducers, validation
 from cwlens.engine.handle import wrap
 from cwlens.engine.streaming import pass_options, stream_reduce
+from cwlens.graphs.build import GraphEdges, assemble
 from cwlens.report.printed import entry_list, listed_entries, token_at
 from cwlens.runs.progress import tick
 
@@ -79,6 +81,7 @@ class TextAnalysis:
         inter = {"attention": self.attention, "contribution": self.contribution,
                  "relative_norm": self.relative_norm, "cosine": self.cosine}
         return {**inter, **self.head_factors} if self.head_kind == "intra" else inter
+    graph: Any = None  # the text's ContributionGraph (cwlens.graphs), or None
 
     @property
     def n_layers(self) -> int:
@@ -223,8 +226,13 @@ def analyze_text(
     share).
     ``options``: the forward pass's ``query_block`` (default ``"auto"``: 256 rows up to 8192
     tokens, fewer above) and ``attention`` (see
-    :func:`cwlens.stream_reduce`; ``"auto"``: blockwise above 2048 tokens)."""
+    :func:`cwlens.stream_reduce`; ``"auto"``: blockwise above 2048 tokens), and
+    ``graph_top_k`` (default 4): the report's contribution graph keeps that many edges per
+    node besides the residual's, in the same pass (:mod:`cwlens.graphs`; 0: no graph)."""
     head_kind = options.pop("head_kind", "intra")
+    graph_top_k = options.pop("graph_top_k", 4)  # 0: no graph
+    if graph_top_k:
+        validation.positive_int(graph_top_k, "graph_top_k")
     run = pass_options("analyze_text", {"query_block": "auto", **options}, ("attention", "query_block"))
     validation.text(text)
     if max_tokens is not None:
@@ -253,9 +261,12 @@ def analyze_text(
     check_kind(head_kind)
     report = _ReportReducer(n, win, check_intra, head_kind)
     top = reducers.TopK(top_k, "contribution", by_abs=True, sum_heads=True, name="top")
+    graph_parts = [] if not graph_top_k else [GraphEdges("contribution", graph_top_k),
+                                              GraphEdges("attention", graph_top_k)]
     with validation.past_context_said(past_context):  # fit_context said it
-        res = stream_reduce(model, tokens, [report, top], query_block=run["query_block"],
+        res = stream_reduce(model, tokens, [report, top, *graph_parts], query_block=run["query_block"],
                             closure=True, attention=run["attention"], logits=False)
+    graph = assemble(res, graph_parts, str_tokens, model_name) if graph_parts else None
     layers = sorted(report._win)
     stack = lambda key: torch.stack(  # noqa: E731
         [reducers.in_query_order(report._win[ly][key], 1) for ly in layers]).cpu()
@@ -290,6 +301,7 @@ def analyze_text(
         head_kind=head_kind,
         head_factors={f: stack(f"{f}_intra") for f in ("relative_norm", "cosine", "contribution")}
         if head_kind == "intra" else {},
+        graph=graph,
     )
 
 

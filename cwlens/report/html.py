@@ -149,6 +149,44 @@ def window_for(max_mb: float, n_layers: int, n_heads: int, n_head_layers: int) -
     return max(1, int((max(room, 0) / per_cell) ** 0.5))
 
 
+#: the report's two tabs: the report itself and the contribution graph (a page whose address
+#: ends in #contribution-graph opens on the graph)
+_TABS = """<style>.tabs{display:flex;gap:4px;margin:8px 0 16px;border-bottom:1px solid #ccc}
+.tabs button{font:inherit;padding:6px 14px;border:1px solid #ccc;border-bottom:none;background:#f4f4f4;cursor:pointer}
+.tabs button.on{background:#fff;font-weight:600;margin-bottom:-1px}</style>
+<div class="tabs"><button class="on" data-tab="tab-report">Report</button>
+<button data-tab="contribution-graph">Contribution graph (interactive)</button></div>
+<script>(function () {
+  function show(id) {
+    document.querySelectorAll(".tabs button").forEach(function (b) {
+      var on = b.dataset.tab === id; b.classList.toggle("on", on);
+      document.getElementById(b.dataset.tab).hidden = !on;
+    });
+  }
+  document.addEventListener("click", function (e) {
+    var b = e.target.closest && e.target.closest(".tabs button"); if (b) show(b.dataset.tab);
+  });
+  window.cwlensReportTab = show;
+  document.addEventListener("DOMContentLoaded", function () {
+    if (location.hash === "#contribution-graph") show("contribution-graph");
+  });
+})();</script>
+"""
+
+
+def _graph_section(a: TextAnalysis) -> str:
+    """The text's contribution graph (:mod:`cwlens.graphs.viewer`) as the report's second
+    tab, or nothing."""
+    if a.graph is None:
+        return ""
+    return ('<div id="contribution-graph" hidden>\n<h2>Contribution graph</h2>\n<p class="legend">Nodes: each '
+            "position's residual stream after each layer (bottom: the embeddings); edges: the "
+            "layer's token-level weight of each key times attention's share of the stream, the "
+            "residual's own share on the self edge; contribution and attention side by side on "
+            "one layout (the metric menu); click a node for its incoming edges, their heads and "
+            "factor split (docs/graph.md).</p>\n" + a.graph.to_html(fragment=True) + "</div>")
+
+
 def render_report(a: TextAnalysis, path: str | Path, layers: list[int] | None = None) -> Path:
     """Write the report to ``path`` and return it. ``layers``: per-head heatmaps for these.
 
@@ -212,6 +250,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} th{{background:#f
 .legend{{font-size:12px;color:#444;margin:4px 0}}</style>
 </head><body>
 <h1>cwlens report — {html.escape(a.model_name)}</h1>
+{_TABS if a.graph is not None else ''}<div id="tab-report">
 <p>Contribution weights c<sub>ij</sub> = ⟨o<sub>i</sub>, α<sub>ij</sub>ṽ<sub>j</sub>⟩ / ‖o<sub>i</sub>‖² = attention × relative norm × cosine,
 with o<sub>i</sub> the layer's attention output (b<sub>O</sub> excluded): what each head moves, not only where it looks.
 Red adds along the output, blue opposes it.</p>
@@ -233,6 +272,8 @@ relative norm (‖ṽ<sub>j</sub>‖ / ‖o<sub>i</sub>‖) × cosine (cos(o<sub
 <p class="legend">Per query and layer, the 3 keys of largest |contribution| (heads summed) as position:token and
 contribution, among the keys the query sees{" (a decoder's query i sees keys 0..i: early queries list fewer)" if a.causal else ""}.</p>
 {_table(["query"] + [f"layer {ly}" for ly in layers], top_rows)}
+</div>
+{_graph_section(a)}
 </body></html>
 """
     path = Path(path)
