@@ -159,6 +159,8 @@ def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
     records = run_edges(model, items, out, config, resume=not args.no_resume,
                         progress=not args.no_progress, settings=settings)
     header = {k: config[k] for k in ("model", "data", "objective", "dtype", "max_tokens", "query")}
+    if not (args.text or args.data in TEXT_DATA):
+        header["max_tokens"] = None  # a prompt is not cut
     header["wall_s_this_run"] = round(time.perf_counter() - t0, 1)
     header["command"] = edge_report.command_line(args)
     if not main:  # rank 0 writes

@@ -23,8 +23,10 @@ def _ci(ci, signed: bool = False) -> str:
 def command_line(args) -> str:
     parts = ["cwlens groundtruth --edges", f"--model {args.model}"]
     parts.append("--text ..." if args.text else f"--data {args.data}")
-    parts += [f"--samples {args.samples}", f"--max-tokens {args.max_tokens}",
-              f"--objective {args.objective}", f"--dtype {args.dtype}"]
+    parts.append(f"--samples {args.samples}")
+    if args.text or args.data in ("gsm8k", "fineweb_edu"):
+        parts.append(f"--max-tokens {args.max_tokens}")
+    parts += [f"--objective {args.objective}", f"--dtype {args.dtype}"]
     if args.layers is not None:
         parts.append("--layers " + ",".join(map(str, args.layers)))
     if args.query != -1:
