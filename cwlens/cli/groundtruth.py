@@ -133,7 +133,7 @@ def register(sub) -> None:
     from cwlens.cli.groundtruth_edges import EDGE_EPILOG, add_edge_args
 
     add_edge_args(p)
-    p.epilog = EPILOG + EDGE_EPILOG
+    p.epilog = f"{p.epilog}\n{EDGE_EPILOG}"
     p.set_defaults(func=run)
 
 

@@ -441,8 +441,8 @@ def closure(
         True
     """
     layers, _ = adapter.resolve_requested_layers(model, layer)
+    attention_mask = _mask(cache, attention_mask)  # a bad mask is named first, as elsewhere
     adapter.require_cached(cache, model, layers, closure=True, what="closure")
-    attention_mask = _mask(cache, attention_mask)
     errors = [
         closure_errors(adapter.geometry(cache, model, ly, attention_mask).layer_output,
                        adapter.heads_output(cache, model, ly), attention_mask)

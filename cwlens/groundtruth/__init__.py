@@ -17,10 +17,11 @@ See docs/groundtruth.md. Importing this package imports neither jax nor tracr.
 from cwlens.engine.models.tracr_network import TracrTransformer
 from cwlens.groundtruth.codec import decode, encode, written
 from cwlens.groundtruth.convert import TracrLayout, from_tracr, load_weights, save
-from cwlens.groundtruth.edges import EdgeEffects, edge_effects
+from cwlens.groundtruth.edge_methods import method_weights
+from cwlens.groundtruth.edges import EdgeEffects, edge_effects, joint_effects
 from cwlens.groundtruth.library import CompiledProgram, from_file, load, names
 from cwlens.groundtruth.truth import Truth
 
 __all__ = ["CompiledProgram", "EdgeEffects", "TracrLayout", "TracrTransformer", "Truth", "decode",
-           "edge_effects", "encode", "from_file", "from_tracr", "load", "load_weights", "names", "save",
-           "written"]
+           "edge_effects", "encode", "from_file", "from_tracr", "joint_effects", "load", "load_weights",
+           "method_weights", "names", "save", "written"]
