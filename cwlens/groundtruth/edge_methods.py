@@ -28,15 +28,11 @@ from cwlens.engine.gradients import attention_gradient
 from cwlens.engine.handle import wrap
 from cwlens.errors import UnknownOptionError
 from cwlens.groundtruth.edges import EdgeEffects, Reader, model_in
+from cwlens.groundtruth.layer_scores import GEOMETRY_METRICS
 
-GEOMETRY = {  # method -> (registry metric, kind)
-    "attention": ("attention", "inter"),
-    "value_weighted": ("value_weighted", "inter"),
-    "value_weighted_output_normalized": ("value_weighted_output_normalized", "inter"),
-    "contribution": ("contribution", "inter"),
-    "contribution_intra": ("contribution", "intra"),
-    "alti": ("alti", "inter"),
-}
+GEOMETRY = {m: GEOMETRY_METRICS[m] for m in (  # method -> (registry metric, kind)
+    "attention", "value_weighted", "value_weighted_output_normalized", "contribution",
+    "contribution_intra", "alti")}
 EDGE_METHODS: tuple[str, ...] = (*GEOMETRY, "attention_gradient", "direct_logit_attribution")
 LABELS = {"attention": "attention", "value_weighted": "value-weighted",
           "value_weighted_output_normalized": "vw output-norm.", "contribution": "contribution (inter)",

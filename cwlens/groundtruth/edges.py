@@ -157,7 +157,7 @@ def model_in(model: Any, dtype: torch.dtype) -> Any:
     """``model`` itself where its weights are ``dtype``, else a copy in ``dtype`` (float32
     weights are exact in float64): cached on the model's handle, so a loop over inputs
     copies once."""
-    param = next(unwrap_params(model), None)
+    param = next(wrap(model).model.parameters(), None)
     if param is None or param.dtype == dtype:
         return model
     handle = wrap(model)
@@ -166,10 +166,6 @@ def model_in(model: Any, dtype: torch.dtype) -> Any:
         cached = {dtype: copy.deepcopy(handle.model).to(dtype)}  # one copy at a time
         handle._edge_copies = cached  # type: ignore[attr-defined]
     return cached[dtype]
-
-
-def unwrap_params(model: Any):
-    return wrap(model).model.parameters()
 
 
 # -- objectives --------------------------------------------------------------------------------
@@ -191,14 +187,14 @@ class Reader:
         if self.objective == "logit_diff":
             a, b = self.target
             return logits[:, int(a)] - logits[:, int(b)]
-        assert self.clean_logp is not None  # kl
+        if self.clean_logp is None:
+            raise InvalidArgumentError("objective 'kl' needs the clean logits: Reader('kl', None, clean_logits)")
         logp = logits.log_softmax(-1)
         p = self.clean_logp.exp()
         return -(p * (self.clean_logp - logp)).sum(-1)
 
 
-def _target(objective: str, target: Any, tokens: torch.Tensor, query: int, clean_logits,
-            encoder: bool, next_token: int | None, d_vocab: int) -> Any:
+def _target(objective: str, target: Any, clean_logits, next_token: int | None, d_vocab: int) -> Any:
     def token(t: Any, what: str) -> int:
         if isinstance(t, bool) or not isinstance(t, int | torch.Tensor) or int(t) < 0 or int(t) >= d_vocab:
             raise InvalidArgumentError(f"{what} must be a token id in 0..{d_vocab - 1}; got {t!r}")
@@ -294,14 +290,15 @@ def edge_effects(
         names = set(run.info.hooks(resolved))
         logits, cache = run.cached_run(tokens, names.__contains__)
         clean_logits = logits[0, q]
-        tgt = _target(objective, target, tokens, q, clean_logits, encoder, next_token,
-                      int(clean_logits.shape[-1]))
+        tgt = _target(objective, target, clean_logits, next_token, int(clean_logits.shape[-1]))
         reader = Reader(objective, tgt, clean_logits if objective == "kl" else None)
         clean = float(reader(clean_logits[None])[0])
         alphas, rows, layer_ids, heads, deltas = [], [], [], [], []
+        at_query: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # kept for joint_effects
         for li, layer in enumerate(resolved):
             pattern = adapter.read(cache, hook_names.pattern(layer), run_model)[0, :, q, :]  # [h, k]
             v = adapter.read(cache, hook_names.values(layer), run_model)[0]  # [k, kv or h, d]
+            at_query[layer] = (pattern, v)
             group = pattern.shape[0] // v.shape[1]
             alphas.append(pattern.double().cpu())
             h_idx, k_idx = (pattern != 0).nonzero(as_tuple=True)
@@ -315,14 +312,22 @@ def edge_effects(
         row_of_edge = torch.cat(rows).cpu()
         edits = Edits(torch.arange(len(row_of_edge)), torch.cat(layer_ids).cpu(), torch.cat(heads).cpu(),
                       torch.cat(deltas), len(row_of_edge))
-        if use == "prefix":
-            ablated = PrefixRunner(run, tokens).run(edits, reader, ROWS["prefix"])
-        else:
-            ablated = full_rows(run, tokens, edits, q, reader, ROWS["full"]).double().cpu()
+        runner = PrefixRunner(run, tokens) if use == "prefix" else None
+        ablated = _ablated(runner, run, tokens, edits, q, reader)
     effect = torch.zeros(alpha.numel(), dtype=torch.float64)
     effect[row_of_edge] = clean - ablated
     return EdgeEffects(effect.view(alpha.shape), alpha, resolved, q, objective, clean, tgt,
-                       tokens[0].cpu(), use, dtype)
+                       tokens[0].cpu(), use, dtype,
+                       extra={"at_query": at_query, "runner": runner, "reader": reader})
+
+
+def _ablated(runner: PrefixRunner | None, run: ModelHandle, tokens: torch.Tensor, edits: Edits,
+             query: int, reader: Reader) -> torch.Tensor:
+    """``[n_rows]`` the objective of each ablated row, on the prefix path (``runner``) or
+    by whole forwards."""
+    if runner is not None:
+        return runner.run(edits, reader, ROWS["prefix"])
+    return full_rows(run, tokens, edits, query, reader, ROWS["full"]).double().cpu()
 
 
 def joint_effects(model: Any, fx: EdgeEffects,
@@ -336,14 +341,19 @@ def joint_effects(model: Any, fx: EdgeEffects,
     q = fx.query
     rows, layer_ids, heads, deltas = [], [], [], []
     with torch.no_grad():
-        layers = sorted({fx.layers[li] for li, _, _ in sets})
-        names = set(run.info.hooks(layers))
-        logits, cache = run.cached_run(tokens, names.__contains__)
-        reader = Reader(fx.objective, fx.target, logits[0, q] if fx.objective == "kl" else None)
+        at_query, reader, runner = fx.extra.get("at_query"), fx.extra.get("reader"), fx.extra.get("runner")
+        if at_query is None or reader is None:  # an EdgeEffects made elsewhere: one clean run
+            layers = sorted({fx.layers[li] for li, _, _ in sets})
+            names = set(run.info.hooks(layers))
+            logits, cache = run.cached_run(tokens, names.__contains__)
+            reader = Reader(fx.objective, fx.target, logits[0, q] if fx.objective == "kl" else None)
+            at_query = {ly: (adapter.read(cache, hook_names.pattern(ly), run_model)[0, :, q, :],
+                             adapter.read(cache, hook_names.values(ly), run_model)[0]) for ly in layers}
+        if runner is None and fx.path == "prefix":
+            runner = PrefixRunner(run, tokens)
         for r, (li, h, k) in enumerate(sets):
             layer = fx.layers[li]
-            pattern = adapter.read(cache, hook_names.pattern(layer), run_model)[0, :, q, :]
-            v = adapter.read(cache, hook_names.values(layer), run_model)[0]
+            pattern, v = at_query[layer]
             group = pattern.shape[0] // v.shape[1]
             h, k = h.to(pattern.device), k.to(pattern.device)
             rows.append(torch.full((len(h),), r, dtype=torch.long))
@@ -351,8 +361,5 @@ def joint_effects(model: Any, fx: EdgeEffects,
             heads.append(h.cpu())
             deltas.append(pattern[h, k, None] * v[k, h // group])
         edits = Edits(torch.cat(rows), torch.cat(layer_ids), torch.cat(heads), torch.cat(deltas), len(sets))
-        if fx.path == "prefix":
-            ablated = PrefixRunner(run, tokens).run(edits, reader, ROWS["prefix"])
-        else:
-            ablated = full_rows(run, tokens, edits, q, reader, ROWS["full"]).double().cpu()
+        ablated = _ablated(runner, run, tokens, edits, q, reader)
     return fx.clean - ablated
