@@ -49,7 +49,8 @@ def test_second_run_fails_fast_naming_the_first_and_a_dead_holder_is_taken_over(
         t = time.perf_counter()
         with pytest.raises(ResultsLockedError) as err, results_lock(tmp_path):
             pass
-        assert time.perf_counter() - t < 1.0
+        # fails at once rather than waiting out the holder's 60 s (a loose bound: not a timing)
+        assert time.perf_counter() - t < 20.0
         msg = str(err.value)
         assert f"pid {proc.pid}" in msg and "holder-test" in msg and "started" in msg
         assert "resumes" in msg and "--out" in msg and isinstance(err.value, CwlensError)
