@@ -6,6 +6,7 @@ import torch
 
 from cwlens.engine import hook_names
 from cwlens.engine.handle import wrap
+from cwlens.engine.interventions.edge_removal import softmax_in_model_dtype
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
 from cwlens.groundtruth.edges import Reader, edge_effects, joint_effects, model_in
 from cwlens.testing import tiny_model
@@ -32,9 +33,15 @@ def decoder(request):
 def _independent(model, tokens, query, layer, head, key, objective="logprob", target=None):
     """The effect of one edge by a plain hook on what the heads wrote in the residual
     space (``o_proj``'s output on the bridge, ``hook_attn_out`` on 3.x), a whole forward
-    in float64: subtract ``a_ij^h v_j W_O^h`` there."""
+    in float64 (the bridge's softmax too, as edge_effects runs it): subtract
+    ``a_ij^h v_j W_O^h`` there."""
     m = model_in(model, torch.float64)
     h = wrap(m)
+    with softmax_in_model_dtype(h):
+        return _independent_run(m, h, tokens, query, layer, head, key, objective, target)
+
+
+def _independent_run(m, h, tokens, query, layer, head, key, objective, target):
     toks = tokens[None, :query + 1]
     names = {hook_names.pattern(layer), hook_names.values(layer)}
     logits, cache = h.cached_run(toks, names.__contains__)
@@ -112,7 +119,7 @@ def test_removing_all_edges_of_a_head_equals_zeroing_its_output(decoder):
             return z
 
         reader = Reader("logprob", fx.target)
-        with h.hooks([(hook_names.z(1), zero)]):
+        with h.hooks([(hook_names.z(1), zero)]), softmax_in_model_dtype(h):
             zeroed = float(reader(m(toks)[:, q])[0])
         assert abs(joint - (fx.clean - zeroed)) < 1e-9, (arch, head)
 
@@ -244,3 +251,32 @@ def test_hooked_transformer_runs_the_full_path(arch):
     q = fx.query
     li, h, k = fx.eligible.nonzero()[0].tolist()
     assert abs(float(fx.effect[li, h, k]) - _independent(hooked, TOKENS, q, fx.layers[li], h, k)) < 1e-9
+
+
+def test_a_float64_run_takes_the_bridges_softmax_in_float64():
+    """TransformerLens 4.x's attention bridge upcasts its softmax to float32 only; inside
+    edge_effects a float64 model's pattern is a float64 softmax (what makes the prefix
+    path's rows, whose softmax sums run over other lengths, equal whole forwards)."""
+    m = model_in(tiny_model("llama"), torch.float64)
+    h = wrap(m)
+    if h.generation != "bridge":
+        pytest.skip("TransformerBridge (TransformerLens 4.x) only")
+    name = hook_names.pattern(1)
+    seen = {}
+
+    def keep(x, hook):
+        seen[hook.name] = x
+        return x
+
+    with torch.no_grad():
+        with h.hooks([("blocks.1.attn.hook_attn_scores", keep)]):
+            with h.hooks([(name, keep)]):
+                m(TOKENS[None])
+            plain = seen[name]
+            with softmax_in_model_dtype(h), h.hooks([(name, keep)]):
+                m(TOKENS[None])
+            exact = seen[name]
+    want = seen["blocks.1.attn.hook_attn_scores"].softmax(-1)
+    assert exact.dtype == torch.float64
+    torch.testing.assert_close(exact, want, rtol=0, atol=1e-15)
+    assert (plain - want).abs().max() > 1e-12  # float32 round-off without it

@@ -47,7 +47,13 @@ import torch
 from cwlens.core import edge_scoring
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.handle import ModelHandle, wrap
-from cwlens.engine.interventions.edge_removal import Edits, PrefixRunner, full_rows, supports_prefix
+from cwlens.engine.interventions.edge_removal import (
+    Edits,
+    PrefixRunner,
+    full_rows,
+    softmax_in_model_dtype,
+    supports_prefix,
+)
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
 
 Objective = Literal["logprob", "logit", "logit_diff", "kl", "nll"]
@@ -181,7 +187,7 @@ class Reader:
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         logits = logits.double()
         if self.objective in ("logprob", "nll"):
-            return logits.log_softmax(-1)[:, int(self.target)]
+            return logits[:, int(self.target)] - logits.logsumexp(-1)
         if self.objective == "logit":
             return logits[:, int(self.target)]
         if self.objective == "logit_diff":
@@ -286,7 +292,7 @@ def edge_effects(
         raise InvalidArgumentError(f"path='prefix' does not apply: {why}. Use path='full' or 'auto'.")
     use = "prefix" if (path == "prefix" or (path == "auto" and why is None)) else "full"
 
-    with torch.no_grad():
+    with torch.no_grad(), softmax_in_model_dtype(run):
         names = set(run.info.hooks(resolved))
         logits, cache = run.cached_run(tokens, names.__contains__)
         clean_logits = logits[0, q]
@@ -340,7 +346,7 @@ def joint_effects(model: Any, fx: EdgeEffects,
     tokens = fx.tokens[None].to(run.device)
     q = fx.query
     rows, layer_ids, heads, deltas = [], [], [], []
-    with torch.no_grad():
+    with torch.no_grad(), softmax_in_model_dtype(run):
         at_query, reader, runner = fx.extra.get("at_query"), fx.extra.get("reader"), fx.extra.get("runner")
         if at_query is None or reader is None:  # an EdgeEffects made elsewhere: one clean run
             layers = sorted({fx.layers[li] for li, _, _ in sets})
