@@ -187,6 +187,59 @@ def test_encoder_edges_run_whole_forwards():
         edge_effects(model, TOKENS, query=3, path="prefix")
 
 
+def test_encoder_embedding_objective_is_the_sentence_embeddings_damage():
+    """objective='embedding': effect = 1 - cos of the mean-pooled last hidden state, by an
+    independent hook on what the heads wrote (BERT's attention output), and a head's
+    edges together = zeroing its output at the query; a decoder is refused."""
+    model = tiny_model("bert")
+    fx = edge_effects(model, TOKENS, query=3, layers=[0, 1], objective="embedding")
+    assert fx.clean == pytest.approx(1.0) and fx.target is None
+    # second order in the removed term (1 - cos of a small change): tiny on a tiny model
+    assert (fx.effect[fx.eligible] >= -1e-15).all() and fx.effect.abs().max() > 1e-9
+    m = model_in(model, torch.float64)
+    h = wrap(m)
+    last = hook_names.resid_post(h.n_layers - 1)
+
+    def embedding(hooks):
+        kept = {}
+        with torch.no_grad(), h.hooks(hooks + [(last, lambda x, hook: kept.update(x=x))]):
+            m(fx.tokens[None])
+        return kept["x"][0].double().mean(0)
+
+    clean = embedding([])
+    g = torch.Generator().manual_seed(2)
+    for li, head, key in fx.eligible.nonzero()[torch.randperm(fx.n_edges, generator=g)[:4]].tolist():
+        layer = fx.layers[li]
+        _, cache = h.cached_run(fx.tokens[None], {hook_names.pattern(layer), hook_names.values(layer)}.__contains__)
+        a = cache[hook_names.pattern(layer)][0, head, 3, key]
+        term = a * cache[hook_names.values(layer)][0, key, head] @ h.W_O(layer)[head]
+
+        def subtract(x, hook, term=term):
+            x = x.clone()
+            x[:, 3] -= term
+            return x
+
+        target = hook_names.closure_target(layer, h.generation, h.info.post_attn_norm)
+        e = embedding([(target, subtract)])
+        want = 1 - float(torch.nn.functional.cosine_similarity(e, clean, dim=0))
+        assert abs(float(fx.effect[li, head, key]) - want) <= 1e-6 * want + 1e-14, (li, head, key)
+    keys = fx.eligible[1, 0].nonzero()[:, 0]
+    joint = float(joint_effects(model, fx, [(1, torch.zeros_like(keys), keys)])[0])
+
+    def zero(z, hook):
+        z = z.clone()
+        z[:, 3, 0] = 0
+        return z
+
+    e = embedding([(hook_names.z(1), zero)])
+    want = 1 - float(torch.nn.functional.cosine_similarity(e, clean, dim=0))
+    assert want > 1e-9 and abs(joint - want) <= 1e-6 * want + 1e-14
+    with pytest.raises(InvalidArgumentError, match="encoder"):
+        edge_effects(tiny_model("llama"), TOKENS, objective="embedding")
+    with pytest.raises(InvalidArgumentError, match="no target"):
+        edge_effects(model, TOKENS, query=3, objective="embedding", target=3)
+
+
 def test_score_identities():
     model = tiny_model("llama")
     fx = edge_effects(model, TOKENS)

@@ -104,10 +104,27 @@ def test_cli_on_a_local_model(tmp_path):
     assert "| contribution (inter) |" in done.stdout and (out / "tables.md").exists()
 
 
+def test_cli_on_an_encoder_scores_whole_sentences_by_the_embedding(tmp_path):
+    path = save_tiny("bert", tmp_path / "model")
+    done = _cli("--model", str(path), "--data", "fineweb_edu", "--samples", "2", "--objective",
+                "embedding", "--query", "1", "--out", str(tmp_path / "run"), "--json",
+                str(tmp_path / "s.json"), "--methods", "attention,contribution", "--no-progress",
+                "--figures", "")
+    assert done.returncode == 0, done.stderr
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["n_inputs"] == 2 and s["objective"] == "embedding"
+    stored = sorted(r.name for r in (tmp_path / "run" / "inputs").iterdir())
+    assert len(stored) == 2 and all(r.is_file() for r in (tmp_path / "run" / "inputs").iterdir()), stored
+    done = _cli("--model", str(path), "--text", "a b c d", "--out", str(tmp_path / "r2"),
+                "--methods", "attention", "--no-progress", "--figures", "")
+    assert done.returncode == 0 and "--objective embedding" in done.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (("--data", "gsm8k", "--objective", "logit_diff"), "logit_diff needs two answers"),
     (("--methods", "attention,magic"), "magic"),
     (("--data", "ioi", "--objective", "nll"), "nll reads a text"),
+    (("--objective", "embedding"), "is a decoder"),
 ])
 def test_cli_refuses_bad_combinations(tmp_path, args, message):
     path = save_tiny("llama", tmp_path / "model")

@@ -4,6 +4,7 @@ each attention edge at one query (:mod:`cwlens.groundtruth.edge_study`)."""
 import argparse
 import json
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,9 @@ def add_edge_args(p: argparse.ArgumentParser) -> None:
                    help="with --edges: a text is cut to this many tokens (default: %(default)s)")
     g.add_argument("--objective", default="logprob", choices=OBJECTIVES,
                    help="with --edges: logprob of the clean top-1 (default; of the gold answer on "
-                   "ioi/induction), logit_diff (ioi/induction: gold minus foil), kl, nll")
+                   "ioi/induction), logit_diff (ioi/induction: gold minus foil), kl, nll, "
+                   "embedding (encoders: 1 - cos of the sentence embedding; --data gsm8k/fineweb_edu "
+                   "then gives whole sentences)")
     g.add_argument("--layers", type=arg_types.layers_or_all, default=None,
                    help="with --edges: layers, e.g. 0,5,10 (default: all)")
     g.add_argument("--query", type=int, default=-1,
@@ -76,8 +79,19 @@ def _items(args, model) -> list:
     handle = wrap(model)
     keep = args.max_tokens + (1 if args.objective == "nll" else 0)
     rows: list[tuple[str, str, Any]] = []
+    if args.objective == "embedding" and not handle.is_encoder:
+        raise InvalidArgumentError("--objective embedding reads an encoder's sentence embedding; "
+                                   f"{args.model} is a decoder: use logprob, kl or nll")
+    if handle.is_encoder and args.objective != "embedding":
+        print(f"note: an encoder's logits come from its masked-LM head; {args.model} may have none "
+              "(all-minilm-l6-v2: a head nobody trained): --objective embedding reads the "
+              "sentence embedding", file=sys.stderr)
     if args.text:
         rows = [(f"text-{i}", t, None) for i, t in enumerate(args.text)]
+    elif args.data in TEXT_DATA and handle.is_encoder:  # whole sentences, as the encoder task
+        from cwlens.faithfulness.encoder import sentences
+
+        rows = [(i.replace("/", "-s"), t, None) for i, t in sentences(args.data, args.samples)]  # a file name
     elif args.data in TEXT_DATA:
         rows = [(s.id, s.text, None) for s in load_dataset(args.data, args.samples)
                 if isinstance(s, TextSample)]
@@ -100,7 +114,7 @@ def _items(args, model) -> list:
     items = []
     for item_id, text, target in rows:
         tokens = handle.to_tokens(text)[0]
-        cut = tokens[:keep] if (args.text or args.data in TEXT_DATA) else tokens
+        cut = tokens[:keep] if (args.text or args.data in TEXT_DATA) and not handle.is_encoder else tokens
         if cut.numel() < 2:
             raise InvalidArgumentError(f"input {item_id} has {cut.numel()} token(s): an edge needs a "
                                        "query and a key")

@@ -10,11 +10,13 @@ against the true effects.
 - ``attention_gradient``: ``a_ij dy/da_ij`` with ``y`` the objective at the query: the
   first-order estimate of the very effect measured (``a_ij dy/da_ij = <dy/dz_i^h, a_ij
   v_j>``, the objective's linear change when the edge's term leaves ``z_i^h``). It is 0 for
-  ``kl`` (the divergence's gradient vanishes at the clean distribution): NaN there.
+  ``kl`` and ``embedding`` (the divergence's and the damage's gradients vanish at the clean
+  point): NaN there.
 - ``direct_logit_attribution``: ``<a_ij v~_j, u'> / s_i``, the edge's direct effect on the
   objective's logit direction ``u`` (the target's unembedding column; ``a``'s minus
   ``b``'s for ``logit_diff``) read through the final norm frozen at its clean scale ``s_i``
-  (:mod:`cwlens.circuits.direct_math`). NaN for ``kl`` (no single direction).
+  (:mod:`cwlens.circuits.direct_math`). NaN for ``kl`` and ``embedding`` (no single
+  direction).
 """
 
 from collections.abc import Sequence
@@ -27,7 +29,7 @@ from cwlens.engine import adapter, hook_names
 from cwlens.engine.gradients import attention_gradient
 from cwlens.engine.handle import wrap
 from cwlens.errors import UnknownOptionError
-from cwlens.groundtruth.edges import EdgeEffects, Reader, model_in
+from cwlens.groundtruth.edges import UNSIGNED, EdgeEffects, Reader, model_in
 from cwlens.groundtruth.layer_scores import GEOMETRY_METRICS
 
 GEOMETRY = {m: GEOMETRY_METRICS[m] for m in (  # method -> (registry metric, kind)
@@ -74,7 +76,7 @@ def method_weights(model, fx: EdgeEffects, methods: Sequence[str] = EDGE_METHODS
 
 
 def _attention_gradient(run_model, tokens: torch.Tensor, fx: EdgeEffects) -> torch.Tensor:
-    if fx.objective == "kl":
+    if fx.objective in UNSIGNED:
         return torch.full_like(fx.effect, float("nan"))
     reader = Reader(fx.objective, fx.target)
     q = fx.query
@@ -84,7 +86,7 @@ def _attention_gradient(run_model, tokens: torch.Tensor, fx: EdgeEffects) -> tor
 
 
 def _dla(run_model, cache, fx: EdgeEffects) -> torch.Tensor:
-    if fx.objective == "kl":
+    if fx.objective in UNSIGNED:
         return torch.full_like(fx.effect, float("nan"))
     handle = wrap(run_model)
     W_U, _ = handle.unembed()

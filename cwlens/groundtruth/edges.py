@@ -23,9 +23,16 @@ Objectives (``objective=``), each a number read from the logits at query ``i``:
 ``"nll"``
     ``log p`` of the *true* next token (the input's token at ``i + 1``), so ``effect =
     NLL(ablated) - NLL(clean)``: the loss the edge's removal adds.
+``"embedding"`` (encoders)
+    ``cos(e, e_clean)`` of the sentence embedding ``e`` (the last hidden state, mean-pooled
+    over the positions, as sentence-transformers does), so ``effect = 1 - cos(e_ablated,
+    e_clean) >= 0``: the damage of :mod:`cwlens.faithfulness.encoder`, unsigned. For an
+    encoder without a masked-LM head (all-MiniLM-L6-v2: its logits are a head nobody
+    trained) the only meaningful one.
 
-Encoders (bidirectional): the query is a masked position and the objective reads that
-position's prediction; ``target`` is then required for ``"nll"``.
+Encoders (bidirectional): the query is a masked position and the logit objectives read
+that position's prediction (``target`` is then required for ``"nll"``); ``"embedding"``
+reads the whole sentence's.
 
 How it runs (:mod:`cwlens.engine.interventions.edge_removal`): a causal decoder on
 TransformerLens 4.x carries only the query's position, from the edge's layer on, over the
@@ -56,7 +63,8 @@ from cwlens.engine.interventions.edge_removal import (
 )
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
 
-Objective = Literal["logprob", "logit", "logit_diff", "kl", "nll"]
+Objective = Literal["logprob", "logit", "logit_diff", "kl", "nll", "embedding"]
+UNSIGNED = ("kl", "embedding")  # effect >= 0: no direction, no gradient at the clean point
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 Path = Literal["auto", "prefix", "full"]
 ROWS = {"prefix": 256, "full": 16}  # ablated copies per forward: one position vs the whole input
@@ -75,7 +83,7 @@ class EdgeEffects:
         layers: the model layers of ``effect``'s first axis.
         query: the query position (non-negative).
         objective: the objective's name; ``clean``: its value in the clean run.
-        target: the token(s) it reads (``None`` for ``"kl"``).
+        target: the token(s) it reads (``None`` for ``"kl"`` and ``"embedding"``).
         tokens: ``[pos]`` the input's token ids (up to the query for a decoder).
         path: how the rows ran (``"prefix"`` or ``"full"``).
         dtype: the dtype the model ran in.
@@ -182,9 +190,19 @@ class Reader:
     def __init__(self, objective: str, target: Any, clean_logits: torch.Tensor | None = None):
         self.objective = objective
         self.target = target
-        self.clean_logp = None if clean_logits is None else clean_logits.double().log_softmax(-1)
+        self.clean_logp = None
+        if clean_logits is not None and objective == "kl":
+            self.clean_logp = clean_logits.double().log_softmax(-1)
+        if objective == "embedding":
+            if clean_logits is None:
+                raise InvalidArgumentError("objective 'embedding' needs the clean last hidden state "
+                                           "[1, pos, d_model]: Reader('embedding', None, clean_hidden)")
+            self.clean_embedding = clean_logits.double().mean(1)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.objective == "embedding":  # the last hidden state [rows, pos, d_model]
+            e = logits.double().mean(1)
+            return torch.nn.functional.cosine_similarity(e, self.clean_embedding.to(e.device), dim=-1)
         logits = logits.double()
         if self.objective in ("logprob", "nll"):
             return logits[:, int(self.target)] - logits.logsumexp(-1)
@@ -206,9 +224,10 @@ def _target(objective: str, target: Any, clean_logits, next_token: int | None, d
             raise InvalidArgumentError(f"{what} must be a token id in 0..{d_vocab - 1}; got {t!r}")
         return int(t)
 
-    if objective == "kl":
+    if objective in UNSIGNED:
         if target is not None:
-            raise InvalidArgumentError("objective 'kl' reads the whole distribution: pass no target")
+            raise InvalidArgumentError(f"objective {objective!r} reads the whole distribution or "
+                                       "embedding: pass no target")
         return None
     if objective == "logit_diff":
         if not (isinstance(target, tuple | list) and len(target) == 2):
@@ -251,7 +270,8 @@ def edge_effects(
             ``"logprob"`` (default: the clean top-1) and ``"nll"`` (default: the true next
             token), ``(a, b)`` for ``"logit_diff"``, nothing for ``"kl"``.
         layers: an int, a list or None (every layer).
-        objective: ``"logprob"``, ``"logit_diff"``, ``"kl"`` or ``"nll"``.
+        objective: ``"logprob"``, ``"logit"``, ``"logit_diff"``, ``"kl"``, ``"nll"`` or
+            ``"embedding"`` (encoders).
         dtype: the dtype the model runs in (float64, the default, for exactness: a float32
             model is copied once into float64; float32 runs the model as it is).
         path: ``"prefix"`` (causal decoders on TransformerLens 4.x), ``"full"`` (any
@@ -282,6 +302,10 @@ def edge_effects(
     n = tokens.shape[1]
     q = resolve_query(query, n)
     encoder = handle.is_encoder
+    if objective == "embedding" and not encoder:
+        raise InvalidArgumentError(
+            "objective 'embedding' reads an encoder's sentence embedding; a decoder's prediction "
+            "is read by logprob, logit, logit_diff, kl or nll")
     next_token = int(tokens[0, q + 1]) if (not encoder and q + 1 < n) else None
     if not encoder:
         tokens = tokens[:, :q + 1]
@@ -293,12 +317,12 @@ def edge_effects(
     use = "prefix" if (path == "prefix" or (path == "auto" and why is None)) else "full"
 
     with torch.no_grad(), softmax_in_model_dtype(run):
-        names = set(run.info.hooks(resolved))
+        names = set(run.info.hooks(resolved)) | {_last_hidden(run)}
         logits, cache = run.cached_run(tokens, names.__contains__)
         clean_logits = logits[0, q]
         tgt = _target(objective, target, clean_logits, next_token, int(clean_logits.shape[-1]))
-        reader = Reader(objective, tgt, clean_logits if objective == "kl" else None)
-        clean = float(reader(clean_logits[None])[0])
+        reader = _reader(objective, tgt, logits[:, q], cache[_last_hidden(run)])
+        clean = float(reader(cache[_last_hidden(run)] if objective == "embedding" else clean_logits[None])[0])
         alphas, rows, layer_ids, heads, deltas = [], [], [], [], []
         at_query: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # kept for joint_effects
         for li, layer in enumerate(resolved):
@@ -327,13 +351,26 @@ def edge_effects(
                        extra={"at_query": at_query, "runner": runner, "reader": reader})
 
 
+def _last_hidden(run: ModelHandle) -> str:
+    return hook_names.resid_post(run.n_layers - 1)
+
+
+def _reader(objective: str, target: Any, logits: torch.Tensor, hidden: torch.Tensor) -> Reader:
+    """The objective's reader from the clean run (``logits [1, d_vocab]`` at the query,
+    ``hidden [1, pos, d_model]`` the last hidden state)."""
+    if objective == "embedding":
+        return Reader(objective, None, hidden)
+    return Reader(objective, target, logits if objective == "kl" else None)
+
+
 def _ablated(runner: PrefixRunner | None, run: ModelHandle, tokens: torch.Tensor, edits: Edits,
              query: int, reader: Reader) -> torch.Tensor:
     """``[n_rows]`` the objective of each ablated row, on the prefix path (``runner``) or
     by whole forwards."""
     if runner is not None:
         return runner.run(edits, reader, ROWS["prefix"])
-    return full_rows(run, tokens, edits, query, reader, ROWS["full"]).double().cpu()
+    read = _last_hidden(run) if reader.objective == "embedding" else None
+    return full_rows(run, tokens, edits, query, reader, ROWS["full"], read).double().cpu()
 
 
 def joint_effects(model: Any, fx: EdgeEffects,
@@ -350,9 +387,9 @@ def joint_effects(model: Any, fx: EdgeEffects,
         at_query, reader, runner = fx.extra.get("at_query"), fx.extra.get("reader"), fx.extra.get("runner")
         if at_query is None or reader is None:  # an EdgeEffects made elsewhere: one clean run
             layers = sorted({fx.layers[li] for li, _, _ in sets})
-            names = set(run.info.hooks(layers))
+            names = set(run.info.hooks(layers)) | {_last_hidden(run)}
             logits, cache = run.cached_run(tokens, names.__contains__)
-            reader = Reader(fx.objective, fx.target, logits[0, q] if fx.objective == "kl" else None)
+            reader = _reader(fx.objective, fx.target, logits[:, q], cache[_last_hidden(run)])
             at_query = {ly: (adapter.read(cache, hook_names.pattern(ly), run_model)[0, :, q, :],
                              adapter.read(cache, hook_names.values(ly), run_model)[0]) for ly in layers}
         if runner is None and fx.path == "prefix":

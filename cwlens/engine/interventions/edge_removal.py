@@ -112,15 +112,22 @@ def _chunks(order: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
 
 
 def full_rows(handle: ModelHandle, tokens: torch.Tensor, edits: Edits, query: int,
-              reduce: Reduce, batch_size: int = 32) -> torch.Tensor:
+              reduce: Reduce, batch_size: int = 32, read: str | None = None) -> torch.Tensor:
     """``[n_rows]``: ``reduce`` of each row's logits at ``query``, every row a whole
-    forward pass of ``tokens`` (``[1, pos]``) with its edits at ``query``."""
+    forward pass of ``tokens`` (``[1, pos]``) with its edits at ``query``. With ``read``
+    (a hook name), ``reduce`` gets that activation of every position instead
+    (``[rows, pos, ...]``: an encoder's last hidden state)."""
     out = []
     for rows in _chunks(torch.arange(edits.n_rows), batch_size):
         sub = edits.select(rows)
-        with handle.hooks(z_hooks(sub, query)):
+        kept: dict[str, torch.Tensor] = {}
+
+        def keep(x: torch.Tensor, hook) -> None:
+            kept["x"] = x.detach()
+
+        with handle.hooks(z_hooks(sub, query) + ([(read, keep)] if read else [])):
             logits = handle.model(tokens.expand(len(rows), -1))
-        out.append(reduce(logits[:, query]))
+        out.append(reduce(kept["x"] if read else logits[:, query]))
     return torch.cat(out)
 
 
