@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cwlens.groundtruth import edge_study
-from cwlens.groundtruth.edge_study import EdgeInput, edge_kinds, run_edges, summarise
+from cwlens.groundtruth.edge_study import EdgeInput, EdgeSettings, edge_kinds, run_edges, summarise
 from cwlens.groundtruth.edges import edge_effects
 from cwlens.testing import save_tiny, tiny_model
 
@@ -81,6 +81,22 @@ def test_summary_has_the_documented_fields(model):
     assert "contribution - attention: spearman_abs" in s["paired"]
     assert s["methods"]["attention_gradient"]["spearman_abs"] > 0.9  # first order, tiny model
     json.dumps(s)  # JSON-ready
+
+
+def test_report_tables_are_well_formed_with_fewer_layers_than_thirds(model):
+    """Every markdown table's separator has its header's columns (one layer: one third)."""
+    from cwlens.groundtruth import edge_report
+
+    settings = EdgeSettings("logprob", [1], torch.float64, ("attention", "contribution"))
+    records = run_edges(model, _items(2), None, {}, progress=False, settings=settings)
+    header = {"model": "tiny", "data": "random", "objective": "logprob", "dtype": "float64", "max_tokens": None,
+              "query": -1, "command": "test"}
+    text = edge_report.markdown(summarise(records, header))
+    lines = text.splitlines()
+    seps = [i for i, line in enumerate(lines) if line.startswith("|---")]
+    assert seps
+    for i in seps:
+        assert lines[i].count("---") == lines[i - 1].count("|") - 1, (lines[i - 1], lines[i])
 
 
 def _cli(*args, cwd=None):

@@ -59,7 +59,7 @@ def markdown(s: dict) -> str:
     lines += ["", "Spearman of magnitudes by depth (layers of each third):", "",
               "| method | " + " | ".join(f"{k} (L{v['layers'][0]}-{v['layers'][1]})" for k, v in depth.items()
                                          if v["layers"]) + " |",
-              "|---|" + "---|" * len(depth)]
+              "|---|" + "---|" * sum(1 for v in depth.values() if v["layers"])]
     for m, e in s["methods"].items():
         lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(
             f"{_f(v['spearman_abs'])} {_ci(v['ci'])}" for v in e["by_depth"].values() if v["layers"]) + " |")
