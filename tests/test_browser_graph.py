@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 
 import cwlens
-from cwlens.testing import tiny_model
+from cwlens.testing import synthetic_graph, tiny_model
 
 from ._browser import browser_page, open_file, png_stats
-from cwlens.testing import synthetic_graph
 
 TEXT = "when mary and john went to the store , john gave a bottle of milk to mary ."
 NODES = [(2, 17), (1, 9), (2, 4)]

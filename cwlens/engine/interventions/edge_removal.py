@@ -122,7 +122,7 @@ def full_rows(handle: ModelHandle, tokens: torch.Tensor, edits: Edits, query: in
         sub = edits.select(rows)
         kept: dict[str, torch.Tensor] = {}
 
-        def keep(x: torch.Tensor, hook) -> None:
+        def keep(x: torch.Tensor, hook, kept=kept) -> None:
             kept["x"] = x.detach()
 
         with handle.hooks(z_hooks(sub, query) + ([(read, keep)] if read else [])):
