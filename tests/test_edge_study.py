@@ -24,8 +24,8 @@ def _items(n: int = 4) -> list[EdgeInput]:
 
 
 def test_edge_kinds_partition_the_keys():
-    for q in (0, 1, 5, 20):
-        kinds = edge_kinds(q, q + 1)
+    for q, n in ((0, 1), (1, 2), (5, 6), (20, 21), (1, 30), (5, 12)):  # n > q + 1: an encoder
+        kinds = edge_kinds(q, n)
         total = sum(m.long() for m in kinds.values())
         assert (total == 1).all()
         assert kinds["sink"][0] and (q == 0 or kinds["self"][q])

@@ -65,7 +65,8 @@ def markdown(s: dict) -> str:
             f"{_f(v['spearman_abs'])} {_ci(v['ci'])}" for v in e["by_depth"].values() if v["layers"]) + " |")
     kinds = list(s["kinds_truth"])
     lines += ["", "Share of |effect| (truth) and of each method's |weight| by kind of key (sink: "
-              "position 0; previous: the query - 1; near: 2-8 back; far: > 8 back), mean over "
+              "position 0; previous: the query - 1; near: 2-8 back, or 1-8 ahead in an encoder; far: "
+              "> 8 away), mean over "
               "(input, layer):", "", "| | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds),
               "| **true effect** | " + " | ".join(_f(s["kinds_truth"][k]) for k in kinds) + " |"]
     for m, e in s["methods"].items():

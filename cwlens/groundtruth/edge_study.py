@@ -61,11 +61,12 @@ class EdgeInput:
 
 
 def edge_kinds(query: int, n_keys: int) -> dict[str, torch.Tensor]:
-    """``{kind: [n_keys] bool}`` (a key in exactly one kind; the sink wins over the others)."""
+    """``{kind: [n_keys] bool}`` (a key in exactly one kind; the sink wins over the others).
+    Keys after the query (encoders): near up to 8 ahead (the next key included), far beyond."""
     j = torch.arange(n_keys)
     back = query - j
     kinds = {"sink": j == 0, "self": back == 0, "previous": back == 1,
-             "near": (back.abs() >= 2) & (back.abs() <= 8), "far": back.abs() > 8}
+             "near": ((back.abs() >= 2) | (back == -1)) & (back.abs() <= 8), "far": back.abs() > 8}
     for k in ("self", "previous", "near", "far"):
         kinds[k] = kinds[k] & ~kinds["sink"]
     return kinds
