@@ -131,9 +131,18 @@ def test_cli_on_an_encoder_scores_whole_sentences_by_the_embedding(tmp_path):
     assert s["n_inputs"] == 2 and s["objective"] == "embedding"
     stored = sorted(r.name for r in (tmp_path / "run" / "inputs").iterdir())
     assert len(stored) == 2 and all(r.is_file() for r in (tmp_path / "run" / "inputs").iterdir()), stored
-    done = _cli("--model", str(path), "--text", "a b c d", "--out", str(tmp_path / "r2"),
-                "--methods", "attention", "--no-progress", "--figures", "")
-    assert done.returncode == 0 and "--objective embedding" in done.stderr
+
+
+
+def test_cli_notes_a_logit_objective_on_an_encoder(capsys):
+    import argparse
+
+    from cwlens.cli.groundtruth_edges import _items
+
+    args = argparse.Namespace(max_tokens=64, objective="logprob", model="tiny-bert", text=["a b c d"],
+                              data="gsm8k", samples=1, query=-1)
+    assert len(_items(args, tiny_model("bert"))) == 1
+    assert "--objective embedding" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [
