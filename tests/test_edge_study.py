@@ -200,3 +200,14 @@ def test_padding_heads_are_in_no_edge_score():
     real = int(((fx.alpha > 0) & ~padding[:, :, None]).sum())
     record = program_records(program, 1, methods=("attention",))[0]
     assert record["n_edges"] == real < fx.n_edges
+
+
+def test_the_captured_curve_of_an_undefined_method_is_nan():
+    """A method without weights for the objective (NaN: attention x gradient under kl or
+    embedding) has no curve in the figure, as it has no cell in the tables."""
+    from cwlens.core.edge_scoring import captured_curve
+
+    effect = torch.tensor([0.5, -0.1, 0.3, 0.0])
+    assert captured_curve(torch.full((4,), float("nan")), effect, 3).isnan().all()
+    curve = captured_curve(torch.tensor([1.0, 0.0, 2.0, 0.5]), effect, 3)
+    torch.testing.assert_close(curve, torch.tensor([0.3 / 0.5, 0.8 / 0.8, 0.8 / 0.9], dtype=torch.float64))

@@ -154,6 +154,7 @@ def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
     import torch
 
     from cwlens.cli.common import load_model
+    from cwlens.engine.handle import wrap
     from cwlens.faithfulness.report import write_block
     from cwlens.groundtruth.edge_study import EdgeSettings, run_edges, summarise
 
@@ -173,8 +174,8 @@ def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
     records = run_edges(model, items, out, config, resume=not args.no_resume,
                         progress=not args.no_progress, settings=settings)
     header = {k: config[k] for k in ("model", "data", "objective", "dtype", "max_tokens", "query")}
-    if not (args.text or args.data in TEXT_DATA):
-        header["max_tokens"] = None  # a prompt is not cut
+    if not (args.text or args.data in TEXT_DATA) or wrap(model).is_encoder:
+        header["max_tokens"] = None  # a prompt, or an encoder's sentence, is not cut
     header["wall_s_this_run"] = round(time.perf_counter() - t0, 1)
     header["command"] = edge_report.command_line(args)
     if not main:  # rank 0 writes

@@ -69,8 +69,11 @@ def agreement(weights: torch.Tensor, effect: torch.Tensor, ks: Sequence[int] = K
 
 
 def captured_curve(weights: torch.Tensor, effect: torch.Tensor, k_max: int) -> torch.Tensor:
-    """``[k_max]``: ``captured[k]`` for k = 1..k_max (the figure's curve)."""
+    """``[k_max]``: ``captured[k]`` for k = 1..k_max (the figure's curve); NaN where a
+    weight is not finite (a method undefined for the objective), as in :func:`agreement`."""
     e = effect.double().abs()
+    if not torch.isfinite(weights).all():
+        return torch.full((k_max,), float("nan"), dtype=torch.float64)
     best = torch.sort(e, descending=True, stable=True).values.cumsum(0)
     picked = e[torch.sort(weights.double().abs(), descending=True, stable=True).indices].cumsum(0)
     k = min(k_max, e.numel())

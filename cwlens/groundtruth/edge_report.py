@@ -16,8 +16,17 @@ def _f(x: float, signed: bool = False) -> str:
     return f"{x:+.3f}" if signed else f"{x:.3f}"
 
 
-def _ci(ci, signed: bool = False) -> str:
-    return f"[{_f(ci[0], signed)}, {_f(ci[1], signed)}]"
+def _ci(ci, signed: bool = False, fmt=None) -> str:
+    fmt = fmt or _f
+    return f"[{fmt(ci[0], signed)}, {fmt(ci[1], signed)}]"
+
+
+def _g(x: float, signed: bool = True) -> str:
+    """A drop of the objective: three decimals, or two significant digits where those
+    would read 0.000 (an encoder's embedding damage is of order 1e-4)."""
+    if x is not None and not (isinstance(x, float) and math.isnan(x)) and 0 < abs(x) < 5e-4:
+        return f"{x:+.1e}"
+    return _f(x, signed)
 
 
 def command_line(args) -> str:
@@ -80,11 +89,12 @@ def markdown(s: dict) -> str:
         if m in j:
             label = "**largest true effects**" if m == "oracle" else LABELS.get(m, m)
             lines.append(f"| {label} | " + " | ".join(
-                f"{_f(j[m][k]['drop'], True)} {_ci(j[m][k]['ci'], True)} ({_f(j[m][k]['additive'], True)})"
+                f"{_g(j[m][k]['drop'])} {_ci(j[m][k]['ci'], True, _g)} ({_g(j[m][k]['additive'])})"
                 for k in ks) + " |")
     lines += ["", "Paired differences over inputs (Holm over the family; ✓ resolved):", "",
               "| difference | mean [95%] | p | resolved |", "|---|---|---|---|"]
     for key, d in s["paired"].items():
-        lines.append(f"| {key} | {_f(d['mean'], True)} {_ci(d['ci'], True)}"
+        fmt = _g if "joint" in key else _f
+        lines.append(f"| {key} | {fmt(d['mean'], True)} {_ci(d['ci'], True, fmt)}"
                      + (FLAG if d["flagged"] else "") + f" | {d['p']:.4f} | {'✓' if d['resolved'] else ''} |")
     return "\n".join(lines) + "\n"

@@ -291,7 +291,8 @@ def summarise(records: list[dict], header: dict) -> dict:
                                        "spearman_abs": iv["mean"], "ci": iv["ci"]}
         entry["kinds"] = {k: _nanmean([_nanmean([ly["methods"][m]["kinds"][k] for ly in r["layers"]])
                                        for r in records]) for k in KINDS}
-        entry["curve"] = [_nanmean([_nanmean([ly["methods"][m]["curve"][i] for ly in r["layers"]])
+        entry["curve"] = [_nanmean([_nanmean([ly["methods"][m]["curve"][i] for ly in r["layers"]
+                                              if _defined(ly["methods"][m])])
                                     for r in records]) for i in range(K_CURVE)]
         out["methods"][m] = entry
     out["kinds_truth"] = {k: _nanmean([_nanmean([ly["kinds_truth"][k] for ly in r["layers"]]) for r in records])
@@ -307,13 +308,23 @@ def _joint(records: list[dict], ks: list[str]) -> dict:
     for name in names:
         out[name] = {}
         for k in ks:
-            drops = np.array([_nanmean([ly["joint"][name][k]["drop"] for ly in r["layers"] if name in ly.get("joint", {})])
-                              for r in records])
+            drops = _joint_per_input(records, name, k)
             adds = np.array([_nanmean([ly["joint"][name][k]["additive"] for ly in r["layers"] if name in ly.get("joint", {})])
                              for r in records])
             iv = _interval(drops)
             out[name][k] = {"drop": iv["mean"], "ci": iv["ci"], "additive": _nanmean(adds.tolist())}
     return out
+
+
+def _defined(score: dict) -> bool:
+    """Whether a method had weights on this layer (records stored before the curve's own
+    NaN check carry a curve for an undefined method: its captured cells say NaN)."""
+    return not math.isnan(score["captured"]["1"])
+
+
+def _joint_per_input(records: list[dict], method: str, k: str) -> np.ndarray:
+    return np.array([_nanmean([ly["joint"][method][k]["drop"] for ly in r["layers"]
+                               if method in ly.get("joint", {})]) for r in records])
 
 
 def _paired(records: list[dict], methods: list[str], ks: list[str]) -> dict:
@@ -329,6 +340,11 @@ def _paired(records: list[dict], methods: list[str], ks: list[str]) -> dict:
             ok = np.isfinite(va) & np.isfinite(vb)
             if ok.sum() >= bootstrap.MIN_N:
                 family[f"{b} - {a}: {mname}"] = bootstrap.paired_bootstrap(va[ok], vb[ok])
+        # the paper's protocol at one query: the drop when each method's top k go together
+        va, vb = _joint_per_input(records, a, k_mid), _joint_per_input(records, b, k_mid)
+        ok = np.isfinite(va) & np.isfinite(vb)
+        if ok.sum() >= bootstrap.MIN_N:
+            family[f"{b} - {a}: joint drop@{k_mid}"] = bootstrap.paired_bootstrap(va[ok], vb[ok])
     resolved = bootstrap.holm(family)
     return {key: {"mean": d.mean, "ci": [d.low, d.high], "p": d.p, "n": d.n,
                   "resolved": bool(d.resolved), "flagged": d.flagged}
