@@ -30,6 +30,17 @@ def decoder(request):
     return request.param, tiny_model(request.param)
 
 
+def _zero_head(query: int, head: int):
+    """A ``hook_z`` hook zeroing ``head``'s output at ``query``."""
+
+    def zero(z, hook):
+        z = z.clone()
+        z[:, query, head] = 0
+        return z
+
+    return zero
+
+
 def _independent(model, tokens, query, layer, head, key, objective="logprob", target=None):
     """The effect of one edge by a plain hook on what the heads wrote in the residual
     space (``o_proj``'s output on the bridge, ``hook_attn_out`` on 3.x), a whole forward
@@ -113,13 +124,8 @@ def test_removing_all_edges_of_a_head_equals_zeroing_its_output(decoder):
         keys = fx.eligible[0, head].nonzero()[:, 0]
         joint = float(joint_effects(model, fx, [(0, torch.full_like(keys, head), keys)])[0])
 
-        def zero(z, hook, head=head):
-            z = z.clone()
-            z[:, q, head] = 0
-            return z
-
         reader = Reader("logprob", fx.target)
-        with h.hooks([(hook_names.z(1), zero)]), softmax_in_model_dtype(h):
+        with h.hooks([(hook_names.z(1), _zero_head(q, head))]), softmax_in_model_dtype(h):
             zeroed = float(reader(m(toks)[:, q])[0])
         assert abs(joint - (fx.clean - zeroed)) < 1e-9, (arch, head)
 
@@ -174,13 +180,8 @@ def test_encoder_edges_run_whole_forwards():
     keys = fx.eligible[1, 0].nonzero()[:, 0]
     joint = float(joint_effects(model, fx, [(1, torch.zeros_like(keys), keys)])[0])
 
-    def zero(z, hook):
-        z = z.clone()
-        z[:, 3, 0] = 0
-        return z
-
     reader = Reader("logprob", fx.target)
-    with h.hooks([(hook_names.z(1), zero)]):
+    with h.hooks([(hook_names.z(1), _zero_head(3, 0))]):
         zeroed = float(reader(m(fx.tokens[None])[:, 3])[0])
     assert abs(joint - (fx.clean - zeroed)) < 1e-9
     with pytest.raises(InvalidArgumentError, match="encoder|TransformerBridge"):
@@ -226,12 +227,7 @@ def test_encoder_embedding_objective_is_the_sentence_embeddings_damage():
     keys = fx.eligible[1, 0].nonzero()[:, 0]
     joint = float(joint_effects(model, fx, [(1, torch.zeros_like(keys), keys)])[0])
 
-    def zero(z, hook):
-        z = z.clone()
-        z[:, 3, 0] = 0
-        return z
-
-    e = embedding([(hook_names.z(1), zero)])
+    e = embedding([(hook_names.z(1), _zero_head(3, 0))])
     want = 1 - float(torch.nn.functional.cosine_similarity(e, clean, dim=0))
     assert want > 1e-9 and abs(joint - want) <= 1e-6 * want + 1e-14
     with pytest.raises(InvalidArgumentError, match="encoder"):

@@ -138,10 +138,11 @@ def test_cli_notes_a_logit_objective_on_an_encoder(capsys):
     import argparse
 
     from cwlens.cli.groundtruth_edges import _items
+    from cwlens.engine.handle import wrap
 
     args = argparse.Namespace(max_tokens=64, objective="logprob", model="tiny-bert", text=["a b c d"],
                               data="gsm8k", samples=1, query=-1)
-    assert len(_items(args, tiny_model("bert"))) == 1
+    assert len(_items(args, wrap(tiny_model("bert")))) == 1
     assert "--objective embedding" in capsys.readouterr().err
 
 

@@ -68,15 +68,13 @@ def add_edge_args(p: argparse.ArgumentParser) -> None:
                    help="with --edges: start afresh instead of resuming the run in --out")
 
 
-def _items(args, model) -> list:
+def _items(args, handle) -> list:
     import torch
 
     from cwlens.datasets import ChoiceItem, TextSample, load_dataset
-    from cwlens.engine.handle import wrap
     from cwlens.errors import InvalidArgumentError
     from cwlens.groundtruth.edge_study import EdgeInput
 
-    handle = wrap(model)
     keep = args.max_tokens + (1 if args.objective == "nll" else 0)
     rows: list[tuple[str, str, Any]] = []
     if args.objective == "embedding" and not handle.is_encoder:
@@ -160,7 +158,8 @@ def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
 
     start, end, key = block
     model = load_model(args)
-    items = _items(args, model)
+    handle = wrap(model)
+    items = _items(args, handle)
     data = "text" if args.text else args.data
     config = {"model": args.model, "data": data, "objective": args.objective, "dtype": args.dtype,
               "max_tokens": args.max_tokens, "query": args.query, "methods": list(args.methods),
@@ -174,7 +173,7 @@ def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
     records = run_edges(model, items, out, config, resume=not args.no_resume,
                         progress=not args.no_progress, settings=settings)
     header = {k: config[k] for k in ("model", "data", "objective", "dtype", "max_tokens", "query")}
-    if not (args.text or args.data in TEXT_DATA) or wrap(model).is_encoder:
+    if not (args.text or args.data in TEXT_DATA) or handle.is_encoder:
         header["max_tokens"] = None  # a prompt, or an encoder's sentence, is not cut
     header["wall_s_this_run"] = round(time.perf_counter() - t0, 1)
     header["command"] = edge_report.command_line(args)

@@ -317,12 +317,12 @@ def edge_effects(
     use = "prefix" if (path == "prefix" or (path == "auto" and why is None)) else "full"
 
     with torch.no_grad(), softmax_in_model_dtype(run):
-        names = set(run.info.hooks(resolved)) | {_last_hidden(run)}
+        names = set(run.info.hooks(resolved)) | {_read_hook(run, objective)}
         logits, cache = run.cached_run(tokens, names.__contains__)
         clean_logits = logits[0, q]
         tgt = _target(objective, target, clean_logits, next_token, int(clean_logits.shape[-1]))
-        reader = _reader(objective, tgt, logits[:, q], cache[_last_hidden(run)])
-        clean = float(reader(cache[_last_hidden(run)] if objective == "embedding" else clean_logits[None])[0])
+        reader, read = _reader(objective, tgt, logits[:, q], cache, run)
+        clean = float(reader(cache[read] if read else clean_logits[None])[0])
         alphas, rows, layer_ids, heads, deltas = [], [], [], [], []
         at_query: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # kept for joint_effects
         for li, layer in enumerate(resolved):
@@ -351,16 +351,20 @@ def edge_effects(
                        extra={"at_query": at_query, "runner": runner, "reader": reader})
 
 
-def _last_hidden(run: ModelHandle) -> str:
-    return hook_names.resid_post(run.n_layers - 1)
+def _read_hook(run: ModelHandle, objective: str) -> str | None:
+    """The hook an objective reads instead of the logits: the last hidden state for
+    ``"embedding"`` (None: the logits)."""
+    return hook_names.resid_post(run.n_layers - 1) if objective == "embedding" else None
 
 
-def _reader(objective: str, target: Any, logits: torch.Tensor, hidden: torch.Tensor) -> Reader:
-    """The objective's reader from the clean run (``logits [1, d_vocab]`` at the query,
-    ``hidden [1, pos, d_model]`` the last hidden state)."""
-    if objective == "embedding":
-        return Reader(objective, None, hidden)
-    return Reader(objective, target, logits if objective == "kl" else None)
+def _reader(objective: str, target: Any, logits: torch.Tensor, cache: Any,
+            run: ModelHandle) -> tuple[Reader, str | None]:
+    """The objective's reader from the clean run (``logits [1, d_vocab]`` at the query;
+    ``cache`` holding :func:`_read_hook`) and the hook it reads (None: the logits)."""
+    read = _read_hook(run, objective)
+    if read is not None:
+        return Reader(objective, None, cache[read]), read
+    return Reader(objective, target, logits if objective == "kl" else None), None
 
 
 def _ablated(runner: PrefixRunner | None, run: ModelHandle, tokens: torch.Tensor, edits: Edits,
@@ -369,7 +373,7 @@ def _ablated(runner: PrefixRunner | None, run: ModelHandle, tokens: torch.Tensor
     by whole forwards."""
     if runner is not None:
         return runner.run(edits, reader, ROWS["prefix"])
-    read = _last_hidden(run) if reader.objective == "embedding" else None
+    read = _read_hook(run, reader.objective)
     return full_rows(run, tokens, edits, query, reader, ROWS["full"], read).double().cpu()
 
 
@@ -387,9 +391,9 @@ def joint_effects(model: Any, fx: EdgeEffects,
         at_query, reader, runner = fx.extra.get("at_query"), fx.extra.get("reader"), fx.extra.get("runner")
         if at_query is None or reader is None:  # an EdgeEffects made elsewhere: one clean run
             layers = sorted({fx.layers[li] for li, _, _ in sets})
-            names = set(run.info.hooks(layers)) | {_last_hidden(run)}
+            names = set(run.info.hooks(layers)) | {_read_hook(run, fx.objective)}
             logits, cache = run.cached_run(tokens, names.__contains__)
-            reader = _reader(fx.objective, fx.target, logits[:, q], cache[_last_hidden(run)])
+            reader, _ = _reader(fx.objective, fx.target, logits[:, q], cache, run)
             at_query = {ly: (adapter.read(cache, hook_names.pattern(ly), run_model)[0, :, q, :],
                              adapter.read(cache, hook_names.values(ly), run_model)[0]) for ly in layers}
         if runner is None and fx.path == "prefix":

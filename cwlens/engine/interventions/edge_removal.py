@@ -84,19 +84,26 @@ class Edits:
                      self.delta[idx.to(self.delta.device)], len(rows))
 
 
-def _z_hook(rows: torch.Tensor, heads: torch.Tensor, delta: torch.Tensor, position: int):
+def _z_hook(rows: torch.Tensor, heads: torch.Tensor, delta: torch.Tensor, position: int | None):
+    """Subtract ``delta`` from ``hook_z[row, position, head]``; ``position=None``: the rows
+    are the positions of one sequence (the prefix path), ``hook_z[0, row, head]``."""
+
     def remove_edges(z: torch.Tensor, hook) -> torch.Tensor:
         z = z.clone()
-        pos = torch.full_like(rows, position if position >= 0 else z.shape[1] + position)
-        z.index_put_((rows.to(z.device), pos.to(z.device), heads.to(z.device)),
-                     -delta.to(device=z.device, dtype=z.dtype), accumulate=True)
+        r, h = rows.to(z.device), heads.to(z.device)
+        if position is None:
+            where = (torch.zeros_like(r), r, h)
+        else:
+            where = (r, torch.full_like(r, position if position >= 0 else z.shape[1] + position), h)
+        z.index_put_(where, -delta.to(device=z.device, dtype=z.dtype), accumulate=True)
         return z
 
     return remove_edges
 
 
-def z_hooks(edits: Edits, position: int) -> list[tuple[str, Any]]:
-    """One ``hook_z`` hook per edited layer, subtracting the edits at ``position``."""
+def z_hooks(edits: Edits, position: int | None) -> list[tuple[str, Any]]:
+    """One ``hook_z`` hook per edited layer, subtracting the edits at ``position`` (None:
+    each row's own position, the prefix path)."""
     hooks = []
     for layer in sorted(set(edits.layer.tolist())):
         at = (edits.layer == layer).nonzero()[:, 0]
@@ -132,23 +139,6 @@ def full_rows(handle: ModelHandle, tokens: torch.Tensor, edits: Edits, query: in
 
 
 # -- the prefix path -----------------------------------------------------------------------
-def _rename_cache_kwarg(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
-        kwargs = {**kwargs, "past_key_values": kwargs["cache"]}
-    return args, kwargs
-
-
-@contextmanager
-def _cache_seen(handle: ModelHandle) -> Iterator[None]:
-    hooks = [block.attn.register_forward_pre_hook(_rename_cache_kwarg, with_kwargs=True)
-             for block in handle.model.blocks]
-    try:
-        yield
-    finally:
-        for h in hooks:
-            h.remove()
-
-
 @contextmanager
 def softmax_in_model_dtype(handle: ModelHandle) -> Iterator[None]:
     """TransformerLens 4.x's attention bridge takes its softmax in float32 whatever the
@@ -174,15 +164,12 @@ def softmax_in_model_dtype(handle: ModelHandle) -> Iterator[None]:
 
 
 def _frozen_update(cache: Any) -> None:
-    """Make ``cache`` hand every layer its stored prefix plus the new keys and values,
-    broadcast over the rows, without storing anything: one cache serves every chunk."""
+    """Make ``cache`` hand every layer its stored prefix plus the new keys and values
+    without storing anything: one cache serves every chunk."""
 
     def update(key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         layer = cache.layers[layer_idx]
-        b = key_states.shape[0]
-        keys = layer.keys.expand(b, *layer.keys.shape[1:])
-        values = layer.values.expand(b, *layer.values.shape[1:])
-        return torch.cat([keys, key_states], -2), torch.cat([values, value_states], -2)
+        return torch.cat([layer.keys, key_states], -2), torch.cat([layer.values, value_states], -2)
 
     cache.update = update
 
@@ -209,7 +196,7 @@ class PrefixRunner:
         self.handle = handle
         self.tokens = tokens  # [1, query + 1]: the query is the last position
         self.query = tokens.shape[1] - 1
-        with _cache_seen(handle), warnings.catch_warnings():
+        with _attention_kwargs(handle, None, rows=False), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
             if self.query > 0:
                 _, cache = handle.model(tokens[:, :-1], return_type="logits_and_cache")
@@ -228,8 +215,8 @@ class PrefixRunner:
         if self.cache is not None:
             kwargs = {"past_key_values": self.cache, "position_ids": torch.tensor(
                 [[self.query]], device=self.tokens.device)}
-        with _cache_seen(self.handle), _rows_see_prefix_and_self(self.handle, self.cache), \
-                self.handle.hooks(hooks), warnings.catch_warnings():
+        with _attention_kwargs(self.handle, self.cache, rows=True), self.handle.hooks(hooks), \
+                warnings.catch_warnings():
             # transformers 5 renames the forward's past_key_values to cache, with a warning
             warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
             return self.handle.model(self.tokens[:, -1:], **kwargs)
@@ -244,8 +231,7 @@ class PrefixRunner:
             sub = edits.select(rows)
             start = int(first[rows].min())
             if start < n_layers:
-                hooks = [(hook_names.resid_pre(start), _repeat_rows(len(rows)))]
-                hooks += [(name, _z_rows_hook(sub, layer)) for name, layer in _edited_layers(sub)]
+                hooks = [(hook_names.resid_pre(start), _repeat_rows(len(rows))), *z_hooks(sub, None)]
                 logits = self._forward(hooks)  # the rows are positions: [1, rows, d_vocab]
                 logits = logits.reshape(len(rows), logits.shape[-1])  # (GPT-2's bridge: [rows, 1, d_vocab])
             else:  # clean rows only
@@ -254,57 +240,26 @@ class PrefixRunner:
         return out
 
 
-def _edited_layers(edits: Edits) -> list[tuple[str, int]]:
-    return [(hook_names.z(layer), layer) for layer in sorted(set(edits.layer.tolist()))]
-
-
-def _z_rows_hook(edits: Edits, layer: int):
-    """``hook_z`` of ``layer`` in the prefix path (``[1, rows, head, d_head]``: a row is a
-    position): subtract the layer's edits."""
-    at = (edits.layer == layer).nonzero()[:, 0]
-    rows, heads, delta = edits.row[at], edits.head[at], edits.delta[at.to(edits.delta.device)]
-
-    def remove_edges(z: torch.Tensor, hook) -> torch.Tensor:
-        z = z.clone()
-        z[0].index_put_((rows.to(z.device), heads.to(z.device)),
-                        -delta.to(device=z.device, dtype=z.dtype), accumulate=True)
-        return z
-
-    return remove_edges
-
-
 @contextmanager
-def _rows_see_prefix_and_self(handle: ModelHandle, cache: Any) -> Iterator[None]:
-    """While the rows run as positions of one sequence: each attention's mask becomes
-    ``[1, 1, rows, prefix + rows]``, every row seeing the prefix as the clean query does
-    (the clean step's own mask row, so sliding windows and padding carry over) and itself."""
+def _attention_kwargs(handle: ModelHandle, cache: Any, rows: bool) -> Iterator[None]:
+    """While open, a forward pre-hook on each attention: hands it the cache under
+    ``past_key_values`` (TransformerLens 4.3 reads no other name; transformers 5 passes
+    ``cache``), and with ``rows`` (the rows as positions of one sequence) sets its mask to
+    ``[1, 1, rows, prefix + rows]``: every row sees the prefix as the clean query does (the
+    clean step's own mask row, so sliding windows carry over) and itself."""
 
     def pre_hook(layer: int):
-        def set_mask(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def set_kwargs(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
+                kwargs = {**kwargs, "past_key_values": kwargs["cache"]}
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            rows = hidden.shape[1]
-            if rows == 1:
+            if not rows or hidden.shape[1] == 1:
                 return args, kwargs
-            n = 0 if cache is None else cache.layers[layer].keys.shape[-2]
-            low = torch.finfo(hidden.dtype).min
-            mask = kwargs.get("attention_mask")
-            if mask is None:
-                prefix = torch.zeros(n, dtype=hidden.dtype, device=hidden.device)
-            else:
-                if mask.ndim != 4 or mask.shape[-1] != n + 1 or mask.shape[0] != 1:
-                    raise InvalidArgumentError(
-                        f"the prefix path expected layer {layer}'s attention mask [1, *, 1, {n + 1}], "
-                        f"got {tuple(mask.shape)}. Use path='full'.")
-                prefix = mask[0, 0, -1, :n]
-                if prefix.dtype == torch.bool:
-                    prefix = torch.where(prefix, 0.0, low)
-                prefix = prefix.to(dtype=hidden.dtype, device=hidden.device)
-            own = torch.full((rows, rows), low, dtype=hidden.dtype, device=hidden.device)
-            own.fill_diagonal_(0.0)
-            new = torch.cat([prefix.expand(rows, n), own], -1)[None, None]
-            return args, {**kwargs, "attention_mask": new}
+            return args, {**kwargs, "attention_mask": _prefix_and_self_mask(
+                kwargs.get("attention_mask"), hidden, 0 if cache is None else cache.layers[layer].keys.shape[-2],
+                layer)}
 
-        return set_mask
+        return set_kwargs
 
     hooks = [block.attn.register_forward_pre_hook(pre_hook(i), with_kwargs=True)
              for i, block in enumerate(handle.model.blocks)]
@@ -313,6 +268,26 @@ def _rows_see_prefix_and_self(handle: ModelHandle, cache: Any) -> Iterator[None]
     finally:
         for h in hooks:
             h.remove()
+
+
+def _prefix_and_self_mask(mask: torch.Tensor | None, hidden: torch.Tensor, n: int, layer: int) -> torch.Tensor:
+    """``[1, 1, rows, n + rows]`` additive: the clean step's mask row over the ``n`` prefix
+    keys (``mask``: ``[1, *, 1, n + 1]``, or None: all visible), then each row's own key."""
+    rows, low = hidden.shape[1], torch.finfo(hidden.dtype).min
+    if mask is None:
+        prefix = torch.zeros(n, dtype=hidden.dtype, device=hidden.device)
+    else:
+        if mask.ndim != 4 or mask.shape[-1] != n + 1 or mask.shape[0] != 1:
+            raise InvalidArgumentError(
+                f"the prefix path expected layer {layer}'s attention mask [1, *, 1, {n + 1}], "
+                f"got {tuple(mask.shape)}. Use path='full'.")
+        prefix = mask[0, 0, -1, :n]
+        if prefix.dtype == torch.bool:
+            prefix = torch.where(prefix, 0.0, low)
+        prefix = prefix.to(dtype=hidden.dtype, device=hidden.device)
+    own = torch.full((rows, rows), low, dtype=hidden.dtype, device=hidden.device)
+    own.fill_diagonal_(0.0)
+    return torch.cat([prefix.expand(rows, n), own], -1)[None, None]
 
 
 def _repeat_rows(n: int):
