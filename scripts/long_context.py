@@ -34,6 +34,7 @@ from cwlens.cli.arg_types import positive_int
 from cwlens.datasets import load_dataset
 from cwlens.engine import adapter, reducers
 from cwlens.engine.batching import token_ids
+from cwlens.engine.handle import wrap
 from cwlens.engine.models.registry import model_label
 from cwlens.errors import CwlensError
 from cwlens.sinks.by_position import per_layer_means, position_curves, range_means
@@ -108,7 +109,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     kwargs = stream_kwargs(args.attention, args.query_block)
     model = cwlens.load_model(args.model, device=args.device)
-    if adapter.is_encoder(model):
+    if wrap(model).is_encoder:
         raise CwlensError(f"{args.model} is an encoder: the study follows causal queries along a text; "
                           "pass a decoder (e.g. --model smollm2-135m).")
     info = adapter.ModelInfo.of(model)
@@ -130,7 +131,7 @@ def main(argv=None) -> dict:
     summary = {
         "command": "python scripts/long_context.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": args.model, "model_label": label, "tokens": int(tokens.shape[1]),
-        "context_length": adapter.context_length(model),
+        "context_length": wrap(model).context_length(),
         "first_tokens": [str(t) for t in model.to_str_tokens(tokens[0, :4])],
         **provenance, "attention": kwargs.get("attention", "eager (no blockwise path installed)"),
         "query_block": args.query_block, "kind": "inter", "metrics": list(METRICS),

@@ -4,16 +4,16 @@ sliding window), the rest of the ``k`` entries marked index -1 / value NaN."""
 
 import torch
 
-from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 
 
 def attended(model, n: int, layer: int, mask: torch.Tensor | None = None) -> torch.Tensor:
     """``[batch or 1, 1, n, n]`` bool: True where query ``i`` attends to key ``j``."""
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
     ok = torch.ones(n, n, dtype=torch.bool)
-    if not adapter.is_encoder(model):
+    if not wrap(model).is_encoder:
         ok = j <= i
-        window = adapter.attention_window(model, layer)
+        window = wrap(model).attention_window(layer)
         if window is not None:
             ok = ok & (j > i - window)
     ok = ok[None, None]

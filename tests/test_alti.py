@@ -10,6 +10,7 @@ from torch.testing import assert_close
 
 from cwlens.core import AttentionGeometry
 from cwlens.core.alti import AttentionOutputNorm, PostNorm, alti_attention_weights, alti_parts
+from cwlens.engine.handle import wrap
 from cwlens.errors import MissingHookError
 from cwlens.testing import naive_alti, naive_alti_full, random_layer
 
@@ -155,15 +156,15 @@ def test_full_alti_streamed_on_a_model_equals_the_definition_on_its_hooks(arch):
     norm = adapter.post_attention_layernorm(model, 1)
     assert (norm is not None) == (arch != "llama")
     ref, _ = naive_alti_full(cache[hook_names.pattern(1)], cache[hook_names.values(1)],
-                             adapter.W_O(model, 1), cache[hook_names.resid_pre(1)],
-                             adapter.b_O(model, 1), None, **_naive_norms(norm))
+                             wrap(model).W_O(1), cache[hook_names.resid_pre(1)],
+                             wrap(model).b_O(1), None, **_naive_norms(norm))
     _, (got,) = stream_geometry(model, tokens, lambda ly, geo: geo.alti(), layers=[1])
     assert_close(got.double(), ref, rtol=1e-4, atol=1e-5)
     geo = adapter.geometry(cache, model, 1)  # the cached path attaches resid_pre too
     assert_close(geo.alti().double(), ref, rtol=1e-4, atol=1e-5)
-    mid = cache[hook_names.resid_pre(1)] + geo.layer_output + adapter.b_O(model, 1)
+    mid = cache[hook_names.resid_pre(1)] + geo.layer_output + wrap(model).b_O(1)
     if isinstance(norm, AttentionOutputNorm):
-        attn = geo.layer_output + adapter.b_O(model, 1)
+        attn = geo.layer_output + wrap(model).b_O(1)
         mid = cache[hook_names.resid_pre(1)] + norm.weight * attn / (
             attn.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
         assert_close(mid, cache[hook_names.resid_mid(1)], rtol=1e-4, atol=1e-5)

@@ -10,7 +10,8 @@ from torch.testing import assert_close
 
 import cwlens
 from cwlens.engine import adapter
-from cwlens.engine.batching import is_encoder, pad_batch
+from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.testing import ARCHITECTURES, naive_measures, tiny_model
 
 TEXTS = [
@@ -107,7 +108,7 @@ def test_pad_positions_are_zero_not_nan(run):
 def test_causal_models_give_zero_weight_to_future_keys(run):
     model, _, mask, cache = run
     c = cwlens.contribution_weights(cache, model, attention_mask=mask)
-    if is_encoder(model):
+    if wrap(model).is_encoder:
         assert (c.triu(1) != 0).any()  # bidirectional: future keys do contribute
     else:
         assert (c.triu(1) == 0).all()
@@ -129,8 +130,8 @@ def test_full_alti_whole_is_the_models_residual_after_attention(run):
     geo = adapter.geometry(cache, model, layer, attention_mask=mask)
     norm = adapter.post_attention_layernorm(model, layer)
     assert isinstance(norm, AttentionOutputNorm) == adapter.ModelInfo.of(model).post_attn_norm
-    b_O = adapter.b_O(model, layer)
-    if not is_encoder(model):
+    b_O = wrap(model).b_O(layer)
+    if not wrap(model).is_encoder:
         attn = geo.layer_output + b_O
         if isinstance(norm, AttentionOutputNorm):
             attn = norm.weight * attn / (attn.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
@@ -143,7 +144,7 @@ def test_full_alti_whole_is_the_models_residual_after_attention(run):
     elif norm is not None:
         extra["norm"] = (norm.weight, norm.bias, norm.eps)
     ref, ref_resid = naive_alti_full(cache[hook_names.pattern(layer)], cache[hook_names.values(layer)],
-                                     adapter.W_O(model, layer), cache[hook_names.resid_pre(layer)],
+                                     wrap(model).W_O(layer), cache[hook_names.resid_pre(layer)],
                                      b_O, real(mask), **extra)
     entries, resid = alti_parts(geo)
     assert_close(entries.double(), ref, rtol=1e-4, atol=1e-5)

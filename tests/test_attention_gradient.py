@@ -8,6 +8,7 @@ from torch.testing import assert_close
 from cwlens.engine import hook_names
 from cwlens.engine.batching import pad_batch
 from cwlens.engine.gradients import attention_gradient, document_loss
+from cwlens.engine.handle import wrap
 from cwlens.errors import UnsupportedModelError
 from cwlens.testing import tiny_model
 
@@ -107,7 +108,6 @@ def test_peers_run_in_the_faithfulness_harness(model):
 
 
 def _check_margin_item(model, item, n_rows):
-    from cwlens.engine import adapter
     from cwlens.faithfulness import choice
     from cwlens.faithfulness.passes import _batch_objective
     from cwlens.faithfulness.units import choice_units
@@ -118,7 +118,7 @@ def _check_margin_item(model, item, n_rows):
     assert len(rows) == n_rows and bool(mask.all())
     loss = _batch_objective([unit], [0], [rows], [0] * len(rows))
     scores = attention_gradient(model, tokens, mask, loss=loss)
-    kwargs = adapter.forward_kwargs(model, mask)
+    kwargs = wrap(model).forward_kwargs(mask)
     pattern = {}
     with torch.no_grad(), model.hooks(fwd_hooks=[
             (hook_names.pattern(ly), lambda p, hook, ly=ly: pattern.__setitem__(ly, p.clone()))

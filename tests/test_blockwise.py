@@ -14,8 +14,10 @@ from cwlens.core._types import STREAM_METRICS
 from cwlens.core.bitmask import PackedMask
 from cwlens.engine import adapter, reducers, streaming
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.engine.interventions import sinks
 from cwlens.engine.interventions.value_masking import run_masked
+from cwlens.engine.models.blockwise import current_block, supports_blockwise
 from cwlens.errors import BlockwiseHookError, UnknownOptionError, UnsupportedModelError
 from cwlens.testing import ARCHITECTURES, tiny_model
 
@@ -32,7 +34,7 @@ LOGITS = dict(rtol=0, atol=1e-4)
 def run(request):
     model = tiny_model(request.param)
     tokens, mask = pad_batch(model, TEXTS)
-    if not adapter.supports_blockwise(model):
+    if not supports_blockwise(model):
         pytest.skip("blockwise attention needs TransformerLens 4.x (see test_tl3_refuses)")
     return model, tokens, mask
 
@@ -46,7 +48,7 @@ def real(logits, mask):
 
 def forward(model, tokens, mask, attention="eager", block=3):
     with torch.no_grad(), streaming.attention_context(model, tokens, attention, block):
-        return model(tokens, **adapter.forward_kwargs(model, mask))
+        return model(tokens, **wrap(model).forward_kwargs(mask))
 
 
 @pytest.mark.parametrize("block", [1, 3, 256])
@@ -189,7 +191,7 @@ def test_auto_switches_above_the_threshold(run, monkeypatch):
 
 def test_tl3_refuses():
     model = tiny_model("llama")
-    if adapter.supports_blockwise(model):
+    if supports_blockwise(model):
         pytest.skip("TransformerLens 4.x: blockwise applies")
     tokens, mask = pad_batch(model, TEXTS)
     with pytest.raises(UnsupportedModelError, match="TransformerLens 4.x"):
@@ -217,7 +219,7 @@ def test_real_models_equal_eager(name, n, request):
     """The real offline models: SmolLM2-135M, Gemma-3-270M past its 512-token sliding
     window, MiniLM (BERT): logits and streamed contribution column sums."""
     model = request.getfixturevalue(name)
-    if not adapter.supports_blockwise(model):
+    if not supports_blockwise(model):
         pytest.skip("the blockwise path applies to TransformerLens 4.x bridges only")
     torch.manual_seed(0)
     tokens = torch.randint(1000, 20000, (1, n))
@@ -245,7 +247,7 @@ def test_blocks_come_widest_first_and_last_closes_the_layer(run):
     seen = []
 
     def record(pattern, hook):
-        seen.append(adapter.current_block())
+        seen.append(current_block())
 
     record.cwlens_blockwise = True  # a cwlens consumer: takes query blocks
     with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", record)]):
@@ -254,5 +256,5 @@ def test_blocks_come_widest_first_and_last_closes_the_layer(run):
     assert [b.query_start for b in seen] == list(reversed(range(0, n, 3)))
     assert [b.last for b in seen] == [False] * (len(seen) - 1) + [True]
     assert sum(b.n_rows for b in seen) == n
-    if not adapter.is_encoder(model):
+    if not wrap(model).is_encoder:
         assert [b.key_stop for b in seen] == sorted((b.key_stop for b in seen), reverse=True)

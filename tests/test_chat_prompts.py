@@ -3,11 +3,11 @@ the assistant's first token, golds equal to the plain items', refusals naming th
 the model's chat template through the handle, and ``cwlens accuracy --prompt chat``."""
 
 import json
-from functools import partial
 
 import pytest
 
 from cwlens.datasets import CHAT_DATASETS, DATA_DIR, load_dataset
+from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError, InvalidArgumentError, UnsupportedModelError
 from cwlens.testing import save_tiny, tiny_model
 
@@ -60,13 +60,12 @@ def test_chat_is_zero_shot_and_a_function():
 
 
 def test_the_handle_applies_the_tokenizer_template():
-    from cwlens.engine.adapter import chat_prompt
 
     model = tiny_model("llama")
     with pytest.raises(UnsupportedModelError, match="no chat template.*--prompt plain"):
-        chat_prompt(model, "one two")
+        wrap(model).chat_prompt("one two")
     model.tokenizer.chat_template = TEMPLATE
-    assert chat_prompt(model, "one two") == "<bos> one two <eos> assistant\n"
+    assert wrap(model).chat_prompt("one two") == "<bos> one two <eos> assistant\n"
 
 
 def test_accuracy_command_prompt_chat(tmp_path, capsys):
@@ -74,7 +73,6 @@ def test_accuracy_command_prompt_chat(tmp_path, capsys):
 
     import cwlens
     from cwlens.cli.main import main
-    from cwlens.engine.adapter import chat_prompt
     from cwlens.faithfulness.accuracy import clean_accuracy
 
     model_dir = save_tiny("llama", tmp_path)
@@ -89,7 +87,7 @@ def test_accuracy_command_prompt_chat(tmp_path, capsys):
     assert main(base + ["--summary-md", str(md)]) == 0
     out = capsys.readouterr().out
     model = cwlens.load_model(str(model_dir), device="cpu")
-    chat = load_dataset("mmlu", 4, chat=partial(chat_prompt, model))  # boolq: past n_ctx 128
+    chat = load_dataset("mmlu", 4, chat=cwlens.wrap(model).chat_prompt)  # boolq: past n_ctx 128
     assert chat[0].contexts[0].startswith("<bos> ") and chat[0].contexts[0].endswith(" assistant\n")
     assert clean_accuracy(model, chat).line() in out
     assert clean_accuracy(model, load_dataset("ioi", 6)).line() in out
@@ -106,7 +104,6 @@ def test_faithfulness_command_prompt_chat(tmp_path, capsys):
 
     import cwlens
     from cwlens.cli.main import main
-    from cwlens.engine.adapter import chat_prompt
     from cwlens.faithfulness.accuracy import item_accuracies
 
     model_dir = save_tiny("llama", tmp_path)
@@ -123,7 +120,7 @@ def test_faithfulness_command_prompt_chat(tmp_path, capsys):
     assert main(base) == 0  # plain: its own file
     assert sorted(p.name for p in out.glob("*.jsonl")) == ["mmlu.jsonl", "mmlu_chat.jsonl"]
     model = cwlens.load_model(str(model_dir), device="cpu")
-    chat = load_dataset("mmlu", 3, chat=partial(chat_prompt, model))
+    chat = load_dataset("mmlu", 3, chat=cwlens.wrap(model).chat_prompt)
     for name, items in (("mmlu_chat", chat), ("mmlu", load_dataset("mmlu", 3))):
         rows = pd.read_json(out / f"{name}.jsonl", lines=True)
         clean = rows[(rows["mode"] == "clean") & (rows["measure"] == "acc")]

@@ -152,11 +152,11 @@ def test_the_sweep_scores_the_same_in_chunks(monkeypatch, data, attention):
     full = run_faithfulness(model, samples, cfg, progress=False).table
     blockwise_runs = []
     if attention == "blockwise":  # attention="auto" then runs blockwise at every length
-        from cwlens.engine import adapter
+        from cwlens.engine.models import blockwise
 
         monkeypatch.setattr(cwlens.engine.streaming, "AUTO_THRESHOLD", 0)
-        real_context = adapter.blockwise_attention
-        monkeypatch.setattr(adapter, "blockwise_attention",
+        real_context = blockwise.blockwise_attention
+        monkeypatch.setattr(blockwise, "blockwise_attention",
                             lambda *a, **k: blockwise_runs.append(1) or real_context(*a, **k))
     monkeypatch.setattr(lm, "CHUNKED_ABOVE", 0)
     monkeypatch.setattr(lm, "CHUNK", 3)

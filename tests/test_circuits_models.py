@@ -7,7 +7,8 @@ import torch
 from cwlens import circuits
 from cwlens.circuits.patching import replace_heads_hook
 from cwlens.circuits.tasks import TaskBuildError
-from cwlens.engine import adapter, hook_names
+from cwlens.engine import hook_names
+from cwlens.engine.handle import wrap
 from cwlens.errors import UnknownOptionError, UnsupportedModelError
 from cwlens.testing import naive_measures, tiny_model
 
@@ -92,7 +93,7 @@ def _naive_flows(cache, model, b, rule):
             dr, da = float(new @ r[i]), float(new @ a[i])
             if rule == "projection":  # key j's term z_ij = sum_h a_ij^h v~_j^h, b_O spread by C
                 pattern = cache[hook_names.pattern(layer)][b].double()
-                b_O = adapter.b_O(model, layer).detach().double()
+                b_O = wrap(model).b_O(layer).detach().double()
                 for j in range(n):
                     z = sum(pattern[h, i, j] * _vtilde(cache, model, layer, b, h, j)
                             for h in range(model.cfg.n_heads))

@@ -14,8 +14,9 @@ from torch.testing import assert_close
 
 import cwlens
 from cwlens.core import AttentionGeometry
-from cwlens.engine import adapter, hook_names
+from cwlens.engine import hook_names
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.engine.models.loading import load_model
 from cwlens.testing import save_tiny
 
@@ -40,7 +41,7 @@ def test_compatibility_mode_keeps_value_biases_and_c():
         real = mask.bool()  # pad positions hold garbage in either mode
         assert_close(cache_c[hook_names.values(ly)][real], cache_r[hook_names.values(ly)][real],
                      rtol=1e-4, atol=1e-5)
-        W = adapter.W_O(raw, ly)
+        W = wrap(raw).W_O(ly)
         centred = W - W.mean(-1, keepdim=True)
         want = AttentionGeometry(cache_r[hook_names.pattern(ly)], cache_r[hook_names.values(ly)],
                                  centred, position_mask=mask.bool()).contribution("inter")

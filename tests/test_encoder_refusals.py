@@ -3,7 +3,7 @@
 import pytest
 
 from cwlens.datasets import TextSample
-from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError, UnsupportedModelError
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.sinks import sink_norm_intervention
@@ -16,8 +16,8 @@ def bert():
 
 
 def test_adapter_knows_encoders(bert):
-    assert adapter.is_encoder(bert)
-    assert not adapter.is_encoder(tiny_model("gpt2"))
+    assert wrap(bert).is_encoder
+    assert not wrap(tiny_model("gpt2")).is_encoder
 
 
 def test_faithfulness_refuses_an_encoder(bert):

@@ -7,8 +7,9 @@ makes every ranking end in a block of ties and dilutes the removal rate.
 import torch
 
 import cwlens
-from cwlens.engine import adapter, hook_names
+from cwlens.engine import hook_names
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.faithfulness.passes import SweepStats, _layer_masks
 from cwlens.faithfulness.ranking import eligible_entries
 from cwlens.faithfulness.sweep import FaithfulnessConfig
@@ -20,9 +21,9 @@ TEXTS = ["the cat sat on the mat and the dog ran fast to the big red house",
 
 def test_adapter_reports_each_layers_window():
     gemma = tiny_model("gemma3")  # layer 0 sliding (window 8), layer 1 global
-    assert adapter.attention_window(gemma, 0) == 8
-    assert adapter.attention_window(gemma, 1) is None
-    assert adapter.attention_window(tiny_model("llama"), 0) is None
+    assert wrap(gemma).attention_window(0) == 8
+    assert wrap(gemma).attention_window(1) is None
+    assert wrap(tiny_model("llama")).attention_window(0) is None
 
 
 def test_window_makes_far_keys_ineligible():
@@ -41,7 +42,7 @@ def test_eligible_entries_are_where_the_model_can_attend():
     jobs = {"all": (None, "comprehensiveness", 1.0, (0, 1))}  # rate 1: every eligible entry
     _, masks = cwlens.stream_geometry(
         model, tokens, lambda ly, geo: _layer_masks(geo, ly, mask, jobs, cfg, ["a", "b"], SweepStats(),
-                                                    adapter.attention_window(model, ly)),
+                                                    wrap(model).attention_window(ly)),
         attention_mask=mask,
     )
     for ly in (0, 1):

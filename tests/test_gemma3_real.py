@@ -11,6 +11,7 @@ import cwlens
 from cwlens.datasets import load_dataset
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.testing import naive_alti, naive_measures
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,7 @@ def gsm8k_run(gemma3):
 
 
 def test_layer_types_and_shapes(gemma3, gsm8k_run):
-    windows = [adapter.attention_window(gemma3, ly) for ly in range(gemma3.cfg.n_layers)]
+    windows = [wrap(gemma3).attention_window(ly) for ly in range(gemma3.cfg.n_layers)]
     assert windows == [None if ly % 6 == 5 else 512 for ly in range(18)]
     _, mask, cache = gsm8k_run
     c = cwlens.contribution_weights(cache, gemma3, attention_mask=mask)
@@ -104,11 +105,11 @@ def test_full_alti_through_the_post_attention_norm_equals_its_definition(gemma3,
         assert isinstance(norm, AttentionOutputNorm)
         geo = adapter.geometry(cache, gemma3, layer, mask)
         x = cache[hook_names.resid_pre(layer)]
-        attn = geo.layer_output + adapter.b_O(gemma3, layer)
+        attn = geo.layer_output + wrap(gemma3).b_O(layer)
         mid = x + norm.weight * attn / (attn.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
         want = cache[hook_names.resid_mid(layer)]
         assert ((mid - want)[real].abs().max() / want[real].abs().max()) < 1e-5
-        ref, ref_resid = naive_alti_full(geo.pattern, geo.v, geo.W_O, x, adapter.b_O(gemma3, layer),
+        ref, ref_resid = naive_alti_full(geo.pattern, geo.v, geo.W_O, x, wrap(gemma3).b_O(layer),
                                          real, attn_norm=(norm.weight, norm.eps))
         entries, resid = alti_parts(geo)
         assert_close(entries.double(), ref, rtol=1e-3, atol=1e-5)

@@ -8,6 +8,8 @@ import torch
 
 import cwlens
 from cwlens.engine import adapter, hook_names
+from cwlens.engine.handle import wrap
+from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.graphs.routes import route_mask
 from cwlens.testing import ARCHITECTURES, tiny_model
 
@@ -33,7 +35,7 @@ def _full_rows(cache, model, layer, metric):
         token = torch.where(total != 0, token / total, torch.zeros_like(token))
     r = adapter.read(cache, hook_names.resid_pre(layer), model)[0].double()
     geo = adapter.geometry(cache, model, layer)
-    a = geo.layer_output[0].double() + adapter.b_O(model, layer).double()
+    a = geo.layer_output[0].double() + wrap(model).b_O(layer).double()
     new = r + a
     norm = (new * new).sum(-1)
     s_res, s_att = (new * r).sum(-1) / norm, (new * a).sum(-1) / norm
@@ -114,7 +116,7 @@ def test_factor_split_multiplies_to_the_heads_weight(arch):
 def test_blockwise_and_small_query_blocks_give_the_same_graph():
     model = tiny_model("llama")
     g = cwlens.graph(model, TEXT, top_k=3)
-    blockwise = adapter.supports_blockwise(model)  # TransformerLens 4.x
+    blockwise = supports_blockwise(model)  # TransformerLens 4.x
     h = cwlens.graph(model, TEXT, top_k=3, attention="blockwise" if blockwise else "eager",
                      query_block=3)
     np.testing.assert_array_equal(g.from_position, h.from_position)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import cwlens
-from cwlens.engine import adapter, hook_names
+from cwlens.engine import hook_names
 from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.testing import tiny_model
 
@@ -91,7 +91,7 @@ def test_the_handle_answers_what_the_model_says(arch):
     handle = wrap(model)
     cfg = model.cfg
     assert (handle.n_layers, handle.n_heads, handle.d_vocab) == (cfg.n_layers, cfg.n_heads, cfg.d_vocab)
-    assert handle.is_encoder == (arch == "bert") == adapter.is_encoder(model)
+    assert handle.is_encoder == (arch == "bert") == wrap(model).is_encoder
     for layer in range(handle.n_layers):
         torch.testing.assert_close(handle.W_O(layer), model.blocks[layer].attn.W_O.detach(), rtol=0, atol=0)
         assert handle.b_O(layer).shape == (cfg.d_model,)
@@ -141,3 +141,36 @@ def test_a_handle_is_accepted_where_a_model_is():
     by_handle = cwlens.contribution_weights(cache, wrap(model), layer=0)
     torch.testing.assert_close(by_model, by_handle, rtol=0, atol=0)
     assert isinstance(wrap(model), ModelHandle)
+
+
+def test_the_adapter_forwards_nothing_to_the_handle():
+    """adapter.py holds the cache and layer checks, not one-line forwarders
+    ``return wrap(model).X`` to the handle: callers ask the handle (issue 49)."""
+    import inspect
+
+    from cwlens.engine import adapter
+
+    def statements(f):
+        return [s for s in f.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+
+    tree = ast.parse(inspect.getsource(adapter))
+    forwarders = [f.name for f in tree.body if isinstance(f, ast.FunctionDef) and len(statements(f)) == 1
+                  and isinstance(statements(f)[0], ast.Return) and "wrap(" in ast.unparse(statements(f)[0])]
+    assert forwarders == []
+
+
+def test_a_sweep_resolves_its_layers_once(monkeypatch):
+    """run_faithfulness resolves its layers once; the streamed passes below it take them
+    resolved (cwlens.engine.streaming.geometry_pass), whatever the number of batches."""
+    from cwlens.datasets import TextSample
+    from cwlens.engine import adapter
+    from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
+
+    model = tiny_model("llama")
+    calls = []
+    real = adapter.resolve_layers
+    monkeypatch.setattr(adapter, "resolve_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
+    texts = [TextSample(f"t-{i:04d}", "the cat sat on the mat " * (i + 1), "t") for i in range(3)]
+    cfg = FaithfulnessConfig(metrics=("attention", "contribution"), rates=(0.5,), batch_tokens=8)
+    run_faithfulness(model, texts, cfg, progress=False)
+    assert len(calls) == 1

@@ -12,6 +12,8 @@ from torch.testing import assert_close
 import cwlens
 from cwlens.engine import adapter, hook_names, reducers
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
+from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.errors import CwlensError
 from cwlens.testing import ARCHITECTURES, naive_measures, tiny_model
 
@@ -30,7 +32,7 @@ def run(request):
     full = []  # per layer: the float64 measures of the whole layer
     for layer in range(adapter.ModelInfo.of(model).n_layers):
         full.append(naive_measures(cache[hook_names.pattern(layer)], cache[hook_names.values(layer)],
-                                   adapter.W_O(model, layer), mask.bool()))
+                                   wrap(model).W_O(layer), mask.bool()))
     return model, tokens, mask, full
 
 
@@ -112,7 +114,7 @@ def test_no_metric_is_refused():
 
 def test_blockwise_attention_gives_the_same_key_set_weights(run):
     model, tokens, mask, _ = run
-    if not adapter.supports_blockwise(model):
+    if not supports_blockwise(model):
         pytest.skip("the blockwise path applies to TransformerLens 4.x bridges only")
     got = {}
     for attention in ("eager", "blockwise"):

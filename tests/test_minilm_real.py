@@ -10,6 +10,7 @@ from torch.testing import assert_close
 import cwlens
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.testing import naive_alti, naive_measures
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,7 @@ def test_loads_the_real_encoder_with_right_padding(minilm, run):
     from cwlens.engine.models.registry import MODELS
 
     tokens, mask, _ = run
-    assert adapter.is_encoder(minilm) and (minilm.cfg.n_layers, minilm.cfg.n_heads) == (6, 12)
+    assert wrap(minilm).is_encoder and (minilm.cfg.n_layers, minilm.cfg.n_heads) == (6, 12)
     assert not mask[0, -1] and mask[0, 0]  # right padding
     hf = AutoModel.from_pretrained(str(packaged_dir(MODELS["all-minilm-l6-v2"].offline_dir)))
     with torch.no_grad():

@@ -17,6 +17,7 @@ import cwlens
 from cwlens.datasets import TextSample
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.errors import UnsupportedModelError
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.replication import plan, stages
@@ -73,7 +74,7 @@ def test_full_alti_goes_through_the_norm_and_alti_attention_is_exact(gemma):
         assert_close(norm.weight, 1 + hf.weight.detach(), rtol=0, atol=1e-6)
         geo = adapter.geometry(cache, model, layer, mask)
         ref, _ = naive_alti_full(geo.pattern, geo.v, geo.W_O, geo.require_residual("t")[0],
-                                 adapter.b_O(model, layer), mask.bool(), attn_norm=(norm.weight, norm.eps))
+                                 wrap(model).b_O(layer), mask.bool(), attn_norm=(norm.weight, norm.eps))
         assert_close(geo.alti().double(), ref, rtol=1e-4, atol=1e-5)
         ref = naive_alti(geo.pattern, geo.v, geo.W_O, mask.bool())
         for kind in ("inter", "intra"):

@@ -11,7 +11,8 @@ from torch.testing import assert_close
 import cwlens
 from cwlens.datasets import load_dataset
 from cwlens.engine import adapter, reducers
-from cwlens.engine.adapter import chat_prompt
+from cwlens.engine.handle import wrap
+from cwlens.engine.models.blockwise import supports_blockwise
 
 pytestmark = pytest.mark.slow
 CHATML = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
@@ -40,7 +41,7 @@ def test_loads_as_qwen2_with_qkv_biases(qwen05):
 def test_knows_a_capital_plain_and_in_its_chat_template(qwen05):
     word, logp = next_token(qwen05, "The capital of France is")
     assert word == " Paris" and logp > -0.2  # measured -0.10 (transformers on the same weights)
-    prompt = chat_prompt(qwen05, "What is the capital of France? Answer with one word.")
+    prompt = wrap(qwen05).chat_prompt("What is the capital of France? Answer with one word.")
     assert prompt == CHATML.format("What is the capital of France? Answer with one word.")
     assert next_token(qwen05, prompt)[0] == "Paris"
 
@@ -51,7 +52,7 @@ def test_chat_items_score_the_assistants_first_token(qwen05):
     log-probabilities of "A".."D" after the assistant header by one shared term."""
     from cwlens.faithfulness.choice import encode_items
 
-    item = load_dataset("mmlu", n=1, chat=lambda u: chat_prompt(qwen05, u))[0]
+    item = load_dataset("mmlu", n=1, chat=lambda u: wrap(qwen05).chat_prompt(u))[0]
     requests = encode_items(qwen05, [item])
     assert len({r.input_ids for r in requests}) == 1  # one forward row for the 4 letters
     tokens = qwen05.to_tokens(item.contexts[0])  # the prompt, ending in "assistant\n"
@@ -68,7 +69,7 @@ def test_chat_items_score_the_assistants_first_token(qwen05):
 
 
 def blockwise_equals_eager(model, last_layer: int) -> None:
-    if not adapter.supports_blockwise(model):
+    if not supports_blockwise(model):
         pytest.skip("the blockwise path applies to TransformerLens 4.x bridges only")
     torch.manual_seed(0)
     tokens = torch.randint(1000, 20000, (1, 300))

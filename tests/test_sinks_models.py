@@ -8,6 +8,7 @@ import cwlens
 from cwlens.core.sinks import SinkGeometry, first_real_index
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.engine.interventions import sinks as hooks
 from cwlens.sinks import (
     alignment_statistics,
@@ -68,7 +69,7 @@ def test_hooked_sweep_matches_closed_form(run):
     layer = model.cfg.n_layers - 1
     sg = SinkGeometry(adapter.geometry(cache, model, layer, mask), sink)
     closed = sg.curve(GRID)
-    W_O = adapter.W_O(model, layer).float()
+    W_O = wrap(model).W_O(layer).float()
     for si, s in enumerate(GRID.tolist()[::5]):
         _, c = forward(model, tokens, mask, hooks.sink_rate_hooks(model, s, sink, layer),
                        names={hook_names.z(layer)})

@@ -11,6 +11,9 @@ from cwlens import reducers
 from cwlens.core._types import STREAM_METRICS
 from cwlens.engine import adapter, row_topk
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
+from cwlens.engine.models import blockwise as blockwise_models
+from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.errors import CwlensError, UnknownOptionError
 from cwlens.testing import ARCHITECTURES, tiny_model
 
@@ -133,7 +136,7 @@ def test_stream_leaves_no_hooks(run):
         cwlens.stream(model, tokens, boom, attention_mask=mask)
     assert n_hooks() == before
     with torch.no_grad():
-        again = model(tokens, **cwlens.engine.adapter.forward_kwargs(model, mask))
+        again = model(tokens, **cwlens.wrap(model).forward_kwargs(mask))
     assert_close(again, logits)
 
 
@@ -279,7 +282,7 @@ def forward_logits(model, tokens, mask, attention):
     from cwlens.engine import streaming
 
     with torch.no_grad(), streaming.attention_context(model, tokens, attention, None):
-        return model(tokens, **adapter.forward_kwargs(model, mask))
+        return model(tokens, **wrap(model).forward_kwargs(mask))
 
 
 @pytest.mark.parametrize("rule", ["per_head", "cpu_bytes"])
@@ -301,12 +304,12 @@ def test_the_default_query_block_follows_the_length(monkeypatch, rule):
     for name, value in forced.items():
         monkeypatch.setattr(streaming, name, value)
     blocks = []
-    real = adapter.blockwise_attention
-    monkeypatch.setattr(adapter, "blockwise_attention",
+    real = blockwise_models.blockwise_attention
+    monkeypatch.setattr(blockwise_models, "blockwise_attention",
                         lambda m, k, s=None: blocks.append((k, s)) or real(m, k, s))
     rs = lambda: [reducers.TopK(2, "contribution"), reducers.ColumnSums("contribution")]  # noqa: E731
     want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None, attention="eager")
-    blockwise = adapter.supports_blockwise(model)  # TransformerLens 4.x only
+    blockwise = supports_blockwise(model)  # TransformerLens 4.x only
     for attention in ("blockwise", "eager") if blockwise else ("eager",):
         got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, attention=attention)
         assert_close(got["top2_contribution"].values, want["top2_contribution"].values,

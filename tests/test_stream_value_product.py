@@ -8,8 +8,9 @@ import torch
 from torch.testing import assert_close
 
 import cwlens
-from cwlens.engine import adapter, reducers
+from cwlens.engine import reducers
 from cwlens.engine.models import blockwise_math
+from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.testing import ARCHITECTURES, tiny_model
 
 TOL = dict(rtol=1e-5, atol=2e-6)
@@ -19,7 +20,7 @@ LOGITS = dict(rtol=0, atol=1e-4)
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def model(request):
     m = tiny_model(request.param)
-    if not adapter.supports_blockwise(m):
+    if not supports_blockwise(m):
         pytest.skip("blockwise attention needs TransformerLens 4.x")
     return m
 

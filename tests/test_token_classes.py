@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import cwlens
-from cwlens.engine import adapter, hook_names
+from cwlens.engine import hook_names
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError
 from cwlens.sinks.token_classes import (
     CLASSES,
@@ -42,7 +43,7 @@ def naive(model, texts, kind):
     """Every column of :func:`class_shares` by a float64 loop over (batch, head, i, j)."""
     tokens, mask = pad_batch(model, texts)
     classes = token_classes(model, tokens, mask)
-    causal = not adapter.is_encoder(model)
+    causal = not wrap(model).is_encoder
     with torch.no_grad():
         _, cache = cwlens.run_with_cache(model, tokens, attention_mask=mask)
     n_c = len(CLASSES)
@@ -50,7 +51,7 @@ def naive(model, texts, kind):
     for ly in range(model.cfg.n_layers):
         a = cache[hook_names.pattern(ly)].double()
         v = cache[hook_names.values(ly)].double()
-        W = adapter.W_O(model, ly).double()
+        W = wrap(model).W_O(ly).double()
         B, H, _, K = a.shape
         v = v.repeat_interleave(H // v.shape[2], dim=2)
         sums = {c: [0.0] * n_c for c in ("key_frac", *SHARES, *FACTORS)}

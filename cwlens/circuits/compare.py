@@ -109,7 +109,8 @@ def compare_with_patching(model, task: CircuitTask, k: int = 10, mode: str = "co
     validation.positive_int(k, "k")
     if mode not in MODES:
         raise UnknownOptionError(f"Unknown patching mode={mode!r}. Valid modes: 'corrupt', 'mean'.")
-    heads = wrap(model).n_layers * wrap(model).n_heads
+    handle = wrap(model)
+    heads = handle.n_layers * handle.n_heads
     if k >= heads:
         raise InvalidArgumentError(
             f"k = {k} covers all {heads} heads of this model: every ranking's top {k} is every "

@@ -88,7 +88,8 @@ def direct_logit_attribution(
     checks.residual_hooks(cache, model, "Direct logit attribution")
     b, n = adapter.read(cache, hook_names.resid_pre(0), model).shape[:2]
     q = checks.positions(queries, n)
-    W_U, b_U = wrap(model).unembed()
+    handle = wrap(model)
+    W_U, b_U = handle.unembed()
     d_vocab = W_U.shape[-1]
     if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (b, n, d_vocab):
         raise ShapeMismatchError(
@@ -103,8 +104,8 @@ def direct_logit_attribution(
     if foils is not None:
         checks.token_ids(foils, (b, len(q)), d_vocab, "foils")
     adapter.check_residual_sum(cache, model, "Direct logit attribution")
-    n_layers = wrap(model).n_layers
-    w_ln, b_ln, centres = wrap(model).final_norm()
+    n_layers = handle.n_layers
+    w_ln, b_ln, centres = handle.final_norm()
     device = logits.device
     answers = answers.to(device)
     foils = None if foils is None else foils.to(device)
@@ -117,8 +118,8 @@ def direct_logit_attribution(
         pattern = adapter.read(cache, hook_names.pattern(layer), model)
         v = adapter.read(cache, hook_names.values(layer), model)
         heads.append(direct_math.head_key_terms(
-            pattern, v, adapter.W_O(model, layer), u_eff, scale, q))
-        comps[f"L{layer} b_O"] = direct_math.component_terms(adapter.b_O(model, layer), u_eff, scale, q).expand_as(scale)
+            pattern, v, handle.W_O(layer), u_eff, scale, q))
+        comps[f"L{layer} b_O"] = direct_math.component_terms(handle.b_O(layer), u_eff, scale, q).expand_as(scale)
         comps[f"L{layer} mlp"] = direct_math.component_terms(
             adapter.read(cache, hook_names.mlp_out(layer), model), u_eff, scale, q)
     b_U = b_U.double()

@@ -111,7 +111,8 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
                    else f"{len(str_tokens)} entries") + ".")
     adapter.check_residual_sum(cache, model, "The token flow", closure_tolerance)
     resid_share, attn_share, layer_flows = [], [], []
-    for layer in range(wrap(model).n_layers):
+    handle = wrap(model)
+    for layer in range(handle.n_layers):
         r = adapter.read(cache, hook_names.resid_pre(layer), model)[batch].double()
         a = adapter.read(cache, hook_names.resid_mid(layer), model)[batch].double() - r
         geo = adapter.geometry(cache, model, layer)
@@ -132,8 +133,8 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
     flows = torch.stack(layer_flows).cpu()
     if str_tokens is None:
         str_tokens = [str(i) for i in range(n)]
-    n_layers = wrap(model).n_layers
-    support = flow_math.support(n, n_layers, not adapter.is_encoder(model),
-                                [adapter.attention_window(model, ly) for ly in range(n_layers)])
+    n_layers = handle.n_layers
+    support = flow_math.support(n, n_layers, not handle.is_encoder,
+                                [handle.attention_window(ly) for ly in range(n_layers)])
     return TokenFlow(flows, flow_math.compose(flows), torch.stack(resid_share).cpu(),
                      torch.stack(attn_share).cpu(), tuple(str_tokens), rule, support)

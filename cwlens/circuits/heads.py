@@ -52,11 +52,12 @@ def head_scores(
     from the end on a left-padded decoder (-1 is every text's last token)."""
     b, _, n, _ = adapter.read(cache, hook_names.pattern(0), model).shape
     q = checks.positions(queries, n)
+    handle = wrap(model)
     if keys is not None:
-        checks.key_positions(keys, q, b, n, causal=not adapter.is_encoder(model))
+        checks.key_positions(keys, q, b, n, causal=not handle.is_encoder)
     checks.real_queries(adapter.cache_mask(cache) if attention_mask is None else attention_mask, q, keys)
     share, con_key, att_key = [], [], []
-    for layer in range(wrap(model).n_layers):
+    for layer in range(handle.n_layers):
         geo = adapter.geometry(cache, model, layer, attention_mask)
         con = _at_queries(geo.contribution("inter"), q.to(geo.pattern.device))
         share.append(con.sum(-1).mean((0, 1)))

@@ -122,9 +122,8 @@ def _words(value: object, name: str, at_least: int = 1) -> list[str]:
 
 
 def _fits(model, length: int, what: str, fix: str) -> None:
-    from cwlens.engine.adapter import context_length
 
-    limit = context_length(model)
+    limit = wrap(model).context_length()
     if limit is not None and length > limit:
         raise InputTooLongError(f"{what}: the prompts would have {length} tokens, more than the "
                                 f"model's context of {limit} (n_ctx); {fix}.")
@@ -221,9 +220,10 @@ def induction(model, n_prompts: int = 4, length: int = 20, seed: int = 0) -> Cir
     _fits(model, 2 * length + 1, f"induction length={length}", "pass a smaller length "
           "(at most (n_ctx - 1) // 2)")
     g = torch.Generator().manual_seed(_seed(seed))
-    vocab = wrap(model).d_vocab
+    handle = wrap(model)
+    vocab = handle.d_vocab
     low, high = min(1000, vocab // 10), min(20000, vocab)
-    bos_id = getattr(wrap(model).tokenizer, "bos_token_id", None)
+    bos_id = getattr(handle.tokenizer, "bos_token_id", None)
     bos = torch.full((n_prompts, 1), bos_id if bos_id is not None else low, dtype=torch.long)
     rand = torch.randint(low, high, (n_prompts, length), generator=g)
     other = torch.randint(low, high, (n_prompts, length), generator=g)

@@ -4,6 +4,7 @@ import argparse
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import add_model_args, add_progress_flag, load_model
+from cwlens.engine.handle import wrap
 
 DESCRIPTION = """\
 Scores every item of each multiple-choice dataset on the clean model (log-likelihood of
@@ -117,11 +118,9 @@ def run(args) -> int:
     require_next_token_model(model, "cwlens accuracy", "Use a decoder (a causal language model).")
     prompts = {d: prompt_of(d, args.prompt) for d in args.dataset}
     if "chat" in prompts.values():
-        from functools import partial
 
-        from cwlens.engine.adapter import chat_prompt
 
-        chat = partial(chat_prompt, model)
+        chat = wrap(model).chat_prompt
         items.update({d: load_dataset(d, n=counts[d], chat=chat)
                       for d, p in prompts.items() if p == "chat"})
     from cwlens.faithfulness.units import choice_units

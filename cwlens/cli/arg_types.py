@@ -55,7 +55,6 @@ def markdown_list(text: str) -> str:
     the same block twice; ``a.md,`` is an empty path), returned as one comma-joined
     string without the spaces around the items."""
     items = _items(text, "markdown files")
-    from pathlib import Path
 
     _no_duplicates([str(Path(t).expanduser().resolve()) for t in items], "markdown file", text)
     return ",".join(items)

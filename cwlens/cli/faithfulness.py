@@ -184,12 +184,10 @@ def _source(args, model, dataset: str, n: int):
     ``--prompt chat`` its chat items (``cwlens.datasets.chat_prompts``)."""
     if _prompt(args, dataset) != "chat":
         return dataset
-    from functools import partial
-
     from cwlens.datasets import load_dataset
-    from cwlens.engine.adapter import chat_prompt
+    from cwlens.engine.handle import wrap
 
-    return load_dataset(dataset, n=n, chat=partial(chat_prompt, model))
+    return load_dataset(dataset, n=n, chat=wrap(model).chat_prompt)
 
 
 def _check_inputs(args, datasets: tuple[str, ...], counts: dict[str, int]) -> list[Path]:

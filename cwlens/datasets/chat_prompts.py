@@ -7,7 +7,7 @@ the chat form (zero-shot) is::
 
     context       = chat(user)     the template with one user turn and the assistant
                                     header (e.g. "<|im_start|>assistant\\n"), given by
-                                    the model (cwlens.engine.adapter.chat_prompt)
+                                    the model (cwlens.wrap(model).chat_prompt)
     continuations = "A".."D"        (MMLU)   -- the assistant's first token, no space
                   = "No", "Yes"     (BoolQ)
 

@@ -55,7 +55,7 @@ def load_dataset(
         chat: mmlu and boolq only: build the chat form of each item
             (:mod:`cwlens.datasets.chat_prompts`, zero-shot) with this function from a
             user turn to the full prompt, e.g.
-            ``functools.partial(cwlens.engine.adapter.chat_prompt, model)``.
+            ``cwlens.wrap(model).chat_prompt``.
 
     Raises:
         UnknownDatasetError, DatasetFormatError, DatasetSourceError, InvalidArgumentError

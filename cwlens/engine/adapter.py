@@ -29,57 +29,13 @@ from cwlens.errors import (
 )
 
 
-def is_encoder(model: TLModel) -> bool:
-    """Bidirectional attention (BERT-like): see :attr:`cwlens.engine.handle.ModelHandle.is_encoder`."""
-    return wrap(model).is_encoder
-
-
-def attention_window(model: TLModel, layer: int) -> int | None:
-    """The sliding-window size of ``layer``, or None (see
-    :meth:`cwlens.engine.handle.ModelHandle.attention_window`)."""
-    return wrap(model).attention_window(layer)
-
-
-def context_length(model: TLModel) -> int | None:
-    """The context length the model was configured with (``cfg.n_ctx``; the Hugging Face
-    ``max_position_embeddings``), or None where the config has none. Texts longer than
-    this run past what the model was trained on."""
-    return wrap(model).context_length()
-
-
-def rotary_positions(model: TLModel) -> bool:
-    """Whether positions enter through rotary embeddings (RoPE: Llama, Mistral, Qwen,
-    Gemma), so the model runs past its configured context, rather than learned absolute
-    position embeddings (GPT-2, BERT), which have no row past ``context_length``."""
-    return wrap(model).rotary_positions
-
-
-def vocab_size(model: TLModel) -> int | None:
-    """The number of token ids the embedding holds (``cfg.d_vocab``), or None if unknown."""
-    return wrap(model).vocab_size()
-
-
-def chat_prompt(model: TLModel, user: str) -> str:
-    """``user`` wrapped in the model's chat template as one user turn, with the assistant
-    header after it (:meth:`cwlens.engine.handle.ModelHandle.chat_prompt`)."""
-    return wrap(model).chat_prompt(user)
-
-
-def text_length(model: TLModel, text: str) -> int:
-    """How many tokens ``model`` makes of ``text`` (with its BOS / [CLS] ... [SEP]), not cut
-    at the context as ``model.to_tokens`` and ``model(text)`` silently do."""
-    from cwlens.engine.tokens import text_length
-
-    return text_length(model, text)
-
-
 def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
     """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
 
     Next-token NLL / perplexity read ``logits[:, t]`` as ``P(t_{t+1} | t_<=t)``: a
     bidirectional masked-LM's logits are not that, and the scores would be meaningless.
     """
-    if is_encoder(model):
+    if wrap(model).is_encoder:
         raise UnsupportedModelError(
             f"{what} scores next-token loss, but this model is an encoder (bidirectional "
             f"attention, masked-LM logits), so the numbers would be meaningless. {alternative}"
@@ -159,26 +115,6 @@ def resolve_requested_layers(model: TLModel, layer: object) -> tuple[list[int], 
     return layers, single
 
 
-def forward_kwargs(model: TLModel, attention_mask: torch.Tensor | None) -> dict[str, Any]:
-    """The keyword that passes ``attention_mask`` to this model's forward (or nothing)."""
-    return wrap(model).forward_kwargs(attention_mask)
-
-
-def has_hook(model: TLModel, name: str) -> bool:
-    """Whether ``model`` has a hook point called ``name`` (aliases included)."""
-    return wrap(model).has_hook(name)
-
-
-def W_O(model: TLModel, layer: int) -> torch.Tensor:
-    """``[head_index, d_head, d_model]`` output projection of one layer (detached)."""
-    return wrap(model).W_O(layer)
-
-
-def b_O(model: TLModel, layer: int) -> torch.Tensor:
-    """``[d_model]`` output bias of one layer (zeros where the model has none)."""
-    return wrap(model).b_O(layer)
-
-
 def post_attention_layernorm(model: TLModel, layer: int):
     """The norm through which ``layer``'s attention output reaches the residual stream, for
     full ALTI (:mod:`cwlens.core.alti`): a :class:`~cwlens.core.alti.PostNorm` for
@@ -189,13 +125,13 @@ def post_attention_layernorm(model: TLModel, layer: int):
     models without any norm (a bidirectional tracr model, :mod:`cwlens.groundtruth`)."""
     from cwlens.core.alti import AttentionOutputNorm, PostNorm
 
-    info = ModelInfo.of(model)
-    if info.post_attn_norm:
-        gamma, eps = wrap(model).attention_output_norm(layer)
+    handle = wrap(model)
+    if handle.info.post_attn_norm:
+        gamma, eps = handle.attention_output_norm(layer)
         return AttentionOutputNorm(gamma.detach(), eps)
-    if not is_encoder(model) or not wrap(model).normalized:  # no norm at all: tracr's models
+    if not handle.is_encoder or not handle.normalized:  # no norm at all: tracr's models
         return None
-    ln, weight, bias, eps = wrap(model).post_attention_norm(layer)
+    ln, weight, bias, eps = handle.post_attention_norm(layer)
     if weight is None or eps is None:
         raise UnsupportedModelError(
             f"alti: cannot read the post-attention LayerNorm of encoder layer {layer} "
@@ -365,9 +301,9 @@ def layer_geometry(
             "Was the cache made by another model?"
         )
     mask = None if attention_mask is None else attention_mask.bool()
-    geo = AttentionGeometry(pattern, v, W_O(model, layer), position_mask=mask, layer=layer)
+    geo = AttentionGeometry(pattern, v, handle.W_O(layer), position_mask=mask, layer=layer)
     if residual is not None:
-        geo.attach_residual(residual.detach(), b_O(model, layer),
+        geo.attach_residual(residual.detach(), handle.b_O(layer),
                             lambda: post_attention_layernorm(model, layer))
     return geo
 
@@ -390,37 +326,10 @@ def closure_hook(model: TLModel, layer: int) -> str:
 
 def heads_output_from(model: TLModel, layer: int, out: torch.Tensor) -> torch.Tensor:
     """The heads' summed output without b_O, from the tensor at :func:`closure_hook`."""
+    handle = wrap(model)
     if closure_hook(model, layer) == hook_names.z(layer):
-        return torch.einsum("bqhd,hdm->bqm", out.float(), W_O(model, layer).float())
-    return out.float() - b_O(model, layer).float().to(out.device)
-
-
-# -- blockwise attention (cwlens.engine.models.blockwise): the one door to it ------------------
-from cwlens.engine.models.blockwise import AUTO_THRESHOLD as BLOCKWISE_AUTO_THRESHOLD  # noqa: E402,F401
-from cwlens.engine.models.blockwise import block_rows as block_rows  # noqa: E402,F401
-from cwlens.engine.models.blockwise import current_block as current_block  # noqa: E402,F401
-from cwlens.engine.models.blockwise import offer_output as offer_output  # noqa: E402,F401
-
-
-def supports_blockwise(model: TLModel) -> bool:
-    """Whether :func:`blockwise_attention` applies to ``model`` (TransformerLens 4.x bridges)."""
-    from cwlens.engine.models.blockwise import supports_blockwise as supports
-
-    return supports(model)
-
-
-def blockwise_attention(model: TLModel, block: int, sdpa_block: int | None = None):
-    """Context manager: forward passes inside compute attention in query blocks of
-    ``block`` rows, ``sdpa_block`` where a layer's probabilities are not read
-    (:mod:`cwlens.engine.models.blockwise`)."""
-    from cwlens.engine.models.blockwise import blockwise_attention as context
-
-    return context(model, block, sdpa_block)
-
-
-def n_tokens(model: TLModel, text: str) -> int:
-    """How many tokens ``model(text)`` runs on."""
-    return int(model.to_tokens(text).shape[-1])
+        return torch.einsum("bqhd,hdm->bqm", out.float(), handle.W_O(layer).float())
+    return out.float() - handle.b_O(layer).float().to(out.device)
 
 
 def check_residual_model(model: TLModel, what: str) -> ModelInfo:
@@ -445,7 +354,8 @@ def check_residual_sum(cache: Cache, model: TLModel, what: str, tolerance: float
     or a post-norm block fails it. On a padded batch (the mask remembered with the cache,
     :func:`cache_mask`) only the real positions are compared: a pad query's output is no
     token's and the measures leave it out."""
-    n = wrap(model).n_layers
+    handle = wrap(model)
+    n = handle.n_layers
     mask = cache_mask(cache)
     for layer in range(n):
         pre = read(cache, hook_names.resid_pre(layer), model).double()
@@ -453,7 +363,7 @@ def check_residual_sum(cache: Cache, model: TLModel, what: str, tolerance: float
         nxt = hook_names.resid_pre(layer + 1) if layer + 1 < n else hook_names.resid_post(layer)
         post = read(cache, nxt, model).double()
         heads = geometry(cache, model, layer).layer_output.double()
-        attn = heads + b_O(model, layer).double().to(heads.device)
+        attn = heads + handle.b_O(layer).double().to(heads.device)
         mlp = read(cache, hook_names.mlp_out(layer), model).double()
         parts = (("attention", "the heads' a_ij v~_j + b_O", mid - pre, attn),
                  ("MLP", "hook_mlp_out", post - mid, mlp))

@@ -11,12 +11,11 @@ from collections.abc import Iterable
 import torch
 
 from cwlens.engine import validation
-from cwlens.engine.adapter import is_encoder
 from cwlens.engine.handle import wrap
 from cwlens.engine.tokens import token_ids as token_ids  # re-exported: callers import it here
 from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
 
-__all__ = ["batch_input", "fit_context", "is_encoder", "pad_batch", "token_ids"]
+__all__ = ["batch_input", "fit_context", "pad_batch", "token_ids"]
 
 
 def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | None = None):
@@ -54,7 +53,8 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         >>> torch.allclose(c[1, :, 3:, 3:], alone[0], atol=1e-5)  # as if run alone
         True
     """
-    side = padding_side or ("right" if is_encoder(model) else "left")
+    handle = wrap(model)
+    side = padding_side or ("right" if handle.is_encoder else "left")
     if side not in ("left", "right"):
         raise UnknownOptionError(f"padding_side must be 'left' or 'right'; got {side!r}.")
     if max_tokens is not None and (isinstance(max_tokens, bool) or max_tokens < 1):
@@ -87,7 +87,7 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         )
     if max_tokens is not None:
         rows = [r[:max_tokens] for r in rows]
-    tok = wrap(model).tokenizer
+    tok = handle.tokenizer
     pad_id = getattr(tok, "pad_token_id", None)
     if pad_id is None:
         pad_id = getattr(tok, "eos_token_id", None) or 0
@@ -98,7 +98,7 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         sl = slice(n - len(r), n) if side == "left" else slice(0, len(r))
         tokens[i, sl] = r
         mask[i, sl] = 1
-    device = wrap(model).device
+    device = handle.device
     return tokens.to(device), mask.to(device)
 
 
@@ -136,15 +136,15 @@ def check_past_context(model, past_context: bool) -> bool:
     """``past_context`` (a bool) if the model can take it: running past ``n_ctx`` needs
     rotary positions; a model with learned position embeddings has no position there
     (:class:`~cwlens.errors.UsageError`: the command line exits 2)."""
-    from cwlens.engine.adapter import context_length, rotary_positions
     from cwlens.errors import UsageError
 
     validation.flag(past_context, "past_context")
-    if past_context and not rotary_positions(model):
+    handle = wrap(model)
+    if past_context and not handle.rotary_positions:
         raise UsageError(
-            f"--past-context (past_context=True) needs rotary positions, but {wrap(model).name or 'this model'} "
+            f"--past-context (past_context=True) needs rotary positions, but {handle.name or 'this model'} "
             f"has learned position embeddings with no position past its context of "
-            f"{context_length(model)} tokens (n_ctx): leave it out (texts are then cut at n_ctx).")
+            f"{handle.context_length()} tokens (n_ctx): leave it out (texts are then cut at n_ctx).")
     return past_context
 
 
@@ -159,7 +159,6 @@ def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str,
     the warning says it runs past the trained context."""
     import warnings
 
-    from cwlens.engine.adapter import context_length
     from cwlens.errors import CwlensWarning
 
     validation.max_tokens(max_tokens)
@@ -167,7 +166,7 @@ def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str,
     n = tokens.shape[-1]
     if max_tokens is not None:
         tokens = tokens[:, :max_tokens]
-    limit = context_length(model)
+    limit = wrap(model).context_length()
     if limit is not None and tokens.shape[-1] > limit:
         if past_context:
             warnings.warn(f"{what} has {tokens.shape[-1]} tokens, past the model's context "
@@ -189,11 +188,10 @@ def context_cap(model, max_tokens: int | None, lengths, what: str = "texts",
     the trained context."""
     import warnings
 
-    from cwlens.engine.adapter import context_length
     from cwlens.errors import CwlensWarning
 
     check_past_context(model, past_context)
-    limit = context_length(model)
+    limit = wrap(model).context_length()
     if limit is None or (max_tokens is not None and max_tokens <= limit):
         return max_tokens
     lengths = list(lengths)

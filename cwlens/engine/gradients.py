@@ -97,8 +97,9 @@ def attention_gradient(
     # a text or a list of texts is tokenized (different lengths: padded with its own mask,
     # as cwlens.run_with_cache does); tokens and a mask unlike them are refused up front
     given, attention_mask = batch_input(model, tokens, attention_mask, "tokens")
+    handle = wrap(model)
     if not isinstance(given, torch.Tensor):  # a text, or texts of one length
-        given = wrap(model).to_tokens(given)
+        given = handle.to_tokens(given)
     tokens = given[None] if given.ndim == 1 else given
     deltas: dict[int, torch.Tensor] = {}
     patterns: dict[int, torch.Tensor] = {}
@@ -113,7 +114,7 @@ def attention_gradient(
         return add_delta
 
     hooks = [(hook_names.pattern(ly), tap(ly)) for ly in resolved]
-    kwargs = adapter.forward_kwargs(model, attention_mask)
+    kwargs = handle.forward_kwargs(attention_mask)
     with _frozen(model), torch.enable_grad(), hooks_applied(model, hooks):
         logits = model(tokens, **kwargs)
         value = (document_loss(logits, tokens.to(logits.device), attention_mask) if loss is None
@@ -123,7 +124,7 @@ def attention_gradient(
             raise CwlensError(f"{hook_names.pattern(missing[0])!r} did not fire: no gradient.")
         for ly in resolved:  # the first broken layer, before the loss that it poisons
             check_finite(patterns[ly], f"the attention pattern ({hook_names.pattern(ly)})", ly, head_dim=1)
-            check_finite(wrap(model).W_O(ly), "the output projection W_O (a model weight)", ly, head_dim=0)
+            check_finite(handle.W_O(ly), "the output projection W_O (a model weight)", ly, head_dim=0)
         check_finite(value.detach(), "the loss whose gradient is taken", None,
                      fix="The attention patterns and W_O are finite, so a later weight (an MLP, "
                      "the unembedding) or an overflow made the logits or the loss NaN or inf: "

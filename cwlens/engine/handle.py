@@ -464,7 +464,6 @@ def model_problem(model: Any) -> str | None:
                 hasattr(model, "to_dict") and hasattr(model, "model_type")):
             return (f"got a configuration ({kind}), not a model: pass the model itself (not "
                     "its cfg or config), or load one with cwlens.load_model(name or folder)")
-        import torch
 
         if isinstance(model, torch.nn.Module):
             return (f"got a torch module without a TransformerLens cfg ({kind}): a Hugging Face "

@@ -344,7 +344,7 @@ def decompose(
         parts["contribution"].append(geo.contribution(kind))
     stacked = {f: (v[0] if single else torch.stack(v)) for f, v in parts.items()}
     return Decomposition(**stacked, kind=kind, layers=tuple(layers),
-                         causal=not adapter.is_encoder(model), attention_mask=attention_mask)
+                         causal=not wrap(model).is_encoder, attention_mask=attention_mask)
 
 
 @dataclass(frozen=True)
@@ -558,8 +558,9 @@ def run_with_cache(
     # refuses empty, malformed or too long input and a mask unlike the tokens, before any
     # compute; pads a list of texts of different lengths (with its mask)
     input, attention_mask = batch_input(model, input, attention_mask)
-    kwargs.update(adapter.forward_kwargs(model, attention_mask))
-    logits, cache = wrap(model).cached_run(
+    handle = wrap(model)
+    kwargs.update(handle.forward_kwargs(attention_mask))
+    logits, cache = handle.cached_run(
         input, names_filter(model, layers, closure, residual), **kwargs
     )
     return logits, adapter.remember_mask(cache, attention_mask)

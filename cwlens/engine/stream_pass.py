@@ -10,8 +10,9 @@ import torch
 
 from cwlens.core.geometry import AttentionGeometry
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.adapter import Layers, TLModel
+from cwlens.engine.adapter import TLModel
 from cwlens.engine.handle import wrap
+from cwlens.engine.models import blockwise
 from cwlens.errors import CwlensError
 
 
@@ -42,7 +43,7 @@ class _Taps:
 
     def _catch(self, layer: int, what: str):
         def catch(tensor: torch.Tensor, hook) -> None:
-            block = adapter.current_block() if what == "pattern" else None
+            block = blockwise.current_block() if what == "pattern" else None
             if block is not None:
                 v = self.pending.get(layer, {}).get("v")
                 if v is None or self.on_block is None:
@@ -104,10 +105,12 @@ def _raise_stop(tensor: torch.Tensor, hook) -> None:
 class StreamedPass:
     """One streamed forward pass: taps, the closure check, blockwise or eager attention."""
 
-    def __init__(self, model: TLModel, layers: Layers, attention_mask: torch.Tensor | None,
+    def __init__(self, model: TLModel, layers: list[int], attention_mask: torch.Tensor | None,
                  closure: bool):
+        """``layers``: resolved (:func:`cwlens.engine.adapter.resolve_requested_layers`) by
+        the public function that made the pass; trusted here."""
         self.model = model
-        self.layers, _ = adapter.resolve_requested_layers(model, layers)
+        self.layers = layers
         self.attention_mask = attention_mask
         self.mask = None if attention_mask is None else attention_mask.bool()
         self.closure = closure
@@ -170,17 +173,18 @@ class StreamedPass:
         else:
             taps = _Taps(resolved, on_layer, _Assembler(on_layer))
         # the residual stream is caught for ALTI where the model names it (cheap: a reference)
+        handle = wrap(model)
         hooks = [(name, fn) for name, fn in taps.hooks()
-                 if name.endswith(("hook_v", "hook_pattern")) or adapter.has_hook(model, name)]
+                 if name.endswith(("hook_v", "hook_pattern")) or handle.has_hook(name)]
         if self.closure:
             hooks += [(adapter.closure_hook(model, ly), self._check(ly)) for ly in resolved]
         stop = hook_names.resid_post(max(resolved))
-        if not logits and adapter.has_hook(model, stop):
+        if not logits and handle.has_hook(stop):
             hooks.append((stop, _raise_stop))
         forward_kwargs = dict(forward_kwargs)
-        forward_kwargs.update(adapter.forward_kwargs(model, self.attention_mask))
+        forward_kwargs.update(handle.forward_kwargs(self.attention_mask))
         out_logits = None
-        with torch.no_grad(), context, wrap(model).hooks(hooks):
+        with torch.no_grad(), context, handle.hooks(hooks):
             try:
                 out_logits = model(input, **forward_kwargs)  # type: ignore[operator]
             except _Stop:

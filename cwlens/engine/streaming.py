@@ -36,6 +36,8 @@ from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.engine import adapter, block_fused, validation
 from cwlens.engine.adapter import Layers, TLModel
 from cwlens.engine.batching import batch_input
+from cwlens.engine.handle import wrap
+from cwlens.engine.models import blockwise
 from cwlens.engine.stream_pass import StreamedPass
 from cwlens.engine.stream_result import StreamResult as StreamResult  # re-exported
 from cwlens.engine.stream_result import UnknownReducerError as UnknownReducerError  # re-exported
@@ -69,7 +71,7 @@ def auto_query_block(n_keys: int, rows_of: int | None = None, device: Any = None
     return rows
 
 
-AUTO_THRESHOLD = adapter.BLOCKWISE_AUTO_THRESHOLD  # attention="auto": blockwise above this
+AUTO_THRESHOLD = blockwise.AUTO_THRESHOLD  # attention="auto": blockwise above this
 
 
 #: The options of one streamed forward pass and their defaults, taken by keyword by
@@ -113,7 +115,7 @@ def use_blockwise(model: TLModel, input, attention: str) -> bool:
         )
     if attention != "auto":
         return attention == "blockwise"
-    if not adapter.supports_blockwise(model):
+    if not blockwise.supports_blockwise(model):
         return False
     return _length(model, input) > AUTO_THRESHOLD
 
@@ -122,8 +124,8 @@ def _length(model: TLModel, input) -> int:
     if isinstance(input, torch.Tensor):
         return int(input.shape[-1])
     if isinstance(input, str):
-        return adapter.n_tokens(model, input)
-    return max((adapter.n_tokens(model, t) for t in input), default=0)
+        return int(model.to_tokens(input).shape[-1])
+    return max((int(model.to_tokens(t).shape[-1]) for t in input), default=0)
 
 
 def attention_context(model: TLModel, input, attention: str, query_block: int | str | None = "auto"):
@@ -131,17 +133,17 @@ def attention_context(model: TLModel, input, attention: str, query_block: int | 
     ``query_block`` rows; ``"auto"`` or None: :func:`auto_query_block`) or nothing."""
     if use_blockwise(model, input, attention):
         if query_block is None or isinstance(query_block, str):  # "auto" (checked by callers)
-            handle = adapter.wrap(model)
+            handle = wrap(model)
             batch = len(input) if isinstance(input, list) else (
                 int(input.shape[0]) if isinstance(input, torch.Tensor) and input.ndim > 1 else 1)
             n = _length(model, input)
             # layers whose probabilities nobody reads run SDPA, which holds no block of
             # ours: no CPU byte cap there (fewer, larger calls: 1.04-1.23 x less CPU time at
             # 16384 keys, scripts/benchmark.py --sdpa-blocks)
-            return adapter.blockwise_attention(
+            return blockwise.blockwise_attention(
                 model, auto_query_block(n, batch * handle.n_heads, handle.device),
                 auto_query_block(n))
-        return adapter.blockwise_attention(model, query_block)
+        return blockwise.blockwise_attention(model, query_block)
     return contextlib.nullcontext()
 
 
@@ -224,12 +226,22 @@ def stream_geometry(
     run = pass_options("stream_geometry", options, PASS_OPTIONS, forward_rest=True)
     _check_fn(fn)
     _check_flags(closure, run["logits"], run["query_block"])
-    adapter.resolve_requested_layers(model, layers)  # a bad layer is refused before tokenizing
+    resolved, _ = adapter.resolve_requested_layers(model, layers)  # refused before tokenizing
     input, attention_mask = _tokens(model, input, attention_mask)
+    return geometry_pass(model, input, fn, resolved, attention_mask, closure=closure, **run)
+
+
+def geometry_pass(model: TLModel, tokens: torch.Tensor, fn: Callable[[int, AttentionGeometry], Any],
+                  layers: list[int], attention_mask: torch.Tensor | None, closure: bool = False,
+                  **run) -> tuple:
+    """:func:`stream_geometry` on input its caller has checked: ``tokens`` ``[batch, pos]``
+    (from :func:`_tokens` or a padded batch of a study's own tokenized units), ``layers``
+    resolved, ``run`` the checked options (``attention``, ``query_block``, ``logits``, the
+    forward's keywords). Nothing is checked again."""
+    run = {**PASS_OPTIONS, **run}
     engine = StreamedPass(model, layers, attention_mask, closure)
-    context = attention_context(model, input, run.pop("attention"), run.pop("query_block"))
-    out = engine.run(input, fn, None, context, run.pop("logits"), run)
-    return out
+    context = attention_context(model, tokens, run.pop("attention"), run.pop("query_block"))
+    return engine.run(tokens, fn, None, context, run.pop("logits"), run)
 
 
 def _check_flags(closure: object, logits: object, query_block: object) -> None:
@@ -366,10 +378,10 @@ def _offer_value_product(block: AttentionGeometry, rows: torch.Tensor) -> None:
     """Where the block's geometry computed ``alpha v`` (the contribution and its output
     norms need it) from the very rows the model handed over (same dtype, no padding mask
     applied), the model's attention takes that product instead of computing it again
-    (:func:`cwlens.engine.adapter.offer_output`)."""
+    (:func:`cwlens.engine.models.blockwise.offer_output`)."""
     z = block.__dict__.get("z_heads")
     if z is not None and block.position_mask is None and block.pattern.dtype == rows.dtype:
-        adapter.offer_output(rows, z)
+        blockwise.offer_output(rows, z)
 
 
 def stream_reduce(
@@ -441,7 +453,7 @@ def stream_reduce(
     metrics = list(dict.fromkeys(m for r in named.values() for m in r.metrics))
     for m in metrics:
         check_metric(m)
-    resolved, _ = adapter.resolve_layers(model, layer=layers)
+    resolved, _ = adapter.resolve_requested_layers(model, layers)
     info = adapter.ModelInfo.of(model)
     for name, r in named.items():
         r.check(info.n_layers, info.n_heads, resolved, name)
@@ -450,8 +462,9 @@ def stream_reduce(
     for r in named.values():
         r.reset()
 
-    causal = not adapter.is_encoder(model)
-    windows = {ly: adapter.attention_window(model, ly) for ly in resolved}
+    handle = wrap(model)
+    causal = not handle.is_encoder
+    windows = {ly: handle.attention_window(ly) for ly in resolved}
     plan = block_fused.plan_of(named.values())  # what one C call per block can answer
     panels: dict[int, block_fused.LayerPanels] = {}
 
@@ -478,7 +491,7 @@ def stream_reduce(
         for r in named.values():
             r.end_layer(layer, geo)
 
-    engine = StreamedPass(model, layers, attention_mask, closure)
+    engine = StreamedPass(model, resolved, attention_mask, closure)
     bases: dict[int, AttentionGeometry] = {}
     rebuilt: dict[int, torch.Tensor] = {}
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 
 _PAST_CONTEXT_SAID: ContextVar[bool] = ContextVar("cwlens_past_context_said", default=False)
@@ -134,29 +135,29 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
 
     import torch
 
-    from cwlens.engine import adapter
-    from cwlens.engine.handle import wrap
+    from cwlens.engine.tokens import text_length
     from cwlens.errors import CwlensWarning, InputTooLongError, ShapeMismatchError
 
     if isinstance(input, list | tuple) and not input:
         raise EmptyInputError(f"The {what} is an empty list of texts: pass at least one text.")
     texts = texts_of(input)
     tokens = None
+    handle = wrap(model)
     if texts is not None:
         empty = [i for i, t in enumerate(texts) if not t.strip()]
         if empty:
             where = "The input text" if isinstance(input, str) else f"Text {empty[0]} of the {what}"
             raise EmptyInputError(f"{where} is empty: pass a text with at least one word.")
-        n = max(adapter.text_length(model, t) for t in texts)
+        n = max(text_length(model, t) for t in texts)
         if attention_mask is not None:
-            if adapter.is_encoder(model) or len(texts) != 1:
+            if handle.is_encoder or len(texts) != 1:
                 # several texts: the mask comes from pad_batch, which returns the tokens too
                 raise ShapeMismatchError(
                     "An attention_mask needs tokens, not texts: pass the texts without a mask "
                     "(cwlens pads a list of texts with a mask of its own), or the tokens the "
                     "mask belongs to (tokens, mask = cwlens.engine.batching.pad_batch(model, texts))."
                 )
-            tokens = wrap(model).to_tokens(texts[0])
+            tokens = handle.to_tokens(texts[0])
     elif isinstance(input, torch.Tensor):
         tokens = input
         _check_token_ids(model, tokens, what)
@@ -178,9 +179,9 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
                 "made with (cwlens.engine.batching.pad_batch returns both)."
             )
         mask_values(attention_mask.reshape(want))
-    limit = adapter.context_length(model)
+    limit = handle.context_length()
     if limit is not None and n > limit:
-        if adapter.rotary_positions(model):
+        if handle.rotary_positions:
             if not _PAST_CONTEXT_SAID.get():
                 warnings.warn(
                     f"The {what} has {n} tokens, past this model's trained context of {limit} "
@@ -222,13 +223,12 @@ def run_input(model, input: object, attention_mask=None, what: str = "input") ->
     """``input`` checked by :func:`model_input`, as the forward pass should get it: texts
     past the context (rotary positions, with the warning) tokenized whole, since
     ``model(text)`` would cut them at ``n_ctx``."""
-    from cwlens.engine import adapter
-    from cwlens.engine.handle import wrap
 
     n = model_input(model, input, attention_mask, what)
-    limit = adapter.context_length(model)
+    handle = wrap(model)
+    limit = handle.context_length()
     if limit is not None and n > limit and isinstance(input, str | list | tuple):
-        return wrap(model).to_tokens(list(input) if isinstance(input, tuple) else input,
+        return handle.to_tokens(list(input) if isinstance(input, tuple) else input,
                                      truncate=False)
     return input
 
@@ -241,7 +241,6 @@ def _short(value: object) -> str:
 def _check_token_ids(model, tokens, what: str) -> None:
     import torch
 
-    from cwlens.engine import adapter
     from cwlens.errors import ShapeMismatchError
 
     if tokens.ndim not in (1, 2):
@@ -256,7 +255,7 @@ def _check_token_ids(model, tokens, what: str) -> None:
             f"The {what} has no tokens (shape {tuple(tokens.shape)}): pass at least one text "
             "of at least one token."
         )
-    vocab = adapter.vocab_size(model)
+    vocab = wrap(model).vocab_size()
     low, high = int(tokens.min()), int(tokens.max())
     if low < 0 or (vocab is not None and high >= vocab):
         bad = low if low < 0 else high

@@ -44,6 +44,7 @@ import torch
 from cwlens.core.proportion import above_chance, clopper_pearson
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 
 MIN_CONSTANT_ITEMS = 20  # fewer items: the best constant answer is not estimated
@@ -154,7 +155,7 @@ def item_accuracies(model, items: Sequence, batch_tokens: int = 2048,
         tokens, mask = pad_batch(model, seqs)
         offsets = mask.int().argmax(-1).tolist()
         with torch.no_grad():
-            logits = model(tokens, **adapter.forward_kwargs(model, mask))
+            logits = model(tokens, **wrap(model).forward_kwargs(mask))
         for u, rows in zip(batch, rows_of, strict=True):
             score = units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)
             acc[todo[u]] = score["acc"]
@@ -170,7 +171,6 @@ def written_accuracies(model, items: Sequence, config, out, *, model_name: str |
     no rows of that run (:func:`~cwlens.faithfulness.results.clean_values`).
     ``model_name`` and ``num_fewshot`` as given to
     :func:`~cwlens.faithfulness.run_faithfulness`."""
-    from cwlens.engine.handle import wrap
     from cwlens.faithfulness.results import clean_values
     from cwlens.faithfulness.sweep import dataset_name, stored_config
 

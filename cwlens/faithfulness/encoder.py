@@ -81,7 +81,7 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
     (:func:`~cwlens.faithfulness.ranking.mask_counts`). ``mask_first_token=False``: [CLS]
     is never masked (the view of ferret, which drops the special tokens)."""
     modes = MODES
-    if not adapter.is_encoder(model):
+    if not wrap(model).is_encoder:
         raise adapter.UnsupportedModelError(
             "The sentence-embedding task is for encoders; decoders use run_faithfulness.")
     for name in metric_names:

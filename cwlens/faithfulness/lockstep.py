@@ -37,6 +37,7 @@ from cwlens.engine import adapter, hook_names, lm
 from cwlens.engine.handle import wrap
 from cwlens.engine.interventions.selfcheck import ensure_edits_act
 from cwlens.engine.interventions.value_masking import remove_entries
+from cwlens.engine.models import blockwise
 from cwlens.engine.streaming import attention_context, use_blockwise
 from cwlens.errors import CwlensError, InvalidArgumentError
 from cwlens.faithfulness.job_masks import Piece, job_masks
@@ -104,7 +105,7 @@ class _Lockstep:
         out: list = []
         for ly in layers:
             out.append((hook_names.values(ly), self._catch(ly, "v")))
-            if adapter.has_hook(self.model, hook_names.resid_pre(ly)):
+            if wrap(self.model).has_hook(hook_names.resid_pre(ly)):
                 out.append((hook_names.resid_pre(ly), self._catch(ly, "residual")))
             out.append((hook_names.pattern(ly), self._pattern(ly)))
         return out
@@ -118,7 +119,7 @@ class _Lockstep:
 
     def _pattern(self, layer: int):
         def mask_block(pattern: torch.Tensor, hook) -> torch.Tensor:
-            block = adapter.current_block()
+            block = blockwise.current_block()
             n_keys = pattern.shape[-1] if block is None else block.n_keys
             start = 0 if block is None else block.query_start
             caught = self.caught.get(layer, {})
@@ -163,7 +164,7 @@ class _Lockstep:
         width = clean.shape[-1]
         mask = self.mask.to(clean.device)  # a model split over GPUs: this layer's device
         geo = self._geometry(layer, clean, start, n_keys)
-        window = adapter.attention_window(self.model, layer)
+        window = wrap(self.model).attention_window(layer)
         wanted = list(dict.fromkeys(job.metric for _, job in here if job.metric not in (None, "random")))
         scores = {m: metric_scores(geo, m, cfg.kind) for m in wanted}
         del geo

@@ -18,8 +18,9 @@ from cwlens.core.bitmask import PackedMask
 from cwlens.engine import adapter, lm
 from cwlens.engine.batching import pad_batch
 from cwlens.engine.gradients import attention_gradient
+from cwlens.engine.handle import wrap
 from cwlens.engine.interventions.value_masking import run_masked, value_masking
-from cwlens.engine.streaming import DEFAULT_QUERY_BLOCK, attention_context, stream_geometry
+from cwlens.engine.streaming import DEFAULT_QUERY_BLOCK, attention_context, geometry_pass
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.job_masks import Piece, job_masks
 from cwlens.faithfulness.lockstep import copies_per_pass, lockstep_pass, use_lockstep
@@ -255,11 +256,10 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
     counts: dict = {}
     plan = BatchPlan(mask, jobs, cfg, keys, stats, gradients, counts)
     t, ranked_before = time.perf_counter(), stats.ranking_seconds
+    windows = {ly: wrap(model).attention_window(ly) for ly in layers}
     with lm.deferred_logits(model, chunk) as output:
-        logits, per_layer = stream_geometry(
-            model, tokens, lambda ly, geo: layer_masks(geo, ly, plan, adapter.attention_window(model, ly)),
-            layers=layers, attention_mask=mask,
-        )
+        logits, per_layer = geometry_pass(  # the units' own tokens, layers from the config
+            model, tokens, lambda ly, geo: layer_masks(geo, ly, plan, windows[ly]), layers, mask)
     stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)
     stats.n_forwards += 1
     tick()

@@ -91,7 +91,7 @@ def eligible_entries(
     """bool ``[batch, 1, query_pos, key_pos]``: entries that a mask may remove.
 
     ``position_mask``: ``[batch, pos]``, True (1) on real tokens. ``window``: a sliding-
-    window layer's size (:func:`cwlens.engine.adapter.attention_window`): keys with
+    window layer's size (:meth:`cwlens.engine.handle.ModelHandle.attention_window`): keys with
     ``i - j >= window`` are outside it (alpha = 0 there), so not eligible.
     """
     n = position_mask.shape[1]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from cwlens.engine import lm
+from cwlens.engine.handle import wrap
 from cwlens.faithfulness import choice
 
 
@@ -84,10 +85,9 @@ def _fits_context(model, item_id, inputs, dataset: str = "") -> None:
     """A choice prompt cannot be cut without losing its question: refuse one longer than
     the model's context (docs/inputs.md). Few-shot examples are MMLU's only; other
     items are long by their own text."""
-    from cwlens.engine.adapter import context_length
     from cwlens.errors import InputTooLongError
 
-    limit = context_length(model)
+    limit = wrap(model).context_length()
     longest = max((len(x) for x in inputs), default=0)
     if limit is not None and longest > limit:
         fix = ("use fewer few-shot examples (--num-fewshot) or a model with a longer context"

@@ -112,7 +112,7 @@ def _dla(run_model, cache, fx: EdgeEffects) -> torch.Tensor:
     for ly in fx.layers:
         pattern = adapter.read(cache, hook_names.pattern(ly), run_model)
         v = adapter.read(cache, hook_names.values(ly), run_model)
-        terms = direct_math.head_key_terms(pattern, v, adapter.W_O(run_model, ly), u_eff.to(pattern.device),
+        terms = direct_math.head_key_terms(pattern, v, wrap(run_model).W_O(ly), u_eff.to(pattern.device),
                                            scale.to(pattern.device), q.to(pattern.device))
         rows.append(terms[0, 0].double().cpu())  # [head, key]
     return torch.stack(rows)

@@ -110,7 +110,7 @@ def component_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
         off_bos.append((1 - a[..., 0]).mean(-1))
         c = geo.contribution("inter").double().masked_fill(silent_rows(geo, "inter", zero_output)[..., None], 0.0)
         share.append(c[:, :, 1:, :].sum(-1).abs().mean(-1))
-        terms = direct_math.head_key_terms(geo.pattern, geo.v, adapter.W_O(model, layer),
+        terms = direct_math.head_key_terms(geo.pattern, geo.v, handle.W_O(layer),
                                            u[:, 1:].to(geo.pattern.device),
                                            scale[:, 1:].to(geo.pattern.device),
                                            queries.to(geo.pattern.device))  # [b, q, h, k]

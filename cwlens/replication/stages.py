@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from cwlens.engine import adapter
 from cwlens.engine.handle import wrap
 from cwlens.faithfulness.rows_job import RowsJob
 from cwlens.replication import plan
@@ -23,7 +22,7 @@ def run_model(model, name: str, out, cfg: ReplicationConfig, log: Log = print,
     """Every stage for ``model`` (loaded, called ``name``) into ``<out>/<name>``."""
     folder = plan.model_dir(out, name)
     folder.mkdir(parents=True, exist_ok=True)
-    if adapter.is_encoder(model):
+    if wrap(model).is_encoder:
         encoder_faithfulness(model, name, folder / plan.ENCODER_FAITHFULNESS, cfg, log, progress)
         if cfg.first_token_view:
             encoder_faithfulness(model, name, folder / plan.first_token_kept(plan.ENCODER_FAITHFULNESS),
@@ -164,7 +163,7 @@ def sinks(model, name, folder: Path, cfg: ReplicationConfig, log: Log, progress:
     from cwlens.engine.models.registry import model_label
     from cwlens.sinks import run as sink_run
 
-    intervention = not adapter.is_encoder(model)
+    intervention = not wrap(model).is_encoder
     samples = load_dataset("gsm8k", cfg.sink_samples)
     log(f"[{name}] sinks: {len(samples)} GSM8K texts"
         f"{'' if intervention else ' (no intervention: it needs a next-token loss)'} -> {folder}")

@@ -239,10 +239,11 @@ def analyze_text(
         validation.max_tokens(max_tokens)
     from cwlens.engine.batching import fit_context
 
-    full = wrap(model).to_tokens(text, truncate=False)
+    handle = wrap(model)
+    full = handle.to_tokens(text, truncate=False)
     tokens = fit_context(model, full, max_tokens, "the text", past_context)
     n = tokens.shape[1]
-    str_tokens = [str(t) for t in wrap(model).to_str_tokens(tokens[0])]
+    str_tokens = [str(t) for t in handle.to_str_tokens(tokens[0])]
     if n == 1 and full.shape[1] > 1:
         from cwlens.errors import InvalidArgumentError
 
@@ -272,7 +273,7 @@ def analyze_text(
         [reducers.in_query_order(report._win[ly][key], 1) for ly in layers]).cpu()
     sink_tail = torch.stack([report._sink_tail[ly] for ly in layers]).cpu()  # [L, h, 2]
     n_tail = max(n - 1, 1)
-    causal = not wrap(model).is_encoder
+    causal = not handle.is_encoder
     top_keys, top_values = _seen_only(res["top"], n, causal)
     notes = []
     if win != (0, n):

@@ -177,16 +177,16 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
 
     texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
     batching.check_past_context(model, past_context)
-    from cwlens.engine import adapter
 
-    causal = not adapter.is_encoder(model)
+    handle = wrap(model)
+    causal = not handle.is_encoder
     tables: dict[str, list[pd.DataFrame]] = {}
     for text, tid in zip(texts, ids, strict=True):
-        tokens = batching.fit_context(model, wrap(model).to_tokens(text, truncate=False),
+        tokens = batching.fit_context(model, handle.to_tokens(text, truncate=False),
                                       max_tokens, f"text {tid}", past_context)
         with validation.past_context_said(past_context):  # fit_context said it
             res = stream_reduce(model, tokens, default_reducers(**reduce))
-        str_tokens = wrap(model).to_str_tokens(tokens[0])
+        str_tokens = handle.to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid, causal).items():
             tables.setdefault(name, []).append(df)
         tick()  # progress: one text (cwlens.runs.progress)
@@ -301,7 +301,6 @@ def _read_csv(path) -> pd.DataFrame:
 
 def read_tables(out_dir) -> dict[str, pd.DataFrame]:
     """The tables :func:`export_texts` wrote (Parquet or CSV)."""
-    from cwlens.errors import InvalidArgumentError
 
     out = {}
     for name in TABLES:

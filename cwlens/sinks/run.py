@@ -77,11 +77,10 @@ def analyse_batch(model, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str
 
     One streamed forward pass: each layer's geometry is built once and every analysis reads
     it while the model runs (no cache of every layer's pattern)."""
-    from cwlens.engine import adapter
     from cwlens.engine.streaming import stream_geometry
 
     ids, tokens, mask = batch
-    causal = not adapter.is_encoder(model)
+    causal = not wrap(model).is_encoder
     swept = bi < cfg.swept_batches
     # the swept check (recomputing norms from the changed pattern) on the first batch;
     # the closed form on all of them

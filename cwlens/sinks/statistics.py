@@ -30,6 +30,7 @@ from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.sinks import first_real_index, key_onehot, query_after_sink
 from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 from cwlens.sinks.config import EPS_GU as EPS_GU  # Gu et al.'s sink threshold
 from cwlens.sinks.config import check_eps
 
@@ -145,7 +146,7 @@ def sink_statistics(
         attention_mask = adapter.cache_mask(cache)
     rows = [
         layer_frame(adapter.geometry(cache, model, ly, attention_mask), ly, attention_mask,
-                    sample_ids, eps, sink_positions, kind, causal=not adapter.is_encoder(model))
+                    sample_ids, eps, sink_positions, kind, causal=not wrap(model).is_encoder)
         for ly in resolved
     ]
     return pd.concat(rows, ignore_index=True)

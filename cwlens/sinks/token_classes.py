@@ -46,7 +46,6 @@ import torch
 
 from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind, safe_divide
-from cwlens.engine import adapter
 from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 
@@ -215,7 +214,7 @@ def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int 
     full = [token_ids(model, t, truncate=False) for t in _texts(texts)]
     cap = context_cap(model, max_tokens, [len(r) for r in full])
     rows = sorted((r[:cap] for r in full), key=len)
-    causal = not adapter.is_encoder(model)
+    causal = not wrap(model).is_encoder
     totals: dict[int, _Sums] = {}
     for start in range(0, len(rows), batch_size):
         tokens, mask = pad_batch(model, rows[start : start + batch_size])

@@ -26,15 +26,10 @@ import torch
 
 from cwlens.core.sinks import scale_position, set_sink_rate
 from cwlens.engine import hook_names
-from cwlens.engine.adapter import (
-    Layers,
-    TLModel,
-    block_rows,
-    current_block,
-    resolve_requested_layers,
-)
+from cwlens.engine.adapter import Layers, TLModel, resolve_requested_layers
 from cwlens.engine.handle import wrap
 from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
+from cwlens.engine.models.blockwise import block_rows, current_block
 
 Hook = tuple[str, Callable[[torch.Tensor, Any], torch.Tensor]]
 

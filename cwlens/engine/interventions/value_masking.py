@@ -25,9 +25,9 @@ import torch
 from cwlens.core._types import Pattern
 from cwlens.core.bitmask import PackedMask
 from cwlens.engine import hook_names
-from cwlens.engine.adapter import block_rows, current_block
 from cwlens.engine.handle import wrap
 from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
+from cwlens.engine.models.blockwise import block_rows, current_block
 from cwlens.errors import MissingHookError, ShapeMismatchError
 
 HookFn = Callable[..., torch.Tensor]
