@@ -1,14 +1,19 @@
 """A CLI command is a request object (issue 49): the parsed command line is resolved and
-checked once into a frozen request, and the argparse Namespace stays as it was parsed."""
+checked once into a frozen request, and no command writes into the argparse Namespace."""
 
+import ast
 import dataclasses
+from pathlib import Path
 
 import pytest
 
+import cwlens
 from cwlens.cli.faithfulness_request import FaithfulnessRequest
 from cwlens.cli.main import build_parser
 from cwlens.errors import InvalidArgumentError
 from cwlens.faithfulness.results import ResultsWriter
+
+CLI = Path(cwlens.__file__).parent / "cli"
 
 
 def _parse(*argv: str):
@@ -65,3 +70,34 @@ def test_report_only_runs_from_the_request_and_leaves_the_namespace_unchanged(tm
     assert args.func(args) == 0
     assert vars(args) == before
     assert "attention" in capsys.readouterr().out
+
+
+def _writes_into_args(path: Path) -> list[str]:
+    """``args.x = ...``, ``args.x += ...``, ``setattr(args, ...)`` and ``vars(args)[...] =``
+    in one module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        for t in targets:
+            base = t.value if isinstance(t, ast.Attribute | ast.Subscript) else None
+            if isinstance(base, ast.Call) and getattr(base.func, "id", None) == "vars":
+                base = base.args[0] if base.args else None
+            if isinstance(base, ast.Name) and base.id == "args":
+                found.append(f"{path.name}:{node.lineno}")
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr"
+                and node.args and getattr(node.args[0], "id", None) == "args"):
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_no_command_writes_into_its_parsed_flags():
+    found = [hit for path in sorted(CLI.glob("*.py")) for hit in _writes_into_args(path)]
+    assert found == [], "resolve into a local value or a frozen request instead:\n" + "\n".join(found)
+
+
+def test_the_check_finds_each_kind_of_write(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("args.a = 1\nargs.b += 1\nsetattr(args, 'c', 1)\nvars(args)['d'] = 1\n"
+                    "x.a = args.a\n")
+    assert sorted(_writes_into_args(path)) == ["m.py:1", "m.py:2", "m.py:3", "m.py:4"]
