@@ -152,7 +152,7 @@ def test_sigkilled_gzip_run_resumes_to_the_plain_runs_table(tmp_path):
 
 
 def test_cli_compress_writes_gz_and_a_gz_folder_resumes_without_the_flag(tmp_path, capsys):
-    from cwlens.cli.faithfulness import _results_path
+    from cwlens.cli.faithfulness_request import _results_path
     from cwlens.cli.main import main
 
     assert _results_path(tmp_path, "gsm8k", compress=False) == tmp_path / "gsm8k.jsonl"

@@ -1,6 +1,7 @@
 """``cwlens circuits``: head rankings by contribution, attention, direct logit attribution
 and activation patching on a templated task, their agreement, and the token-flow graph."""
 
+from cwlens import circuits
 from cwlens.cli import arg_types
 from cwlens.cli.common import (
     add_figures_flag,
@@ -10,6 +11,8 @@ from cwlens.cli.common import (
     load_model,
 )
 from cwlens.engine.handle import wrap
+from cwlens.errors import InvalidArgumentError
+from cwlens.runs.progress import bar, status
 
 
 def register(sub) -> None:
@@ -53,8 +56,6 @@ MAX_PROMPTS = 1024  # one batch: its activations are held at once
 
 
 def _task_kwargs(args) -> dict:
-    from cwlens.errors import InvalidArgumentError
-
     if args.length is not None and args.task != "induction":
         raise InvalidArgumentError(f"--length applies to --task induction only (this is "
                                    f"--task {args.task}); drop it")
@@ -78,17 +79,14 @@ def _task_kwargs(args) -> dict:
 
 
 def run(args) -> int:
-    from cwlens import circuits
-    from cwlens.plotting.circuits import agreement_figure
+    from cwlens.plotting.circuits import agreement_figure  # heavy (plotly)
     from cwlens.plotting.export import save_figure
     from cwlens.plotting.token_flow import token_flow_figure
 
     kwargs = _task_kwargs(args)
     out = arg_types.output_dir(args.out)
-    args.figures = figures_dir(args)
-    figures = arg_types.output_dir(args.figures, "--figures") if args.figures else None  # '': none
-    from cwlens.runs.progress import bar, status
-
+    given = figures_dir(args)  # '': none
+    figures = arg_types.output_dir(given, "--figures") if given else None
     show = not args.no_progress
     model = load_model(args, device=args.device)
     task = circuits.build_task(args.task, model, **kwargs)

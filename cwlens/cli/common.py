@@ -1,9 +1,15 @@
 """Flags shared by every subcommand, so they read the same everywhere."""
 
 import argparse
+import json
+import sys
+import time
 from collections.abc import Mapping
+from pathlib import Path
 
+import cwlens
 from cwlens.cli import arg_types
+from cwlens.runs.progress import status
 
 DEFAULT_MODEL = "smollm2-135m"  # --model's default (cwlens.engine.models.DEFAULT_MODEL, light)
 
@@ -22,11 +28,6 @@ def load_model(args, **placed):
     """``cwlens.load_model(args.model, **placed)`` (default ``device=args.device``), with a
     line on stderr before and after where progress is shown (a terminal, unless
     ``--no-progress``): loading can take a minute (dequantizing a GGUF the first time)."""
-    import time
-
-    import cwlens
-    from cwlens.runs.progress import status
-
     show = not getattr(args, "no_progress", False)
     status(f"loading {args.model} ...", show)
     t0 = time.perf_counter()
@@ -51,11 +52,10 @@ def add_figures_flag(p, what: str = "figures") -> None:
                    "the run's folder; --figures figures rewrites the repository's figures)")
 
 
-def figures_dir(args) -> str:
-    """``--figures`` as given (``''``: none), or ``<--out>/figures`` when it was left out."""
-    from pathlib import Path
-
-    return str(Path(args.out) / "figures") if args.figures is None else args.figures
+def figures_dir(args, out: str | None = None) -> str:
+    """``--figures`` as given (``''``: none), or ``<out>/figures`` when it was left out
+    (``out``: the results folder, ``--out`` by default)."""
+    return str(Path(out or args.out) / "figures") if args.figures is None else args.figures
 
 
 def add_progress_flag(p) -> None:
@@ -83,8 +83,6 @@ def stored_differences(stored: dict, asked: Mapping[str, tuple[str, object, obje
     command's value, the flag's default)``; one entry per flag given another value than
     its default and than ``stored``'s, e.g. ``--rates 0.5 (asked: 0.3)``, or
     ``no --non-causal (asked)`` for a switch."""
-    import json
-
     out = []
     for flag, (key, value, default) in asked.items():
         value, default = json.loads(json.dumps(value)), json.loads(json.dumps(default))
@@ -106,8 +104,6 @@ def shown(value) -> str:
 def note_ignored(mode: str, doing: str, where, differ: list[str], why: str = "") -> None:
     """The note (stderr) that ``mode`` (e.g. ``--report-only``) ignores the ``differ``
     flags (:func:`stored_differences`) of the run stored in ``where``."""
-    import sys
-
     if differ:
         print(f"cwlens: note: {mode} {doing} as they are; {where} was run with "
               f"{'; '.join(differ)}: those flags are ignored here{why}. Rerun without {mode}, "

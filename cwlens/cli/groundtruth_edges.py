@@ -9,9 +9,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from cwlens.cli import arg_types
-from cwlens.cli.common import DEFAULT_MODEL
-from cwlens.groundtruth import edge_report
+from cwlens.cli.common import DEFAULT_MODEL, figures_dir, load_model
+from cwlens.datasets import ChoiceItem, TextSample, load_dataset
+from cwlens.engine.handle import wrap
+from cwlens.errors import InvalidArgumentError
+from cwlens.faithfulness.encoder import sentences
+from cwlens.faithfulness.report import check_block, write_block
+from cwlens.groundtruth import edge_report, library
+from cwlens.groundtruth.edge_methods import EDGE_METHODS, LABELS
+from cwlens.groundtruth.edge_programs import program_records
+from cwlens.groundtruth.edge_study import EdgeInput, EdgeSettings, run_edges, summarise
+from cwlens.groundtruth.edges import OBJECTIVES
+from cwlens.runs import distributed
 
 EDGE_EPILOG = """\
 per-edge truth (--edges): remove one edge a_ij v~_j of head h at the query, run the rest of
@@ -32,9 +44,6 @@ TRACR_DATA = ("tracr",)
 
 
 def add_edge_args(p: argparse.ArgumentParser) -> None:
-    from cwlens.groundtruth.edge_methods import EDGE_METHODS
-    from cwlens.groundtruth.edges import OBJECTIVES
-
     g = p.add_argument_group("per-edge truth (--edges)")
     g.add_argument("--edges", action="store_true",
                    help="score the methods against the exact effect of removing each attention edge "
@@ -69,12 +78,6 @@ def add_edge_args(p: argparse.ArgumentParser) -> None:
 
 
 def _items(args, handle) -> list:
-    import torch
-
-    from cwlens.datasets import ChoiceItem, TextSample, load_dataset
-    from cwlens.errors import InvalidArgumentError
-    from cwlens.groundtruth.edge_study import EdgeInput
-
     keep = args.max_tokens + (1 if args.objective == "nll" else 0)
     rows: list[tuple[str, str, Any]] = []
     if args.objective == "embedding" and not handle.is_encoder:
@@ -87,8 +90,6 @@ def _items(args, handle) -> list:
     if args.text:
         rows = [(f"text-{i}", t, None) for i, t in enumerate(args.text)]
     elif args.data in TEXT_DATA and handle.is_encoder:  # whole sentences, as the encoder task
-        from cwlens.faithfulness.encoder import sentences
-
         rows = [(i.replace("/", "-s"), t, None) for i, t in sentences(args.data, args.samples)]  # a file name
     elif args.data in TEXT_DATA:
         rows = [(s.id, s.text, None) for s in load_dataset(args.data, args.samples)
@@ -123,14 +124,11 @@ def _items(args, handle) -> list:
 
 def run(args) -> int:
 
-    from cwlens.cli.common import figures_dir
-    from cwlens.faithfulness.report import check_block
-
-    if args.out == "runs/groundtruth":  # the compiled programs' default: a folder of its own
-        args.out = "runs/groundtruth_edges"
-    out = arg_types.output_dir(args.out)
+    # --out's default is the compiled programs' folder: the edges get a folder of their own
+    given = "runs/groundtruth_edges" if args.out == "runs/groundtruth" else args.out
+    out = arg_types.output_dir(given)
     json_path = arg_types.output_file(args.json, "--json", "edges.json") if args.json else None
-    figures = figures_dir(args)
+    figures = figures_dir(args, given)
     figures_out = arg_types.output_dir(figures, "--figures") if figures else None
     md = [arg_types.markdown_file(p, "--summary-md") for p in (args.summary_md or "").split(",") if p]
     model_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model.rstrip("/")).name)  # a hub id or folder
@@ -141,21 +139,12 @@ def run(args) -> int:
         check_block(path, start, end)
     if args.data == "tracr" and not args.text:
         return _run_programs(args, out, json_path, md, start, end)
-    from cwlens.runs import distributed
-
     with distributed.session() as world:  # torchrun: the inputs are dealt over the ranks
         main = world is None or world.main
         return _run_model(args, out, json_path, figures_out, md, (start, end, key), main)
 
 
 def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
-    import torch
-
-    from cwlens.cli.common import load_model
-    from cwlens.engine.handle import wrap
-    from cwlens.faithfulness.report import write_block
-    from cwlens.groundtruth.edge_study import EdgeSettings, run_edges, summarise
-
     start, end, key = block
     model = load_model(args)
     handle = wrap(model)
@@ -190,8 +179,7 @@ def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
         Path(json_path).write_text(json.dumps(summary, indent=1))
         written.append(Path(json_path))
     if figures_out is not None:
-        from cwlens.groundtruth.edge_methods import LABELS
-        from cwlens.plotting.edges import captured_figure
+        from cwlens.plotting.edges import captured_figure  # heavy (plotly)
         from cwlens.plotting.export import save_figure
 
         written += save_figure(captured_figure([summary], LABELS), figures_out / f"edges_captured_{key}",
@@ -206,11 +194,6 @@ def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
 def _run_programs(args, out, json_path, md, start, end) -> int:
     """``--data tracr``: every chosen compiled program, its own sampled inputs, the last
     position's decoded output logit (:mod:`cwlens.groundtruth.edge_programs`)."""
-    from cwlens.faithfulness.report import write_block
-    from cwlens.groundtruth import library
-    from cwlens.groundtruth.edge_programs import program_records
-    from cwlens.groundtruth.edge_study import summarise
-
     chosen = args.program or library.names()
     programs = ([library.from_file(chosen[0])] if len(chosen) == 1 and chosen[0].endswith(".py")
                 else [library.load(name) for name in chosen])

@@ -1,9 +1,35 @@
 """``cwlens replicate``: every claim of the paper on several models, one table."""
 
 import argparse
+import json
+import time
 
+import pandas as pd
+
+import cwlens
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_debug_flag, add_figures_flag, add_progress_flag, figures_dir
+from cwlens.cli.common import (
+    add_debug_flag,
+    add_figures_flag,
+    add_progress_flag,
+    figures_dir,
+    note_ignored,
+    stored_differences,
+)
+from cwlens.errors import CwlensError, InvalidArgumentError, ModelNotAvailableError
+from cwlens.faithfulness.report import check_block, write_block
+from cwlens.replication import claims
+from cwlens.replication.plan import (
+    DEFAULT_MODELS,
+    ENCODER_FAITHFULNESS,
+    FAITHFULNESS,
+    ReplicationConfig,
+    has_results,
+    model_dir,
+)
+from cwlens.replication.stages import run_model
+from cwlens.runs.progress import status
+from cwlens.sinks.store import SinkResultsError
 
 DESCRIPTION = """\
 Runs, for each model, the faithfulness test at removal rates 0.01..0.99 (ERASER's bins read
@@ -30,8 +56,6 @@ all-minilm-l6-v2 (scripts/setup.sh --minilm).
 
 
 def register(sub) -> None:
-    from cwlens.replication.plan import DEFAULT_MODELS, ReplicationConfig
-
     d = ReplicationConfig()
     p = sub.add_parser("replicate", help="the paper's claims on several models: one resumable run, "
                        "one table", description=DESCRIPTION, epilog=EPILOG,
@@ -95,37 +119,29 @@ def _models(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    from cwlens.errors import InvalidArgumentError
-    from cwlens.replication.plan import ReplicationConfig
-
-    args.figures = figures_dir(args)
-    if args.per_layer_model is None:
+    figures, per_layer_model = figures_dir(args), args.per_layer_model
+    if per_layer_model is None:
         default = ReplicationConfig().per_layer_model
-        args.per_layer_model = default if default in args.models else ""
-    elif args.per_layer_model:
-        same = [m for m in args.models if m.rstrip("/") == args.per_layer_model.rstrip("/")]
+        per_layer_model = default if default in args.models else ""
+    elif per_layer_model:
+        same = [m for m in args.models if m.rstrip("/") == per_layer_model.rstrip("/")]
         if not same:  # (a trailing slash on a directory names the same model)
             raise InvalidArgumentError(
-                f"--per-layer-model {args.per_layer_model!r} is not one of --models "
+                f"--per-layer-model {per_layer_model!r} is not one of --models "
                 f"({','.join(args.models)}): name one of them, or '' for no per-layer run")
-        args.per_layer_model = same[0]
+        per_layer_model = same[0]
     cfg = ReplicationConfig(samples=args.samples, max_tokens=args.max_tokens, rates=args.rates,
                             sentences=args.sentences, sink_samples=args.sink_samples,
-                            per_layer_model=args.per_layer_model,
+                            per_layer_model=per_layer_model,
                             per_layer_samples=args.per_layer_samples)
     out = arg_types.output_dir(args.out, must_write=not args.table_only)
-    if args.figures:
-        arg_types.output_dir(args.figures, "--figures")
+    if figures:
+        arg_types.output_dir(figures, "--figures")
     if args.docs:
-        from cwlens.faithfulness.report import check_block
-        from cwlens.replication.claims import END, START
-
         arg_types.markdown_file(args.docs, "--docs")
-        check_block(args.docs, START, END)
+        check_block(args.docs, claims.START, claims.END)
     skipped: dict[str, str] = {}
     if args.table_only:
-        from cwlens.replication.plan import has_results
-
         if not any(has_results(out, name) for name in args.models):
             raise InvalidArgumentError(
                 f"--table-only: {str(out)!r} holds no results for {','.join(args.models)}; run "
@@ -133,22 +149,12 @@ def run(args) -> int:
         _note_stored_sizes(args, out)
     else:
         skipped = _compute(args, cfg, out)
-    return _report(args, out, skipped)
+    return _report(args, out, skipped, figures)
 
 
 def _note_stored_sizes(args, out) -> None:
     """--table-only builds the table from the stored rows as they are: a note (stderr) for
     each size flag given another value than its default and than a stored run's."""
-    import json
-
-    from cwlens.cli.common import note_ignored, stored_differences
-    from cwlens.replication.plan import (
-        ENCODER_FAITHFULNESS,
-        FAITHFULNESS,
-        ReplicationConfig,
-        model_dir,
-    )
-
     d = ReplicationConfig()
     for name in args.models:
         for rel, count_flag, count in ((FAITHFULNESS, "--samples", args.samples),
@@ -170,13 +176,6 @@ def _note_stored_sizes(args, out) -> None:
 
 
 def _compute(args, cfg, out) -> dict[str, str]:
-    import time
-
-    import cwlens
-    from cwlens.errors import ModelNotAvailableError
-    from cwlens.replication.stages import run_model
-    from cwlens.runs.progress import status
-
     skipped = {}
     for name in args.models:
         t0 = time.perf_counter()
@@ -197,13 +196,6 @@ def _compute(args, cfg, out) -> dict[str, str]:
 
 def _load(claims, out, name):
     """:func:`cwlens.replication.claims.load`, a damaged stored table named with its fix."""
-    import json
-
-    import pandas as pd
-
-    from cwlens.errors import CwlensError
-    from cwlens.sinks.store import SinkResultsError
-
     try:
         return claims.load(out, name)
     except (json.JSONDecodeError, UnicodeDecodeError, pd.errors.EmptyDataError,
@@ -214,11 +206,7 @@ def _load(claims, out, name):
             "--table-only (a resumed run rebuilds what is missing).") from None
 
 
-def _report(args, out, skipped: dict[str, str]) -> int:
-    from cwlens.errors import ModelNotAvailableError
-    from cwlens.faithfulness.report import write_block
-    from cwlens.replication import claims
-
+def _report(args, out, skipped: dict[str, str], figures: str) -> int:
     results = [_load(claims, out, name) for name in args.models]
     table = claims.claims_table(results)
     aopc = claims.aopc_tables(results)
@@ -233,8 +221,8 @@ def _report(args, out, skipped: dict[str, str]) -> int:
         write_block(args.docs, f"Produced by `{command}`.\n\n{table}\n{aopc}",
                     start=claims.START, end=claims.END)
         print(f"wrote {args.docs}")
-    if args.figures:
-        written = claims.write_figures(results, args.figures, png=not args.no_png)
+    if figures:
+        written = claims.write_figures(results, figures, png=not args.no_png)
         if written:
             print("wrote " + ", ".join(str(p) for p in written))
     return 0
@@ -242,8 +230,6 @@ def _report(args, out, skipped: dict[str, str]) -> int:
 
 def _nondefault(args):
     """The sizing options that differ from their defaults (for the 'produced by' line)."""
-    from cwlens.replication.plan import DEFAULT_MODELS, ReplicationConfig
-
     d = ReplicationConfig()
     pairs = [("models", ",".join(args.models), ",".join(DEFAULT_MODELS)),
              ("samples", args.samples, d.samples), ("max-tokens", args.max_tokens, d.max_tokens),

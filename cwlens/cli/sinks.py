@@ -1,19 +1,31 @@
 """``cwlens sinks``: the attention-sink analysis on a dataset sample (tables, figures, summary)."""
 
 import argparse
+import json
+import math
+from pathlib import Path
 
 from cwlens.cli import arg_types
 from cwlens.cli.common import (
+    DEFAULT_MODEL,
     add_figures_flag,
     add_model_args,
     add_past_context_flag,
     add_progress_flag,
     figures_dir,
     load_model,
+    note_ignored,
+    stored_differences,
 )
 from cwlens.cli.placement import HELP as PLACEMENT_HELP
 from cwlens.cli.placement import add_placement_args, load_kwargs
+from cwlens.datasets import load_dataset
+from cwlens.datasets.registry import DATASET_NAMES
+from cwlens.engine.models.registry import model_label
 from cwlens.errors import InvalidArgumentError
+from cwlens.runs import distributed
+from cwlens.runs.results_io import results_lock
+from cwlens.sinks import run as sink_run
 from cwlens.sinks.config import SinkConfig
 
 DEFAULT = SinkConfig()  # the flags' defaults are the configuration's
@@ -67,39 +79,29 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
-    from cwlens.runs.results_io import results_lock
-    from cwlens.sinks import run as sink_run
-
-    args.figures = figures_dir(args)
+    figures = figures_dir(args)
     if args.plot_only and not Path(args.out).is_dir():
         raise sink_run.SinkResultsError(
             f"--plot-only: no results folder {args.out}; run `cwlens sinks` without --plot-only first.")
     if not args.plot_only:
         arg_types.output_dir(args.out)  # before the lock creates it
-    from cwlens.runs import distributed
-
     if args.plot_only:  # under torchrun, rank 0 alone redraws
         env = distributed.launched()
         if env is not None and not env.main:
             return 0
         with results_lock(args.out):
-            return _run(args)
+            return _run(args, figures)
     placed = load_kwargs(args)
     with distributed.session() as world:  # torchrun: one process group for the command
         with results_lock(args.out):  # one run per results folder (torchrun: per job)
-            return _run(args, placed, world)
+            return _run(args, figures, placed, world)
 
 
-def _run(args, placed=None, world=None) -> int:
-    from cwlens.engine.models.registry import model_label
-    from cwlens.sinks import run as sink_run
-
+def _run(args, figures: str, placed=None, world=None) -> int:
     label = model_label(args.model)
     dataset = ",".join(args.dataset)
-    if args.figures:  # "" (as in faithfulness and replicate): no figures
-        arg_types.output_dir(args.figures, "--figures")
+    if figures:  # "" (as in faithfulness and replicate): no figures
+        arg_types.output_dir(figures, "--figures")
     elif args.plot_only:
         raise InvalidArgumentError("--plot-only draws figures: give a --figures folder")
     if args.plot_only:
@@ -112,8 +114,6 @@ def _run(args, placed=None, world=None) -> int:
                 "`cwlens sinks` without --plot-only first, or pass the --out of that run"
             )
     else:
-        from cwlens.datasets import load_dataset
-
         arg_types.output_dir(args.out)
         samples: list = []
         for name in args.dataset:  # before the model: a bad count fails fast
@@ -145,21 +145,18 @@ def _run(args, placed=None, world=None) -> int:
     if not (args.plot_only and _same_summary(summary, args.out)):  # read-only folders: no write
         sink_run.write_summary(summary, args.out)
     print(sink_run.format_summary(summary))
-    from cwlens.plotting.sinks import all_figures
+    from cwlens.plotting.sinks import all_figures  # heavy (plotly)
 
-    if args.figures:  # the titles say what the figures were made from
+    if figures:  # the titles say what the figures were made from
         source = (f"{label}, {summary['n_samples']} {summary['dataset']} texts (first "
                   f"{summary['max_tokens']} tokens)")
-        written = all_figures(tables, args.figures, model_label=source, png=not args.no_png)
+        written = all_figures(tables, figures, model_label=source, png=not args.no_png)
         print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 
 def _stored_config(out) -> dict:
     """The run's ``raw/config.json`` ({} when absent or unreadable: tables from before it)."""
-    import json
-    from pathlib import Path
-
     try:
         stored = json.loads((Path(out) / "raw" / "config.json").read_text())
     except (OSError, ValueError):
@@ -170,8 +167,6 @@ def _stored_config(out) -> dict:
 def _stored_datasets(stored: dict) -> list[str] | None:
     """The datasets of the stored run, from its sample ids (``gsm8k-0000``); None where an
     id is not one of a shipped dataset's."""
-    from cwlens.datasets.registry import DATASET_NAMES
-
     ids = stored.get("samples")
     if not isinstance(ids, list) or not ids:
         return None
@@ -185,9 +180,6 @@ def _stored_run_info(out) -> dict:
     """What the run that made the tables recorded: summary.json where it can be read, else
     its ``raw/config.json`` (model, max_tokens; the dataset from the sample ids), never
     this command's flags, which redrawing does not follow."""
-    from cwlens.engine.models.registry import model_label
-    from cwlens.sinks import run as sink_run
-
     stored = _stored_config(out)
     info: dict = {}
     if "model" in stored:
@@ -208,8 +200,6 @@ def _stored_eps(args) -> float:
     """--plot-only: the eps the stored tables' sink heads were chosen with (the run's
     ``raw/config.json``), and a note (stderr) for each flag given another value than its
     default and than the stored run's, which redrawing does not follow."""
-    from cwlens.cli.common import DEFAULT_MODEL, note_ignored, stored_differences
-
     stored = _stored_config(args.out)
     if "eps" not in stored:
         return args.eps  # tables from before the record: their eps is not known
@@ -239,12 +229,6 @@ def _stored_eps(args) -> float:
 def _same_summary(summary: dict, out_dir) -> bool:
     """Whether ``out_dir/summary.json`` already holds this summary (numbers within 1e-6:
     tables re-read from CSV round the last digits; a non-finite number is stored null)."""
-    import json
-    import math
-    from pathlib import Path
-
-    from cwlens.sinks import run as sink_run
-
     def same(a, b) -> bool:
         if isinstance(a, float | int) and isinstance(b, float | int) and not isinstance(a, bool):
             return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
