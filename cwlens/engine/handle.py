@@ -22,8 +22,7 @@ from typing import Any
 import torch
 
 from cwlens.core._types import ModelGeneration
-from cwlens.engine import hook_names
-from cwlens.engine.pattern_seam import enable_pattern_edits
+from cwlens.engine import hook_names, pattern_seam
 from cwlens.errors import InvalidArgumentError, UnsupportedModelError
 
 _ATTRIBUTE = "_cwlens_handle"
@@ -284,7 +283,7 @@ class ModelHandle:
     def enable_pattern_edits(self) -> None:
         """Route delegating bridge attentions through the pattern seam
         (:mod:`cwlens.engine.pattern_seam`), so ``hook_pattern`` edits act."""
-        enable_pattern_edits(self.model)
+        pattern_seam.enable_pattern_edits(self.model)
 
     # -- tokenizing --------------------------------------------------------------------
     @property
