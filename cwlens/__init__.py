@@ -4,6 +4,8 @@ The public names are imported lazily, so ``import cwlens`` is cheap and imports 
 transformer_lens nor plotly; ``cwlens.core`` is the pure-torch math.
 """
 
+import importlib
+
 __version__ = "0.1.0"
 
 _PUBLIC = {
@@ -32,8 +34,6 @@ __all__ = sorted(_PUBLIC) + ["__version__", "reducers"]
 
 
 def __getattr__(name: str):
-    import importlib
-
     if name == "reducers":
         return importlib.import_module("cwlens.engine.reducers")
     if name in _PUBLIC:

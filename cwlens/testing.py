@@ -4,11 +4,16 @@ They build the per-pair vectors ``a_ij v~_j^h`` (``[batch, head, query, key, d_m
 that the fast path never builds, so use them only at small sizes.
 """
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from cwlens.core._types import Generation
+from cwlens.engine.models.loading import load_model
+from cwlens.graphs.result import ContributionGraph
 
 
 def _projected(pattern, v, W_O, position_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,6 +159,7 @@ _WORDS = (
 
 def tiny_tokenizer(encoder: bool = False):
     """A word-level tokenizer built in memory (no download)."""
+    # heavy: transformers, imported on use
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -182,7 +188,7 @@ def tiny_hf_model(arch: str, seed: int = 0):
     Weights are the default init plus seeded noise, so biases and norm weights are not
     trivially 0/1 and bias or folding mistakes show up.
     """
-    import transformers as T
+    import transformers as T  # heavy: transformers, imported on use
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {ARCHITECTURES}; got {arch!r}")
@@ -226,8 +232,6 @@ def tiny_hf_model(arch: str, seed: int = 0):
 
 def save_tiny(arch: str, directory, seed: int = 0):
     """Write a tiny model as a Hugging Face directory (loadable by both TL generations)."""
-    from pathlib import Path
-
     hf, tok = tiny_hf_model(arch, seed)
     path = Path(directory) / f"tiny-{arch.replace('llama', 'lm').replace('gemma', 'gm').replace('bert', 'enc')}"
     hf.save_pretrained(path)
@@ -242,10 +246,6 @@ def tiny_model(arch: str, generation: Generation = "auto", seed: int = 0, direct
     generations load byte-identical weights. Without ``directory`` the files go to a
     temporary directory that is deleted once the model is in memory.
     """
-    import tempfile
-
-    from cwlens.engine.models.loading import load_model
-
     if directory is not None:
         path = save_tiny(arch, directory, seed)
         return load_model(str(path), device="cpu", generation=generation)
@@ -260,10 +260,6 @@ def synthetic_graph(n_layers: int = 30, n: int = 4096, top_k: int = 8, n_heads: 
     """A synthetic ContributionGraph of any size (random edges of a causal graph), for the
     viewer's scale tests and scripts/benchmark_graph_page.py: a real 4,096-token build of
     SmolLM2 takes minutes on a CPU."""
-    import numpy as np
-
-    from cwlens.graphs.result import ContributionGraph
-
     rng = np.random.default_rng(seed)
     K = top_k + 1
     pos = np.arange(n)

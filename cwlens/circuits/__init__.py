@@ -12,6 +12,8 @@
 Names are imported lazily (no transformer_lens or pandas at import).
 """
 
+import importlib
+
 _PUBLIC = {
     "HeadScores": "cwlens.circuits.results",
     "Agreement": "cwlens.circuits.results",
@@ -35,8 +37,6 @@ __all__ = sorted(_PUBLIC)
 
 def __getattr__(name: str):
     if name in _PUBLIC:
-        import importlib
-
         return getattr(importlib.import_module(_PUBLIC[name]), _ALIASES.get(name, name))
     raise AttributeError(f"module 'cwlens.circuits' has no attribute {name!r}")
 

@@ -6,6 +6,7 @@ import operator
 
 import torch
 
+from cwlens.engine import hook_names
 from cwlens.errors import InvalidArgumentError, MissingHookError, ShapeMismatchError
 
 
@@ -71,8 +72,6 @@ def token_ids(ids, shape: tuple[int, ...], d_vocab: int, what: str) -> None:
 def residual_hooks(cache, model, what: str) -> None:
     """The residual-stream hooks the token flow and direct logit attribution read, which
     :func:`cwlens.run_with_cache` leaves out."""
-    from cwlens.engine import hook_names
-
     if not callable(getattr(cache, "keys", None)):
         return  # adapter.read names a cache that is not one
     name = hook_names.resid_mid(0)

@@ -13,6 +13,7 @@ import torch
 
 from cwlens.circuits.direct import DirectLogitAttribution, direct_logit_attribution
 from cwlens.circuits.heads import head_scores
+from cwlens.circuits.noise import noise_note
 from cwlens.circuits.patching import MODES, patch_heads
 from cwlens.circuits.results import Agreement, HeadScores, agreement
 from cwlens.circuits.tasks import CircuitTask
@@ -47,7 +48,7 @@ class Comparison:
         return out
 
     def agreement_dataframe(self):
-        import pandas as pd
+        import pandas as pd  # heavy: pandas, imported on use
 
         return pd.DataFrame([a.as_dict() for a in self.agreements])
 
@@ -80,7 +81,6 @@ class Comparison:
         lines.append(f"  (Spearman (all): rank correlation with patching over every head; (top-k "
                      f"union): over the heads in either top {k}; top-{k} overlap: the share of "
                      f"patching's top {k} heads in the score's top {k})")
-        from cwlens.circuits.noise import noise_note
 
         note = noise_note(self.task.name, self.task.n_prompts)
         if note:

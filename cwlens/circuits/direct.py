@@ -57,7 +57,7 @@ class DirectLogitAttribution:
 
     def components_dataframe(self):
         """One row per component (heads summed per layer) with its mean term."""
-        import pandas as pd
+        import pandas as pd  # heavy: pandas, imported on use
 
         rows = [{"component": k, "mean": float(v.mean())} for k, v in self.components.items()]
         per_layer = self.head_terms.sum((-2, -1)).mean((0, 1))

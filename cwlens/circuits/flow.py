@@ -72,7 +72,7 @@ class TokenFlow:
         return rows[:top] if top is not None else rows
 
     def edges_dataframe(self, target: int = -1, threshold: float = 0.02, top: int | None = None):
-        import pandas as pd
+        import pandas as pd  # heavy: pandas, imported on use
 
         cols = ["layer", "from_pos", "to_pos", "weight", "from_token", "to_token"]
         return pd.DataFrame(self.edges(target, threshold, top), columns=cols)

@@ -22,8 +22,12 @@ from collections.abc import Sequence
 
 import torch
 
+from cwlens.circuits.direct import direct_logit_attribution
+from cwlens.circuits.heads import head_scores
+from cwlens.circuits.patching import patch_effects
 from cwlens.circuits.results import HeadScores, agreement
 from cwlens.engine import validation
+from cwlens.engine.measures import run_with_cache
 from cwlens.errors import InvalidArgumentError
 
 #: The spread measured on SmolLM2-135M (``scripts/circuits_noise.py``; docs/circuits.md,
@@ -57,11 +61,6 @@ def prompt_scores(model, task, mode: str = "corrupt") -> dict[str, torch.Tensor]
     """``{score: [prompt, layer, head]}`` for every score of
     :func:`~cwlens.circuits.compare_with_patching` and ``"patching"``, one prompt at a
     time (their means over the prompts are that function's scores; tested)."""
-    from cwlens.circuits.direct import direct_logit_attribution
-    from cwlens.circuits.heads import head_scores
-    from cwlens.circuits.patching import patch_effects
-    from cwlens.engine.measures import run_with_cache
-
     rows: dict[str, list[torch.Tensor]] = {}
     for i in range(task.n_prompts):
         one = task.subset([i])
@@ -95,7 +94,7 @@ def agreement_noise(per_prompt: dict[str, torch.Tensor], sizes: Sequence[int], d
     the finite-pool shrinkage of redrawing from one pool), ``apart`` (the mean |first -
     second|), ``low`` / ``high`` (2.5% and 97.5% quantiles of a set's value) and ``pool``
     (the value on all the pool's prompts)."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     if "patching" not in per_prompt:
         raise InvalidArgumentError("per_prompt needs a 'patching' entry (prompt_scores gives one).")

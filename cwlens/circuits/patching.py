@@ -19,6 +19,7 @@ import torch
 
 from cwlens.circuits.results import HeadScores
 from cwlens.engine import hook_names
+from cwlens.engine.adapter import resolve_layers
 from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 from cwlens.runs.progress import tick
@@ -75,7 +76,6 @@ def patch_effects(
                 "Patching replaces a head's z at the same positions in every prompt, so texts "
                 "must be tokens of one length: model.to_tokens(texts) where they tokenize to "
                 "equal lengths (a padded list of texts would patch pads into tokens).")
-    from cwlens.engine.adapter import resolve_layers
 
     chosen, _ = resolve_layers(model, layers)
     if mode == "corrupt":

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cwlens.engine import validation
 from cwlens.errors import ShapeMismatchError
 
 
@@ -52,8 +53,6 @@ class HeadScores:
 
     def top(self, k: int = 10, absolute: bool = False) -> list[tuple[str, float]]:
         """The ``k`` highest heads as ``(label, value)``, by value (or by ``|value|``)."""
-        from cwlens.engine import validation
-
         validation.positive_int(k, "k")
         flat = self.flat()
         key = flat.abs() if absolute else flat
@@ -68,7 +67,7 @@ class HeadScores:
 
     def to_dataframe(self):
         """Long table: ``layer, head, label, <name>``."""
-        import pandas as pd
+        import pandas as pd  # heavy: pandas, imported on use
 
         rows = [
             {"layer": ly, "head": h, "label": head_label(ly, h), self.name: float(self.values[ly, h])}
@@ -107,8 +106,6 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def top_k_overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> float:
     """``|top_k(a) ∩ top_k(b)| / k`` with the top k taken by value (highest first)."""
-    from cwlens.engine import validation
-
     validation.positive_int(k, "k")
     k = min(k, a.numel())
     top_a = set(torch.argsort(a.reshape(-1), descending=True, stable=True)[:k].tolist())
@@ -139,8 +136,6 @@ class Agreement:
 
 def agreement(score: HeadScores, reference: HeadScores, k: int = 10) -> Agreement:
     """Spearman correlation and top-``k`` overlap of two head scores over all heads."""
-    from cwlens.engine import validation
-
     validation.positive_int(k, "k")
     if score.values.shape != reference.values.shape:
         raise ShapeMismatchError(

@@ -9,9 +9,10 @@ Metric: ``logit[answer] - logit[foil]`` at each query, or ``logit[answer] - mean
 where there is no foil (induction), averaged over queries.
 """
 
+import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -60,7 +61,6 @@ class CircuitTask:
             raise InvalidArgumentError("subset needs at least one prompt index.")
         if int(index.min()) < 0 or int(index.max()) >= self.n_prompts:
             raise InvalidArgumentError(f"subset rows must be in 0..{self.n_prompts - 1}; got {list(rows)}.")
-        from dataclasses import replace
 
         return replace(self, clean=self.clean[index], corrupted=self.corrupted[index],
                        answers=self.answers[index], keys=self.keys[index],
@@ -287,7 +287,6 @@ def build_task(name: str, model, **kwargs) -> CircuitTask:
     """One of :data:`TASKS` by name."""
     if not isinstance(name, str) or name not in TASKS:
         raise UnknownOptionError(f"Unknown task={name!r}. Valid tasks: {', '.join(map(repr, TASKS))}.")
-    import inspect
 
     known = [p for p in inspect.signature(TASKS[name]).parameters if p != "model"]
     unknown = [k for k in kwargs if k not in known]

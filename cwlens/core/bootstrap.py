@@ -42,6 +42,7 @@ simulated).
 import warnings
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
+from statistics import NormalDist
 from typing import TypeVar
 
 import numpy as np
@@ -211,8 +212,6 @@ def bca_ci(values, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: int = 
     the noise alone has a tiny standard error, so its ``t*`` is huge); BCa stays inside
     the resampled means' range.
     NaN for n < 2; ``[m, m]`` when every value is equal."""
-    from statistics import NormalDist
-
     x = np.asarray(values, dtype=float)
     n = len(x)
     if n < 2:

@@ -42,6 +42,7 @@ from cwlens.core._types import (
     Kind,
     PairWeights,
 )
+from cwlens.core.alti import alti_attention_weights, alti_weights
 from cwlens.core.numerics import check_finite
 from cwlens.core.numerics import check_kind as check_kind  # re-exported: callers import it here
 from cwlens.core.numerics import safe_divide as safe_divide  # re-exported
@@ -383,16 +384,12 @@ class AttentionGeometry:
         """ALTI (Ferrando et al. 2022): L1 proximity of ``a_ij v~_j`` to the residual stream
         after attention, the residual one more part (:mod:`cwlens.core.alti`; needs
         :meth:`attach_residual`; costs ``O(n^2 d_model)``, not ``O(n^2 d_head)``)."""
-        from cwlens.core.alti import alti_weights
-
         return alti_weights(self)
 
     @_measure
     def alti_attention(self, kind: Kind = "inter") -> PairWeights:
         """L1 proximity of ``a_ij v~_j`` to the attention output ``o`` only, normalised per
         row (:mod:`cwlens.core.alti`; not the peers' ALTI: no residual, no norm)."""
-        from cwlens.core.alti import alti_attention_weights
-
         return alti_attention_weights(self, kind)
 
     def measure(self, metric: str, kind: Kind = "inter") -> PairWeights:

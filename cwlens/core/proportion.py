@@ -28,7 +28,7 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
             f"need 0 <= k <= n and n >= 1 (k correct of n items); got k={k}, n={n}.")
     if isinstance(level, bool) or not isinstance(level, float | int) or not 0 < level < 1:
         raise InvalidArgumentError(f"level must be a number in (0, 1), e.g. 0.95; got {level!r}.")
-    from scipy.special import betaincinv
+    from scipy.special import betaincinv  # heavy: scipy (undeclared), imported on use
 
     alpha = 1.0 - level
     low = 0.0 if k == 0 else float(betaincinv(k, n - k + 1, alpha / 2))

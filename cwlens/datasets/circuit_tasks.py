@@ -32,6 +32,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from .errors import DatasetFormatError
 from .jsonl import Field, Schema, is_str
 from .records import ChoiceItem
 
@@ -255,8 +256,6 @@ def jsonl_text(task: str) -> str:
 
 def choice_item(item_id: str, row: Mapping[str, Any], dataset: str) -> ChoiceItem:
     """``context`` and each choice joined by lm-eval's target delimiter ``" "``."""
-    from .errors import DatasetFormatError
-
     choices = row["choices"]
     if row["answer"] >= len(choices):
         raise DatasetFormatError(

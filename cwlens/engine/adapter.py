@@ -17,10 +17,12 @@ from cwlens.core import AttentionGeometry
 from cwlens.core._types import Cache
 from cwlens.core._types import Layers as Layers  # re-exported: measures and users import it here
 from cwlens.core._types import TLModel as TLModel  # re-exported
+from cwlens.core.alti import AttentionOutputNorm, PostNorm
 from cwlens.engine import hook_names
 from cwlens.engine.handle import ModelInfo as ModelInfo  # re-exported
 from cwlens.engine.handle import wrap
 from cwlens.errors import (
+    InvalidArgumentError,
     LayerOutOfRangeError,
     MissingHookError,
     NonFiniteError,
@@ -123,8 +125,6 @@ def post_attention_layernorm(model: TLModel, layer: int):
     heads and the residual sum (Gemma-2/3: ``resid_pre + N(attn_out)``), or None for pre-LN
     models (the norm sits before the values and the residual sum is the whole) and for
     models without any norm (a bidirectional tracr model, :mod:`cwlens.groundtruth`)."""
-    from cwlens.core.alti import AttentionOutputNorm, PostNorm
-
     handle = wrap(model)
     if handle.info.post_attn_norm:
         gamma, eps = handle.attention_output_norm(layer)
@@ -151,8 +151,6 @@ def require_metrics(model: TLModel, metrics) -> None:
 
 def read(cache: Cache, name: str, model: TLModel, closure=False):
     if not callable(getattr(cache, "keys", None)):
-        from cwlens.errors import InvalidArgumentError
-
         raise InvalidArgumentError(
             f"expected an activation cache (from cwlens.run_with_cache(model, tokens)) where "
             f"the cache goes; got {type(cache).__name__}. The order is (cache, model).")

@@ -6,6 +6,7 @@ TransformerLens derives position ids from the mask), on the right for encoders. 
 mask to ``run_with_cache`` *and* to cwlens' measures: pad positions then get weight 0.
 """
 
+import warnings
 from collections.abc import Iterable
 
 import torch
@@ -13,7 +14,13 @@ import torch
 from cwlens.engine import validation
 from cwlens.engine.handle import wrap
 from cwlens.engine.tokens import token_ids as token_ids  # re-exported: callers import it here
-from cwlens.errors import EmptyInputError, InvalidArgumentError, UnknownOptionError
+from cwlens.errors import (
+    CwlensWarning,
+    EmptyInputError,
+    InvalidArgumentError,
+    UnknownOptionError,
+    UsageError,
+)
 
 __all__ = ["batch_input", "fit_context", "pad_batch", "token_ids"]
 
@@ -136,8 +143,6 @@ def check_past_context(model, past_context: bool) -> bool:
     """``past_context`` (a bool) if the model can take it: running past ``n_ctx`` needs
     rotary positions; a model with learned position embeddings has no position there
     (:class:`~cwlens.errors.UsageError`: the command line exits 2)."""
-    from cwlens.errors import UsageError
-
     validation.flag(past_context, "past_context")
     handle = wrap(model)
     if past_context and not handle.rotary_positions:
@@ -157,10 +162,6 @@ def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str,
     :class:`~cwlens.errors.CwlensWarning` when the text is longer (docs/inputs.md).
     ``past_context`` (rotary models only, :func:`check_past_context`): not cut at ``n_ctx``;
     the warning says it runs past the trained context."""
-    import warnings
-
-    from cwlens.errors import CwlensWarning
-
     validation.max_tokens(max_tokens)
     check_past_context(model, past_context)
     n = tokens.shape[-1]
@@ -186,10 +187,6 @@ def context_cap(model, max_tokens: int | None, lengths, what: str = "texts",
     (the texts' token counts) would exceed it (docs/inputs.md). ``past_context`` (rotary
     models only): ``max_tokens`` as it is, and the one warning says that some run past
     the trained context."""
-    import warnings
-
-    from cwlens.errors import CwlensWarning
-
     check_past_context(model, past_context)
     limit = wrap(model).context_length()
     if limit is None or (max_tokens is not None and max_tokens <= limit):

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from cwlens.engine import native
+from cwlens.engine.reducers import ColumnSums, TopK
+from cwlens.engine.row_topk import block_key_ranges
 
 _VWON = "value_weighted_output_normalized"
 _SUMMED = ("contribution", "attention", "value_weighted", _VWON)
@@ -41,8 +43,6 @@ class Plan:
 
 def plan_of(reducers) -> Plan | None:
     """The :class:`Plan` of a run's reducers, or None where none asks what the kernel gives."""
-    from cwlens.engine.reducers import ColumnSums, TopK
-
     topk: set[str] = set()
     ks: set[int] = set()
     sums = contribution = False
@@ -88,8 +88,6 @@ def fill(weights, plan: Plan | None, panels: LayerPanels) -> bool:
     """Compute ``plan`` for the block of ``weights`` (a ``BlockMeasures``) in one C call per
     text and put the results where the reducers look; False (nothing filled) where the
     kernel does not apply or found a non-finite contribution."""
-    from cwlens.engine.row_topk import block_key_ranges
-
     geo = getattr(weights, "geometry", None)
     if plan is None or geo is None or not _usable(geo):
         return False

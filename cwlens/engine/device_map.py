@@ -4,6 +4,7 @@ loading (here) refuses a bad map before anything loads; :mod:`cwlens.runs.distri
 places each torchrun rank with the same checks.
 """
 
+import json
 import os
 
 from cwlens.errors import InvalidArgumentError
@@ -19,8 +20,6 @@ class PlacementError(InvalidArgumentError):
 def parse_device_map(text: str) -> str | dict:
     """``--device-map``: a strategy (:data:`DEVICE_MAP_STRATEGIES`), a JSON object
     (``'{"model.embed_tokens": 0, ...}'``) or the path of a ``.json`` file holding one."""
-    import json
-
     text = text.strip()
     if text in DEVICE_MAP_STRATEGIES:
         return text

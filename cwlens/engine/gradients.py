@@ -34,7 +34,9 @@ from cwlens.core.numerics import check_finite
 from cwlens.core.scoring import token_nll
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.adapter import Layers
+from cwlens.engine.batching import batch_input
 from cwlens.engine.handle import wrap
+from cwlens.engine.interventions.value_masking import hooks_applied
 from cwlens.errors import CwlensError
 
 
@@ -84,14 +86,11 @@ def attention_gradient(
     Raises :class:`~cwlens.errors.NonFiniteError` naming the layer (and the heads) where a
     pattern or the scores hold NaN or inf, or where the loss does.
     """
-    from cwlens.engine.interventions.value_masking import hooks_applied
-
     if loss is None:  # a loss of the caller's own (e.g. an output's logit) suits any model
         adapter.require_next_token_model(
             model, "attention_gradient", "Use a decoder (the gradient is of the next-token "
             "loss), or pass loss=... (a scalar function of the logits)."
         )
-    from cwlens.engine.batching import batch_input
 
     resolved, _ = adapter.resolve_layers(model, layers)
     # a text or a list of texts is tokenized (different lengths: padded with its own mask,

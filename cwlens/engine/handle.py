@@ -11,6 +11,9 @@ The handle reads the model's config on every question (nothing is frozen at wrap
 so a config edited after wrapping is seen as it is.
 """
 
+import math
+import numbers
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,8 +22,8 @@ from typing import Any
 import torch
 
 from cwlens.core._types import ModelGeneration
-from cwlens.engine import hook_names
-from cwlens.errors import UnsupportedModelError
+from cwlens.engine import hook_names, pattern_seam
+from cwlens.errors import InvalidArgumentError, UnsupportedModelError
 
 _ATTRIBUTE = "_cwlens_handle"
 
@@ -235,8 +238,6 @@ class ModelHandle:
         / sqrt(mean(u^2) + eps)`` is checked on a random ``u``. Raises
         :class:`~cwlens.errors.UnsupportedModelError` where there is no such norm or it
         is not an RMSNorm of that form."""
-        import math
-
         block = self.model.blocks[layer]
         ln = getattr(block, "ln1_post", None)
         if ln is None:
@@ -282,9 +283,7 @@ class ModelHandle:
     def enable_pattern_edits(self) -> None:
         """Route delegating bridge attentions through the pattern seam
         (:mod:`cwlens.engine.pattern_seam`), so ``hook_pattern`` edits act."""
-        from cwlens.engine.pattern_seam import enable_pattern_edits
-
-        enable_pattern_edits(self.model)
+        pattern_seam.enable_pattern_edits(self.model)
 
     # -- tokenizing --------------------------------------------------------------------
     @property
@@ -445,9 +444,6 @@ def model_problem(model: Any) -> str | None:
     ``TransformerBridge`` and any ``HookedRootModule`` built like them (e.g. a tracr-compiled
     model, :mod:`cwlens.groundtruth`) have both.
     """
-    import numbers
-    import os
-
     kind = type(model).__name__
     if model is None:
         return "got None"
@@ -489,7 +485,6 @@ def _require_model(model: Any) -> None:
     problem = model_problem(model)
     if problem is None:
         return
-    from cwlens.errors import InvalidArgumentError
 
     raise InvalidArgumentError(
         "expected a TransformerLens model (HookedTransformer, HookedEncoder, TransformerBridge, "

@@ -21,8 +21,9 @@ from cwlens.core.metrics import get as get_metric
 from cwlens.core.numerics import worst
 from cwlens.engine import adapter, hook_names, validation
 from cwlens.engine.adapter import Layers, TLModel
+from cwlens.engine.batching import batch_input
 from cwlens.engine.handle import wrap
-from cwlens.errors import NonFiniteError
+from cwlens.errors import InvalidArgumentError, NonFiniteError, ShapeMismatchError
 
 
 def _mask(cache, attention_mask):
@@ -255,9 +256,7 @@ class Decomposition:
             InvalidArgumentError: a ``batch`` or ``query`` out of range, or a query that is
                 padding.
         """
-        import pandas as pd
-
-        from cwlens.errors import InvalidArgumentError, ShapeMismatchError
+        import pandas as pd  # heavy: pandas, imported on use
 
         fields = ("attention", "relative_norm", "cosine", "contribution")
         tensors = {f: getattr(self, f) for f in fields}
@@ -553,8 +552,6 @@ def run_with_cache(
         >>> len(cache) < 10  # pattern and values of 2 layers, nothing else
         True
     """
-    from cwlens.engine.batching import batch_input
-
     # refuses empty, malformed or too long input and a mask unlike the tokens, before any
     # compute; pads a list of texts of different lengths (with its mask)
     input, attention_mask = batch_input(model, input, attention_mask)

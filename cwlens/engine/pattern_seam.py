@@ -51,7 +51,7 @@ def eager_with_pattern_fn(
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # heavy: transformers, imported on use
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     if ATTN_IMPLEMENTATION not in AttentionInterface._global_mapping:
@@ -67,6 +67,7 @@ def delegating_attentions(model) -> list:
     and fire ``hook_pattern`` inside it already) whose module has no ``pattern_fn`` seam.
     """
     try:
+        # heavy: transformer_lens, imported on use
         from transformer_lens.model_bridge.generalized_components.attention import (
             AttentionBridge,
         )

@@ -36,6 +36,8 @@ from cwlens.core import metrics as _metrics
 from cwlens.core.numerics import check_finite
 from cwlens.core.sinks import key_contribution, query_after_sink
 from cwlens.engine import validation
+from cwlens.engine.adapter import _layer_index
+from cwlens.engine.result_tables import keyset_table, layer_tensor_table, topk_table
 from cwlens.engine.row_topk import allowed_keys, shared_row_topk
 from cwlens.errors import CwlensError, InvalidArgumentError, LayerOutOfRangeError
 
@@ -149,8 +151,6 @@ class TopKResult:
         value`` (``head = -1``: heads summed). With ``attention_mask`` (a padded batch:
         ``cwlens.StreamResult.attention_mask``) ``query`` and ``key`` count from each
         text's first real token."""
-        from cwlens.engine.result_tables import topk_table
-
         return topk_table(self, attention_mask)
 
 
@@ -228,8 +228,6 @@ class LayerTensor:
         token level. With ``attention_mask`` (a padded batch:
         ``cwlens.StreamResult.attention_mask``) pad positions are left out and
         ``query`` and ``key`` count from each text's first real token."""
-        from cwlens.engine.result_tables import layer_tensor_table
-
         return layer_tensor_table(self, attention_mask)
 
 
@@ -316,7 +314,7 @@ class HeadSummaryResult:
     layers: tuple[int, ...]
 
     def to_dataframe(self, sample_ids: Sequence | None = None):
-        import pandas as pd
+        import pandas as pd  # heavy: pandas, imported on use
 
         n_l, b, h = self.sink_rate.shape
         ids = list(range(b)) if sample_ids is None else list(sample_ids)
@@ -494,8 +492,6 @@ class FullMatrices(Reducer):
 
 def _pairs(pairs: object) -> list[tuple[int, int]]:
     """A non-empty list of ``(layer, head)`` int pairs, each once."""
-    from cwlens.engine.adapter import _layer_index
-
     example = "e.g. [(0, 1), (1, 3)]"
     if isinstance(pairs, str | bytes) or not hasattr(pairs, "__iter__"):
         raise InvalidArgumentError(f"pairs must be a list of (layer, head) pairs, {example}; got {pairs!r}.")
@@ -529,8 +525,6 @@ class KeySetResult:
     def to_dataframe(self):
         """Long table, one row per real query: ``layer, batch, head, query`` and one column
         per metric (pad queries left out; ``query`` counts from each text's first real token)."""
-        from cwlens.engine.result_tables import keyset_table
-
         return keyset_table(self)
 
     def token_level(self, metric: str) -> torch.Tensor:
@@ -554,8 +548,6 @@ class KeySetWeight(Reducer):
 
     def __init__(self, keys: Sequence[int] = (0,), metrics: Sequence[str] = ("attention", "contribution"),
                  name: str | None = None):
-        from cwlens.engine.adapter import _layer_index
-
         if isinstance(keys, str | bytes) or not hasattr(keys, "__iter__"):
             raise InvalidArgumentError(f"keys must be a list of offsets >= 0 from the first real "
                                        f"token, e.g. (0,) or range(4); got {keys!r}.")

@@ -32,7 +32,7 @@ def _grid(shape: tuple[int, ...]) -> list[torch.Tensor]:
 def topk_table(res, attention_mask: torch.Tensor | None = None):
     """``layer, batch, head, query, rank, key, value`` of each valid entry of a
     :class:`~cwlens.reducers.TopKResult` (``head = -1``: heads summed)."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     idx, val = res.indices.detach().cpu().long(), res.values.detach().cpu().float()
     n_l, b, h, q, k = idx.shape
@@ -56,7 +56,7 @@ def layer_tensor_table(res, attention_mask: torch.Tensor | None = None):
     """A :class:`~cwlens.reducers.LayerTensor` as a long table: ``layer, batch, head, key,
     value`` (column sums; ``head = -1``: heads summed) or ``layer, batch, query, key,
     value`` (token level)."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     t = res.tensor.detach().cpu().float()
     layers = torch.tensor(res.layers, dtype=torch.long)
@@ -91,7 +91,7 @@ def keyset_table(res):
     """A :class:`~cwlens.reducers.KeySetResult` as a long table: ``layer, batch, head,
     query`` and one column per metric, real queries only (``query`` counted from each
     text's first real token)."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     first = next(iter(res.weights.values()))
     n_l, b, h, q = first.shape

@@ -6,6 +6,7 @@ import torch
 
 from cwlens.core.geometry import MEASURES
 from cwlens.core.numerics import check_finite
+from cwlens.engine import native
 
 COLUMNS = 512  # strided groups of the grouped top-k (key j is in group j % COLUMNS)
 GROUPED_FROM = 2048  # row widths from which it beats torch.topk (scripts/benchmark.py --topk)
@@ -103,7 +104,6 @@ def _native_row_topk(weights, metric: str, k: int, by_abs: bool, n_keys: int | N
     geo = getattr(weights, "geometry", None)
     if geo is None:
         return None
-    from cwlens.engine import native
 
     pattern = geo.pattern
     if pattern.dtype != torch.float32 or pattern.device.type != "cpu" or not native.available():

@@ -12,6 +12,7 @@ from cwlens.core.geometry import AttentionGeometry
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.adapter import TLModel
 from cwlens.engine.handle import wrap
+from cwlens.engine.measures import Closure, closure_errors
 from cwlens.engine.models import blockwise
 from cwlens.errors import CwlensError
 
@@ -125,16 +126,12 @@ class StreamedPass:
     def rebuilt_output(self, layer: int, output: torch.Tensor) -> None:
         """What the heads x keys rebuild for ``layer`` ([batch, pos, d_model]): checked
         against the model's own output of the heads, whichever comes first."""
-        from cwlens.engine.measures import closure_errors
-
         if layer in self.targets:
             self.errors[layer] = closure_errors(output, self.targets.pop(layer), self.attention_mask)
         else:
             self.rebuilt[layer] = output
 
     def _check(self, layer: int):
-        from cwlens.engine.measures import closure_errors
-
         # the heads' output usually fires after the pattern; where the pattern hook fires
         # after the attention module returns (the bridge's BERT), it comes first
         def check_closure(tensor: torch.Tensor, hook) -> None:
@@ -152,8 +149,6 @@ class StreamedPass:
         """Run the forward in ``context`` (the attention: blockwise or the model's own,
         :func:`cwlens.engine.streaming.attention_context`); ``fn(layer, geometry)`` for whole
         layers, or ``on_block(layer, block, rows, v)`` for blockwise runs where given."""
-        from cwlens.engine.measures import Closure
-
         model, resolved = self.model, self.layers  # input: checked by _tokens
         results: dict[int, Any] = {}
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from cwlens.engine import reducers
 from cwlens.errors import CwlensError, InvalidArgumentError
 
 
@@ -28,8 +29,6 @@ def _shape(t: torch.Tensor, axes: str) -> str:
 
 def describe(value: Any) -> str:
     """One line: what a reducer's result is and its shape (for :meth:`StreamResult.__repr__`)."""
-    from cwlens.engine import reducers
-
     if isinstance(value, reducers.TopKResult):
         heads = "head 1 (heads summed)" if value.summed_heads else "head"
         axes = f"layer batch {heads.split()[0]} query k"
@@ -151,7 +150,6 @@ class StreamResult:
                     f"{next(iter(self.results), 'heads')!r}).")
             name = next(iter(self.results))
         value = self[name]
-        from cwlens.engine import reducers
 
         if isinstance(value, reducers.TopKResult | reducers.LayerTensor):
             return value.to_dataframe(self.attention_mask)

@@ -38,6 +38,7 @@ from cwlens.engine.adapter import Layers, TLModel
 from cwlens.engine.batching import batch_input
 from cwlens.engine.handle import wrap
 from cwlens.engine.models import blockwise
+from cwlens.engine.reducers import Reducer
 from cwlens.engine.stream_pass import StreamedPass
 from cwlens.engine.stream_result import StreamResult as StreamResult  # re-exported
 from cwlens.engine.stream_result import UnknownReducerError as UnknownReducerError  # re-exported
@@ -321,8 +322,6 @@ def stream(
 def _named_reducers(reducers: object) -> dict[str, Any]:
     """``{name: reducer}`` from a dict or a list (named by ``reducer.name``), each a
     :class:`cwlens.reducers.Reducer` and each name once."""
-    from cwlens.engine.reducers import Reducer
-
     if isinstance(reducers, Reducer):
         reducers = [reducers]
     if isinstance(reducers, dict):

@@ -5,12 +5,25 @@ argument, the value and what to pass instead.
 """
 
 import math
+import numbers
+import warnings
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+import torch
+
+from cwlens.engine.adapter import _layer_index
 from cwlens.engine.handle import wrap
-from cwlens.errors import EmptyInputError, InvalidArgumentError
+from cwlens.engine.tokens import text_length
+from cwlens.errors import (
+    CwlensWarning,
+    EmptyInputError,
+    InputTooLongError,
+    InvalidArgumentError,
+    ShapeMismatchError,
+)
 
 _PAST_CONTEXT_SAID: ContextVar[bool] = ContextVar("cwlens_past_context_said", default=False)
 
@@ -36,8 +49,6 @@ def positive_int(value: object, name: str) -> int:
 
 def seed(value: object, name: str = "seed") -> None:
     """An integer (NumPy ints too; bools and floats refused: 1.5 is not a seed)."""
-    import numbers
-
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidArgumentError(f"{name} must be an integer; got {value!r}.")
 
@@ -91,8 +102,6 @@ def label(value: object, name: str) -> str:
 
 def int_list(value: object, name: str, allow_empty: bool = False) -> list[int]:
     """A list (or tuple, 1-d array) of ints, each once; a bare int, a string or floats refused."""
-    from cwlens.engine.adapter import _layer_index
-
     if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
         raise InvalidArgumentError(f"{name} must be a list of integers, e.g. [0, 1]; got {value!r}.")
     items = list(value)
@@ -131,13 +140,6 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
     (Llama, Mistral, Qwen, Gemma) it runs, with a :class:`~cwlens.errors.CwlensWarning`
     that it is past the trained context (see docs/inputs.md).
     """
-    import warnings
-
-    import torch
-
-    from cwlens.engine.tokens import text_length
-    from cwlens.errors import CwlensWarning, InputTooLongError, ShapeMismatchError
-
     if isinstance(input, list | tuple) and not input:
         raise EmptyInputError(f"The {what} is an empty list of texts: pass at least one text.")
     texts = texts_of(input)
@@ -199,15 +201,11 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
 def mask_values(attention_mask) -> None:
     """A ``[batch, pos]`` attention mask of 0 (padding) and 1 (real token), with at least
     one 1 in every row (what ``run_with_cache``, ``stream`` and the measures take)."""
-    import torch
-
     if not isinstance(attention_mask, torch.Tensor):
         raise InvalidArgumentError(
             f"attention_mask must be a [batch, pos] tensor of 0/1; got {type(attention_mask).__name__}"
             " (e.g. the mask of cwlens.engine.batching.pad_batch, or torch.tensor(your_list)).")
     if attention_mask.ndim != 2:
-        from cwlens.errors import ShapeMismatchError
-
         raise ShapeMismatchError(f"attention_mask must be [batch, pos]; got shape "
                                  f"{tuple(attention_mask.shape)}.")
     if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
@@ -239,10 +237,6 @@ def _short(value: object) -> str:
 
 
 def _check_token_ids(model, tokens, what: str) -> None:
-    import torch
-
-    from cwlens.errors import ShapeMismatchError
-
     if tokens.ndim not in (1, 2):
         raise ShapeMismatchError(
             f"The {what} tokens are {tuple(tokens.shape)}: pass [pos] or [batch, pos] token ids.")
@@ -268,8 +262,6 @@ def _check_token_ids(model, tokens, what: str) -> None:
 def unique_ids(ids, keyed: str) -> None:
     """Each sample id once: results ``keyed`` by sample id ("the rows", "the tables") would
     keep one sample of a repeated id, or mix them."""
-    from collections import Counter
-
     twice = [(i, n) for i, n in Counter(ids).items() if n > 1]
     if twice:
         i, n = twice[0]

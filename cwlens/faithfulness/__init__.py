@@ -9,6 +9,8 @@ log-likelihood scoring), ``results`` (tidy JSONL, resume, bootstrap summary),
 ``sweep`` (the orchestration), ``report`` (markdown tables). Imported lazily.
 """
 
+import importlib
+
 _PUBLIC = {
     "FaithfulnessConfig": "cwlens.faithfulness.sweep",
     "FaithfulnessResult": "cwlens.faithfulness.sweep",
@@ -28,7 +30,5 @@ __all__ = sorted(_PUBLIC)
 
 def __getattr__(name: str):
     if name in _PUBLIC:
-        import importlib
-
         return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'cwlens.faithfulness' has no attribute {name!r}")

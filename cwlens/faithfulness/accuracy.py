@@ -42,10 +42,20 @@ from dataclasses import dataclass
 import torch
 
 from cwlens.core.proportion import above_chance, clopper_pearson
+from cwlens.datasets import ChoiceItem, load_dataset
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
 from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError
+from cwlens.faithfulness.results import clean_values
+from cwlens.faithfulness.sweep import (
+    FaithfulnessConfig,
+    dataset_name,
+    run_faithfulness,
+    stored_config,
+)
+from cwlens.faithfulness.units import choice_units, plan_batches
+from cwlens.runs.progress import tick
 
 MIN_CONSTANT_ITEMS = 20  # fewer items: the best constant answer is not estimated
 
@@ -139,9 +149,6 @@ def item_accuracies(model, items: Sequence, batch_tokens: int = 2048,
     each input starts with the model's BOS token, see the module docstring). ``known``:
     accuracies already measured, by item id (:func:`written_accuracies`); those items
     are not run again. Each batch ticks its items (:func:`cwlens.runs.progress.tick`)."""
-    from cwlens.faithfulness.units import choice_units, plan_batches
-    from cwlens.runs.progress import tick
-
     known = known or {}
     todo = [i for i, item in enumerate(items) if item.id not in known]
     acc = [float(known[item.id]) if item.id in known else float("nan") for item in items]
@@ -171,9 +178,6 @@ def written_accuracies(model, items: Sequence, config, out, *, model_name: str |
     no rows of that run (:func:`~cwlens.faithfulness.results.clean_values`).
     ``model_name`` and ``num_fewshot`` as given to
     :func:`~cwlens.faithfulness.run_faithfulness`."""
-    from cwlens.faithfulness.results import clean_values
-    from cwlens.faithfulness.sweep import dataset_name, stored_config
-
     items = list(items)
     if out is None or not items:
         return {}
@@ -191,8 +195,6 @@ def clean_accuracy(model, items: Sequence, level: float = 0.95,
     resumed run's rows), which are read instead of run (``reused`` counts them).
     ``prepend_bos``: each choice is read after the model's BOS token (default, as
     TransformerLens tokenizes); False for a model trained without one."""
-    from cwlens.datasets import ChoiceItem
-
     items = list(items)
     if not items:
         raise EmptyInputError("No items: pass a non-empty list of ChoiceItem.")
@@ -239,9 +241,6 @@ def run_accuracy_test(model, dataset, config=None, *, n: int | None = None,
     """Clean accuracy first (:func:`clean_accuracy`); if it clears chance (or
     ``allow_chance``), the masking sweep :func:`~cwlens.faithfulness.run_faithfulness`
     with ``config`` on the same items (``kwargs``: its keywords, e.g. ``out``)."""
-    from cwlens.datasets import load_dataset
-    from cwlens.faithfulness.sweep import FaithfulnessConfig, run_faithfulness
-
     items = load_dataset(dataset, n) if isinstance(dataset, str) else list(dataset)
     cfg = config or FaithfulnessConfig()
     adapter.require_metrics(model, cfg.metrics)  # before the clean pass

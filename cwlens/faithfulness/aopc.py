@@ -48,8 +48,20 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from cwlens.core.metrics import MODES, legend
+from cwlens.core.bootstrap import (
+    FLAG,
+    MIN_N,
+    bca_ci,
+    bootstrap_ci,
+    flag_note,
+    holm,
+    outside_validity,
+    paired_frame_difference,
+    sample_skewness,
+)
+from cwlens.core.metrics import MODES, REGISTRY, legend
 from cwlens.errors import InvalidArgumentError
+from cwlens.faithfulness.report import HIERARCHY, standing, table_verdicts
 
 DAMAGE_MEASURES = ("delta_nll", "delta_ppl", "acc", "acc_norm", "gold_ll", "embedding_damage")
 KEYS = ("metric", "mode", "sample_id")
@@ -164,8 +176,6 @@ def curve_summary(damage: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd
     (BCa bootstrap of the mean, :func:`cwlens.core.bootstrap.bca_ci`: one rate's damages
     can be float noise plus one or two real values, where a bootstrap-t band explodes): the points of the
     perturbation curves."""
-    from cwlens.core.bootstrap import bca_ci
-
     rows = []
     for (metric, mode, rate), g in damage.groupby(["metric", "mode", "rate"], sort=True):
         lo, hi = bca_ci(g["damage"].to_numpy(), n_boot=n_boot, seed=seed)
@@ -182,14 +192,6 @@ def aopc_summary(per_sample: pd.DataFrame, reference: str = "contribution", n_bo
     itself or when it is absent). ``flagged`` / ``delta_flagged``: the per-sample AOPCs /
     the paired differences lie outside the bootstrap-t's validity range
     (:func:`cwlens.core.bootstrap.outside_validity`)."""
-    from cwlens.core.bootstrap import (
-        bootstrap_ci,
-        holm,
-        outside_validity,
-        paired_frame_difference,
-        sample_skewness,
-    )
-
     rows: list[dict] = []
     tests: dict = {}
     for mode, g in per_sample.groupby("mode", sort=True):
@@ -218,8 +220,6 @@ def verdicts(per_sample: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dic
     """``{(mode, variant): verdict}``: the paper's hierarchy on AOPC scores, with signed
     (``"signed"``) and absolute (``"abs"``) contribution weights as the top metric
     (:func:`~cwlens.faithfulness.report.cell_verdict`)."""
-    from cwlens.faithfulness.report import HIERARCHY, table_verdicts
-
     abs_order = tuple("contribution_abs" if m == "contribution" else m for m in HIERARCHY)
     out = {}
     for variant, order in (("signed", HIERARCHY), ("abs", abs_order)):
@@ -232,8 +232,6 @@ def verdicts(per_sample: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dic
 def ranking_line(summary: pd.DataFrame, mode: str, metrics: Sequence[str] | None = None) -> str:
     """The metrics of one mode from most to least faithful by mean AOPC score, e.g.
     ``"attn×grad (sup.) > contrib > alti > ..."`` (means only; the table has the CIs)."""
-    from cwlens.core.metrics import REGISTRY
-
     sub = summary[summary["mode"] == mode]
     if metrics is not None:
         sub = sub[sub["metric"].isin(metrics)]
@@ -252,9 +250,6 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
     faithfulness score against ``reference`` (+ = more faithful than it); then the
     hierarchy verdicts. ``parameterisation`` (:data:`PARAMETERISATIONS`) and
     ``bins_used`` (``{mode: "0.1,0.5"}``) are stated in the caption."""
-    from cwlens.core.bootstrap import FLAG, MIN_N, flag_note
-    from cwlens.core.metrics import REGISTRY
-
     short = REGISTRY[reference].short
     n = int(summary["n"].max())
     few = n < MIN_N  # no interval and no paired test (they printed [nan, nan], "unresolved")
@@ -306,8 +301,6 @@ def markdown(summary: pd.DataFrame, measure: str, verdict: dict | None = None,
         for (mode, variant), text in sorted(verdict.items()):
             lines.append(f"- {mode}, {'signed c' if variant == 'signed' else '|c|'}: {text}")
     if not few and reference in set(summary["metric"]):
-        from cwlens.faithfulness.report import standing
-
         lines += ["", f"Against {short} (its Δ column; a superlative only where every other "
                   "label-free metric, random included, is resolved on one side):", ""]
         lines += [f"- {standing(summary, mode, reference)}" for mode in MODES
@@ -345,8 +338,6 @@ def mask_share_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 def shares_markdown(shares: pd.DataFrame) -> str:
     """The share table: metric x (mode, removal rate), ``tied % / first-token %``."""
-    from cwlens.core.metrics import REGISTRY
-
     if not len(shares):
         return ""
     cols = sorted({(m, r) for m, r in zip(shares["mode"], shares["rate"], strict=True)})

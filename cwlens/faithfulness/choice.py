@@ -26,6 +26,7 @@ import torch
 
 from cwlens.engine import lm, validation
 from cwlens.engine.batching import token_ids
+from cwlens.engine.handle import wrap
 from cwlens.errors import DatasetFormatError, NonFiniteError
 
 
@@ -48,7 +49,6 @@ def text_ids(model, text: str, prepend_bos: bool = True) -> list[int]:
     model trained without one)."""
     if validation.flag(prepend_bos, "prepend_bos"):
         return token_ids(model, text, truncate=False).tolist()
-    from cwlens.engine.handle import wrap
 
     return wrap(model).to_tokens(text, prepend_bos=False, move_to_device=False,
                                  truncate=False)[0].tolist()

@@ -24,6 +24,7 @@ import torch
 from cwlens.core import metrics
 from cwlens.core._types import Kind, Scope
 from cwlens.core.bitmask import PackedMask
+from cwlens.datasets import load_dataset
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.batching import pad_batch
 from cwlens.engine.handle import wrap
@@ -47,8 +48,6 @@ def sentences(dataset: str = "fineweb_edu", n: int = 64, min_words: int = 6,
               max_words: int = 40) -> list[tuple[str, str]]:
     """``[(id, sentence)]``: the first ``n`` sentences of ``min_words``..``max_words``
     words from a shipped dataset's documents (split after ``.``, ``!``, ``?``)."""
-    from cwlens.datasets import load_dataset
-
     out = []
     for doc in load_dataset(dataset):
         text = getattr(doc, "text", "")  # a text dataset's documents

@@ -48,6 +48,7 @@ exact 0s), key order would fill a mask with the first keys (the BOS sink).
 tie-break and how many sit on the first token.
 """
 
+import hashlib
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ import torch
 
 from cwlens.core import metrics
 from cwlens.core._types import Kind, Mode, Scope
+from cwlens.engine import native
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 
 # every metric a ranking can use (the registry, cwlens.core.metrics: at import; metrics.NAMES
@@ -166,8 +168,6 @@ class Ranking:
 
     def fingerprint(self) -> bytes:
         """A digest of the ranks: two rankings with equal fingerprints give equal masks."""
-        import hashlib
-
         return hashlib.blake2b(self.rank.cpu().numpy().tobytes(), digest_size=16).digest()
 
 
@@ -266,8 +266,6 @@ def uniforms_at(h: int, queries: torch.Tensor, keys: torch.Tensor, key: str,
     hh = torch.arange(h, dtype=torch.int64)[:, None, None]
     rows = _mix32(_mix32((hh + base) & 0xFFFFFFFF) ^ queries.to(torch.int64)[None, :, None])
     if dtype in (torch.float32, torch.float64):
-        from cwlens.engine import native
-
         if native.available():  # the same values in one pass (tests/test_native_masks.py)
             return native.uniforms(rows, keys, dtype).reshape(h, len(queries), len(keys))
     out = torch.empty(h, len(queries), len(keys), dtype=dtype)

@@ -36,7 +36,12 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from cwlens.core.bootstrap import bootstrap_ci  # noqa: F401  (public here since 0.1)
+from cwlens.core.bootstrap import (
+    bootstrap_ci,  # noqa: F401  (public here since 0.1)
+    positive_ci,
+    sample_skewness,
+)
+from cwlens.core.proportion import clopper_pearson
 from cwlens.errors import CwlensError
 from cwlens.faithfulness.config import PROVENANCE
 from cwlens.runs.results_io import (
@@ -263,7 +268,7 @@ def read_results(paths: str | Path | Iterable[str | Path]):
     """A pandas DataFrame of every complete row in one or more ``.jsonl`` files (each with
     its shards), de-duplicated by :data:`KEY` (the first row read wins). Files without
     the newer setting columns read them as missing."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -328,9 +333,6 @@ def _interval(measure, values, n_boot: int, level: float, seed: int) -> tuple[fl
     [0, 1] and is degenerate at 0 or n correct); for a positive measure (:data:`POSITIVE`:
     perplexity, NLL) the bootstrap-t on the log scale, which stays above zero
     (:func:`cwlens.core.bootstrap.positive_ci`); else the bootstrap-t of the mean."""
-    from cwlens.core.bootstrap import positive_ci
-    from cwlens.core.proportion import clopper_pearson
-
     if measure in ACCURACY and len(values) and set(values.tolist()) <= {0.0, 1.0}:
         return clopper_pearson(int(values.sum()), len(values), level)
     if measure in POSITIVE:
@@ -346,9 +348,7 @@ def summarize(df, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
     (:func:`cwlens.core.bootstrap.sample_skewness`; NaN for an exact interval), which
     places a bootstrap-t cell inside or outside its validity range
     (:func:`cwlens.core.bootstrap.outside_validity`)."""
-    import pandas as pd
-
-    from cwlens.core.bootstrap import sample_skewness
+    import pandas as pd  # heavy: pandas, imported on use
 
     df = df.drop_duplicates(subset=[c for c in KEY if c in df.columns])
     for c in COLUMNS:

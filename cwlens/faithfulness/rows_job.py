@@ -5,7 +5,15 @@ a folder, rows kept in memory and gathered from every rank."""
 
 from pathlib import Path
 
-from cwlens.faithfulness.results import ResultsWriter
+from cwlens.faithfulness.results import (
+    COLUMNS,
+    ConfigMismatchError,
+    ResultsWriter,
+    RowCounter,
+    merge_shards,
+    shard_name,
+)
+from cwlens.runs import distributed
 from cwlens.runs.jobs import Job, JobSpec
 
 
@@ -32,8 +40,6 @@ class RowsJob(Job):
         self.spec, self.out, self.rows_per_sample, self.order = spec, out, rows_per_sample, order
 
     def open(self, resume, rank):
-        from cwlens.faithfulness.results import shard_name
-
         self.writer: ResultsWriter | MemoryWriter
         if self.spec.folder is None:
             self.writer = MemoryWriter(self.rows_per_sample)
@@ -43,8 +49,6 @@ class RowsJob(Job):
                                         shard=shard, only_metrics=self.only_metrics())
             foreign = sorted(self.writer.done - set(self.order))
             if foreign:
-                from cwlens.faithfulness.results import ConfigMismatchError
-
                 raise ConfigMismatchError(
                     f"{self.out} holds results of {len(foreign)} sample(s) this run does not "
                     f"have ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): "
@@ -69,7 +73,6 @@ class RowsJob(Job):
         """Samples finished by every rank: rows landed in the file and its shards."""
         if not isinstance(self.writer, ResultsWriter):
             return None
-        from cwlens.faithfulness.results import RowCounter
 
         counter, initial, per = RowCounter(self.writer.main), self.initial(), self.rows_per_sample
         return lambda: initial + counter.new_rows() // per
@@ -78,17 +81,11 @@ class RowsJob(Job):
         """File: rank 0 folds the shards into the file (as a one-process run writes it);
         None. Memory: every rank's rows, in plan order (a DataFrame of
         :data:`~cwlens.faithfulness.results.COLUMNS`)."""
-        from cwlens.runs import distributed
-
         if isinstance(self.writer, ResultsWriter):
             if distributed.world().main:
-                from cwlens.faithfulness.results import merge_shards
-
                 merge_shards(Path(self.out), self.rows_per_sample, self.order)
             return None
-        import pandas as pd
-
-        from cwlens.faithfulness.results import COLUMNS
+        import pandas as pd  # heavy: pandas, imported on use
 
         rows = [r for part in distributed.gather(self.writer.rows) for r in part]
         position = {s: i for i, s in enumerate(self.order)}

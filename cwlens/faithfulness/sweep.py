@@ -31,21 +31,26 @@ backward pass (:func:`cwlens.engine.gradients.attention_gradient`, about 3x a fo
 memory of a training step, every layer's scores kept until the clean pass ranks them).
 """
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
+from cwlens.datasets import ChoiceItem, TextSample, load_dataset
 from cwlens.engine import adapter, validation
 from cwlens.engine.batching import check_past_context
 from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError
+from cwlens.faithfulness.added_metrics import metrics_already_done
 from cwlens.faithfulness.causal_scope import require_causal
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.passes import SweepStats, batch_outputs, passes_per_batch
+from cwlens.faithfulness.results import read_results, summarize
 from cwlens.faithfulness.rows_job import RowsJob
 from cwlens.faithfulness.units import Unit, choice_units, plan_batches, text_units
+from cwlens.runs import distributed
 from cwlens.runs.jobs import JobSpec, run_job
 
 __all__ = ["Condition", "FaithfulnessConfig", "FaithfulnessResult", "SweepStats", "run_faithfulness"]
@@ -64,8 +69,6 @@ class FaithfulnessResult:
         return self.table
 
     def summary(self, **kwargs):
-        from cwlens.faithfulness.results import summarize
-
         return summarize(self.table, **kwargs)
 
 
@@ -122,8 +125,6 @@ class SweepJob(RowsJob):
         """Open the store; where it holds a finished run of some of this run's metrics,
         only the others are computed (:mod:`cwlens.faithfulness.added_metrics`)."""
         if self.spec.folder is not None and resume:
-            from cwlens.faithfulness.added_metrics import metrics_already_done
-
             n_layers = wrap(self.model).n_layers
             per_metric = len(replace(self.cfg, metrics=self.cfg.metrics[:1]).conditions(n_layers))
             done = metrics_already_done(
@@ -175,8 +176,6 @@ class SweepJob(RowsJob):
 
 def _job_stats(stats: SweepStats) -> SweepStats:
     """Counts and seconds summed over the ranks of a torchrun job (wall: the longest)."""
-    from cwlens.runs import distributed
-
     every = distributed.gather(asdict(stats))
     total = SweepStats(**{k: sum(s[k] for s in every) for k in every[0]})
     total.wall_seconds = max(s["wall_seconds"] for s in every)
@@ -189,7 +188,6 @@ def _require_something_masked(units, cfg: FaithfulnessConfig) -> None:
     table of exact zeros that reads as "no damage": refused, naming the fix."""
     if cfg.scope != "row" or not cfg.causal_only:
         return
-    import math
 
     longest = max(len(u.sequences[0]) for u in units) - 1  # the last scored row's keys
     eligible = longest - (0 if cfg.mask_first_token else 1)
@@ -206,8 +204,6 @@ def _check_samples(samples: list) -> None:
     """One kind of sample (documents or multiple-choice items) from one dataset, each id
     once: the rows are keyed by sample id and labelled with one dataset name, so a repeated
     id kept one sample and a second dataset's rows were filed under the first's name."""
-    from cwlens.datasets import ChoiceItem, TextSample
-
     fix = ("load them with cwlens.datasets.load_dataset(name, n=...), or build "
            "TextSample(id, text, dataset) / ChoiceItem objects for your own")
     for s in samples:
@@ -232,8 +228,6 @@ def _check_samples(samples: list) -> None:
 def dataset_name(samples, num_fewshot: int = 0) -> str:
     """The ``dataset`` a run's rows carry: the samples' dataset, ``_<k>shot`` added for
     multiple-choice items with ``k`` exemplars."""
-    from cwlens.datasets import ChoiceItem
-
     shots = isinstance(samples[0], ChoiceItem) and num_fewshot
     return samples[0].dataset + (f"_{num_fewshot}shot" if shots else "")
 
@@ -268,9 +262,6 @@ def run_faithfulness(
     with the same configuration resumes (``resume=False`` starts afresh). None keeps
     the rows in memory only. ``on_sample(sample_id)`` is called after each sample.
     """
-    from cwlens.datasets import ChoiceItem, load_dataset
-    from cwlens.runs import distributed
-
     adapter.require_next_token_model(
         model, "The faithfulness test",
         "Use a decoder here; for an encoder, the sentence-embedding damage task is "
@@ -309,7 +300,5 @@ def run_faithfulness(
     job.stats.wall_seconds = time.perf_counter() - t0
     stats = _job_stats(job.stats)
     if out:
-        from cwlens.faithfulness.results import read_results
-
         table = read_results(out)
     return FaithfulnessResult(table, cfg, str(out) if out else None, stats)

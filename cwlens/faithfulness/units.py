@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from cwlens.engine import lm
+from cwlens.engine.batching import context_cap
 from cwlens.engine.handle import wrap
+from cwlens.errors import InputTooLongError, InvalidArgumentError
 from cwlens.faithfulness import choice
 
 
@@ -31,8 +33,6 @@ def text_units(model, samples, max_tokens, past_context: bool = False,
     """One unit per document, cut to ``max_tokens`` and to the model's context (with one
     note when some document is longer; ``past_context``: not cut at the context, rotary
     models only: docs/inputs.md; ``prepend_bos``: :func:`~cwlens.faithfulness.choice.text_ids`)."""
-    from cwlens.engine.batching import context_cap
-
     def score(output, rows, offsets, tokens, mask):
         row = rows[0]
         out = lm.document_scores(lm.rows(output, row, row + 1), tokens[row : row + 1], mask[row : row + 1])
@@ -42,8 +42,6 @@ def text_units(model, samples, max_tokens, past_context: bool = False,
     cap = context_cap(model, max_tokens, [len(ids) for ids in all_ids], "documents", past_context)
     for s, ids in zip(samples, all_ids, strict=True):
         if len(ids[:cap] if cap else ids) < 2:
-            from cwlens.errors import InvalidArgumentError
-
             raise InvalidArgumentError(
                 f"{s.id}: {len(ids[:cap] if cap else ids)} token(s) to score"
                 + (f" after the cut to {cap} (--max-tokens)" if cap and len(ids) > cap else "")
@@ -85,8 +83,6 @@ def _fits_context(model, item_id, inputs, dataset: str = "") -> None:
     """A choice prompt cannot be cut without losing its question: refuse one longer than
     the model's context (docs/inputs.md). Few-shot examples are MMLU's only; other
     items are long by their own text."""
-    from cwlens.errors import InputTooLongError
-
     limit = wrap(model).context_length()
     longest = max((len(x) for x in inputs), default=0)
     if limit is not None and longest > limit:

@@ -9,6 +9,7 @@ blocks plus ``layers x positions x (top_k + 1) x heads`` floats.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from cwlens.engine.handle import wrap
 from cwlens.engine.reducers import Reducer, in_query_order
 from cwlens.engine.row_topk import allowed_keys
 from cwlens.engine.streaming import check_metric, pass_options, stream_reduce
+from cwlens.engine.tokens import token_ids
 from cwlens.errors import InvalidArgumentError
 from cwlens.graphs import edges_math
 from cwlens.graphs.result import ContributionGraph
@@ -160,8 +162,6 @@ def assemble(results, reducers: Sequence[GraphEdges], tokens: Sequence[str], mod
     """The graph from a :func:`cwlens.stream_reduce` result holding one or two
     :class:`GraphEdges` reducers' results (the second becomes ``compare``): for callers that
     run the graph's reducers in a pass of their own (``cwlens analyze``'s report)."""
-    from dataclasses import replace
-
     graphs = [_graph(results[r.name], r.metric, r.top_k, tokens, model_name) for r in reducers]
     return graphs[0] if len(graphs) == 1 else replace(graphs[0], compare=graphs[1])
 
@@ -169,8 +169,6 @@ def assemble(results, reducers: Sequence[GraphEdges], tokens: Sequence[str], mod
 def _tokens(model: TLModel, text) -> torch.Tensor:
     """``[1, pos]`` token ids of one text (a string, or ids ``[pos]`` / ``[1, pos]``)."""
     if isinstance(text, str):
-        from cwlens.engine.tokens import token_ids
-
         validation.text(text)
         return token_ids(model, text, truncate=False).reshape(1, -1)
     if isinstance(text, torch.Tensor) and text.ndim in (1, 2) and (text.ndim == 1 or text.shape[0] == 1):

@@ -3,6 +3,7 @@ top incoming edges of every node, with tables, routes and the HTML viewer."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from cwlens.errors import InvalidArgumentError, LayerOutOfRangeError
+from cwlens.graphs import viewer
 from cwlens.graphs.routes import route_mask
 
 FACTORS = ("attention", "relative_norm", "cosine")
@@ -157,7 +159,7 @@ class ContributionGraph:
         """One row per edge: ``layer, position, token, from_layer, from_position,
         from_token, rank, weight, residual`` and ``head_0 .. head_{H-1}`` (each head's
         part). ``layer`` is the node the edge goes into (``from_layer = layer - 1``)."""
-        import pandas as pd
+        import pandas as pd  # heavy: pandas, imported on use
 
         b, i, s = np.nonzero(self.valid)
         layers = np.asarray(self.layers)[b]
@@ -203,8 +205,6 @@ class ContributionGraph:
     def to_html(self, title: str | None = None, fragment: bool = False) -> str:
         """The interactive viewer (:mod:`cwlens.graphs.viewer`): a whole page, or with
         ``fragment=True`` a ``<div>`` with its script (for a notebook or a report)."""
-        from cwlens.graphs import viewer
-
         return viewer.fragment(self, title) if fragment else viewer.page(self, title)
 
     def _repr_html_(self) -> str:
@@ -214,7 +214,7 @@ class ContributionGraph:
         """Display the viewer in a notebook (Jupyter, VS Code); outside one, write it to a
         temporary file and return its path."""
         try:
-            from IPython import get_ipython
+            from IPython import get_ipython  # optional: IPython (in a notebook only)
 
             shell = get_ipython()
         except ImportError:
@@ -224,7 +224,6 @@ class ContributionGraph:
 
             display(HTML(self.to_html(fragment=True)))
             return None
-        import tempfile
 
         path = Path(tempfile.mkdtemp(prefix="cwlens-graph-")) / "graph.html"
         return self.save(path)

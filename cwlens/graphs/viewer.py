@@ -17,6 +17,7 @@ import base64
 import html
 import json
 import uuid
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -90,8 +91,6 @@ def _slots_that_fit(graphs: list[ContributionGraph]) -> int:
 
 def _cut(g: ContributionGraph, slots: int) -> ContributionGraph:
     """``g`` with each node's first ``slots`` edges (the self edge, then the strongest)."""
-    from dataclasses import replace
-
     if slots >= g.from_position.shape[2]:
         return g
     part = {name: getattr(g, name)[:, :, :slots] for name in

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from cwlens.errors import InvalidArgumentError
+from cwlens.groundtruth.codec import decode, encode
 
 NUMERICAL_TOLERANCE = 1e-3  # a numerical output within this of the program's is the same
 
@@ -47,7 +48,7 @@ def tracr_reasons(program: Any, tokens: Sequence) -> list[str]:
     rasp_program = getattr(program, "_cache", {}).get("program")
     if rasp_program is None:
         return []
-    from tracr.compiler import validating
+    from tracr.compiler import validating  # optional: tracr (the tracr extra)
 
     found = validating.dynamic_validate(rasp_program, list(tokens[1:]))
     return list(dict.fromkeys(f"{u.expr.label}: {str(u.reason).rstrip('.')}" for u in found))
@@ -63,8 +64,6 @@ def check_agreement(program: Any, inputs: Sequence[Sequence], outputs: Sequence[
         InvalidArgumentError: the network's output differs from the program's, or tracr's
             dynamic validation rejects the program on an input.
     """
-    from cwlens.groundtruth.codec import decode, encode
-
     model = program.model
     groups: dict[int, list[int]] = {}
     for i, row in enumerate(inputs):

@@ -13,6 +13,8 @@ Needs the tracr extra (imported inside the functions).
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth.convert import require_tracr
 
@@ -62,6 +64,7 @@ def compile_program(program: Any, vocab: set, max_seq_len: int, bos: str = "BOS"
         ModelNotAvailableError: tracr is not installed.
     """
     require_tracr("compiling a RASP program")
+    # optional: tracr (the tracr extra)
     from tracr.compiler import (
         basis_inference,
         craft_graph_to_model,
@@ -144,6 +147,7 @@ def check_vocab(vocab: Any, bos: str) -> set:
 
 def placements(graph: Any, sources: Any, craft_model: Any) -> list[Placement]:
     """Where each operation of a compiled graph runs (see :class:`Placement`)."""
+    # optional: tracr (the tracr extra)
     from tracr.compiler import assemble, craft_graph_to_model, nodes
     from tracr.craft import transformers
     from tracr.rasp import rasp
@@ -181,7 +185,7 @@ def placements(graph: Any, sources: Any, craft_model: Any) -> list[Placement]:
 
 
 def _block(node: dict) -> Any:
-    from tracr.compiler import nodes
+    from tracr.compiler import nodes  # optional: tracr (the tracr extra)
 
     return node.get(nodes.MODEL_BLOCK)
 
@@ -192,8 +196,7 @@ def tracr_reference(assembled: Any, inputs: list[list]) -> list[tuple[Any, list]
     last is the output the unembedding reads, tracr has no final norm) and
     ``apply(...).decoded``. The forward pass is jit-compiled once per input length
     (``assembled.apply`` traces it on every call: ~1 s each)."""
-    import jax
-    import numpy as np
+    import jax  # optional: tracr (the tracr extra)
 
     forward = jax.jit(assembled.forward)
     out = []

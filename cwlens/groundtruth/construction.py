@@ -16,6 +16,14 @@ from typing import Any
 
 import torch
 
+import cwlens
+from cwlens.core import metrics
+from cwlens.engine import adapter
+from cwlens.groundtruth.codec import encode
+from cwlens.groundtruth.evaluate import float64_copy
+from cwlens.groundtruth.padding import padding_heads
+from cwlens.groundtruth.scoring import RESOLUTION
+
 
 @dataclass(frozen=True)
 class Separation:
@@ -46,14 +54,6 @@ class Separation:
 def separation(program: Any, n_inputs: int = 256, seed: int = 0) -> Separation:
     """:class:`Separation` of ``program`` (a ``CompiledProgram``) on ``sample_inputs(n_inputs,
     seed)``; entries: every head but tracr's padding heads, queries ``>= 1``, every key."""
-    import cwlens
-    from cwlens.core import metrics
-    from cwlens.engine import adapter
-    from cwlens.groundtruth.codec import encode
-    from cwlens.groundtruth.evaluate import float64_copy
-    from cwlens.groundtruth.padding import padding_heads
-    from cwlens.groundtruth.scoring import RESOLUTION
-
     model = float64_copy(program.model)
     n_layers = len(model.blocks)
     real = ~padding_heads(model)

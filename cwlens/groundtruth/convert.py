@@ -93,7 +93,7 @@ class TracrLayout:
 def require_tracr(what: str) -> Any:
     """Import tracr, or raise :class:`~cwlens.errors.ModelNotAvailableError` naming the extra."""
     try:
-        import tracr.compiler.compiling as compiling
+        import tracr.compiler.compiling as compiling  # optional: tracr (the tracr extra)
     except ImportError as err:
         raise ModelNotAvailableError(
             f"{what} needs tracr (and jax), which are not installed: {INSTALL}. The shipped "
@@ -169,7 +169,7 @@ def _weights_of(assembled: Any) -> dict[str, np.ndarray]:
 def _unembedding(assembled: Any, d_model: int) -> np.ndarray:
     """``W_U [d_model, n_outputs]``: tracr's unembedding (a projection onto the output
     space, which no parameter holds), read by running it on the identity."""
-    import haiku as hk
+    import haiku as hk  # optional: tracr (the tracr extra)
     import jax.numpy as jnp
 
     def run(x: Any) -> Any:

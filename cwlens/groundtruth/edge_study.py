@@ -27,6 +27,7 @@ validity range.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from cwlens.core import bootstrap, edge_scoring
+from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth.edge_methods import EDGE_METHODS, method_weights
 from cwlens.groundtruth.edges import EdgeEffects, edge_effects, joint_effects
 from cwlens.runs.jobs import Job, JobSpec, run_job
@@ -133,8 +135,6 @@ def record_of(model, item: EdgeInput, fx: EdgeEffects, weights: dict[str, torch.
 def item_key(item: EdgeInput) -> str:
     """8 hex digits of the input's token ids, query and target: a stored record is reused
     only for the very same input."""
-    import hashlib
-
     text = ",".join(map(str, item.tokens.tolist())) + f"|{item.query}|{item.target}"
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -162,8 +162,6 @@ class EdgesJob(Job):
         if config.exists() and resume:
             old = json.loads(config.read_text())
             if old != self.spec.config:
-                from cwlens.errors import InvalidArgumentError
-
                 diff = sorted(k for k in set(old) | set(self.spec.config) if old.get(k) != self.spec.config.get(k))
                 raise InvalidArgumentError(
                     f"{folder} holds a run with other settings ({', '.join(diff)} differ): pass "

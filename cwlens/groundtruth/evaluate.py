@@ -8,19 +8,24 @@ same length in which every token after the BOS is replaced by another vocabulary
 (seeded), so every position's token differs.
 """
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from cwlens.circuits.compare import circuit_cache
 from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth import scoring
 from cwlens.groundtruth.agreement import check_agreement
-from cwlens.groundtruth.layer_scores import ZERO_OUTPUT
+from cwlens.groundtruth.codec import encode
+from cwlens.groundtruth.input_scores import input_scores
+from cwlens.groundtruth.layer_scores import ZERO_OUTPUT, component_scores, layer_scores
 from cwlens.groundtruth.methods import answers_of
 from cwlens.groundtruth.padding import padding_heads
+from cwlens.runs.progress import new_bar
 
 DEFAULT_INPUTS = 256
 MIN_INPUTS = 3  # the bootstrap-t needs three (cwlens.core.bootstrap.MIN_N)
@@ -55,10 +60,6 @@ def all_scores(model, tokens: torch.Tensor, corrupted: torch.Tensor,
                zero_output: float = ZERO_OUTPUT) -> tuple[dict, torch.Tensor]:
     """``({level: {method: [batch, ...]}}, logits)`` of every method on ``tokens``;
     ``zero_output``: the silent-row threshold (:func:`~cwlens.groundtruth.layer_scores.silent_rows`)."""
-    from cwlens.circuits.compare import circuit_cache
-    from cwlens.groundtruth.input_scores import input_scores
-    from cwlens.groundtruth.layer_scores import component_scores, layer_scores
-
     logits, cache = circuit_cache(model, tokens)
     answers = answers_of(logits)
     out = {"layer": layer_scores(model, tokens, cache, answers, zero_output),
@@ -72,8 +73,6 @@ def float64_copy(model):
     that no score depends on float32 rounding: where a row's attention output is only the
     softmax's leak, its squared norm can underflow to a subnormal float32 (the test model's
     ``e^-50`` leak: 1 / ||o||^2 then overflows and the contribution weights are NaN)."""
-    import copy
-
     return copy.deepcopy(model).to(torch.float64)
 
 
@@ -109,8 +108,6 @@ def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_
         InvalidArgumentError: ``n_inputs`` below 3, or the network disagrees with the
             program (:func:`~cwlens.groundtruth.agreement.check_agreement`).
     """
-    from cwlens.groundtruth.codec import encode
-
     if isinstance(zero_output, bool) or not isinstance(zero_output, int | float) or not 0 <= zero_output < 1:
         raise InvalidArgumentError(
             f"zero_output must be a number in [0, 1) (the silent-row threshold, {ZERO_OUTPUT} by "
@@ -163,8 +160,6 @@ def score_program(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0,
 def _bar(total: int, name: str, on: bool):
     """The inputs' progress bar (:func:`cwlens.runs.progress.new_bar`: on stderr, where it is
     a terminal), or a stand-in that draws nothing."""
-    from cwlens.runs.progress import new_bar
-
     bar = new_bar(total, f"{name}: inputs", "input", enabled=on)
     return bar if bar is not None else _NoBar()
 

@@ -9,18 +9,20 @@ input tensor in the forward pass; one output position at a time (``target=q``).
 
 import torch
 
+from cwlens.circuits import flow_math
 from cwlens.core.rollout import rollout
-from cwlens.engine import hook_names
+from cwlens.engine import adapter, hook_names
 from cwlens.engine.handle import wrap
 from cwlens.errors import ModelNotAvailableError
 from cwlens.groundtruth.methods import IG_STEPS, outputs
+from cwlens.groundtruth.padding import padding_heads, without_padding
 
 FLOW_RULES = ("projection", "signed", "absolute")
 
 
 def require_captum():
     try:
-        import captum.attr as attr
+        import captum.attr as attr  # optional: captum (the groundtruth extra)
     except ImportError as err:
         raise ModelNotAvailableError(
             "the input attributions (saliency, input x gradient, integrated gradients) need "
@@ -35,9 +37,6 @@ def input_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor) -> d
     Rollout averages each layer's real heads, tracr's padding heads left out
     (:func:`cwlens.groundtruth.padding.without_padding`). Row 0 (BOS, not an output) is
     left at 0 for the captum methods."""
-    from cwlens.engine import adapter
-    from cwlens.groundtruth.padding import padding_heads, without_padding
-
     handle = wrap(model)
     patterns = torch.stack([adapter.read(cache, hook_names.pattern(ly), model)
                             for ly in range(handle.n_layers)])  # [layer, b, h, q, k]
@@ -52,9 +51,6 @@ def final_flows(cache, model) -> dict[str, torch.Tensor]:
     the final stream (:func:`cwlens.circuits.token_flow`'s ``flows[-1]``) for every rule, all
     sequences of the batch at once (one geometry per layer; equal to ``token_flow`` run on
     each sequence, tests/test_groundtruth_scoring.py)."""
-    from cwlens.circuits import flow_math
-    from cwlens.engine import adapter
-
     handle = wrap(model)
     adapter.check_residual_model(model, "The token flow")
     adapter.check_residual_sum(cache, model, "The token flow")

@@ -3,8 +3,11 @@
 
 import torch
 
+from cwlens.circuits import direct_math
+from cwlens.circuits.patching import replace_heads_hook
 from cwlens.core import metrics
-from cwlens.engine import hook_names
+from cwlens.engine import adapter, hook_names
+from cwlens.engine.gradients import attention_gradient
 from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth.methods import output_loss, outputs
@@ -52,9 +55,6 @@ def layer_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
     and one backward pass for the gradients. The methods normalised by the attention
     output (:data:`NORMALISED_BY`) are 0 in the rows where it is zero (:func:`silent_rows`
     with ``threshold=zero_output``)."""
-    from cwlens.engine import adapter
-    from cwlens.engine.gradients import attention_gradient
-
     n_layers = wrap(model).n_layers
     per: dict[str, list[torch.Tensor]] = {m: [] for m in GEOMETRY_METRICS}
     for layer in range(n_layers):
@@ -93,9 +93,6 @@ def component_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
                      corrupted: torch.Tensor, zero_output: float = ZERO_OUTPUT) -> dict[str, torch.Tensor]:
     """``{method: [batch, layer, head_index]}`` float64 for every ``component`` method.
     ``corrupted``: tokens of ``tokens``' shape whose ``hook_z`` patching reads."""
-    from cwlens.circuits import direct_math
-    from cwlens.engine import adapter
-
     handle = wrap(model)
     b, n = tokens.shape
     queries = torch.arange(1, n)
@@ -128,8 +125,6 @@ def patching_effects(model, tokens: torch.Tensor, corrupted: torch.Tensor,
     where head ``h``'s ``hook_z`` is taken from ``corrupted`` (one pass per layer, the
     batch repeated once per head, as :func:`cwlens.circuits.patch_heads` does, without its
     mean over the batch)."""
-    from cwlens.circuits.patching import replace_heads_hook
-
     if corrupted.shape != tokens.shape:
         raise InvalidArgumentError(
             f"corrupted tokens {list(corrupted.shape)} must have the clean tokens' shape "

@@ -13,8 +13,10 @@ and tracr's own residuals on a few inputs), written by ``python
 scripts/compile_groundtruth.py`` (needs tracr); loading them needs no jax.
 """
 
+import ast
 import json
 import random
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from cwlens.engine.handle import wrap
 from cwlens.engine.models.tracr_network import TracrTransformer
 from cwlens.errors import InvalidArgumentError, ModelNotAvailableError, UnknownOptionError
 from cwlens.groundtruth import codec
-from cwlens.groundtruth.compiler import Placement
+from cwlens.groundtruth.compiler import Placement, check_max_seq_len, check_vocab, compile_program
 from cwlens.groundtruth.convert import INSTALL, TracrLayout, build, from_tracr, require_tracr
 from cwlens.groundtruth.truth import Truth, compute, unpack
 
@@ -226,8 +228,6 @@ def _run_source(source: str, where: str) -> dict[str, Any]:
 def _statement_error(err: BaseException, where: str) -> InvalidArgumentError:
     """``err``, raised while running the program file ``where``, as one error naming the
     file's line that raised it (the last frame of the traceback in that file)."""
-    import traceback
-
     lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if f.filename == where]
     line = f", line {lines[-1]}" if lines else ""
     return InvalidArgumentError(
@@ -237,8 +237,6 @@ def _statement_error(err: BaseException, where: str) -> InvalidArgumentError:
 
 def _line_of(source: str, name: str) -> str:
     """``", line N"``: where ``source`` last assigns ``name`` at its top level ('' if not found)."""
-    import ast
-
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -250,9 +248,7 @@ def _line_of(source: str, name: str) -> str:
 
 
 def _checked(names: dict[str, Any], where: str, source: str = "") -> dict[str, Any]:
-    from tracr.rasp import rasp
-
-    from cwlens.groundtruth.compiler import check_max_seq_len, check_vocab
+    from tracr.rasp import rasp  # optional: tracr (the tracr extra)
 
     missing = [n for n in ("program", "vocab", "max_seq_len") if n not in names]
     if missing:
@@ -306,8 +302,6 @@ def from_file(path: str | Path, name: str | None = None) -> CompiledProgram:
 
 def from_definitions(defined: dict[str, Any], name: str, source: str) -> CompiledProgram:
     """A :class:`CompiledProgram` of a program file's names (compiles: needs tracr)."""
-    from cwlens.groundtruth.compiler import compile_program
-
     bos = str(defined.get("bos", "BOS"))
     assembled, placements = compile_program(defined["program"], defined["vocab"],
                                             defined["max_seq_len"], bos)

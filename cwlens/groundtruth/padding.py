@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
+from cwlens.groundtruth.codec import model_of
+
 
 def padding_heads(model) -> torch.Tensor:
     """``[layer, head]`` bool: the heads whose ``W_V`` or ``W_O`` is all zero (they write
     nothing, whatever they attend to) in a compiled program's model (or its handle, or a
     ``CompiledProgram``)."""
-    from cwlens.groundtruth.codec import model_of
-
     attns: list[Any] = [block.attn for block in model_of(model).blocks]
     return torch.stack([zero_heads(a.W_V, a.W_O) for a in attns]).cpu()
 

@@ -132,7 +132,7 @@ def markdown(summary: Any, n_inputs: int, seed: int, command: str) -> str:
 def write_run(results: Sequence[Any], out: str | Path) -> list[Path]:
     """``per_input.csv.gz`` (gzip: ~30 rows per input) and ``summary.csv`` of every program
     scored, under ``out``."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

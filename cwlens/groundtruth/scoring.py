@@ -207,7 +207,7 @@ def summarize(per_input, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: 
     ``auroc_high``, ``precision_at_truth`` and its interval, ``delta`` (AUROC minus the
     level's reference, paired by input) with its interval, ``p`` and ``resolved`` (Holm over
     the program's comparisons of the main scope, and separately of the fall-back scope)."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     nan = float("nan")
     rows: list[dict] = []
@@ -247,6 +247,6 @@ def summarize(per_input, n_boot: int = DEFAULT_BOOT, level: float = 0.95, seed: 
 
 def per_input_frame(rows: Sequence[dict]):
     """The per-input rows as a DataFrame with :data:`COLUMNS`."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     return pd.DataFrame(list(rows), columns=list(COLUMNS))

@@ -66,7 +66,7 @@ def _same(a: Any, b: Any) -> bool:
 def _evaluate(program: Any, xs: list) -> list:
     """``rasp.evaluate(program, xs)``; an error of the program on that input is one
     :class:`~cwlens.errors.InvalidArgumentError` naming the input."""
-    from tracr.rasp import rasp
+    from tracr.rasp import rasp  # optional: tracr (the tracr extra)
 
     try:
         return list(rasp.evaluate(program, xs))
@@ -83,7 +83,7 @@ def compute(program: Any, tokens: list, vocab: tuple, placements: list[Placement
 
     ``placements``: where each operation runs (:func:`cwlens.groundtruth.compiler.placements`).
     """
-    from tracr.compiler import rasp_to_graph
+    from tracr.compiler import rasp_to_graph  # optional: tracr (the tracr extra)
     from tracr.rasp import rasp
 
     xs = list(tokens[1:])

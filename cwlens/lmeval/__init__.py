@@ -25,6 +25,7 @@ samples (``cwlens/datasets/data``) with the prompts of :mod:`cwlens.datasets.tas
 their requests are exactly those of ``cwlens faithfulness`` on the same items.
 """
 
+import importlib.util
 from pathlib import Path
 
 from cwlens.errors import CwlensError
@@ -40,8 +41,6 @@ def task_dir() -> str:
 
 def require_lm_eval() -> None:
     """Raise a :class:`~cwlens.errors.CwlensError` naming the install if lm-eval is missing."""
-    import importlib.util
-
     if importlib.util.find_spec("lm_eval") is None:
         raise CwlensError(
             "cwlens.lmeval needs lm-evaluation-harness: pip install 'cwlens[lmeval]' "
@@ -52,6 +51,7 @@ def require_lm_eval() -> None:
 def register():
     """Register ``cwlens-masked`` with lm-eval's model registry; returns the class."""
     require_lm_eval()
+    # here, not at the top: cwlens.lmeval.model imports this module and lm_eval (optional)
     from cwlens.lmeval.model import CwlensMaskedLM
 
     return CwlensMaskedLM

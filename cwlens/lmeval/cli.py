@@ -12,8 +12,15 @@ entry, an unknown ``--tasks`` or ``--model`` name), 1 for another error cwlens e
 out before lm-eval reads the arguments) shows the traceback instead.
 """
 
+import difflib
 import os
 import sys
+
+from cwlens.engine.models.loading import check_device, resolve
+from cwlens.engine.models.registry import MODELS
+from cwlens.errors import CwlensError, UsageError
+from cwlens.lmeval import MODEL_NAME, TASKS, register, task_dir
+from cwlens.lmeval.settings import read_model_args
 
 PROG = "cwlens-lm-eval"
 
@@ -30,11 +37,6 @@ def lm_eval_usage_error(err: ValueError):
     """A :class:`~cwlens.errors.UsageError` saying what to pass instead, for lm-eval's own
     ``ValueError`` of an unknown ``--tasks`` or ``--model`` name (None for any other: a
     bug, whose traceback is shown)."""
-    import difflib
-
-    from cwlens.errors import UsageError
-    from cwlens.lmeval import MODEL_NAME, TASKS
-
     text = " ".join(str(err).split())
     if text.startswith("Tasks not found:"):
         names = text.removeprefix("Tasks not found:").split(".")[0].replace(",", " ").split()
@@ -69,10 +71,7 @@ def check_model_args(args: list[str]) -> None:
     """Read ``--model_args`` of a ``cwlens-masked`` run as the model will
     (:func:`cwlens.lmeval.settings.read_model_args`), before lm-eval starts: a bad entry is
     refused at once, not after lm-eval has indexed its tasks."""
-    from lm_eval.utils import simple_parse_args_string
-
-    from cwlens.lmeval import MODEL_NAME
-    from cwlens.lmeval.settings import read_model_args
+    from lm_eval.utils import simple_parse_args_string  # optional: lm_eval (the lmeval extra)
 
     model = _values(args, "--model", "-M")
     given = _values(args, "--model_args", "-a")
@@ -80,9 +79,6 @@ def check_model_args(args: list[str]) -> None:
         return  # another model, no model_args, or a JSON object: lm-eval reads it
     parsed = simple_parse_args_string(",".join(given))
     read_model_args({k: v for k, v in parsed.items() if k not in ("pretrained", "device")})
-
-    from cwlens.engine.models.loading import check_device, resolve
-    from cwlens.engine.models.registry import MODELS
 
     device = parsed.get("device")
     if device:
@@ -99,14 +95,12 @@ def _one_line(err: BaseException) -> str:
 
 
 def _run(args: list[str]) -> None:
-    from cwlens.lmeval import register, task_dir
-
     register()
     check_model_args(args)
     if args and args[0] not in ("-h", "--help"):
         args = with_task_dir(args, task_dir())
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    from lm_eval.__main__ import cli_evaluate
+    from lm_eval.__main__ import cli_evaluate  # optional: lm_eval (the lmeval extra)
 
     sys.argv = ["lm_eval", *args]
     cli_evaluate()
@@ -115,8 +109,6 @@ def _run(args: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run lm-eval on ``argv`` (default: the command line); the exit status (see the module
     docstring). lm-eval's own usage errors (argparse) exit 2 as they are."""
-    from cwlens.errors import CwlensError, UsageError
-
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]

@@ -17,12 +17,15 @@ Supported request types: ``loglikelihood`` (multiple-choice and loglikelihood ta
 
 import sys
 
+import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from cwlens.engine import adapter
 from cwlens.engine.batching import token_ids
 from cwlens.engine.handle import wrap
+from cwlens.engine.models.loading import load_model
 from cwlens.errors import CwlensError
 from cwlens.faithfulness.passes import SweepStats
 from cwlens.lmeval.requests import encode_request, prefix_token_id, token_request
@@ -36,8 +39,6 @@ def cpu_for_default_cuda(device):
     """lm-eval's own ``--device`` (``cuda:0`` unless given) on a machine without CUDA: the
     CPU, said on stderr (a ``device`` in ``--model_args`` is taken as asked: a CUDA device
     without CUDA is refused there, naming the fix)."""
-    import torch
-
     if device and str(device).startswith("cuda") and not torch.cuda.is_available():
         print(f"cwlens-masked: lm-eval's device {device!r} is not on this machine (no CUDA): "
               "the model loads on the CPU; put device=... in --model_args to choose.",
@@ -82,10 +83,7 @@ class CwlensMaskedLM(LM):
                 raise ModelArgsError("cwlens-masked needs pretrained=<name or directory> in "
                                      "model_args, e.g. --model_args pretrained=smollm2-135m.")
 
-            from cwlens.engine.models.loading import load_model
-
             model = load_model(str(pretrained), device=device, dtype=dtype)  # cuda without one: refused
-        from cwlens.engine import adapter
 
         adapter.require_next_token_model(model, "lm-eval scoring", "Use a decoder model.")
         adapter.require_metrics(model, self.config.metrics)
@@ -106,7 +104,7 @@ class CwlensMaskedLM(LM):
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
         """``--model_args`` win over lm-eval's own options (``--device``: lm-eval's
         default is ``cuda:0``; without CUDA the model loads on the CPU)."""
-        from lm_eval.utils import simple_parse_args_string
+        from lm_eval.utils import simple_parse_args_string  # optional: lm_eval (the lmeval extra)
 
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 

@@ -28,10 +28,12 @@ from functools import partial
 
 import torch
 
+from cwlens.engine import lm
 from cwlens.engine.batching import token_ids
 from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError
 from cwlens.faithfulness import choice
+from cwlens.faithfulness.units import Unit
 
 
 def prefix_token_id(model) -> int:
@@ -73,8 +75,6 @@ def score_request(logits, row: int, offset: int, request) -> tuple[float, bool]:
     """``(ll, is_greedy)`` from logits ``[batch, pos, vocab]`` of a left-padded batch, or
     its :class:`~cwlens.engine.lm.Unembedded` final residual (the continuation's positions
     unembedded only)."""
-    from cwlens.engine import lm
-
     ll = choice.continuation_logprob(logits, row, offset, request)
     n = len(request.continuation_ids)
     pos = offset + request.start + torch.arange(n)
@@ -90,8 +90,6 @@ def group_units(requests: Sequence[choice.ChoiceRequest], groups: Sequence[objec
     Its id (which seeds the ``random`` metric) is a digest of its input tokens, so a
     sequence gets the same random mask whatever batch or task it comes in.
     """
-    from cwlens.faithfulness.units import Unit
-
     members: dict[object, list[int]] = {}
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)

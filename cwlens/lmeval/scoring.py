@@ -14,6 +14,8 @@ log-likelihood it gets token by token. At rate 0
 
 from collections.abc import Sequence
 
+from tqdm.auto import tqdm
+
 from cwlens.engine.handle import wrap
 from cwlens.faithfulness.causal_scope import require_causal
 from cwlens.faithfulness.config import FaithfulnessConfig
@@ -49,8 +51,6 @@ def score_requests(
     batches = plan_batches(units, cfg.batch_tokens)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=len(units), desc="cwlens-masked", unit="doc")
     for batch in batches:
         results = batch_outputs(model, units, batch, cfg, conditions, stats)

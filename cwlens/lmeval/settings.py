@@ -14,8 +14,11 @@ tokens per forward pass) are those of :class:`~cwlens.faithfulness.FaithfulnessC
 with its defaults.
 """
 
+import difflib
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from cwlens.core import metrics
 from cwlens.errors import CwlensError, UnknownOptionError, UsageError
@@ -107,8 +110,6 @@ class ModelArgsError(UsageError):
 
 def check_keys(given, known) -> None:
     """Refuse a ``model_args`` key that is not one of ``known``, suggesting the closest."""
-    import difflib
-
     unknown = sorted(set(given) - set(known))
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(known), n=1)
@@ -120,8 +121,6 @@ def check_keys(given, known) -> None:
 
 def read_dtype(value) -> str | Any:
     """A floating torch dtype, or the name of one (``float32``, ``bfloat16``...)."""
-    import torch
-
     dtype = getattr(torch, value, None) if isinstance(value, str) else value
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ModelArgsError(
@@ -173,8 +172,6 @@ def masking_config(metric=None, mode: str = "comprehensiveness", rate: float | i
     clean = metric in NO_MASK
     usable = [m for m in metrics.NAMES if m not in metrics.GRADIENT]
     if not clean and metric not in metrics.NAMES:
-        import difflib
-
         close = difflib.get_close_matches(metric, usable, n=1)
         raise UnknownOptionError(
             f"Unknown metric={metric!r}" + (f" (did you mean {close[0]!r}?)" if close else "")

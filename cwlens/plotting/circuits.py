@@ -5,7 +5,7 @@ def agreement_figure(comparison, title: str | None = None, model_label: str = ""
     """Patching effect (y) against each score (x) of a :class:`cwlens.circuits.Comparison`.
     The default title says what it was made from: ``model_label`` (the model), the task
     and its number of prompts, and the number of heads."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     names = [n for n in comparison.scores if n != "patching"]

@@ -11,7 +11,7 @@ COLORS = {"attention": "#1f77b4", "value_weighted": "#2ca02c", "value_weighted_o
 def captured_figure(summaries: list[dict], labels: dict[str, str], title: str = ""):
     """One panel per summary: captured[k] (mean over inputs of the mean over layers) per
     method; the panel's title names the model, data, objective and inputs."""
-    from plotly.subplots import make_subplots
+    from plotly.subplots import make_subplots  # heavy: plotly, imported on use
 
     titles = [f"{s['model']}, {s['data']}, {s['objective']} ({s['n_inputs']} inputs)" for s in summaries]
     fig = make_subplots(rows=1, cols=len(summaries), subplot_titles=titles, shared_yaxes=True)

@@ -12,6 +12,8 @@ import warnings
 from pathlib import Path
 from unittest import mock
 
+from cwlens.errors import CwlensWarning
+
 _CHROME_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
 
@@ -31,7 +33,7 @@ def _kaleido_chrome() -> str | None:
     """The Chrome kaleido downloaded itself (``plotly_get_chrome``), where kaleido's browser
     layer (choreographer) looks for it; None without one."""
     try:
-        from choreographer.browsers.chromium import Chromium
+        from choreographer.browsers.chromium import Chromium  # optional: choreographer (kaleido's)
 
         found = Chromium.find_browser(skip_local=False, skip_typical=True)
     except Exception:  # an older or newer choreographer: no path of its own to offer
@@ -52,8 +54,6 @@ def save_figure(fig, path_stem: str | Path, png: bool = True, scale: float = 1.0
     if png:
         chrome = find_chrome()
         if chrome is None:
-            from cwlens.errors import CwlensWarning
-
             warnings.warn(  # one "cwlens: note:" line in the CLI
                 f"no Chromium, so {stem.with_suffix('.png')} was skipped (the HTML is written): "
                 "`plotly_get_chrome` fetches kaleido's own Chrome (no root), or install one "

@@ -3,6 +3,7 @@ comprehensiveness and sufficiency side by side, each with its own y scale (plotl
 imported lazily)."""
 
 from cwlens.core import metrics as _metrics
+from cwlens.errors import InvalidArgumentError
 
 # one colour and legend label per metric (the registry: cwlens.core.metrics)
 COLORS = {name: m.color for name, m in _metrics.REGISTRY.items()}
@@ -17,7 +18,7 @@ def faithfulness_curves(summary, dataset: str, measure: str, title: str | None =
     The clean value is drawn as a dashed line (and rate 0 starts every curve there).
     The title (``title``, or one naming the dataset and the measure) ends with the
     number of samples, ``(n = 50 samples)``."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     sub = summary[(summary.dataset == dataset) & (summary.measure == measure)]
@@ -70,7 +71,7 @@ def aopc_curves(curves, aopc_summary=None, title: str = "", ylabel: str = "damag
     damage per rate with its BCa bootstrap band, one line per metric; with
     ``aopc_summary`` (:func:`cwlens.faithfulness.aopc.aopc_summary`) the legend gives each
     metric's AOPC. ``curves``: :func:`cwlens.faithfulness.aopc.curve_summary` output."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     modes = _metrics.MODES
@@ -125,10 +126,8 @@ def per_layer_curves(damage, title: str = "", ylabel: str = "damage"):
     """Mean damage per masked layer, one line per metric (comprehensiveness |
     sufficiency), from the damage rows of a ``--per-layer`` run
     (:func:`cwlens.faithfulness.aopc.damages`: one ``layers`` label per layer)."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
-
-    from cwlens.errors import InvalidArgumentError
 
     if not len(damage) or not damage["layers"].astype(str).str.fullmatch(r"\d+").all():
         raise InvalidArgumentError("per_layer_curves needs the rows of a per-layer run (one "

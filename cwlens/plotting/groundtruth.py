@@ -44,7 +44,7 @@ def auroc_figure(summary, labels: dict[str, str] | None = None, source: str = ""
     rows left out, then included), the token-level methods against the input dependence, the
     head scores against the components. ▲/▼: above/below the panel's first row, resolved
     (Holm). ``labels``: method -> label; ``source``: what it was made from (the title says)."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     labels = labels or {}

@@ -54,7 +54,7 @@ def attention_vs_contribution(
         masked: ``[query, key]`` bool, True on the cells no query sees (a decoder's keys
             after the query: :func:`causal_mask`), drawn grey, apart from zeros; None: none.
     """
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     n = len(heads)

@@ -30,7 +30,7 @@ def sink_share_by_position(curves, model_label: str = "", n_tokens: int | None =
         model_label: shown in the title; ``n_tokens``: the text's length, shown too.
         interval: what ``low``-``high`` is, for the legend.
     """
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     missing = {"key_set", "keys", "metric", "group", "layers", "position", "mean", "low", "high"} - set(curves)

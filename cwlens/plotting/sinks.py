@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cwlens.plotting.export import save_figure
+
 SINK, TAIL, CONTROL = "#d62728", "#1f77b4", "#7f7f7f"
 FONT = dict(size=13)
 
@@ -22,7 +24,7 @@ def _layout(fig, title, width=1200, height=520):
 def sink_rate_vs_contribution(layers, heads, eps=0.3, model_label=""):
     """Left: per layer, the sink's attention vs its share of the layer output. Right: per
     head, sink rate vs the sink's intra-head contribution (y = x dashed)."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     fig = make_subplots(cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1, subplot_titles=(
@@ -57,7 +59,7 @@ def sink_rate_vs_contribution(layers, heads, eps=0.3, model_label=""):
 def factor_split(layers, model_label=""):
     """Per layer: attention, relative norm, cosine and contribution of the sink token vs
     the mean tail token (intra-head, mean over heads and texts)."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     names = {"attention": "attention α", "relative_norm": "relative norm ‖ṽ‖/‖o‖",
@@ -82,7 +84,7 @@ def factor_split(layers, model_label=""):
 def cosine_distributions(hist, model_label=""):
     """Per layer, the distribution of three cosines with the sink's projected value
     (heatmaps of the fraction of values per bin; x is signed, 0 marked)."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     titles = {"value": "cos(ṽ_sink, ṽ_j), tail tokens j",
@@ -114,7 +116,7 @@ def sweep_figure(curves, sweep, heads, n_heads=6, model_label=""):
     """Left: the layer output's mean norm vs a common sink rate s (log2 of the ratio to the
     clean norm, centred at 0), with each layer's median s* and actual rate. Right: the
     curves of the most sink-heavy heads with s* (x) and the actual rate (o)."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     fig = make_subplots(cols=2, horizontal_spacing=0.12, subplot_titles=(
@@ -164,7 +166,7 @@ def intervention_figure(ppl_summary, norm, model_label=""):
     """Left: ΔPPL vs the scale of the sink's value (all layers) and the random control.
     Middle: per layer, the change of the cone cosine of low-norm head outputs (after -
     clean; > 0 = pulled into the tail's cone). Right: the change of their norm."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     fig = make_subplots(cols=3, horizontal_spacing=0.08, subplot_titles=(
@@ -210,7 +212,7 @@ def observed_figure(bins_by_layer, head_fits, model_label=""):
     sink-rate bin, one line per layer (heads pooled). Right: per head, the shape read from
     its binned means (:mod:`cwlens.sinks.observed_shape`: interior only with a resolved
     fall and a resolved rise)."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     fig = make_subplots(cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12, subplot_titles=(
@@ -245,8 +247,6 @@ def observed_figure(bins_by_layer, head_fits, model_label=""):
 
 def all_figures(tables, out_dir="figures", model_label="", png=True) -> list[Path]:
     """Write every sink figure that the tables allow; returns the paths."""
-    from cwlens.plotting.export import save_figure
-
     out = Path(out_dir)
     written = []
     figs = {
@@ -258,6 +258,7 @@ def all_figures(tables, out_dir="figures", model_label="", png=True) -> list[Pat
                                             model_label=model_label),
     }
     if "observed" in tables and "observed_heads" in tables:
+        # here, not at the top: cwlens.sinks.observed imports pandas
         from cwlens.sinks.observed import bin_summary
 
         figs["sinks_observed"] = lambda: observed_figure(

@@ -17,7 +17,7 @@ def token_flow_figure(flow, target: int = -1, threshold: float = 0.02, title: st
     """Draw a :class:`cwlens.circuits.TokenFlow` for one target position. ``source``
     (e.g. ``"smollm2-135m, ioi prompt 0 of 8"``) starts the default title: what the
     graph was made from."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
 
     n_pos = flow.layer_flows.shape[-1]
     t = target % n_pos

@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from cwlens.core.bootstrap import FLAG, flag_note
+from cwlens.core.bootstrap import FLAG, flag_note, holm, paired_bootstrap, paired_frame_difference
+from cwlens.core.metrics import HIERARCHY, REGISTRY, legend
 from cwlens.faithfulness import aopc as A
+from cwlens.faithfulness import read_results
+from cwlens.plotting.export import save_figure
+from cwlens.plotting.faithfulness import aopc_curves, per_layer_curves
 from cwlens.replication import plan
 from cwlens.sinks.summary import read_summary
 
@@ -59,8 +63,6 @@ class ModelResults:
 
 def load(out, name: str, n_boot: int = 2000) -> ModelResults:
     """Read ``<out>/<name>`` (see :mod:`cwlens.replication.plan` for the layout)."""
-    from cwlens.faithfulness import read_results
-
     folder = plan.model_dir(out, name)
     enc_path = folder / plan.ENCODER_FAITHFULNESS
     encoder = enc_path.exists()
@@ -132,8 +134,6 @@ def _delta(res: ModelResults, metric: str, param: str = "removed", first_masked:
 
 def _ranking(res: ModelResults) -> str:
     """The label-free metrics (random excluded) from most to least faithful by mean AOPC."""
-    from cwlens.core.metrics import REGISTRY
-
     if res.aopc is None:
         return NA + " (not run)"
     free = [m for m in REGISTRY if not REGISTRY[m].supervised and m != "random"]
@@ -230,8 +230,6 @@ def _intervention(res: ModelResults) -> str:
     sink, rnd = s["ppl"].get("sink@0"), s["ppl"].get("random@0")
     text = f"ΔPPL sink value zeroed {sink[1]:+.2f} vs random position {rnd[1]:+.2f}"
     if res.sink_ppl is not None:
-        from cwlens.core.bootstrap import paired_bootstrap
-
         p = res.sink_ppl[res.sink_ppl["scale"] == 0.0].assign(
             nll=lambda f: f["nll_sum"] / f["n_tokens"]).pivot(index="sample", columns="target",
                                                                values="nll")
@@ -269,8 +267,6 @@ def _layer_wins(comp: pd.DataFrame, a: str, b: str) -> tuple[int, int, int]:
 def _layer_comparison(comp: pd.DataFrame, a: str, b: str) -> tuple[int, int, int, int]:
     """:func:`_layer_wins` and the number of layers whose differences lie outside the
     bootstrap-t's validity range (:func:`cwlens.core.bootstrap.outside_validity`)."""
-    from cwlens.core.bootstrap import holm, paired_frame_difference
-
     layers = sorted(set(comp["layers"]), key=int)
     tests = {ly: paired_frame_difference(comp[comp["layers"] == ly].rename(columns={"damage": "value"}),
                                          "metric", a, b) for ly in layers}
@@ -358,7 +354,6 @@ def claims_table(results: list[ModelResults]) -> str:
         lines.append(f"| {claim} | {paper} | " + " | ".join(cells) + " |")
     if any(FLAG in line for line in lines):
         lines += ["", flag_note()]
-    from cwlens.core.metrics import HIERARCHY, legend
 
     lines += ["", legend(HIERARCHY) + " |c| = the magnitude of contrib. Hierarchy rows: the "
               "paper's order, least to most faithful."]
@@ -385,9 +380,6 @@ def aopc_tables(results: list[ModelResults]) -> str:
 def write_figures(results: list[ModelResults], folder, png: bool = True) -> list[Path]:
     """``replicate_aopc_<model>.html/.png``: each model's perturbation curves, and
     ``replicate_per_layer_<model>`` where a per-layer run exists."""
-    from cwlens.plotting.export import save_figure
-    from cwlens.plotting.faithfulness import aopc_curves, per_layer_curves
-
     written: list[Path] = []
     for r in results:
         if r.curves is None:

@@ -9,10 +9,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from cwlens.datasets import load_dataset
 from cwlens.engine.handle import wrap
+from cwlens.engine.models.registry import model_label
+from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
+from cwlens.faithfulness.encoder import BATCH_SIZE, embedding_damage, sentences
+from cwlens.faithfulness.ranking import MODES
 from cwlens.faithfulness.rows_job import RowsJob
 from cwlens.replication import plan
 from cwlens.replication.plan import ReplicationConfig
+from cwlens.runs.jobs import JobSpec, run_job
+from cwlens.runs.results_io import atomic_write_text
 
 Log = Callable[[str], None]
 
@@ -58,8 +65,6 @@ def batch_tokens(model, cfg: ReplicationConfig) -> int:
 
 
 def faithfulness_config(cfg: ReplicationConfig, model=None, **changes):
-    from cwlens.faithfulness import FaithfulnessConfig
-
     base = dict(metrics=cfg.decoder_metrics, rates=cfg.rates, max_tokens=cfg.max_tokens,
                 batch_tokens=cfg.batch_tokens if model is None else batch_tokens(model, cfg),
                 seed=cfg.seed)
@@ -70,8 +75,6 @@ def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: L
                          mask_first_token: bool = True):
     """Value masking on FineWeb-Edu at every rate, every metric, both modes (ΔPPL, NLL);
     ``mask_first_token=False``: the second view, the first token never masked."""
-    from cwlens.faithfulness import run_faithfulness
-
     fc = faithfulness_config(cfg, model, mask_first_token=mask_first_token)
     log(f"[{name}] faithfulness{'' if mask_first_token else ' (first token never masked)'}: "
         f"{cfg.samples} FineWeb-Edu documents x {len(fc.metrics)} metrics x {len(cfg.rates)} "
@@ -84,8 +87,6 @@ def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: L
 
 def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool):
     """The same test masking one layer at a time (one rate, a few metrics)."""
-    from cwlens.faithfulness import run_faithfulness
-
     fc = faithfulness_config(cfg, model, metrics=plan.PER_LAYER_METRICS, rates=(cfg.per_layer_rate,),
                              per_layer=True)
     log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {wrap(model).n_layers} "
@@ -101,10 +102,6 @@ def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: L
     (``measure = "embedding_damage"``, ``tied_share``, ``first_token_share``) one sample at
     a time; batches are fixed by the sentence order, so a resumed run computes the numbers
     of an uninterrupted one (a :class:`~cwlens.runs.jobs.Job`: :class:`EncoderDamageJob`)."""
-    from cwlens.faithfulness.encoder import BATCH_SIZE, sentences
-    from cwlens.faithfulness.ranking import MODES
-    from cwlens.runs.jobs import JobSpec, run_job
-
     texts = sentences("fineweb_edu", cfg.sentences)
     metrics, rates = cfg.encoder_metrics, cfg.rates
     config = {"model": name, "dataset": "fineweb_edu_sentences", "metrics": list(metrics),
@@ -125,9 +122,6 @@ class EncoderDamageJob(RowsJob):
     MEASURES = ("embedding_damage", "tied_share", "first_token_share")
 
     def __init__(self, model, name, texts, cfg: ReplicationConfig, spec, path, mask_first_token):
-        from cwlens.faithfulness.encoder import BATCH_SIZE
-        from cwlens.faithfulness.ranking import MODES
-
         self.model, self.cfg, self.mask_first_token = model, cfg, mask_first_token
         self.chunks = [texts[s : s + BATCH_SIZE] for s in range(0, len(texts), BATCH_SIZE)]
         self.columns = {"model": name, "dataset": "fineweb_edu_sentences", "scope": "row",
@@ -140,8 +134,6 @@ class EncoderDamageJob(RowsJob):
         return [c for c in self.chunks if any(i not in self.writer.done for i, _ in c)]
 
     def do(self, chunk):
-        from cwlens.faithfulness.encoder import embedding_damage
-
         rows = embedding_damage(self.model, chunk, self.cfg.encoder_metrics, self.cfg.rates,
                                 seed=self.cfg.seed, mask_first_token=self.mask_first_token)
         written = 0
@@ -159,8 +151,7 @@ class EncoderDamageJob(RowsJob):
 
 def sinks(model, name, folder: Path, cfg: ReplicationConfig, log: Log, progress: bool):
     """The sink analysis on GSM8K texts; the sink-norm intervention on decoders only."""
-    from cwlens.datasets import load_dataset
-    from cwlens.engine.models.registry import model_label
+    # here, not at the top: cwlens.sinks.run imports pandas
     from cwlens.sinks import run as sink_run
 
     intervention = not wrap(model).is_encoder
@@ -180,8 +171,7 @@ def token_classes(model, path: Path, cfg: ReplicationConfig, log: Log):
     """Attention vs norm-weighted share of [CLS]/BOS, [SEP]/EOS, punctuation, other tokens."""
     if path.exists():
         return
-    from cwlens.faithfulness.encoder import sentences
-    from cwlens.runs.results_io import atomic_write_text
+    # here, not at the top: cwlens.sinks.token_classes imports pandas
     from cwlens.sinks import token_classes as tc
 
     log(f"[token classes] {cfg.sentences} FineWeb-Edu sentences -> {path}")

@@ -16,11 +16,13 @@ from typing import Any
 
 import torch
 
-from cwlens.core.geometry import AttentionGeometry
+from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.numerics import worst
 from cwlens.engine import reducers, validation
+from cwlens.engine.batching import fit_context
 from cwlens.engine.handle import wrap
 from cwlens.engine.streaming import pass_options, stream_reduce
+from cwlens.errors import InvalidArgumentError
 from cwlens.graphs.build import GraphEdges, assemble
 from cwlens.report.printed import entry_list, listed_entries, token_at
 from cwlens.runs.progress import tick
@@ -237,7 +239,6 @@ def analyze_text(
     validation.text(text)
     if max_tokens is not None:
         validation.max_tokens(max_tokens)
-    from cwlens.engine.batching import fit_context
 
     handle = wrap(model)
     full = handle.to_tokens(text, truncate=False)
@@ -245,8 +246,6 @@ def analyze_text(
     n = tokens.shape[1]
     str_tokens = [str(t) for t in handle.to_str_tokens(tokens[0])]
     if n == 1 and full.shape[1] > 1:
-        from cwlens.errors import InvalidArgumentError
-
         raise InvalidArgumentError(
             f"max_tokens={max_tokens} keeps one token ({str_tokens[0]!r}) of the text's "
             f"{full.shape[1]}: one query that sees only itself has every weight 1, and "
@@ -257,7 +256,6 @@ def analyze_text(
         win = (max(0, n - window), n)
     else:
         win = (max(0, int(window[0])), min(n, int(window[1])))
-    from cwlens.core.geometry import check_kind
 
     check_kind(head_kind)
     report = _ReportReducer(n, win, check_intra, head_kind)

@@ -11,6 +11,8 @@ page :meth:`CircuitsVisView.save` writes, which opens from disk with no network.
 import html
 from pathlib import Path
 
+from cwlens.errors import CwlensError, InvalidArgumentError
+
 
 class CircuitsVisView:
     """One rendered CircuitsVis widget, its JavaScript inlined (no CDN, no network).
@@ -46,8 +48,6 @@ class CircuitsVisView:
     def save(self, path: str | Path) -> Path:
         """Write :meth:`to_html` to ``path`` (a ``.html`` file; parent folders are made);
         returns the path. Open it with a browser, e.g. ``file:///.../view.html``."""
-        from cwlens.errors import InvalidArgumentError
-
         path = Path(path)
         if path.is_dir():
             raise InvalidArgumentError(f"path={str(path)!r} is a folder; pass the path of the "
@@ -61,8 +61,6 @@ def offline_view(rendered, title: str) -> CircuitsVisView:
     """The inlined form of a ``circuitsvis`` ``RenderedHTML`` (its ``local_src``)."""
     fragment = getattr(rendered, "local_src", None)
     if not isinstance(fragment, str) or "CircuitsVis" not in fragment:
-        from cwlens.errors import CwlensError
-
         raise CwlensError(
             f"this circuitsvis ({type(rendered).__name__}) did not return an inlined rendering "
             "(RenderedHTML.local_src): install circuitsvis>=1.43 (pip install cwlens[viz]).")

@@ -6,6 +6,7 @@ below) to ``runs/demo/`` (``out_dir``; ``cwlens figures --only demo`` redraws th
 README's copy in ``figures/``).
 """
 
+import re
 from pathlib import Path
 
 import torch
@@ -13,6 +14,8 @@ import torch
 import cwlens
 from cwlens.core.numerics import worst
 from cwlens.datasets import load_dataset
+from cwlens.plotting import attention_vs_contribution, save_figure
+from cwlens.plotting.heatmaps import causal_mask
 from cwlens.report.analysis import analyze_text
 from cwlens.report.printed import entry_list, plain, row_top, signed, token_at
 
@@ -102,8 +105,6 @@ def run_demo(
             dict(name=f"L{layer}H{head}", attention=a.numpy(), contribution=c.numpy(),
                  relative_norm=rel.numpy(), cosine=cos.numpy())
         )
-    from cwlens.plotting import attention_vs_contribution, save_figure
-    from cwlens.plotting.heatmaps import causal_mask
 
     fig = attention_vs_contribution(
         fig_heads, str_tokens,
@@ -125,8 +126,6 @@ def readme_excerpt(printed: str) -> str:
     checks line, the first head's line, its factor-split header and sink row, and a
     sentence read off that row (``scripts/demo_excerpt.py`` prints it: it goes into the
     README between :data:`EXCERPT_START` and :data:`EXCERPT_END`; a test compares the two)."""
-    import re
-
     lines = printed.splitlines()
     checks = next(line for line in lines if line.startswith("checks:"))
     at = next(i for i, line in enumerate(lines) if re.match(r"L\d+H\d+  sink rate", line))

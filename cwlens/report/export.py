@@ -19,6 +19,7 @@ weights) in ``circuitsvis.attention.attention_heads`` (``pip install circuitsvis
 widget's JavaScript inlined so that it works offline (:mod:`cwlens.report.circuitsvis`).
 """
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +28,19 @@ import torch
 
 from cwlens.engine import batching, reducers, validation
 from cwlens.engine.handle import wrap
-from cwlens.errors import CwlensError, InvalidArgumentError
+from cwlens.engine.streaming import check_metric, stream_reduce
+from cwlens.errors import (
+    CwlensError,
+    EmptyInputError,
+    InvalidArgumentError,
+    LayerOutOfRangeError,
+    ShapeMismatchError,
+    UnknownOptionError,
+)
+from cwlens.report.circuitsvis import offline_view
+from cwlens.runs.paths import output_dir
+from cwlens.runs.progress import tick
+from cwlens.runs.results_io import atomic_write
 
 TABLES = ("topk", "column_sums", "token_level", "heads")
 
@@ -120,8 +133,6 @@ def reduction_tables(result, str_tokens: Sequence[str], model: str = "model",
 
 
 def _check_one_text(result, n_tokens: int) -> None:
-    from cwlens.errors import InvalidArgumentError, ShapeMismatchError
-
     values = getattr(result, "results", None)
     if not isinstance(values, dict):
         raise InvalidArgumentError(f"result must be a StreamResult from cwlens.stream_reduce; got "
@@ -172,9 +183,6 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
 
     ``reduce``: the options of :func:`default_reducers` (``metrics``, ``k``,
     ``token_layers``)."""
-    from cwlens.engine.streaming import stream_reduce
-    from cwlens.runs.progress import tick
-
     texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
     batching.check_past_context(model, past_context)
 
@@ -192,7 +200,6 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
         tick()  # progress: one text (cwlens.runs.progress)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    from cwlens.runs.results_io import atomic_write
 
     paths = {}
     for name, frames in tables.items():
@@ -212,16 +219,6 @@ def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict
     """Every argument of :func:`export_texts`, before any model work: ``(texts, ids,
     reduce)`` (``reduce`` with every option of :func:`default_reducers`, negative
     ``token_layers`` counted from the end)."""
-    from cwlens.engine.streaming import check_metric
-    from cwlens.errors import (
-        EmptyInputError,
-        InvalidArgumentError,
-        LayerOutOfRangeError,
-        ShapeMismatchError,
-        UnknownOptionError,
-    )
-    from cwlens.runs.paths import output_dir
-
     if fmt not in ("parquet", "csv"):
         raise UnknownOptionError(f"fmt must be 'parquet' or 'csv'; got {fmt!r}.")
     if isinstance(texts, str) or not isinstance(texts, Sequence):
@@ -357,8 +354,6 @@ def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: 
     contribution weights as they are, which the widget draws with negative cells clipped;
     ``signed=False`` shows ``|c|``. ``str_tokens``: one string per query (a bare string is
     refused: it would be read character by character)."""
-    from cwlens.errors import InvalidArgumentError, ShapeMismatchError
-
     if not isinstance(weights, torch.Tensor):
         raise InvalidArgumentError(f"weights must be a [head, query, key] tensor; got "
                                    f"{type(weights).__name__}.")
@@ -375,16 +370,12 @@ def circuitsvis_heads(weights: torch.Tensor, str_tokens: Sequence[str], signed: 
         raise ShapeMismatchError(f"weights are {tuple(weights.shape)} but str_tokens has "
                                  f"{len(str_tokens)} tokens: pass the tokens of those queries and keys.")
     _require("circuitsvis", "The CircuitsVis view", "pip install circuitsvis")
-    from circuitsvis.attention import attention_heads
-
-    from cwlens.report.circuitsvis import offline_view
+    from circuitsvis.attention import attention_heads  # optional: circuitsvis (the viz extra)
 
     rendered = attention_heads(attention=w if signed else w.abs(), tokens=[str(t) for t in str_tokens])
     return offline_view(rendered, str(title) if title is not None else KIND_TITLES[weights_kind(w)])
 
 
 def _require(module: str, what: str, fix: str) -> None:
-    import importlib.util
-
     if importlib.util.find_spec(module) is None:
         raise CwlensError(f"{what} needs the optional package {module!r}: {fix}.")

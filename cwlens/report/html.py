@@ -42,7 +42,7 @@ def _slider_figure(pairs, labels, title, step_names, contribution_name, masked=N
     Each step's contribution colour scale spans its own ``±max|c|`` (shown in the step's
     name and its colour bar); the buttons switch every step to one shared range and back.
     ``masked``: ``[query, key]`` bool, drawn grey (NaN) in both heatmaps."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("attention", contribution_name),
@@ -88,7 +88,7 @@ def _slider_figure(pairs, labels, title, step_names, contribution_name, masked=N
 
 
 def _sink_figure(a: TextAnalysis):
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # heavy: plotly, imported on use
 
     layers = list(range(a.n_layers))
     att_sink = a.sink_attention.numpy()
@@ -125,7 +125,7 @@ FIXED_BYTES = 500_000  # tables and page, beside plotly.js and the heatmaps
 
 
 def _plotly_js_bytes() -> int:
-    from plotly.offline import get_plotlyjs
+    from plotly.offline import get_plotlyjs  # heavy: plotly, imported on use
 
     return len(get_plotlyjs().encode("utf-8"))
 

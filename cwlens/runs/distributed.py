@@ -32,11 +32,16 @@ rank on its node) gets GPUs ``r*k .. r*k+k-1``, so a node with ``G`` GPUs runs
 import datetime
 import os
 import pickle
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
+import torch.distributed as dist
+
+from cwlens.core.env import number
 from cwlens.engine.device_map import (  # re-exported: the CLI and users import them here
     DEVICE_MAP_STRATEGIES as DEVICE_MAP_STRATEGIES,
 )
@@ -50,6 +55,7 @@ from cwlens.engine.device_map import (
     parse_device_map as parse_device_map,
 )
 from cwlens.errors import CwlensError
+from cwlens.runs.progress import new_bar
 
 T = TypeVar("T")
 
@@ -90,10 +96,6 @@ def launched() -> World | None:
 
 def is_distributed() -> bool:
     """A process group of more than one process is initialised (:func:`session`)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover - torch built without distributed
-        return False
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -101,7 +103,6 @@ def world() -> World:
     """This process's :class:`World` (``World()`` outside a distributed job)."""
     if not is_distributed():
         return World()
-    import torch.distributed as dist
 
     env = launched() or World()
     return World(dist.get_rank(), dist.get_world_size(), env.local_rank, env.local_size)
@@ -124,8 +125,6 @@ TIMEOUT_VAR = "CWLENS_DIST_TIMEOUT_S"
 
 def _timeout() -> datetime.timedelta:
     """``CWLENS_DIST_TIMEOUT_S`` (default 7200): a finite number of seconds above 0."""
-    from cwlens.core.env import number
-
     return datetime.timedelta(seconds=number(TIMEOUT_VAR, 7200.0, error=DistributedError))
 
 
@@ -162,7 +161,6 @@ def session():
     if env is None or env.size <= 1 or is_distributed():
         yield world()
         return
-    import torch.distributed as dist
 
     check_environment()
     timeout = _timeout()
@@ -192,8 +190,6 @@ def shard(items: Sequence[T]) -> list[T]:
 def barrier() -> None:
     """Wait for every rank (no-op outside a distributed job)."""
     if is_distributed():
-        import torch.distributed as dist
-
         dist.barrier()
 
 
@@ -201,7 +197,6 @@ def gather(obj: Any) -> list:
     """Every rank's ``obj``, in rank order, on every rank (``[obj]`` outside a job)."""
     if not is_distributed():
         return [obj]
-    import torch.distributed as dist
 
     out: list = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
@@ -221,7 +216,6 @@ def on_main(fn: Callable[[], T]) -> T:
     rank raises the same error (so the whole job fails at once, with rank 0's message)."""
     if not is_distributed():
         return fn()
-    import torch.distributed as dist
 
     payload: list = [None]
     error = None
@@ -299,8 +293,6 @@ def placement(device: str | None = None, n_devices: int | None = None,
             than visible, a fixed device or an explicit device map shared by every rank.
     """
     if cuda_count is None:
-        import torch
-
         cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     env = launched() if env is None else env
     check_device_map(device_map, cuda_count)
@@ -365,8 +357,6 @@ def placement(device: str | None = None, n_devices: int | None = None,
 
 def _free_memory(gpu: int) -> int:
     """Bytes HF's dispatcher may use on ``gpu`` (free memory, less 10% headroom)."""
-    import torch
-
     free, _ = torch.cuda.mem_get_info(gpu)
     return int(free * 0.9)
 
@@ -387,15 +377,11 @@ class JobProgress:
 
     def __init__(self, total: int, initial: int, desc: str, unit: str, enabled: bool = True,
                  count: Callable[[], int] | None = None, interval: float = 1.0):
-        import threading
-
         self.bar = None
         self.count = count if is_distributed() else None
         self._stop = threading.Event()
         self._thread = None
         if enabled and world().main:
-            from cwlens.runs.progress import new_bar
-
             self.bar = new_bar(total, desc, unit, initial=initial)  # None: not drawn here
             if self.bar is not None and self.count is not None:
                 self._thread = threading.Thread(target=self._poll, args=(interval,), daemon=True)

@@ -29,6 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cwlens.runs import distributed
+from cwlens.runs.progress import ticking
+from cwlens.runs.results_io import results_lock
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -95,9 +99,6 @@ class Job(ABC):
 def run_job(job: Job) -> Any:
     """Run ``job`` through plan -> lock -> agree -> resume -> shard -> progress -> merge
     (see the module docstring); return :meth:`Job.merge`."""
-    from cwlens.runs import distributed
-    from cwlens.runs.results_io import results_lock
-
     spec = job.spec
     if spec.folder is None:
         job.open(False, None)
@@ -124,9 +125,6 @@ def run_job(job: Job) -> Any:
 
 
 def _work(job: Job) -> None:
-    from cwlens.runs import distributed
-    from cwlens.runs.progress import ticking
-
     spec = job.spec
     todo = job.todo()
     with distributed.JobProgress(job.total(), job.initial(), spec.desc, spec.unit,

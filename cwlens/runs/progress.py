@@ -19,6 +19,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from tqdm.auto import tqdm
+
+from cwlens.core.env import flag
+
 ENV = "CWLENS_PROGRESS"  # a switch of cwlens.core.env: 1/true/yes/on, 0/false/no/off
 #: tqdm's redraw limits: at most every 0.1 s (tests set 0 and 1 to see every count)
 MIN_INTERVAL: float = 0.1
@@ -38,8 +42,6 @@ def shown(enabled: bool = True) -> bool:
     """Whether a bar is drawn: ``enabled``, and ``CWLENS_PROGRESS`` (``1`` / ``0``) or,
     when it is unset, stderr being a terminal or a notebook. Another value of
     ``CWLENS_PROGRESS`` is refused (:func:`cwlens.core.env.flag`)."""
-    from cwlens.core.env import flag
-
     wanted = flag(ENV)  # refuses a value it does not take, even with enabled=False
     if not enabled:
         return False
@@ -56,7 +58,6 @@ def new_bar(total: float | None, desc: str, unit: str, *, initial: float = 0,
     """A tqdm bar on stderr, or None when :func:`shown` says no bar is drawn."""
     if not shown(enabled):
         return None
-    from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr,
                 dynamic_ncols=True, smoothing=0.1, mininterval=MIN_INTERVAL, miniters=MIN_ITERS)

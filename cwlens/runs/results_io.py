@@ -34,11 +34,12 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from cwlens.core.env import number
 from cwlens.errors import CwlensError
+from cwlens.runs import distributed
 
 LOCK_NAME = ".cwlens.lock"
 TEMP_PREFIX = ".cwlens-tmp-"
@@ -90,7 +91,6 @@ def results_lock(folder, what: str | None = None):
         finally:
             _held[key][1] -= 1
         return
-    from cwlens.runs import distributed
 
     if distributed.is_distributed():
         with _job_lock(folder, key, what):
@@ -112,7 +112,7 @@ def _process_lock(folder: Path, key: str, what: str | None, job: dict | None = N
         yield None  # a read-only folder: nobody can write results there, so nothing to guard
         return
     try:
-        import fcntl
+        import fcntl  # optional: fcntl is POSIX-only
 
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except ImportError:  # no flock (Windows): run unlocked rather than refuse
@@ -143,10 +143,6 @@ def _process_lock(folder: Path, key: str, what: str | None, job: dict | None = N
 @contextmanager
 def _job_lock(folder: Path, key: str, what: str | None):
     """:func:`results_lock` for every rank of a torchrun job (rank 0 holds the flock)."""
-    from contextlib import ExitStack
-
-    from cwlens.runs import distributed
-
     w = distributed.world()
     with ExitStack() as stack:
         def acquire():

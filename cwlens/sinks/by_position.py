@@ -92,7 +92,7 @@ def position_curves(results: Mapping[str, KeySetResult], n_layers: int, metrics:
     offsets, e.g. ``"0 1 2 3"``), ``metric``, ``group`` and ``layers`` (``"0-9"``).
     Groups are the thirds of ``n_layers`` (:func:`layer_groups`); a layer not streamed
     leaves its group's mean over the layers that were."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     rows = []
     for name, res in results.items():
@@ -116,7 +116,7 @@ def per_layer_means(results: Mapping[str, KeySetResult], metrics: Sequence[str] 
                     from_position: int = 1):
     """One row per key set, metric and layer: the mean token-level weight over the real
     queries at positions ``p >= from_position`` (``p = i + 1``)."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     rows = []
     for name, res in results.items():
@@ -135,7 +135,7 @@ def range_means(curves, start: int = 16, factor: int = 4):
     the queries of the bins whose first position lies in ``[start, start * factor)``,
     ``[start * factor, start * factor**2)``, ... (columns named ``"16-63"``, ...): the bin
     means weighted by their query counts, so each cell is the plain mean over its queries."""
-    import pandas as pd
+    import pandas as pd  # heavy: pandas, imported on use
 
     if start < 1 or factor < 2:
         raise InvalidArgumentError(f"range_means needs start >= 1 and factor >= 2; got {start}, {factor}.")

@@ -6,19 +6,19 @@ configuration record (:meth:`SinkConfig.record`) is derived from it, and
 fields as keywords.
 """
 
+import math
 import numbers
 from dataclasses import asdict, dataclass, fields, replace
 
 from cwlens.engine import validation
 from cwlens.errors import InvalidArgumentError
+from cwlens.sinks.norm_intervention import check_scales
 
 EPS_GU = 0.3  # Gu et al.'s sink threshold: a sink head's mean sink rate exceeds it
 
 
 def check_eps(eps) -> None:
     """The sink-head threshold: a finite number in [0, 1] (not a bool)."""
-    import math
-
     if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) \
             or not 0 <= eps <= 1:
         raise InvalidArgumentError(f"eps is a threshold on a mean sink rate, in [0, 1]; got {eps!r}.")
@@ -52,8 +52,6 @@ class SinkConfig:
     past_context: bool = False
 
     def __post_init__(self):
-        from cwlens.sinks.norm_intervention import check_scales
-
         check_scales(self.scales)
         object.__setattr__(self, "scales", tuple(self.scales))
         check_eps(self.eps)

@@ -20,6 +20,7 @@ Measured against the clean run:
   clean head-output norms in the sample (its own heads and queries: not its batch's).
 """
 
+import math
 import zlib
 
 import pandas as pd
@@ -31,9 +32,10 @@ from cwlens.core.sinks import (
     query_after_sink,
     random_non_sink_index,
 )
-from cwlens.engine import adapter, lm
+from cwlens.engine import adapter, lm, validation
 from cwlens.engine.interventions.sinks import applied, sink_value_hooks
 from cwlens.engine.streaming import stream_geometry
+from cwlens.errors import InvalidArgumentError, NonFiniteError
 from cwlens.runs.progress import tick
 
 LOW_NORM_QUANTILE = 0.25  # heads below this quantile of their layer's clean output norm are low-norm
@@ -54,8 +56,6 @@ def nll_per_row(logits: "lm.LMOutput", tokens: torch.Tensor, attention_mask=None
     total = nll.sum(-1)
     bad = ~torch.isfinite(total)
     if bool(bad.any()):  # a NaN would read as PPL 1.0 once pandas sums the table
-        from cwlens.errors import NonFiniteError
-
         raise NonFiniteError(
             f"The next-token NLL of row {int(bad.nonzero()[0])} is {float(total[bad][0])}: the "
             "logits hold NaN or inf (fp16 overflow, or a weight that is not finite: find it "
@@ -136,9 +136,6 @@ def sink_norm_intervention(
 
 def _check_inputs(model, tokens, attention_mask, scales) -> None:
     """Token ids (a text has no batch to intervene on), finite scales, each once."""
-    from cwlens.engine import validation
-    from cwlens.errors import InvalidArgumentError
-
     if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2:
         raise InvalidArgumentError(
             f"tokens must be a [batch, pos] tensor of token ids (model.to_tokens(texts), or "
@@ -150,10 +147,6 @@ def _check_inputs(model, tokens, attention_mask, scales) -> None:
 def check_scales(scales) -> None:
     """A non-empty list of finite numbers, each once (a string would be split into
     characters, a bare number has no order)."""
-    import math
-
-    from cwlens.errors import InvalidArgumentError
-
     values = list(scales) if hasattr(scales, "__iter__") and not isinstance(scales, str) else None
     if not values or not all(isinstance(x, int | float) and not isinstance(x, bool)
                              and math.isfinite(x) for x in values):
@@ -215,6 +208,4 @@ def _sum_keep_nan(col):
 
 
 def _exp(x: float) -> float:
-    import math
-
     return math.exp(x)

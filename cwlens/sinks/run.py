@@ -11,10 +11,14 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
-from cwlens.engine import validation
+from cwlens.engine import adapter, validation
+from cwlens.engine.batching import context_cap, pad_batch, token_ids
 from cwlens.engine.handle import wrap
+from cwlens.engine.streaming import stream_geometry
+from cwlens.errors import EmptyInputError, InvalidArgumentError
+from cwlens.runs import distributed
 from cwlens.runs.jobs import Job, JobSpec, run_job
-from cwlens.runs.progress import tick
+from cwlens.runs.progress import bar, tick
 from cwlens.sinks import alignment, norm_intervention, observed, statistics, sweep
 from cwlens.sinks.config import SinkConfig
 from cwlens.sinks.store import (
@@ -57,8 +61,6 @@ def batches(model, samples, max_tokens: int | None, batch_size: int,
     """The plan: :class:`SinkBatch` es with texts sorted by token length (texts longer
     than the model's context cut to it with a note, or with ``past_context`` run past it
     on rotary models: docs/inputs.md)."""
-    from cwlens.engine.batching import context_cap, pad_batch, token_ids
-
     rows = [(s.id, token_ids(model, s.text, truncate=False)) for s in samples]
     cap = context_cap(model, max_tokens, [len(r[1]) for r in rows], past_context=past_context)
     rows = [(i, ids[:cap]) for i, ids in rows]
@@ -77,8 +79,6 @@ def analyse_batch(model, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str
 
     One streamed forward pass: each layer's geometry is built once and every analysis reads
     it while the model runs (no cache of every layer's pattern)."""
-    from cwlens.engine.streaming import stream_geometry
-
     ids, tokens, mask = batch
     causal = not wrap(model).is_encoder
     swept = bi < cfg.swept_batches
@@ -108,8 +108,6 @@ def passes_per_batch(cfg: SinkConfig) -> int:
 def _check_model(model, intervention: bool) -> None:
     """Fail before any compute, not at the first intervention."""
     if intervention:
-        from cwlens.engine import adapter
-
         adapter.require_next_token_model(
             model, "The sink-norm intervention",
             "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
@@ -138,8 +136,6 @@ def derive(parts: dict[str, list[pd.DataFrame]], eps: float = statistics.EPS_GU)
 def check_samples(samples) -> list:
     """``samples`` as a list of text samples (``.id`` and ``.text``), each id once: the
     tables are keyed by sample id, so a repeated id kept one text (or broke pandas)."""
-    from cwlens.errors import EmptyInputError, InvalidArgumentError
-
     fix = ("pass text samples: cwlens.datasets.load_dataset(name, n=...), or "
            "TextSample(id, text, dataset) from cwlens.datasets for your own texts")
     if isinstance(samples, str | bytes) or not hasattr(samples, "__iter__"):
@@ -162,9 +158,6 @@ def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool 
     (:func:`run_to_folder` does the same with a resumable store on disk). ``settings``:
     fields of :class:`~cwlens.sinks.config.SinkConfig` (``max_tokens=64``, ...) that
     replace those of ``config``."""
-    from cwlens.errors import EmptyInputError
-    from cwlens.runs.progress import bar
-
     cfg = SinkConfig.of(config, **settings)
     if not samples:
         raise EmptyInputError("No samples to analyse: pass at least one text.")
@@ -221,8 +214,6 @@ class SinkJob(Job):
         return 0  # its forward passes ticked as they ran
 
     def merge(self):
-        from cwlens.runs import distributed
-
         tables = derive(self.store.load(len(self.plan)), self.cfg.eps)
         if distributed.world().main:
             save_tables(tables, self.spec.folder)
@@ -243,8 +234,6 @@ def run_to_folder(model, samples, out_dir, config: SinkConfig | None = None, *, 
     the batch of a one-process run), and after a barrier rank 0 writes the tables; every
     rank returns them (:func:`cwlens.runs.jobs.run_job`). Its progress counts forward
     passes (:func:`passes_per_batch` per batch)."""
-    from cwlens.runs import distributed
-
     cfg = SinkConfig.of(config, **settings)
     _check_model(model, cfg.intervention)
     distributed.require_session()

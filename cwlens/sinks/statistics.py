@@ -29,8 +29,9 @@ import torch
 from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.sinks import first_real_index, key_onehot, query_after_sink
-from cwlens.engine import adapter
+from cwlens.engine import adapter, validation
 from cwlens.engine.handle import wrap
+from cwlens.errors import InvalidArgumentError
 from cwlens.sinks.config import EPS_GU as EPS_GU  # Gu et al.'s sink threshold
 from cwlens.sinks.config import check_eps
 
@@ -40,9 +41,6 @@ FACTORS = ("attention", "relative_norm", "cosine", "contribution")
 def check_sink_options(sink_positions, eps) -> None:
     """``sink_positions``: offsets from the sink, non-negative ints, each once (a position
     past the text was clamped onto its last token); ``eps`` in [0, 1]."""
-    from cwlens.engine import validation
-    from cwlens.errors import InvalidArgumentError
-
     offsets = validation.int_list(sink_positions, "sink_positions")
     if any(x < 0 for x in offsets):
         raise InvalidArgumentError(f"sink_positions are offsets after the sink (0 = the sink "
@@ -86,8 +84,6 @@ def layer_statistics(
     b, h, q, k = geo.pattern.shape
     last = max(sink_positions)
     if bool((sink_index + last >= k).any()):  # it was clamped onto the last token
-        from cwlens.errors import InvalidArgumentError
-
         raise InvalidArgumentError(
             f"sink_positions reach offset {last} after the sink, past the end of a row of {k} "
             "positions: give offsets inside the texts (0 = the sink itself).")
@@ -184,8 +180,6 @@ def _frame(stats: dict[str, torch.Tensor], layer: int, sample_ids) -> pd.DataFra
 
 def _require_stats(stats, columns) -> None:
     """A non-empty table of :func:`sink_statistics` (an empty one raised KeyError 'layer')."""
-    from cwlens.errors import InvalidArgumentError
-
     missing = [c for c in columns if not isinstance(stats, pd.DataFrame) or c not in stats.columns]
     if missing or len(stats) == 0:
         raise InvalidArgumentError(

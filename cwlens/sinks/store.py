@@ -4,6 +4,7 @@ finished batches (:class:`RawStore`), and the tables written with a checksum man
 Every table carries the dataset sample id.
 """
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -182,8 +183,6 @@ class RawStore:
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
-
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 

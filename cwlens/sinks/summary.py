@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from cwlens.core.bootstrap import paired_bootstrap
+from cwlens.errors import InvalidArgumentError
 from cwlens.runs.results_io import atomic_write_text
 from cwlens.sinks import observed, statistics
 from cwlens.sinks.store import SinkResultsError
@@ -75,8 +77,6 @@ def sink_vs_control(ppl: pd.DataFrame) -> dict:
     high, n, sink_worse}}``, the paired bootstrap of the per-token NLL (``nll_sum /
     n_tokens``) of sink minus control (:func:`cwlens.core.bootstrap.paired_bootstrap`, 95%)
     and the texts where the sink's NLL is higher."""
-    from cwlens.core.bootstrap import paired_bootstrap
-
     out = {}
     per = ppl.assign(nll=ppl["nll_sum"] / ppl["n_tokens"].clip(lower=1))
     for scale in sorted(set(per.loc[per.target == "sink", "scale"]) & set(per.loc[per.target == "random", "scale"])):
@@ -124,7 +124,6 @@ def read_summary(out_dir) -> dict:
         if isinstance(x, list):
             return [back(v) for v in x]
         return x
-    from cwlens.errors import InvalidArgumentError
 
     if not isinstance(out_dir, str | PathLike):
         raise InvalidArgumentError(

@@ -46,7 +46,9 @@ import torch
 
 from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind, safe_divide
+from cwlens.engine.batching import context_cap, pad_batch, token_ids
 from cwlens.engine.handle import wrap
+from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 
 CLASSES = ("cls", "sep", "punctuation", "other")
@@ -204,9 +206,6 @@ def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int 
     and of the relative norm and cosine (``||o_i||``: the layer output for ``"inter"``, the
     head's own for ``"intra"``).
     """
-    from cwlens.engine.batching import context_cap, pad_batch, token_ids
-    from cwlens.engine.streaming import stream_geometry
-
     check_kind(kind)
     for name, value in (("max_tokens", max_tokens), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

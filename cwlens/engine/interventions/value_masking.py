@@ -24,10 +24,11 @@ import torch
 
 from cwlens.core._types import Pattern
 from cwlens.core.bitmask import PackedMask
-from cwlens.engine import hook_names
+from cwlens.engine import hook_names, native
 from cwlens.engine.handle import wrap
 from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
 from cwlens.engine.models.blockwise import block_rows, current_block
+from cwlens.engine.streaming import attention_context
 from cwlens.errors import MissingHookError, ShapeMismatchError
 
 HookFn = Callable[..., torch.Tensor]
@@ -78,7 +79,6 @@ def _zero_packed(pattern: Pattern, mask: PackedMask, block) -> Pattern | None:
     float32 CPU pattern, a mask that broadcasts instead of matching the pattern."""
     if pattern.dtype != torch.float32 or pattern.device.type != "cpu":
         return None
-    from cwlens.engine import native
 
     if not native.available():
         return None
@@ -157,8 +157,6 @@ def run_masked(
     ``attention``: ``"eager"``, ``"blockwise"`` (the masks act on each query block's
     probabilities before the value product) or ``"auto"`` (blockwise on long inputs),
     as in :func:`cwlens.stream_geometry`."""
-    from cwlens.engine.streaming import attention_context
-
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
     with torch.no_grad(), value_masking(model, masks, renormalize), \

@@ -48,6 +48,7 @@ from cwlens.engine.models.blockwise_math import (  # noqa: F401
     lazy_mask,
     offer_output,
 )
+from cwlens.engine.pattern_seam import eager_with_pattern_fn, enable_pattern_edits
 from cwlens.errors import BlockwiseHookError, UnsupportedModelError
 
 ATTN_IMPLEMENTATION = "cwlens_blockwise"
@@ -145,6 +146,7 @@ def _position_embeddings_forward(attn, state: "_State"):
                 if has_k_norm:
                     key = attn.hook_k_normed(attn.k_norm(key))
         if position_embeddings is not None:
+            # heavy: transformers, imported on use
             from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
             cos, sin = attn._apply_position_embedding_hooks(position_embeddings)
@@ -218,8 +220,6 @@ def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropo
     """A Hugging Face attention function (delegating bridges: BERT) running :func:`attend`."""
     state = _ACTIVE.get()
     if state is None:  # outside blockwise_attention: plain eager with the pattern seam
-        from cwlens.engine.pattern_seam import eager_with_pattern_fn
-
         return eager_with_pattern_fn(module, query, key, value, attention_mask, scaling, dropout,
                                      pattern_fn, **kwargs)
     if module.training and dropout > 0:
@@ -256,7 +256,7 @@ class _Parent:
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # heavy: transformers, imported on use
     from transformers.masking_utils import AttentionMaskInterface
 
     if ATTN_IMPLEMENTATION not in AttentionInterface._global_mapping:
@@ -277,6 +277,7 @@ def blockwise_attention(model, block: int = DEFAULT_BLOCK, sdpa_block: int | Non
     docstring), and layers that run SDPA (nothing reads their probabilities) in blocks of
     ``sdpa_block`` rows (None: ``block``); the model is restored on exit, also when the
     forward raises."""
+    # heavy: transformer_lens, imported on use
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
     from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import (
         JointQKVAttentionBridge,
@@ -284,8 +285,6 @@ def blockwise_attention(model, block: int = DEFAULT_BLOCK, sdpa_block: int | Non
     from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
         PositionEmbeddingsAttentionBridge,
     )
-
-    from cwlens.engine.pattern_seam import enable_pattern_edits
 
     if not supports_blockwise(model):
         raise UnsupportedModelError(

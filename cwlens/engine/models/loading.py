@@ -7,17 +7,23 @@ stay unfolded, in ``hook_v``, so the heads' outputs keep their b_V term). Transf
 gives a ``HookedTransformer`` loaded without weight processing (same raw geometry).
 """
 
+import contextlib
+import io
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from unittest import mock
 
 import torch
 
 from cwlens.core._types import Generation
+from cwlens.engine.device_map import DEVICE_MAP_STRATEGIES, PlacementError, check_device_map
 from cwlens.engine.handle import wrap
 from cwlens.engine.models.gguf_local import dequantized_dir, packaged_dir
+from cwlens.engine.models.hooked import load_hooked
 from cwlens.engine.models.registry import MODELS, model_names
 from cwlens.engine.pattern_seam import enable_pattern_edits
 from cwlens.errors import (
@@ -155,7 +161,6 @@ def load_model(
     if not isinstance(compatibility_mode, bool):  # "no" would fold LayerNorm
         raise InvalidArgumentError(
             f"compatibility_mode must be True or False; got {compatibility_mode!r}.")
-    from cwlens.engine.device_map import PlacementError, check_device_map
 
     cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     _check_placement_types(n_devices, device_map, max_memory, cuda_count)
@@ -189,10 +194,8 @@ def quiet_loading(quiet: bool = True) -> Iterator[None]:
     if not quiet:
         yield
         return
-    import contextlib
-    import io
 
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy: transformers, imported on use
 
     bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
@@ -228,10 +231,6 @@ def _check_placement_types(n_devices: object, device_map: object, max_memory: ob
     """Refuse a placement argument of the wrong type before anything loads (a string
     n_devices ended in a TypeError, a max_memory without a device map was ignored, a
     device map of the wrong type in an error blaming the model's files)."""
-    import re
-
-    from cwlens.engine.device_map import DEVICE_MAP_STRATEGIES, PlacementError
-
     if n_devices is not None and (isinstance(n_devices, bool) or not isinstance(n_devices, int)):
         raise PlacementError(
             f"n_devices must be a whole number of GPUs (an int >= 1) or None; got "
@@ -276,12 +275,11 @@ def _check_placement_types(n_devices: object, device_map: object, max_memory: ob
 
 def _load(source, hub_id, generation, placed_device, dtype, placement, multi,
           compatibility_mode):
-    from cwlens.engine.device_map import PlacementError
-
     if generation == "auto":
         generation = "bridge" if _has_bridge() else "hooked"
     try:
         if generation == "bridge":
+            # heavy: transformer_lens, imported on use
             from transformer_lens.model_bridge import TransformerBridge
 
             model = TransformerBridge.boot_transformers(source, device=placed_device, dtype=dtype,
@@ -298,7 +296,6 @@ def _load(source, hub_id, generation, placed_device, dtype, placement, multi,
             raise PlacementError(
                 "n_devices / device_map need the TransformerBridge (TransformerLens 4.x); "
                 "the 3.x HookedTransformer loads on one device here.")
-        from cwlens.engine.models.hooked import load_hooked
 
         model = load_hooked(source, hub_id, device=placed_device, dtype=dtype)
         wrap(model)  # the bound handle, made once
@@ -379,8 +376,6 @@ def _has_bridge() -> bool:
 
     3.x releases ship an early bridge too, but their main API is HookedTransformer.
     """
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         major = int(version("transformer-lens").split(".")[0])
     except (PackageNotFoundError, ValueError):

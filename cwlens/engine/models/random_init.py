@@ -36,6 +36,7 @@ def random_model(shape: str, device: str | torch.device = "cpu", dtype: torch.dt
     ``n_layers`` overrides the depth (e.g. 1 to time one layer of a big model)."""
     if shape not in SHAPES:
         raise UnknownOptionError(f"Unknown shape {shape!r}. Known: {', '.join(sorted(SHAPES))}.")
+    # heavy: transformer_lens, transformers, imported on use
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -63,7 +64,7 @@ def random_model(shape: str, device: str | torch.device = "cpu", dtype: torch.dt
 
 def _write_tokenizer(folder: Path, vocab_size: int) -> None:
     """A word-level tokenizer over ``vocab_size`` made-up tokens (random models read ids)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers  # heavy: transformers, imported on use
     from transformers import PreTrainedTokenizerFast
 
     vocab = {f"t{i}": i for i in range(vocab_size)}

@@ -4,6 +4,7 @@ A short name maps to a Hugging Face hub id (for users who are online) and, where
 package ships the weights, to an offline GGUF file.
 """
 
+import re
 from dataclasses import dataclass
 
 
@@ -134,8 +135,6 @@ def describe_models() -> str:
 
 def model_label(name: str) -> str:
     """The model name for titles; offline GGUF models say that they are quantised."""
-    import re
-
     entry = MODELS.get(name)
     if entry is None or entry.offline is None:
         return name

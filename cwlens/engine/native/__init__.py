@@ -30,6 +30,8 @@ from typing import NamedTuple
 
 import torch
 
+from cwlens.core.env import flag
+
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("parallel.c", "row_topk.c", "row_masks.c", "zero_masked.c", "uniforms.c",
                  "block_measures.c"))
@@ -62,8 +64,6 @@ def _cache_dir() -> Path:
 def _wanted() -> bool:
     """``CWLENS_NATIVE``: unset or 1/true/yes/on builds the kernels, 0/false/no/off leaves
     them out (any case); anything else is refused, naming the values it takes."""
-    from cwlens.core.env import flag
-
     return bool(flag("CWLENS_NATIVE", True))  # one rule for every variable (cwlens.core.env)
 
 

@@ -17,7 +17,7 @@ from cwlens.datasets.registry import get_spec
 def _load(name: str, data_file=None):
     """The ``test`` split: the shipped sample, or ``data_file`` (a JSONL with the same
     fields, e.g. ``--metadata '{"data_file": "my_boolq.jsonl"}'``)."""
-    import datasets
+    import datasets  # optional: HF datasets
 
     path = str(data_file) if data_file else str(get_spec(name).path)
     return datasets.load_dataset("json", data_files={"test": path})
