@@ -55,19 +55,24 @@ def source_counts() -> dict:
         text = path.read_text()
         lines += text.count("\n")
         wraps += len(re.findall(r"(?<![\w.])wrap\(", text)) - len(re.findall(r"def wrap\(", text))
-        for node in ast.walk(ast.parse(text)):
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.Import):
-                    for alias in inner.names:
-                        own = alias.name.startswith("cwlens")
-                        inner_own, inner_other = inner_own + own, inner_other + (not own)
-                elif isinstance(inner, ast.ImportFrom):
-                    own = (inner.module or "").startswith("cwlens") or inner.level > 0
+        for inner in _inner_imports(ast.parse(text), False):
+            if isinstance(inner, ast.Import):
+                for alias in inner.names:
+                    own = alias.name.startswith("cwlens")
                     inner_own, inner_other = inner_own + own, inner_other + (not own)
+            else:
+                own = (inner.module or "").startswith("cwlens") or inner.level > 0
+                inner_own, inner_other = inner_own + own, inner_other + (not own)
     return {"wrap_calls": wraps, "inner_imports_own": inner_own,
             "inner_imports_other": inner_other, "lines": lines}
+
+
+def _inner_imports(node, inside: bool):
+    """The import statements under ``node`` that sit inside a function (each once)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Import | ast.ImportFrom) and inside:
+            yield child
+        yield from _inner_imports(child, inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
 
 
 class Walk:
