@@ -174,3 +174,19 @@ def test_a_sweep_resolves_its_layers_once(monkeypatch):
     cfg = FaithfulnessConfig(metrics=("attention", "contribution"), rates=(0.5,), batch_tokens=8)
     run_faithfulness(model, texts, cfg, progress=False)
     assert len(calls) == 1
+
+
+def test_the_faithfulness_walk_does_not_grow():
+    """scripts/model_walk.py's trace of run_faithfulness (docs/architecture.md): the model
+    never climbs back up a layer, the layers are resolved once, and the functions it is handed
+    to do not grow past today's 30 (issue 49's goal is 12)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "model_walk.py"
+    spec = importlib.util.spec_from_file_location("model_walk", path)
+    assert spec is not None and spec.loader is not None
+    walk_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(walk_module)
+    walk = walk_module.faithfulness_walk().summary()
+    assert walk["climbs"] == 0 and walk["layers_resolved"] == 1, walk
+    assert walk["stays"] <= 30, walk
