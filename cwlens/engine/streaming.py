@@ -124,9 +124,8 @@ def use_blockwise(model: TLModel, input, attention: str) -> bool:
 def _length(model: TLModel, input) -> int:
     if isinstance(input, torch.Tensor):
         return int(input.shape[-1])
-    if isinstance(input, str):
-        return int(model.to_tokens(input).shape[-1])
-    return max((int(model.to_tokens(t).shape[-1]) for t in input), default=0)
+    texts = [input] if isinstance(input, str) else input
+    return max((int(model.to_tokens(t).shape[-1]) for t in texts), default=0)
 
 
 def attention_context(model: TLModel, input, attention: str, query_block: int | str | None = "auto"):

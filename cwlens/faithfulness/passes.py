@@ -256,7 +256,8 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
     counts: dict = {}
     plan = BatchPlan(mask, jobs, cfg, keys, stats, gradients, counts)
     t, ranked_before = time.perf_counter(), stats.ranking_seconds
-    windows = {ly: wrap(model).attention_window(ly) for ly in layers}
+    handle = wrap(model)
+    windows = {ly: handle.attention_window(ly) for ly in layers}
     with lm.deferred_logits(model, chunk) as output:
         logits, per_layer = geometry_pass(  # the units' own tokens, layers from the config
             model, tokens, lambda ly, geo: layer_masks(geo, ly, plan, windows[ly]), layers, mask)
