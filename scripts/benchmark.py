@@ -419,11 +419,12 @@ def choice_main(model_name, device, n_items, repeats):
     model = cwlens.load_model(model_name, device=device)
     units = choice_units(model, load_dataset("capitals", n=n_items))
     cfg = FaithfulnessConfig(metrics=("contribution",), rates=(0.5,), modes=("comprehensiveness",))
-    conditions = cfg.conditions(cwlens.wrap(model).n_layers)
+    handle = cwlens.wrap(model)
+    conditions = cfg.conditions(handle.n_layers)
     batch = list(range(len(units)))
     plain = [replace(u, positions=None) for u in units]
-    runs = {"full logits": lambda: batch_outputs(model, plain, batch, cfg, conditions, SweepStats()),
-            "continuations": lambda: batch_outputs(model, units, batch, cfg, conditions, SweepStats())}
+    runs = {"full logits": lambda: batch_outputs(handle, plain, batch, cfg, conditions, SweepStats()),
+            "continuations": lambda: batch_outputs(handle, units, batch, cfg, conditions, SweepStats())}
     med, last = _interleaved_cpu(runs, repeats)
     diff = max(abs(a[k] - b[k]) for key in last["full logits"] for a, b in
                zip(last["full logits"][key], last["continuations"][key], strict=True)

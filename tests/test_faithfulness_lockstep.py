@@ -171,7 +171,7 @@ def test_lockstep_makes_no_whole_layer_tensor(models, monkeypatch):
     spy(adapter, "layer_geometry")
     spy(lockstep._Lockstep, "_geometry")
     cfg = FaithfulnessConfig(metrics=("contribution", "random"), rates=(0.3,), max_tokens=None)
-    assert lockstep.use_lockstep(model, torch.zeros(1, n, dtype=torch.long), cfg, cfg.metrics)
+    assert _use_lockstep(model, torch.zeros(1, n, dtype=torch.long), cfg, cfg.metrics)
     run_faithfulness(model, [LONG], cfg, progress=False)
     assert seen and max(seen) <= 2 * 4 * 8 * n < layer_size / 3  # pattern hook: (1 + 1) copies x 8 rows
     seen.clear()
@@ -180,27 +180,32 @@ def test_lockstep_makes_no_whole_layer_tensor(models, monkeypatch):
     assert max(seen) >= layer_size
 
 
+def _use_lockstep(model, tokens, cfg, job_metrics):
+    """The sweep's rule on one batch: lockstep where "auto" attention runs it blockwise."""
+    return lockstep.use_lockstep(streaming.use_blockwise(model, tokens, "auto"), cfg, job_metrics)
+
+
 def test_auto_rule(models, monkeypatch):
     model = model_of(models, "llama")
     monkeypatch.setattr(streaming, "AUTO_THRESHOLD", 10)
     short, long = torch.zeros(1, 10, dtype=torch.long), torch.zeros(1, 11, dtype=torch.long)
     row = FaithfulnessConfig()
-    assert not lockstep.use_lockstep(model, short, row, row.metrics)
-    assert lockstep.use_lockstep(model, long, row, row.metrics)
+    assert not _use_lockstep(model, short, row, row.metrics)
+    assert _use_lockstep(model, long, row, row.metrics)
     for cfg, metrics in [(FaithfulnessConfig(scope="head"), row.metrics),
                          (FaithfulnessConfig(ranking_path="whole_layer"), row.metrics),
                          (row, ("contribution", "attention_gradient"))]:
-        assert not lockstep.use_lockstep(model, long, cfg, metrics)
-    assert lockstep.use_lockstep(model, short, FaithfulnessConfig(ranking_path="lockstep"), row.metrics)
+        assert not _use_lockstep(model, long, cfg, metrics)
+    assert _use_lockstep(model, short, FaithfulnessConfig(ranking_path="lockstep"), row.metrics)
 
 
 def test_lockstep_refusals(models):
     model = model_of(models, "llama")
     tokens = torch.zeros(1, 5, dtype=torch.long)
     with pytest.raises(InvalidArgumentError, match="scope='row'.*ranking_path='auto'.*--ranking-path auto"):
-        lockstep.use_lockstep(model, tokens, FaithfulnessConfig(ranking_path="lockstep", scope="layer"), ())
+        _use_lockstep(model, tokens, FaithfulnessConfig(ranking_path="lockstep", scope="layer"), ())
     with pytest.raises(InvalidArgumentError, match="attention_gradient.*ranking_path='whole_layer'.*--ranking-path whole_layer"):
-        lockstep.use_lockstep(model, tokens, FaithfulnessConfig(ranking_path="lockstep"),
+        _use_lockstep(model, tokens, FaithfulnessConfig(ranking_path="lockstep"),
                               ("contribution", "attention_gradient"))
     with pytest.raises(UnknownOptionError, match="ranking_path='sideways'.*'lockstep'"):
         FaithfulnessConfig(ranking_path="sideways")

@@ -19,8 +19,8 @@ from cwlens.core._types import Layers as Layers  # re-exported: measures and use
 from cwlens.core._types import TLModel as TLModel  # re-exported
 from cwlens.core.alti import AttentionOutputNorm, PostNorm
 from cwlens.engine import hook_names
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.handle import ModelInfo as ModelInfo  # re-exported
-from cwlens.engine.handle import wrap
 from cwlens.errors import (
     InvalidArgumentError,
     LayerOutOfRangeError,
@@ -30,8 +30,12 @@ from cwlens.errors import (
     UnsupportedModelError,
 )
 
+#: What an engine function takes: the user's model, or its handle from the public function
+#: that wrapped it (:func:`~cwlens.engine.handle.wrap` returns a handle as it is).
+ModelLike = TLModel | ModelHandle
 
-def require_next_token_model(model: TLModel, what: str, alternative: str) -> None:
+
+def require_next_token_model(model: ModelLike, what: str, alternative: str) -> None:
     """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
 
     Next-token NLL / perplexity read ``logits[:, t]`` as ``P(t_{t+1} | t_<=t)``: a
@@ -63,7 +67,7 @@ def _layer_index(item: object) -> int | None:
     return None
 
 
-def resolve_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
+def resolve_layers(model: ModelLike, layer: object) -> tuple[list[int], bool]:
     """``(layers, single)``: the layer list, and whether one int was asked for.
 
     Accepts an int, a NumPy integer or a 0-d integer tensor (one layer), an iterable of
@@ -100,7 +104,7 @@ def resolve_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
     return layers, single
 
 
-def resolve_requested_layers(model: TLModel, layer: object) -> tuple[list[int], bool]:
+def resolve_requested_layers(model: ModelLike, layer: object) -> tuple[list[int], bool]:
     """:func:`resolve_layers` for a layer argument a user gave: an empty list, or a layer
     listed twice, raise :class:`LayerOutOfRangeError` (an empty stack, or a layer counted
     twice, would follow)."""
@@ -117,7 +121,7 @@ def resolve_requested_layers(model: TLModel, layer: object) -> tuple[list[int], 
     return layers, single
 
 
-def post_attention_layernorm(model: TLModel, layer: int):
+def post_attention_layernorm(model: ModelLike, layer: int):
     """The norm through which ``layer``'s attention output reaches the residual stream, for
     full ALTI (:mod:`cwlens.core.alti`): a :class:`~cwlens.core.alti.PostNorm` for
     BERT-like post-LN encoders (``LN(resid_pre + attn_out)``: the block's ``ln1``), an
@@ -142,14 +146,14 @@ def post_attention_layernorm(model: TLModel, layer: int):
     return PostNorm(weight.detach(), bias.detach(), float(eps))
 
 
-def require_metrics(model: TLModel, metrics) -> None:
+def require_metrics(model: ModelLike, metrics) -> None:
     """Refuse, before any forward pass, a metric ``model`` cannot give: full ``alti`` where
     the post-attention norm is not one cwlens linearises (checked on the first layer)."""
     if "alti" in metrics and ModelInfo.of(model).post_attn_norm:
         post_attention_layernorm(model, 0)
 
 
-def read(cache: Cache, name: str, model: TLModel, closure=False):
+def read(cache: Cache, name: str, model: ModelLike, closure=False):
     if not callable(getattr(cache, "keys", None)):
         raise InvalidArgumentError(
             f"expected an activation cache (from cwlens.run_with_cache(model, tokens)) where "
@@ -161,7 +165,7 @@ def read(cache: Cache, name: str, model: TLModel, closure=False):
     raise MissingHookError(f"The cache has no {name!r}.")  # require_cached names it first
 
 
-def call_hooks(model: TLModel, layers: Iterable[int], closure: bool = False,
+def call_hooks(model: ModelLike, layers: Iterable[int], closure: bool = False,
                residual: bool = False) -> list[str]:
     """The hooks a measure of ``layers`` reads from a cache: each layer's pattern and
     values; ``closure``: the heads' output it is checked against; ``residual``: the
@@ -177,7 +181,7 @@ def call_hooks(model: TLModel, layers: Iterable[int], closure: bool = False,
     return names
 
 
-def require_cached(cache: Cache, model: TLModel, layers: Iterable[int], closure: bool = False,
+def require_cached(cache: Cache, model: ModelLike, layers: Iterable[int], closure: bool = False,
                    residual: bool = False, what: str = "this call") -> None:
     """Refuse, before anything is computed, a cache without every hook the call needs
     (:func:`call_hooks`): :class:`~cwlens.errors.MissingHookError` names the hooks it
@@ -228,7 +232,7 @@ def cache_mask(cache: Cache) -> torch.Tensor | None:
 
 def geometry(
     cache: Cache,
-    model: TLModel,
+    model: ModelLike,
     layer: int,
     attention_mask: torch.Tensor | None = None,
 ) -> AttentionGeometry:
@@ -269,7 +273,7 @@ def _check_mask_matches(pattern: torch.Tensor, attention_mask, layer: int) -> No
 
 
 def layer_geometry(
-    model: TLModel,
+    model: ModelLike,
     layer: int,
     pattern: torch.Tensor,
     v: torch.Tensor,
@@ -306,7 +310,7 @@ def layer_geometry(
     return geo
 
 
-def heads_output(cache: Cache, model: TLModel, layer: int) -> torch.Tensor:
+def heads_output(cache: Cache, model: ModelLike, layer: int) -> torch.Tensor:
     """What the model's heads wrote in this layer, without b_O: ``[batch, pos, d_model]``.
 
     Read from :func:`closure_hook` (for models with a norm after attention on
@@ -316,13 +320,13 @@ def heads_output(cache: Cache, model: TLModel, layer: int) -> torch.Tensor:
     return heads_output_from(model, layer, read(cache, name, model, closure=True))
 
 
-def closure_hook(model: TLModel, layer: int) -> str:
+def closure_hook(model: ModelLike, layer: int) -> str:
     """The hook holding what the heads wrote (see :func:`cwlens.engine.hook_names.closure_target`)."""
     info = ModelInfo.of(model)
     return hook_names.closure_target(layer, info.generation, info.post_attn_norm)
 
 
-def heads_output_from(model: TLModel, layer: int, out: torch.Tensor) -> torch.Tensor:
+def heads_output_from(model: ModelLike, layer: int, out: torch.Tensor) -> torch.Tensor:
     """The heads' summed output without b_O, from the tensor at :func:`closure_hook`."""
     handle = wrap(model)
     if closure_hook(model, layer) == hook_names.z(layer):
@@ -330,7 +334,7 @@ def heads_output_from(model: TLModel, layer: int, out: torch.Tensor) -> torch.Te
     return out.float() - handle.b_O(layer).float().to(out.device)
 
 
-def check_residual_model(model: TLModel, what: str) -> ModelInfo:
+def check_residual_model(model: ModelLike, what: str) -> ModelInfo:
     """Refuse (:class:`UnsupportedModelError`) a model that is not a pre-norm decoder
     whose residual stream is the plain sum ``embedding + sum_l (attention_l + mlp_l)``
     with logits ``LN_final(x) W_U + b_U``, which the circuit tools assume."""
@@ -345,7 +349,7 @@ def check_residual_model(model: TLModel, what: str) -> ModelInfo:
     return handle.info
 
 
-def check_residual_sum(cache: Cache, model: TLModel, what: str, tolerance: float = 1e-3) -> None:
+def check_residual_sum(cache: Cache, model: ModelLike, what: str, tolerance: float = 1e-3) -> None:
     """Check, per layer, that the residual stream is the plain sum the circuit tools assume:
     ``resid_mid - resid_pre = sum_h sum_j a_ij v~_j + b_O`` and ``next resid - resid_mid = mlp_out``
     (relative error ``<= tolerance``). A norm after attention or after the MLP (Gemma-2/3)

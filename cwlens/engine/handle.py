@@ -214,6 +214,13 @@ class ModelHandle:
         position exists past ``context_length``)."""
         return getattr(self._cfg, "positional_embedding_type", None) == "rotary"
 
+    @property
+    def supports_blockwise(self) -> bool:
+        """Whether attention can run in query blocks
+        (:func:`cwlens.engine.models.blockwise.blockwise_attention`): TransformerLens 4.x
+        bridges, which hold the Hugging Face model they wrap."""
+        return getattr(self.model, "original_model", None) is not None and hasattr(self.model, "blocks")
+
     def post_attention_norm(self, layer: int) -> tuple[str, Any, Any, Any]:
         """``(class name, weight, bias, eps)`` of block ``layer``'s ``ln1`` (the
         post-attention LayerNorm of a BERT-like encoder); None where one is absent."""
@@ -306,6 +313,14 @@ class ModelHandle:
 
     def to_tokens(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self.model.to_tokens(*args, **kwargs)
+
+    def n_tokens(self, input: Any) -> int:
+        """The length of ``input`` in tokens: token ids (their last axis), a text, or the
+        longest of a list of texts."""
+        if isinstance(input, torch.Tensor):
+            return int(input.shape[-1])
+        texts = [input] if isinstance(input, str) else input
+        return max((int(self.to_tokens(t).shape[-1]) for t in texts), default=0)
 
     def to_str_tokens(self, *args: Any, **kwargs: Any) -> Any:
         return self.model.to_str_tokens(*args, **kwargs)

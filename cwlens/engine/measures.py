@@ -20,7 +20,7 @@ from cwlens.core.geometry import check_kind
 from cwlens.core.metrics import get as get_metric
 from cwlens.core.numerics import worst
 from cwlens.engine import adapter, hook_names, validation
-from cwlens.engine.adapter import Layers, TLModel
+from cwlens.engine.adapter import Layers, ModelLike
 from cwlens.engine.batching import batch_input
 from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError, NonFiniteError, ShapeMismatchError
@@ -46,7 +46,7 @@ def _per_layer(cache, model, layer, attention_mask, fn: Callable, what: str = "t
 
 def contribution_weights(
     cache: Cache,
-    model: TLModel,
+    model: ModelLike,
     layer: Layers = None,
     kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
@@ -101,7 +101,7 @@ def contribution_weights(
 
 def token_contributions(
     cache: Cache,
-    model: TLModel,
+    model: ModelLike,
     layer: Layers = None,
     attention_mask: torch.Tensor | None = None,
 ) -> LayerTokenWeights:
@@ -133,7 +133,7 @@ def token_contributions(
 
 def importance(
     cache: Cache,
-    model: TLModel,
+    model: ModelLike,
     layer: Layers = None,
     metric: str = "contribution",
     kind: Kind = "inter",
@@ -302,7 +302,7 @@ class Decomposition:
 
 def decompose(
     cache: Cache,
-    model: TLModel,
+    model: ModelLike,
     layer: Layers = None,
     kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
@@ -414,7 +414,7 @@ def _layer_span(layers: tuple[int, ...]) -> str:
 
 def closure(
     cache: Cache,
-    model: TLModel,
+    model: ModelLike,
     layer: Layers = None,
     attention_mask: torch.Tensor | None = None,
 ) -> Closure:
@@ -461,7 +461,7 @@ def closure_errors(rebuilt: torch.Tensor, target: torch.Tensor,
     return float(diff.abs().max()), float(diff.norm() / target.norm().clamp_min(1e-30))
 
 
-def names_filter(model: TLModel, layers: Layers = None, closure: bool = False,
+def names_filter(model: ModelLike, layers: Layers = None, closure: bool = False,
                  residual: bool = False):
     """A ``names_filter`` for ``model.run_with_cache`` that keeps only what cwlens reads.
 
@@ -499,7 +499,7 @@ def names_filter(model: TLModel, layers: Layers = None, closure: bool = False,
 
 
 def run_with_cache(
-    model: TLModel,
+    model: ModelLike,
     input,
     layers: Layers = None,
     closure: bool = False,

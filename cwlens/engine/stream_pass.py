@@ -10,7 +10,7 @@ import torch
 
 from cwlens.core.geometry import AttentionGeometry
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.adapter import TLModel
+from cwlens.engine.adapter import ModelLike
 from cwlens.engine.handle import wrap
 from cwlens.engine.measures import Closure, closure_errors
 from cwlens.engine.models import blockwise
@@ -106,7 +106,7 @@ def _raise_stop(tensor: torch.Tensor, hook) -> None:
 class StreamedPass:
     """One streamed forward pass: taps, the closure check, blockwise or eager attention."""
 
-    def __init__(self, model: TLModel, layers: list[int], attention_mask: torch.Tensor | None,
+    def __init__(self, model: ModelLike, layers: list[int], attention_mask: torch.Tensor | None,
                  closure: bool):
         """``layers``: resolved (:func:`cwlens.engine.adapter.resolve_requested_layers`) by
         the public function that made the pass; trusted here."""

@@ -34,7 +34,7 @@ from cwlens.core import metrics as _metrics
 from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.engine import adapter, block_fused, validation
-from cwlens.engine.adapter import Layers, TLModel
+from cwlens.engine.adapter import Layers, ModelLike
 from cwlens.engine.batching import batch_input
 from cwlens.engine.handle import wrap
 from cwlens.engine.models import blockwise
@@ -103,10 +103,17 @@ def check_metric(metric: str) -> str:
 ATTENTION_MODES = ("auto", "eager", "blockwise")
 
 
-def use_blockwise(model: TLModel, input, attention: str) -> bool:
+def use_blockwise(model: ModelLike, input, attention: str) -> bool:
     """Whether a forward on ``input`` runs blockwise under ``attention`` (see
     :data:`ATTENTION_MODES`; ``"auto"``: above :data:`AUTO_THRESHOLD` tokens, where the
     model supports it)."""
+    handle = wrap(model)
+    return blockwise_wanted(attention, handle.supports_blockwise, lambda: handle.n_tokens(input))
+
+
+def blockwise_wanted(attention: str, supported: bool, n_tokens: Callable[[], int]) -> bool:
+    """:func:`use_blockwise` on the facts it needs: whether the model ``supported`` blockwise
+    attention and (asked only under ``"auto"`` on such a model) the input's length."""
     if attention not in ATTENTION_MODES:
         raise UnknownOptionError(
             f"Unknown attention={attention!r}. Valid: 'auto' (blockwise above "
@@ -116,38 +123,29 @@ def use_blockwise(model: TLModel, input, attention: str) -> bool:
         )
     if attention != "auto":
         return attention == "blockwise"
-    if not blockwise.supports_blockwise(model):
-        return False
-    return _length(model, input) > AUTO_THRESHOLD
+    return supported and n_tokens() > AUTO_THRESHOLD
 
 
-def _length(model: TLModel, input) -> int:
-    if isinstance(input, torch.Tensor):
-        return int(input.shape[-1])
-    texts = [input] if isinstance(input, str) else input
-    return max((int(model.to_tokens(t).shape[-1]) for t in texts), default=0)
-
-
-def attention_context(model: TLModel, input, attention: str, query_block: int | str | None = "auto"):
+def attention_context(model: ModelLike, input, attention: str, query_block: int | str | None = "auto"):
     """The context a forward on ``input`` runs in: blockwise attention (in blocks of
     ``query_block`` rows; ``"auto"`` or None: :func:`auto_query_block`) or nothing."""
-    if use_blockwise(model, input, attention):
-        if query_block is None or isinstance(query_block, str):  # "auto" (checked by callers)
-            handle = wrap(model)
-            batch = len(input) if isinstance(input, list) else (
-                int(input.shape[0]) if isinstance(input, torch.Tensor) and input.ndim > 1 else 1)
-            n = _length(model, input)
-            # layers whose probabilities nobody reads run SDPA, which holds no block of
-            # ours: no CPU byte cap there (fewer, larger calls: 1.04-1.23 x less CPU time at
-            # 16384 keys, scripts/benchmark.py --sdpa-blocks)
-            return blockwise.blockwise_attention(
-                model, auto_query_block(n, batch * handle.n_heads, handle.device),
-                auto_query_block(n))
-        return blockwise.blockwise_attention(model, query_block)
-    return contextlib.nullcontext()
+    handle = wrap(model)
+    if not blockwise_wanted(attention, handle.supports_blockwise, lambda: handle.n_tokens(input)):
+        return contextlib.nullcontext()
+    if query_block is None or isinstance(query_block, str):  # "auto" (checked by callers)
+        batch = len(input) if isinstance(input, list) else (
+            int(input.shape[0]) if isinstance(input, torch.Tensor) and input.ndim > 1 else 1)
+        n = handle.n_tokens(input)
+        # layers whose probabilities nobody reads run SDPA, which holds no block of
+        # ours: no CPU byte cap there (fewer, larger calls: 1.04-1.23 x less CPU time at
+        # 16384 keys, scripts/benchmark.py --sdpa-blocks)
+        return blockwise.blockwise_attention(
+            handle.model, auto_query_block(n, batch * handle.n_heads, handle.device),
+            auto_query_block(n))
+    return blockwise.blockwise_attention(handle.model, query_block)
 
 
-def _tokens(model: TLModel, input, attention_mask=None) -> tuple[Any, torch.Tensor | None]:
+def _tokens(model: ModelLike, input, attention_mask=None) -> tuple[Any, torch.Tensor | None]:
     """``(input, attention_mask)``: ``input`` checked (:func:`cwlens.engine.validation.model_input`:
     empty, malformed, out of the vocabulary, longer than a learned-position context; texts
     past a rotary context are tokenized whole, with a warning), a list of texts of
@@ -167,7 +165,7 @@ def _check_fn(fn: object) -> None:
 
 
 def stream_geometry(
-    model: TLModel,
+    model: ModelLike,
     input,
     fn: Callable[[int, AttentionGeometry], Any],
     layers: Layers = None,
@@ -231,7 +229,7 @@ def stream_geometry(
     return geometry_pass(model, input, fn, resolved, attention_mask, closure=closure, **run)
 
 
-def geometry_pass(model: TLModel, tokens: torch.Tensor, fn: Callable[[int, AttentionGeometry], Any],
+def geometry_pass(model: ModelLike, tokens: torch.Tensor, fn: Callable[[int, AttentionGeometry], Any],
                   layers: list[int], attention_mask: torch.Tensor | None, closure: bool = False,
                   **run) -> tuple:
     """:func:`stream_geometry` on input its caller has checked: ``tokens`` ``[batch, pos]``
@@ -255,7 +253,7 @@ def _check_flags(closure: object, logits: object, query_block: object) -> None:
 
 
 def stream(
-    model: TLModel,
+    model: ModelLike,
     input,
     fn: Callable[[int, torch.Tensor], Any],
     metric: str = "contribution",
@@ -383,7 +381,7 @@ def _offer_value_product(block: AttentionGeometry, rows: torch.Tensor) -> None:
 
 
 def stream_reduce(
-    model: TLModel,
+    model: ModelLike,
     input,
     reducers: dict[str, Any] | Iterable[Any],
     kind: Kind = "inter",

@@ -34,11 +34,11 @@ import torch
 from cwlens.core import metrics
 from cwlens.core.bitmask import PackedMask
 from cwlens.engine import adapter, hook_names, lm
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.interventions.selfcheck import ensure_edits_act
 from cwlens.engine.interventions.value_masking import remove_entries
 from cwlens.engine.models import blockwise
-from cwlens.engine.streaming import attention_context, use_blockwise
+from cwlens.engine.streaming import attention_context
 from cwlens.errors import CwlensError, InvalidArgumentError
 from cwlens.faithfulness.job_masks import Piece, job_masks
 from cwlens.faithfulness.ranking import (
@@ -54,8 +54,10 @@ RANK_ENTRIES = 2**22  # entries ranked at once (~65 bytes each while sorting)
 COPY_BYTES = 2**30  # one query block's probabilities over every copy of a pass
 
 
-def use_lockstep(model, tokens: torch.Tensor, cfg, job_metrics: Sequence[str | None]) -> bool:
-    """Whether a batch runs on the lockstep path.
+def use_lockstep(blockwise: bool, cfg, job_metrics: Sequence[str | None]) -> bool:
+    """Whether a batch runs on the lockstep path; ``blockwise``: whether the batch's
+    forward runs blockwise under ``attention="auto"``
+    (:func:`cwlens.engine.streaming.blockwise_wanted`).
 
     ``cfg.ranking_path``: ``"whole_layer"`` never; ``"lockstep"`` always (refused for
     head/layer scopes and gradient metrics, with the fix); ``"auto"``: where attention
@@ -81,7 +83,7 @@ def use_lockstep(model, tokens: torch.Tensor, cfg, job_metrics: Sequence[str | N
                 "from metrics, or use ranking_path='whole_layer' (memory grows as layers x n^2; "
                 "CLI: --ranking-path whole_layer).")
         return True
-    return cfg.scope == "row" and not gradient and use_blockwise(model, tokens, "auto")
+    return cfg.scope == "row" and not gradient and blockwise
 
 
 def copies_per_pass(batch: int, n_heads: int, n: int, query_block: int) -> int:
@@ -95,8 +97,8 @@ class _Lockstep:
     """The hooks of one lockstep pass: catch the clean ``hook_v`` / ``hook_resid_pre`` of
     each masked layer, then rank and mask each block at ``hook_pattern``."""
 
-    def __init__(self, model, plan, jobs: list, batch: int):
-        self.model, self.plan, self.jobs, self.b = model, plan, jobs, batch
+    def __init__(self, handle: ModelHandle, plan, jobs: list, batch: int):
+        self.handle, self.plan, self.jobs, self.b = handle, plan, jobs, batch
         self.caught: dict[int, dict] = {}
         self.mask = plan.mask.bool()
 
@@ -105,7 +107,7 @@ class _Lockstep:
         out: list = []
         for ly in layers:
             out.append((hook_names.values(ly), self._catch(ly, "v")))
-            if wrap(self.model).has_hook(hook_names.resid_pre(ly)):
+            if self.handle.has_hook(hook_names.resid_pre(ly)):
                 out.append((hook_names.resid_pre(ly), self._catch(ly, "residual")))
             out.append((hook_names.pattern(ly), self._pattern(ly)))
         return out
@@ -148,7 +150,7 @@ class _Lockstep:
         caught = self.caught[layer]
         if "base" not in caught:  # the layer's key side (values, norms), once
             b, h = clean.shape[:2]
-            caught["base"] = adapter.layer_geometry(self.model, layer, clean.new_zeros(b, h, 1, n_keys),
+            caught["base"] = adapter.layer_geometry(self.handle, layer, clean.new_zeros(b, h, 1, n_keys),
                                                     caught["v"], self.mask, caught.get("residual"))
         return caught["base"].with_rows(clean, start)
 
@@ -164,7 +166,7 @@ class _Lockstep:
         width = clean.shape[-1]
         mask = self.mask.to(clean.device)  # a model split over GPUs: this layer's device
         geo = self._geometry(layer, clean, start, n_keys)
-        window = wrap(self.model).attention_window(layer)
+        window = self.handle.attention_window(layer)
         wanted = list(dict.fromkeys(job.metric for _, job in here if job.metric not in (None, "random")))
         scores = {m: metric_scores(geo, m, cfg.kind) for m in wanted}
         del geo
@@ -192,16 +194,17 @@ class _Lockstep:
         return {key: m[..., :key_stop] for key, m in out.items()}
 
 
-def lockstep_pass(model, tokens: torch.Tensor, plan, jobs: list, chunk: int | None) -> "lm.LMOutput":
+def lockstep_pass(handle: ModelHandle, tokens: torch.Tensor, plan, jobs: list, chunk: int | None
+                  ) -> "lm.LMOutput":
     """One forward of the clean batch and one masked copy per job of ``jobs`` (``[(key,
     MaskJob)]``); returns the output of all ``(1 + len(jobs)) b`` rows (copy ``c``: rows
     ``c b .. (c + 1) b - 1``; copy 0 is clean)."""
     b = tokens.shape[0]
     copies = 1 + len(jobs)
     big_tokens, big_mask = tokens.repeat(copies, 1), plan.mask.repeat(copies, 1)
-    taps = _Lockstep(model, plan, jobs, b)
-    ensure_edits_act(model, {"pattern"})
-    with torch.no_grad(), attention_context(model, big_tokens, "auto"), \
-            lm.deferred_logits(model, chunk) as output, wrap(model).hooks(taps.hooks()):
-        logits = model(big_tokens, attention_mask=big_mask)
+    taps = _Lockstep(handle, plan, jobs, b)
+    ensure_edits_act(handle, {"pattern"})
+    with torch.no_grad(), attention_context(handle, big_tokens, "auto"), \
+            lm.deferred_logits(handle, chunk) as output, handle.hooks(taps.hooks()):
+        logits = handle(big_tokens, attention_mask=big_mask)
     return output(logits)

@@ -15,12 +15,17 @@ import torch
 from cwlens.core import metrics
 from cwlens.core._types import Mode
 from cwlens.core.bitmask import PackedMask
-from cwlens.engine import adapter, lm
+from cwlens.engine import lm
 from cwlens.engine.batching import pad_batch
 from cwlens.engine.gradients import attention_gradient
-from cwlens.engine.handle import wrap
-from cwlens.engine.interventions.value_masking import run_masked, value_masking
-from cwlens.engine.streaming import DEFAULT_QUERY_BLOCK, attention_context, geometry_pass
+from cwlens.engine.handle import ModelHandle
+from cwlens.engine.interventions.value_masking import value_masking
+from cwlens.engine.streaming import (
+    DEFAULT_QUERY_BLOCK,
+    attention_context,
+    blockwise_wanted,
+    geometry_pass,
+)
 from cwlens.faithfulness.config import Condition, FaithfulnessConfig
 from cwlens.faithfulness.job_masks import Piece, job_masks
 from cwlens.faithfulness.lockstep import copies_per_pass, lockstep_pass, use_lockstep
@@ -175,17 +180,19 @@ def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
     return layer_masks(geo, layer, BatchPlan(mask, jobs, cfg, keys, stats), window)
 
 
-def masked_output(model, tokens: torch.Tensor, masks: dict, renormalize: bool,
+def masked_output(handle: ModelHandle, tokens: torch.Tensor, masks: dict, renormalize: bool,
                   attention_mask: torch.Tensor, chunk: int | None) -> "lm.LMOutput":
-    """:func:`~cwlens.engine.interventions.value_masking.run_masked`'s logits, or with ``chunk``
+    """The logits of ``tokens`` with ``masks`` removed
+    (:func:`~cwlens.engine.interventions.value_masking.value_masking`), or with ``chunk``
     its :class:`~cwlens.engine.lm.Unembedded` final residual (no logits made; the
     unembedding is skipped inside the masking context, after its one-off self-check)."""
-    if chunk is None:
-        return run_masked(model, tokens, masks, renormalize, attention_mask=attention_mask)
-    with torch.no_grad(), value_masking(model, masks, renormalize), \
-            attention_context(model, tokens, "auto"), lm.deferred_logits(model, chunk) as output:
-        logits = model(tokens, attention_mask=attention_mask)
-    return output(logits)
+    with torch.no_grad(), value_masking(handle, masks, renormalize), \
+            attention_context(handle, tokens, "auto"):
+        if chunk is None:
+            return handle(tokens, attention_mask=attention_mask)
+        with lm.deferred_logits(handle, chunk) as output:
+            logits = handle(tokens, attention_mask=attention_mask)
+        return output(logits)
 
 
 def _batch_objective(units, batch, rows_of, offsets):
@@ -204,7 +211,7 @@ def _batch_objective(units, batch, rows_of, offsets):
     return loss
 
 
-def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessConfig,
+def batch_outputs(handle: ModelHandle, units: list[Unit], batch: list[int], cfg: FaithfulnessConfig,
                   conditions: list[Condition], stats: SweepStats) -> dict:
     """``{condition or None (clean): [per-unit measures]}`` for one batch.
 
@@ -221,7 +228,7 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
         rows_of.append(list(range(len(seqs), len(seqs) + len(units[u].sequences))))
         seqs += units[u].sequences
         keys += [f"{units[u].sample_id}/{k}" for k in range(len(units[u].sequences))]
-    tokens, mask = pad_batch(model, seqs)
+    tokens, mask = pad_batch(handle, seqs)
     offsets = mask.int().argmax(-1).tolist()
     jobs, key_of = mask_jobs(conditions, cfg)
     layers = sorted({ly for job in jobs.values() for ly in job.layers}) or [0]
@@ -242,25 +249,25 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
         return [units[u].score(output, rows, [offsets[r] for r in rows], tokens, mask)
                 for u, rows in zip(batch, rows_of, strict=True)]
 
-    if use_lockstep(model, tokens, cfg, [job.metric for job in jobs.values()]):
-        return _finish(lockstep_outputs(model, tokens, BatchPlan(mask, jobs, cfg, keys, stats, None, {}),
+    blockwise = blockwise_wanted("auto", handle.supports_blockwise, lambda: int(tokens.shape[-1]))
+    if use_lockstep(blockwise, cfg, [job.metric for job in jobs.values()]):
+        return _finish(lockstep_outputs(handle, tokens, BatchPlan(mask, jobs, cfg, keys, stats, None, {}),
                                         evaluate, chunk), conditions, key_of, rows_of)
     gradients = None
     if any(job.metric in metrics.GRADIENT for job in jobs.values()):
         # supervised references: a separate forward + backward pass (cwlens.engine.gradients)
         t = time.perf_counter()
-        gradients = attention_gradient(model, tokens, mask, layers,
+        gradients = attention_gradient(handle, tokens, mask, layers,
                                        loss=_batch_objective(units, batch, rows_of, offsets))
         stats.ranking_seconds += time.perf_counter() - t
         tick()
     counts: dict = {}
     plan = BatchPlan(mask, jobs, cfg, keys, stats, gradients, counts)
     t, ranked_before = time.perf_counter(), stats.ranking_seconds
-    handle = wrap(model)
     windows = {ly: handle.attention_window(ly) for ly in layers}
-    with lm.deferred_logits(model, chunk) as output:
+    with lm.deferred_logits(handle, chunk) as output:
         logits, per_layer = geometry_pass(  # the units' own tokens, layers from the config
-            model, tokens, lambda ly, geo: layer_masks(geo, ly, plan, windows[ly]), layers, mask)
+            handle, tokens, lambda ly, geo: layer_masks(geo, ly, plan, windows[ly]), layers, mask)
     stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)
     stats.n_forwards += 1
     tick()
@@ -270,7 +277,7 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
     for key, job in jobs.items():
         masks = {ly: packed[ly][key] for ly in job.layers}
         t = time.perf_counter()
-        masked = masked_output(model, tokens, masks, cfg.renormalize, mask, chunk)
+        masked = masked_output(handle, tokens, masks, cfg.renormalize, mask, chunk)
         stats.forward_seconds += time.perf_counter() - t
         stats.n_forwards += 1
         tick()
@@ -280,14 +287,13 @@ def batch_outputs(model, units: list[Unit], batch: list[int], cfg: FaithfulnessC
     return _finish((clean, done, counts), conditions, key_of, rows_of)
 
 
-def lockstep_outputs(model, tokens: torch.Tensor, plan: BatchPlan, evaluate, chunk: int | None
+def lockstep_outputs(handle: ModelHandle, tokens: torch.Tensor, plan: BatchPlan, evaluate, chunk: int | None
                      ) -> tuple[list, dict, dict | None]:
     """``(clean scores, {job key: scores}, counts)`` of a batch on the lockstep path
     (:mod:`cwlens.faithfulness.lockstep`): the jobs in passes of
     :func:`~cwlens.faithfulness.lockstep.copies_per_pass` masked copies beside the clean one."""
     b, n = tokens.shape
-    info = adapter.ModelInfo.of(model)
-    per_pass = copies_per_pass(b, info.n_heads, n, DEFAULT_QUERY_BLOCK)
+    per_pass = copies_per_pass(b, handle.n_heads, n, DEFAULT_QUERY_BLOCK)
     items = list(plan.jobs.items())
     clean: list = []
     done: dict = {}
@@ -295,7 +301,7 @@ def lockstep_outputs(model, tokens: torch.Tensor, plan: BatchPlan, evaluate, chu
         group = items[at : at + per_pass]
         t = time.perf_counter()
         ranked_before = plan.stats.ranking_seconds
-        output = lockstep_pass(model, tokens, plan, group, chunk)
+        output = lockstep_pass(handle, tokens, plan, group, chunk)
         plan.stats.forward_seconds += time.perf_counter() - t - (plan.stats.ranking_seconds - ranked_before)
         plan.stats.n_forwards += 1 + len(group)
         tick(len(group) + (0 if at else 1))  # the clean copy counts once, as in passes_per_batch

@@ -41,7 +41,7 @@ from typing import NamedTuple
 from cwlens.datasets import ChoiceItem, TextSample, load_dataset
 from cwlens.engine import adapter, validation
 from cwlens.engine.batching import check_past_context
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.faithfulness.added_metrics import metrics_already_done
 from cwlens.faithfulness.causal_scope import require_causal
@@ -107,9 +107,10 @@ class SweepJob(RowsJob):
 
     ticks = True
 
-    def __init__(self, model, units: list[Unit], cfg: FaithfulnessConfig, spec: JobSpec, run: SweepRun):
-        self.model, self.units, self.cfg, self.run = model, units, cfg, run
-        self.conditions = cfg.conditions(wrap(model).n_layers)
+    def __init__(self, handle: ModelHandle, units: list[Unit], cfg: FaithfulnessConfig, spec: JobSpec,
+                 run: SweepRun):
+        self.handle, self.units, self.cfg, self.run = handle, units, cfg, run
+        self.conditions = cfg.conditions(handle.n_layers)
         self.batches = plan_batches(units, cfg.batch_tokens)
         order = [units[u].sample_id for b in self.batches for u in b]
         super().__init__(spec, run.out, self._rows_per_sample(), order)
@@ -125,7 +126,7 @@ class SweepJob(RowsJob):
         """Open the store; where it holds a finished run of some of this run's metrics,
         only the others are computed (:mod:`cwlens.faithfulness.added_metrics`)."""
         if self.spec.folder is not None and resume:
-            n_layers = wrap(self.model).n_layers
+            n_layers = self.handle.n_layers
             per_metric = len(replace(self.cfg, metrics=self.cfg.metrics[:1]).conditions(n_layers))
             done = metrics_already_done(
                 self.out, self.spec.config, self.cfg.metrics, self.order,
@@ -161,7 +162,7 @@ class SweepJob(RowsJob):
         return lambda: min(total, round(samples() * total / n))
 
     def do(self, batch):
-        results = batch_outputs(self.model, self.units, batch, self.cfg, self.conditions, self.stats)
+        results = batch_outputs(self.handle, self.units, batch, self.cfg, self.conditions, self.stats)
         self.stats.n_batches += 1
         written = 0
         for pos, u in enumerate(batch):
@@ -262,14 +263,15 @@ def run_faithfulness(
     with the same configuration resumes (``resume=False`` starts afresh). None keeps
     the rows in memory only. ``on_sample(sample_id)`` is called after each sample.
     """
+    handle = wrap(model)
     adapter.require_next_token_model(
-        model, "The faithfulness test",
+        handle, "The faithfulness test",
         "Use a decoder here; for an encoder, the sentence-embedding damage task is "
         "cwlens.faithfulness.encoder.embedding_damage (CLI: cwlens replicate --models <encoder>).",
     )
     cfg = config or FaithfulnessConfig()
     require_causal(cfg.scope, cfg.causal_only, "the next-token faithfulness test (ΔNLL)")
-    adapter.require_metrics(model, cfg.metrics)
+    adapter.require_metrics(handle, cfg.metrics)
     if out is not None and Path(out).is_dir():
         raise InvalidArgumentError(
             f"out={str(out)!r} is a folder; pass the path of a .jsonl results file, e.g. "
@@ -282,11 +284,11 @@ def run_faithfulness(
     _check_samples(samples)
     is_choice = isinstance(samples[0], ChoiceItem)
     ds_name = dataset_name(samples, num_fewshot)
-    name = model_name or wrap(model).name or "model"
-    adapter.resolve_layers(model, list(cfg.layers) if cfg.layers is not None else None)
-    check_past_context(model, cfg.past_context)
-    units = choice_units(model, samples, cfg.prepend_bos) if is_choice else \
-        text_units(model, samples, cfg.max_tokens, cfg.past_context, cfg.prepend_bos)
+    name = model_name or handle.name or "model"
+    adapter.resolve_layers(handle, list(cfg.layers) if cfg.layers is not None else None)
+    check_past_context(handle, cfg.past_context)
+    units = choice_units(handle, samples, cfg.prepend_bos) if is_choice else \
+        text_units(handle, samples, cfg.max_tokens, cfg.past_context, cfg.prepend_bos)
     if not is_choice:
         _require_something_masked(units, cfg)
     run_config = stored_config(name, ds_name, cfg, [u.sample_id for u in units])
@@ -294,7 +296,7 @@ def run_faithfulness(
     distributed.require_session()
     spec = JobSpec("sweep configuration", run_config, Path(out).parent if out else None, resume,
                    len(units), ds_name, "pass", progress)
-    job = SweepJob(model, units, cfg, spec, SweepRun(columns, out, is_choice, on_sample))
+    job = SweepJob(handle, units, cfg, spec, SweepRun(columns, out, is_choice, on_sample))
     with validation.past_context_said(cfg.past_context):  # text_units said it, once
         table = run_job(job)
     job.stats.wall_seconds = time.perf_counter() - t0

@@ -26,7 +26,7 @@ import torch
 
 from cwlens.core.sinks import scale_position, set_sink_rate
 from cwlens.engine import hook_names
-from cwlens.engine.adapter import Layers, TLModel, resolve_requested_layers
+from cwlens.engine.adapter import Layers, ModelLike, resolve_requested_layers
 from cwlens.engine.handle import wrap
 from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
 from cwlens.engine.models.blockwise import block_rows, current_block
@@ -70,7 +70,7 @@ def value_scale_hook(scale: float, position_index: torch.Tensor, kv_heads=None):
 
 
 def sink_rate_hooks(
-    model: TLModel, s, sink_index: torch.Tensor | None = None, layers: Layers = None
+    model: ModelLike, s, sink_index: torch.Tensor | None = None, layers: Layers = None
 ) -> list[Hook]:
     """``fwd_hooks`` setting the sink rate to ``s`` in ``layers`` (default: all).
 
@@ -84,7 +84,7 @@ def sink_rate_hooks(
 
 
 def sink_value_hooks(
-    model: TLModel, scale: float, position_index: torch.Tensor, layers: Layers = None,
+    model: ModelLike, scale: float, position_index: torch.Tensor, layers: Layers = None,
     kv_heads=None,
 ) -> list[Hook]:
     """``fwd_hooks`` scaling the value at ``position_index`` in ``layers`` (default: all)."""
@@ -96,7 +96,7 @@ def sink_value_hooks(
 
 
 @contextmanager
-def applied(model: TLModel, fwd_hooks: list[Hook]) -> Iterator[TLModel]:
+def applied(model: ModelLike, fwd_hooks: list[Hook]) -> Iterator[ModelLike]:
     """Run the block with ``fwd_hooks`` added; they are removed on exit, even on exceptions.
 
     Uses the model's own ``hooks`` context (TransformerLens 3.x and 4.x), so hooks that
@@ -108,6 +108,6 @@ def applied(model: TLModel, fwd_hooks: list[Hook]) -> Iterator[TLModel]:
         yield model
 
 
-def n_hooks(model: TLModel) -> int:
+def n_hooks(model: ModelLike) -> int:
     """How many forward hooks are attached to the model's hook points (0 when clean)."""
     return wrap(model).n_hooks()

@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from cwlens.engine.handle import wrap
+
 # the arithmetic, per block; block_rows and current_block are re-exported (the adapter's)
 from cwlens.engine.models.blockwise_math import (  # noqa: F401
     DEFAULT_BLOCK,
@@ -266,8 +268,9 @@ def _register() -> None:
 
 
 def supports_blockwise(model) -> bool:
-    """True where :func:`blockwise_attention` applies (TransformerLens 4.x bridges)."""
-    return getattr(model, "original_model", None) is not None and hasattr(model, "blocks")
+    """True where :func:`blockwise_attention` applies (TransformerLens 4.x bridges; the
+    handle's :attr:`~cwlens.engine.handle.ModelHandle.supports_blockwise`)."""
+    return wrap(model).supports_blockwise
 
 
 @contextmanager
