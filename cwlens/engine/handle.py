@@ -314,6 +314,18 @@ class ModelHandle:
     def to_tokens(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self.model.to_tokens(*args, **kwargs)
 
+    def token_ids(self, text: str, truncate: bool = True, prepend_bos: bool = True) -> torch.Tensor:
+        """1-D token ids of one text, as the model itself makes them (on the CPU). Decoders
+        cut the text at the context length (``n_ctx``) unless ``truncate=False`` (texts
+        longer than the model was trained on); encoders never cut it here.
+        ``prepend_bos=False``: without the BOS token TransformerLens prepends by default."""
+        if self.is_encoder and prepend_bos:  # [CLS] ... [SEP] (to_tokens differs by version)
+            return torch.tensor(self.tokenizer(text)["input_ids"])
+        # to_tokens' own defaults are not passed (models and stubs whose to_tokens lacks
+        # the keywords still work)
+        extra = ({} if truncate else {"truncate": False}) | ({} if prepend_bos else {"prepend_bos": False})
+        return self.to_tokens(text, move_to_device=False, **extra)[0].cpu()
+
     def n_tokens(self, input: Any) -> int:
         """The length of ``input`` in tokens: token ids (their last axis), a text, or the
         longest of a list of texts."""

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 
 from cwlens.engine import lm, validation
-from cwlens.engine.batching import token_ids
 from cwlens.engine.handle import wrap
 from cwlens.errors import DatasetFormatError, NonFiniteError
 
@@ -47,11 +46,8 @@ def text_ids(model, text: str, prepend_bos: bool = True) -> list[int]:
     with the BOS token TransformerLens prepends by default (``prepend_bos=True``,
     :func:`~cwlens.engine.tokens.token_ids`) or without it (``prepend_bos=False``: for a
     model trained without one)."""
-    if validation.flag(prepend_bos, "prepend_bos"):
-        return token_ids(model, text, truncate=False).tolist()
-
-    return wrap(model).to_tokens(text, prepend_bos=False, move_to_device=False,
-                                 truncate=False)[0].tolist()
+    validation.flag(prepend_bos, "prepend_bos")
+    return wrap(model).token_ids(text, truncate=False, prepend_bos=prepend_bos).tolist()
 
 
 def encode_pair(model, context: str, continuation: str,

@@ -5,9 +5,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from cwlens.engine import lm
+from cwlens.engine import lm, validation
 from cwlens.engine.batching import context_cap
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import InputTooLongError, InvalidArgumentError
 from cwlens.faithfulness import choice
 
@@ -28,7 +28,7 @@ class Unit:
     objective: Callable | None = None
 
 
-def text_units(model, samples, max_tokens, past_context: bool = False,
+def text_units(handle: ModelHandle, samples, max_tokens, past_context: bool = False,
                prepend_bos: bool = True) -> list[Unit]:
     """One unit per document, cut to ``max_tokens`` and to the model's context (with one
     note when some document is longer; ``past_context``: not cut at the context, rotary
@@ -38,8 +38,9 @@ def text_units(model, samples, max_tokens, past_context: bool = False,
         out = lm.document_scores(lm.rows(output, row, row + 1), tokens[row : row + 1], mask[row : row + 1])
         return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
 
-    all_ids = [choice.text_ids(model, s.text, prepend_bos) for s in samples]
-    cap = context_cap(model, max_tokens, [len(ids) for ids in all_ids], "documents", past_context)
+    validation.flag(prepend_bos, "prepend_bos")
+    all_ids = [handle.token_ids(s.text, truncate=False, prepend_bos=prepend_bos).tolist() for s in samples]
+    cap = context_cap(handle, max_tokens, [len(ids) for ids in all_ids], "documents", past_context)
     for s, ids in zip(samples, all_ids, strict=True):
         if len(ids[:cap] if cap else ids) < 2:
             raise InvalidArgumentError(

@@ -37,29 +37,6 @@ def kinds_of(hook_point_names: Iterable[str]) -> set[str]:
     return kinds
 
 
-def _probe_tokens(handle) -> torch.Tensor:
-    n_vocab = handle.d_vocab or 8
-    n = min(6, handle.context_length() or 6)  # a compiled tracr model may take only 3
-    ids = [i % n_vocab for i in range(5, 5 + n)]
-    return torch.tensor([ids], dtype=torch.long, device=handle.device)
-
-
-def _run(handle, tokens, edit_name, edit_fn, z_names):
-    seen = {}
-
-    def keeper(name):
-        def keep(z, hook):
-            seen[name] = z.detach().float().clone()
-        return keep
-
-    hooks = [(n, keeper(n)) for n in z_names]
-    if edit_name is not None:
-        hooks = [(edit_name(ly), edit_fn) for ly in range(handle.n_layers)] + hooks
-    with torch.no_grad():
-        logits = handle.run_with_hooks(tokens, hooks)
-    return logits, seen
-
-
 def _zero_head0(pattern, hook=None):
     out = pattern.clone()
     out[:, 0] = 0
@@ -86,16 +63,36 @@ def ensure_edits_act(model, kinds: Iterable[str]) -> None:
         return
     if "pattern" in todo:
         handle.enable_pattern_edits()
-    tokens = _probe_tokens(handle)
+    n = min(6, handle.context_length() or 6)  # a compiled tracr model may take only 3
+    tokens = torch.tensor([[i % (handle.d_vocab or 8) for i in range(5, 5 + n)]],
+                          dtype=torch.long, device=handle.device)
     z_names = [hook_names.z(ly) for ly in range(handle.n_layers)]
     z_names = [n for n in z_names if handle.has_hook(n)]
-    clean_logits, clean = _run(handle, tokens, None, None, z_names)
+
+    def run(edit_name, edit_fn) -> tuple[torch.Tensor, dict]:
+        """The logits and every layer's ``hook_z`` with ``edit_fn`` at ``edit_name(layer)``
+        in every layer (None: the clean run)."""
+        seen: dict[str, torch.Tensor] = {}
+
+        def keeper(name):
+            def keep(z, hook):
+                seen[name] = z.detach().float().clone()
+            return keep
+
+        hooks = [(n, keeper(n)) for n in z_names]
+        if edit_name is not None:
+            hooks = [(edit_name(ly), edit_fn) for ly in range(handle.n_layers)] + hooks
+        with torch.no_grad():
+            logits = handle.run_with_hooks(tokens, hooks)
+        return logits, seen
+
+    clean_logits, clean = run(None, None)
     for kind in todo:
         name, fn, heads = {
             "pattern": (hook_names.pattern, _zero_head0, slice(0, 1)),
             "values": (hook_names.values, _zero, slice(None)),
         }[kind]
-        logits, edited = _run(handle, tokens, name, fn, z_names)
+        logits, edited = run(name, fn)
         if z_names:
             failed = [
                 n for n in z_names
