@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from cwlens.engine.handle import wrap
 from cwlens.groundtruth import edge_study
 from cwlens.groundtruth.edge_study import EdgeInput, EdgeSettings, edge_kinds, run_edges, summarise
 from cwlens.groundtruth.edges import edge_effects
@@ -33,7 +34,7 @@ def test_edge_kinds_partition_the_keys():
 
 def test_one_edge_removed_jointly_is_its_single_effect(model):
     item = _items(1)[0]
-    record = edge_study.measure_input(model, item, methods=("attention", "contribution"))
+    record = edge_study.measure_input(wrap(model), item, methods=("attention", "contribution"))
     fx = edge_effects(model, item.tokens)
     for li, layer in enumerate(record["layers"]):
         best = float(fx.effect[li][fx.eligible[li]].max())

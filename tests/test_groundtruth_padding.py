@@ -50,7 +50,7 @@ def test_rollout_leaves_padding_heads_out():
     model = float64_copy(program.model)
     tokens = cwlens.groundtruth.encode(model, [["BOS", "a", "c", "b", "d"], ["BOS", "b", "b", "a", "c"]])
     logits, cache = cwlens.circuits.run_with_cache(model, tokens)
-    got = input_scores(model, tokens, cache, answers_of(logits))["rollout"]
+    got = input_scores(cwlens.wrap(model), tokens, cache, answers_of(logits))["rollout"]
     patterns = torch.stack([cache[f"blocks.{ly}.attn.hook_pattern"] for ly in (0, 3)])
     assert_close(got, rollout(patterns))
 

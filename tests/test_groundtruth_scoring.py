@@ -11,6 +11,7 @@ import torch
 from torch.testing import assert_close
 
 from cwlens.core.bootstrap import holm, paired_bootstrap, studentized
+from cwlens.engine.handle import wrap
 from cwlens.groundtruth import methods, report, scoring
 from cwlens.groundtruth.codec import encode
 from cwlens.groundtruth.evaluate import all_scores, corrupt, float64_copy, score_program
@@ -109,7 +110,7 @@ def test_patching_equals_patch_heads(gate):
     tokens = encode(model, inputs)
     bad = encode(model, corrupt(inputs, gate.vocab, 3))
     answers = methods.answers_of(model(tokens))
-    got = patching_effects(model, tokens, bad, answers)
+    got = patching_effects(wrap(model), tokens, bad, answers)
     for b in range(2):
         clean = methods.outputs(model(tokens[b:b + 1]), answers[b:b + 1]).double()
 
@@ -130,7 +131,7 @@ def test_captum_scores_equal_autograd(gate):
     model = float64_copy(gate.model)
     tokens = encode(model, [["BOS", "a", "b", "a"]])
     answers = methods.answers_of(model(tokens))
-    got = captum_scores(model, tokens, answers)
+    got = captum_scores(wrap(model), tokens, answers)
     name = "blocks.0.hook_resid_pre"
     _, cache = model.run_with_cache(tokens, names_filter=[name])
     x = cache[name].detach()
@@ -243,7 +244,7 @@ def test_batched_flows_equal_token_flow(gate):
     model = float64_copy(gate.model)
     tokens = encode(model, [["BOS", "a", "b", "a"], ["BOS", "b", "a", "a"]])
     _, cache = cwlens.circuits.run_with_cache(model, tokens)
-    got = final_flows(cache, model)
+    got = final_flows(cache, wrap(model))
     for rule in FLOW_RULES:
         for b in range(2):
             want = cwlens.circuits.token_flow(cache, model, batch=b, rule=rule).flows[-1]
@@ -301,8 +302,8 @@ def test_the_silent_row_threshold_is_the_one_used_and_written(gate):
     tokens = encode(model, [["BOS", "b", "a", "b"]])  # every row of head 0 falls back
     logits, cache = circuit_cache(model, tokens)
     answers = methods.answers_of(logits)
-    masked = layer_scores(model, tokens, cache, answers)["contribution"][0, 0, 0, 1:]
-    unmasked = layer_scores(model, tokens, cache, answers, 0.0)["contribution"][0, 0, 0, 1:]
+    masked = layer_scores(wrap(model), tokens, cache, answers)["contribution"][0, 0, 0, 1:]
+    unmasked = layer_scores(wrap(model), tokens, cache, answers, 0.0)["contribution"][0, 0, 0, 1:]
     assert (masked == 0).all() and (unmasked.sum(-1) - 1).abs().max() < 1e-6  # the leak, shared out
     scores = score_program(gate, n_inputs=6, seed=0, n_boot=20, zero_output=0.0)
     assert report.program_json(scores)["silent_row_threshold"] == 0.0

@@ -146,8 +146,7 @@ def run(args) -> int:
 
 def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
     start, end, key = block
-    model = load_model(args)
-    handle = wrap(model)
+    handle = wrap(load_model(args))
     items = _items(args, handle)
     data = "text" if args.text else args.data
     config = {"model": args.model, "data": data, "objective": args.objective, "dtype": args.dtype,
@@ -159,7 +158,7 @@ def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
     t0 = time.perf_counter()
     settings = EdgeSettings(args.objective, None if args.layers is None else list(args.layers),
                             getattr(torch, args.dtype), tuple(args.methods))
-    records = run_edges(model, items, out, config, resume=not args.no_resume,
+    records = run_edges(handle, items, out, config, resume=not args.no_resume,
                         progress=not args.no_progress, settings=settings)
     header = {k: config[k] for k in ("model", "data", "objective", "dtype", "max_tokens", "query")}
     if not (args.text or args.data in TEXT_DATA) or handle.is_encoder:

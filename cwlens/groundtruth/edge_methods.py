@@ -27,9 +27,9 @@ from cwlens.circuits import direct_math
 from cwlens.core import metrics
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.gradients import attention_gradient
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import UnknownOptionError
-from cwlens.groundtruth.edges import UNSIGNED, EdgeEffects, Reader, model_in
+from cwlens.groundtruth.edges import UNSIGNED, EdgeEffects, Reader, handle_in
 from cwlens.groundtruth.layer_scores import GEOMETRY_METRICS
 
 GEOMETRY = {m: GEOMETRY_METRICS[m] for m in (  # method -> (registry metric, kind)
@@ -54,8 +54,7 @@ def method_weights(model, fx: EdgeEffects, methods: Sequence[str] = EDGE_METHODS
     """``{method: [layer, head, key]}`` float64 on the CPU for the input, query, layers and
     objective of ``fx`` (the model in ``fx.dtype``, as the effects were measured)."""
     methods = check_methods(methods)
-    run_model = model_in(model, fx.dtype)
-    handle = wrap(run_model)
+    handle = handle_in(wrap(model), fx.dtype)
     tokens = fx.tokens[None].to(handle.device)
     q = fx.query
     names = set(handle.info.hooks(fx.layers)) | {hook_names.final_scale()}
@@ -66,29 +65,28 @@ def method_weights(model, fx: EdgeEffects, methods: Sequence[str] = EDGE_METHODS
             if method in GEOMETRY:
                 metric, kind = GEOMETRY[method]
                 out[method] = torch.stack([
-                    metrics.from_geometry(adapter.geometry(cache, run_model, ly), metric, kind)[0, :, q, :]
+                    metrics.from_geometry(adapter.geometry(cache, handle, ly), metric, kind)[0, :, q, :]
                     .double().cpu() for ly in fx.layers])
     if "attention_gradient" in methods:
-        out["attention_gradient"] = _attention_gradient(run_model, tokens, fx)
+        out["attention_gradient"] = _attention_gradient(handle, tokens, fx)
     if "direct_logit_attribution" in methods:
-        out["direct_logit_attribution"] = _dla(run_model, cache, fx)
+        out["direct_logit_attribution"] = _dla(handle, cache, fx)
     return {m: out[m] for m in methods}
 
 
-def _attention_gradient(run_model, tokens: torch.Tensor, fx: EdgeEffects) -> torch.Tensor:
+def _attention_gradient(handle: ModelHandle, tokens: torch.Tensor, fx: EdgeEffects) -> torch.Tensor:
     if fx.objective in UNSIGNED:
         return torch.full_like(fx.effect, float("nan"))
     reader = Reader(fx.objective, fx.target)
     q = fx.query
-    grads = attention_gradient(run_model, tokens, layers=fx.layers,
+    grads = attention_gradient(handle, tokens, layers=fx.layers,
                                loss=lambda logits: -reader(logits[:, q]).sum())
     return torch.stack([grads[ly][0, :, q, :].double().cpu() for ly in fx.layers])
 
 
-def _dla(run_model, cache, fx: EdgeEffects) -> torch.Tensor:
+def _dla(handle: ModelHandle, cache, fx: EdgeEffects) -> torch.Tensor:
     if fx.objective in UNSIGNED:
         return torch.full_like(fx.effect, float("nan"))
-    handle = wrap(run_model)
     W_U, _ = handle.unembed()
     if fx.objective == "logit_diff":  # logprob, nll, logit: the target's own column
         answers, foils = torch.tensor([[fx.target[0]]]), torch.tensor([[fx.target[1]]])
@@ -110,9 +108,9 @@ def _dla(run_model, cache, fx: EdgeEffects) -> torch.Tensor:
              else torch.ones(1, 1, dtype=torch.float64))
     rows = []
     for ly in fx.layers:
-        pattern = adapter.read(cache, hook_names.pattern(ly), run_model)
-        v = adapter.read(cache, hook_names.values(ly), run_model)
-        terms = direct_math.head_key_terms(pattern, v, wrap(run_model).W_O(ly), u_eff.to(pattern.device),
+        pattern = adapter.read(cache, hook_names.pattern(ly), handle)
+        v = adapter.read(cache, hook_names.values(ly), handle)
+        terms = direct_math.head_key_terms(pattern, v, handle.W_O(ly), u_eff.to(pattern.device),
                                            scale.to(pattern.device), q.to(pattern.device))
         rows.append(terms[0, 0].double().cpu())  # [head, key]
     return torch.stack(rows)

@@ -10,6 +10,7 @@ value matters to the output, so the methods can disagree with it."""
 
 from collections.abc import Sequence
 
+from cwlens.engine.handle import wrap
 from cwlens.groundtruth.codec import encode
 from cwlens.groundtruth.edge_methods import EDGE_METHODS, method_weights
 from cwlens.groundtruth.edge_study import EdgeInput, record_of
@@ -21,14 +22,14 @@ def program_records(program, n_inputs: int, seed: int = 0,
                     methods: Sequence[str] = EDGE_METHODS) -> list[dict]:
     """One record (:func:`cwlens.groundtruth.edge_study.record_of`) per input of
     ``program.sample_inputs(n_inputs, seed)``."""
-    model = program.model
+    handle = wrap(program.model)
     padding = padding_heads(program)
     records = []
     for i, inp in enumerate(program.sample_inputs(n_inputs, seed)):
-        tokens = encode(model, inp)[0]
-        fx = edge_effects(model, tokens, query=-1, objective="logit")
+        tokens = encode(handle, inp)[0]
+        fx = edge_effects(handle, tokens, query=-1, objective="logit")
         fx.alpha[padding[fx.layers]] = 0.0  # padding heads: no edge of the program
         fx.effect[padding[fx.layers]] = 0.0
-        weights = method_weights(model, fx, methods)
-        records.append(record_of(model, EdgeInput(f"{program.name}-{i:04d}", tokens), fx, weights))
+        weights = method_weights(handle, fx, methods)
+        records.append(record_of(handle, EdgeInput(f"{program.name}-{i:04d}", tokens), fx, weights))
     return records

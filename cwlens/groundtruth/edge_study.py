@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from cwlens.core import bootstrap, edge_scoring
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth.edge_methods import EDGE_METHODS, method_weights
 from cwlens.groundtruth.edges import EdgeEffects, edge_effects, joint_effects
@@ -80,17 +81,17 @@ def _shares(values: torch.Tensor, ok: torch.Tensor, kinds: dict[str, torch.Tenso
     return {k: (float(mag[:, m].sum()) / total if total > 0 else float("nan")) for k, m in kinds.items()}
 
 
-def measure_input(model, item: EdgeInput, objective: str = "logprob", layers=None,
+def measure_input(handle: ModelHandle, item: EdgeInput, objective: str = "logprob", layers=None,
                   dtype: torch.dtype = torch.float64, methods: Sequence[str] = EDGE_METHODS,
                   ks: Sequence[int] = edge_scoring.KS) -> dict:
     """The record of one input (see the module docstring): JSON-ready."""
-    fx = edge_effects(model, item.tokens, query=item.query, target=item.target, layers=layers,
+    fx = edge_effects(handle, item.tokens, query=item.query, target=item.target, layers=layers,
                       objective=objective, dtype=dtype)
-    weights = method_weights(model, fx, methods)
-    return record_of(model, item, fx, weights, ks)
+    weights = method_weights(handle, fx, methods)
+    return record_of(handle, item, fx, weights, ks)
 
 
-def record_of(model, item: EdgeInput, fx: EdgeEffects, weights: dict[str, torch.Tensor],
+def record_of(handle: ModelHandle, item: EdgeInput, fx: EdgeEffects, weights: dict[str, torch.Tensor],
               ks: Sequence[int] = edge_scoring.KS) -> dict:
     kinds = edge_kinds(fx.query, fx.effect.shape[-1])
     per_layer: list[dict] = []
@@ -121,7 +122,7 @@ def record_of(model, item: EdgeInput, fx: EdgeEffects, weights: dict[str, torch.
                 labels.append((li, name, k))
                 additive.append(float(e[ok][pick].sum()))
         per_layer.append(row)
-    drops = joint_effects(model, fx, sets) if sets else torch.zeros(0)
+    drops = joint_effects(handle, fx, sets) if sets else torch.zeros(0)
     for (li, name, k), drop, add in zip(labels, drops.tolist(), additive, strict=True):
         per_layer[li].setdefault("joint", {}).setdefault(name, {})[str(k)] = {"drop": drop, "additive": add}
     record = {"id": item.id, "n_tokens": int(fx.tokens.numel()), "query": fx.query,
@@ -146,8 +147,8 @@ class EdgesJob(Job):
     first n inputs of a folder that holds more reuses them (the settings in
     ``config.json`` must match: the input list is not part of them)."""
 
-    def __init__(self, model, items: list[EdgeInput], spec: JobSpec, settings: dict):
-        self.model, self.items, self.spec, self.settings = model, items, spec, settings
+    def __init__(self, handle: ModelHandle, items: list[EdgeInput], spec: JobSpec, settings: dict):
+        self.handle, self.items, self.spec, self.settings = handle, items, spec, settings
 
     def _path(self, item: EdgeInput) -> Path:
         return self.spec.folder / "inputs" / f"{item.id}-{item_key(item)}.json"  # type: ignore[operator]
@@ -194,7 +195,7 @@ class EdgesJob(Job):
 
     def do(self, index):
         item = self.items[index]
-        record = measure_input(self.model, item, **self.settings)
+        record = measure_input(self.handle, item, **self.settings)
         if self.spec.folder is None:
             self.memory[item.id] = record
         else:
@@ -222,11 +223,12 @@ def run_edges(model, items: list[EdgeInput], folder: str | Path | None, config: 
               settings: EdgeSettings | None = None) -> list[dict]:
     """Measure every input (resumable in ``folder``; torchrun shards the inputs) and return
     the records in input order."""
+    handle = wrap(model)
     spec = JobSpec("edge ground-truth configuration", config, None if folder is None else Path(folder),
                    resume, len(items), "edges", "input", progress)
     s = settings or EdgeSettings()
     kwargs = {"objective": s.objective, "layers": s.layers, "dtype": s.dtype, "methods": tuple(s.methods)}
-    return run_job(EdgesJob(model, items, spec, kwargs))
+    return run_job(EdgesJob(handle, items, spec, kwargs))
 
 
 # -- the summary -----------------------------------------------------------------------------

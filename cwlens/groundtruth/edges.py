@@ -170,14 +170,23 @@ def resolve_query(query: int, n: int) -> int:
 def model_in(model: Any, dtype: torch.dtype) -> Any:
     """``model`` itself where its weights are ``dtype``, else a copy in ``dtype`` (float32
     weights are exact in float64): cached on the model's handle, so a loop over inputs
-    copies once."""
-    param = next(wrap(model).model.parameters(), None)
-    if param is None or param.dtype == dtype:
-        return model
+    copies once (:func:`handle_in`)."""
     handle = wrap(model)
+    run = handle_in(handle, dtype)
+    return model if run is handle else run.model
+
+
+def handle_in(handle: ModelHandle, dtype: torch.dtype) -> ModelHandle:
+    """``handle`` itself where its model's weights are ``dtype``, else the handle of a copy
+    in ``dtype`` (float32 weights are exact in float64), cached on ``handle``: a loop over
+    inputs copies (and wraps the copy) once."""
+    param = next(handle.model.parameters(), None)
+    if param is None or param.dtype == dtype:
+        return handle
     cached = getattr(handle, "_edge_copies", {})
     if dtype not in cached:
-        cached = {dtype: copy.deepcopy(handle.model).to(dtype)}  # one copy at a time
+        copied = copy.deepcopy(handle.model).to(dtype)  # one copy at a time
+        cached = {dtype: wrap(copied)}  # a new model: its handle is made here, once
         handle._edge_copies = cached  # type: ignore[attr-defined]
     return cached[dtype]
 
@@ -297,7 +306,7 @@ def edge_effects(
     if dtype not in (torch.float32, torch.float64):
         raise InvalidArgumentError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
     handle = wrap(model)
-    resolved, _ = adapter.resolve_layers(model, layers)
+    resolved, _ = adapter.resolve_layers(handle, layers)
     tokens = tokens_of(handle, input)
     n = tokens.shape[1]
     q = resolve_query(query, n)
@@ -309,8 +318,7 @@ def edge_effects(
     next_token = int(tokens[0, q + 1]) if (not encoder and q + 1 < n) else None
     if not encoder:
         tokens = tokens[:, :q + 1]
-    run_model = model_in(model, dtype)
-    run = wrap(run_model)
+    run = handle_in(handle, dtype)
     why = supports_prefix(run)
     if path == "prefix" and why is not None:
         raise InvalidArgumentError(f"path='prefix' does not apply: {why}. Use path='full' or 'auto'.")
@@ -326,8 +334,8 @@ def edge_effects(
         alphas, rows, layer_ids, heads, deltas = [], [], [], [], []
         at_query: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # kept for joint_effects
         for li, layer in enumerate(resolved):
-            pattern = adapter.read(cache, hook_names.pattern(layer), run_model)[0, :, q, :]  # [h, k]
-            v = adapter.read(cache, hook_names.values(layer), run_model)[0]  # [k, kv or h, d]
+            pattern = adapter.read(cache, hook_names.pattern(layer), run)[0, :, q, :]  # [h, k]
+            v = adapter.read(cache, hook_names.values(layer), run)[0]  # [k, kv or h, d]
             at_query[layer] = (pattern, v)
             group = pattern.shape[0] // v.shape[1]
             alphas.append(pattern.double().cpu())
@@ -382,8 +390,7 @@ def joint_effects(model: Any, fx: EdgeEffects,
     """``[len(sets)]``: ``objective(clean) - objective(ablated)`` with each set's edges
     removed together, at ``fx``'s input, query and objective (the same model dtype and
     path). A set is ``(layer index into fx.layers, heads [k], keys [k])``."""
-    run_model = model_in(model, fx.dtype)
-    run = wrap(run_model)
+    run = handle_in(wrap(model), fx.dtype)
     tokens = fx.tokens[None].to(run.device)
     q = fx.query
     rows, layer_ids, heads, deltas = [], [], [], []
@@ -394,8 +401,8 @@ def joint_effects(model: Any, fx: EdgeEffects,
             names = set(run.info.hooks(layers)) | {_read_hook(run, fx.objective)}
             logits, cache = run.cached_run(tokens, names.__contains__)
             reader, _ = _reader(fx.objective, fx.target, logits[:, q], cache, run)
-            at_query = {ly: (adapter.read(cache, hook_names.pattern(ly), run_model)[0, :, q, :],
-                             adapter.read(cache, hook_names.values(ly), run_model)[0]) for ly in layers}
+            at_query = {ly: (adapter.read(cache, hook_names.pattern(ly), run)[0, :, q, :],
+                             adapter.read(cache, hook_names.values(ly), run)[0]) for ly in layers}
         if runner is None and fx.path == "prefix":
             runner = PrefixRunner(run, tokens)
         for r, (li, h, k) in enumerate(sets):

@@ -60,11 +60,12 @@ def all_scores(model, tokens: torch.Tensor, corrupted: torch.Tensor,
                zero_output: float = ZERO_OUTPUT) -> tuple[dict, torch.Tensor]:
     """``({level: {method: [batch, ...]}}, logits)`` of every method on ``tokens``;
     ``zero_output``: the silent-row threshold (:func:`~cwlens.groundtruth.layer_scores.silent_rows`)."""
-    logits, cache = circuit_cache(model, tokens)
+    handle = wrap(model)
+    logits, cache = circuit_cache(handle, tokens)
     answers = answers_of(logits)
-    out = {"layer": layer_scores(model, tokens, cache, answers, zero_output),
-           "input": input_scores(model, tokens, cache, answers),
-           "component": component_scores(model, tokens, cache, answers, corrupted, zero_output)}
+    out = {"layer": layer_scores(handle, tokens, cache, answers, zero_output),
+           "input": input_scores(handle, tokens, cache, answers),
+           "component": component_scores(handle, tokens, cache, answers, corrupted, zero_output)}
     return out, logits
 
 
@@ -116,15 +117,14 @@ def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_
         raise InvalidArgumentError(
             f"n_inputs must be an int >= {MIN_INPUTS} (the bootstrap intervals need three "
             f"inputs; the shipped tables use {DEFAULT_INPUTS}); got {n_inputs!r}.")
-    model = float64_copy(program.model)
-    handle = wrap(model)
+    handle = wrap(float64_copy(program.model))
     causal = not handle.is_encoder
     inputs = program.sample_inputs(n_inputs, seed=seed)
     truths = program.truth(inputs)
     check_agreement(program, inputs, [t.output for t in truths])
     corrupted = corrupt(inputs, program.vocab, seed + 1)
     heads = scoring.component_labels(program.components, handle.n_layers, handle.n_heads)
-    scored_heads = ~padding_heads(model)  # tracr's zero-weight padding heads: in no score
+    scored_heads = ~padding_heads(handle)  # tracr's zero-weight padding heads: in no score
     groups: dict[int, list[int]] = {}
     for i, row in enumerate(inputs):
         groups.setdefault(len(row), []).append(i)
@@ -133,9 +133,9 @@ def evaluate(program: Any, n_inputs: int = DEFAULT_INPUTS, seed: int = 0, batch_
     rows: list[dict] = []
     bar = _bar(len(inputs), program.name, progress)
     for ids in batches:
-        tokens = encode(model, [inputs[i] for i in ids])
-        bad = encode(model, [corrupted[i] for i in ids])
-        scores, _ = all_scores(model, tokens, bad, zero_output)
+        tokens = encode(handle, [inputs[i] for i in ids])
+        bad = encode(handle, [corrupted[i] for i in ids])
+        scores, _ = all_scores(handle, tokens, bad, zero_output)
         for b, i in enumerate(ids):
             truth = truths[i]
             one = {lv: {m: v[b] for m, v in per.items()} for lv, per in scores.items()}

@@ -12,7 +12,7 @@ import torch
 from cwlens.circuits import flow_math
 from cwlens.core.rollout import rollout
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import ModelNotAvailableError
 from cwlens.groundtruth.methods import IG_STEPS, outputs
 from cwlens.groundtruth.padding import padding_heads, without_padding
@@ -31,34 +31,33 @@ def require_captum():
     return attr
 
 
-def input_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor) -> dict[str, torch.Tensor]:
+def input_scores(handle: ModelHandle, tokens: torch.Tensor, cache,
+                 answers: torch.Tensor) -> dict[str, torch.Tensor]:
     """``{method: [batch, query_pos, key_pos]}`` float64 for every ``input`` method, from
     ``cache`` (:func:`cwlens.circuits.run_with_cache` of ``tokens``) and captum's passes.
     Rollout averages each layer's real heads, tracr's padding heads left out
     (:func:`cwlens.groundtruth.padding.without_padding`). Row 0 (BOS, not an output) is
     left at 0 for the captum methods."""
-    handle = wrap(model)
-    patterns = torch.stack([adapter.read(cache, hook_names.pattern(ly), model)
+    patterns = torch.stack([adapter.read(cache, hook_names.pattern(ly), handle)
                             for ly in range(handle.n_layers)])  # [layer, b, h, q, k]
-    out = {"rollout": rollout(without_padding(patterns, padding_heads(model))).cpu()}
-    out.update(final_flows(cache, model))
-    out.update(captum_scores(model, tokens, answers))
+    out = {"rollout": rollout(without_padding(patterns, padding_heads(handle))).cpu()}
+    out.update(final_flows(cache, handle))
+    out.update(captum_scores(handle, tokens, answers))
     return out
 
 
-def final_flows(cache, model) -> dict[str, torch.Tensor]:
+def final_flows(cache, handle: ModelHandle) -> dict[str, torch.Tensor]:
     """``{"flow_<rule>": [batch, query_pos, key_pos]}``: the token flow's composed flows into
     the final stream (:func:`cwlens.circuits.token_flow`'s ``flows[-1]``) for every rule, all
     sequences of the batch at once (one geometry per layer; equal to ``token_flow`` run on
     each sequence, tests/test_groundtruth_scoring.py)."""
-    handle = wrap(model)
-    adapter.check_residual_model(model, "The token flow")
-    adapter.check_residual_sum(cache, model, "The token flow")
+    adapter.check_residual_model(handle, "The token flow")
+    adapter.check_residual_sum(cache, handle, "The token flow")
     per_rule: dict[str, list[torch.Tensor]] = {rule: [] for rule in FLOW_RULES}
     for layer in range(handle.n_layers):
-        r = adapter.read(cache, hook_names.resid_pre(layer), model).double()
-        a = adapter.read(cache, hook_names.resid_mid(layer), model).double() - r
-        geo = adapter.geometry(cache, model, layer)
+        r = adapter.read(cache, hook_names.resid_pre(layer), handle).double()
+        a = adapter.read(cache, hook_names.resid_mid(layer), handle).double() - r
+        geo = adapter.geometry(cache, handle, layer)
         c = geo.contribution("inter").sum(1).double()  # [b, query, key]
         pattern, v, w_o = geo.pattern.double(), geo.v.double(), geo.W_O.double()
         v_heads = v.repeat_interleave(w_o.shape[0] // v.shape[2], dim=2)  # [b, key, head, d]
@@ -69,7 +68,7 @@ def final_flows(cache, model) -> dict[str, torch.Tensor]:
     return {f"flow_{rule}": flow_math.compose(torch.stack(f))[-1].cpu() for rule, f in per_rule.items()}
 
 
-def captum_scores(model, tokens: torch.Tensor, answers: torch.Tensor) -> dict[str, torch.Tensor]:
+def captum_scores(handle: ModelHandle, tokens: torch.Tensor, answers: torch.Tensor) -> dict[str, torch.Tensor]:
     """Saliency, input x gradient and integrated gradients of ``y_q`` for every output
     position ``q >= 1`` w.r.t. the layer-0 residual, reduced over ``d_model``:
     ``{method: [batch, query_pos, key_pos]}`` float64 (row 0 left at 0).
@@ -78,7 +77,6 @@ def captum_scores(model, tokens: torch.Tensor, answers: torch.Tensor) -> dict[st
     ``(q, b)`` returns ``y_q`` of sequence ``b`` (each row's attribution is its own: rows
     do not interact)."""
     attr = require_captum()
-    handle = wrap(model)
     b, n = tokens.shape
     name = hook_names.resid_pre(0)
     with torch.no_grad():

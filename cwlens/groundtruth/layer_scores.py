@@ -8,7 +8,7 @@ from cwlens.circuits.patching import replace_heads_hook
 from cwlens.core import metrics
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.gradients import attention_gradient
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth.methods import output_loss, outputs
 
@@ -48,17 +48,17 @@ NORMALISED_BY = {"value_weighted_output_normalized": "inter", "contribution_intr
                  "contribution": "inter", "contribution_abs": "inter", "alti_attention": "inter"}
 
 
-def layer_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
+def layer_scores(handle: ModelHandle, tokens: torch.Tensor, cache, answers: torch.Tensor,
                  zero_output: float = ZERO_OUTPUT) -> dict[str, torch.Tensor]:
     """``{method: [batch, layer, head_index, query_pos, key_pos]}`` float64 for every
     ``layer`` method, from ``cache`` (:func:`cwlens.circuits.run_with_cache` of ``tokens``)
     and one backward pass for the gradients. The methods normalised by the attention
     output (:data:`NORMALISED_BY`) are 0 in the rows where it is zero (:func:`silent_rows`
     with ``threshold=zero_output``)."""
-    n_layers = wrap(model).n_layers
+    n_layers = handle.n_layers
     per: dict[str, list[torch.Tensor]] = {m: [] for m in GEOMETRY_METRICS}
     for layer in range(n_layers):
-        geo = adapter.geometry(cache, model, layer)
+        geo = adapter.geometry(cache, handle, layer)
         silent = {kind: silent_rows(geo, kind, zero_output)[..., None].cpu() for kind in ("intra", "inter")}
         for method, (metric, kind) in GEOMETRY_METRICS.items():
             values = metrics.from_geometry(geo, metric, kind).double().cpu()
@@ -66,7 +66,7 @@ def layer_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
                 values = values.masked_fill(silent[NORMALISED_BY[method]], 0.0)
             per[method].append(values)
     out = {m: torch.stack(v, 1) for m, v in per.items()}
-    grads = attention_gradient(model, tokens, loss=output_loss(answers))
+    grads = attention_gradient(handle, tokens, loss=output_loss(answers))
     signed = torch.stack([grads[ly].double().cpu() for ly in range(n_layers)], 1)
     out["attention_gradient"] = signed
     out["attention_gradient_abs"] = signed.abs()
@@ -74,11 +74,10 @@ def layer_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
 
 
 # -- component level -----------------------------------------------------------------------
-def _directions(model, answers: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def _directions(handle: ModelHandle, answers: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """``u'``: ``[batch, pos, d_model]`` the unembedding column of each position's output,
     read through the final norm's weight and centring where the model has a norm; and
     whether it has one."""
-    handle = wrap(model)
     W_U, _ = handle.unembed()
     u = W_U.to(torch.float64).T[answers.to(W_U.device)]
     weight, _, centres = handle.final_norm()
@@ -89,20 +88,19 @@ def _directions(model, answers: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return u, weight is not None or centres
 
 
-def component_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
+def component_scores(handle: ModelHandle, tokens: torch.Tensor, cache, answers: torch.Tensor,
                      corrupted: torch.Tensor, zero_output: float = ZERO_OUTPUT) -> dict[str, torch.Tensor]:
     """``{method: [batch, layer, head_index]}`` float64 for every ``component`` method.
     ``corrupted``: tokens of ``tokens``' shape whose ``hook_z`` patching reads."""
-    handle = wrap(model)
     b, n = tokens.shape
     queries = torch.arange(1, n)
-    u, normed = _directions(model, answers)
+    u, normed = _directions(handle, answers)
     scale_name = hook_names.final_scale()
     scale = (cache[scale_name][..., 0].double() if normed and scale_name in cache.keys()
              else torch.ones(b, n, dtype=torch.float64))
     off_bos, share, dla = [], [], []
     for layer in range(handle.n_layers):
-        geo = adapter.geometry(cache, model, layer)
+        geo = adapter.geometry(cache, handle, layer)
         a = geo.attention().double()[:, :, 1:, :]  # [b, h, q >= 1, k]
         off_bos.append((1 - a[..., 0]).mean(-1))
         c = geo.contribution("inter").double().masked_fill(silent_rows(geo, "inter", zero_output)[..., None], 0.0)
@@ -115,11 +113,11 @@ def component_scores(model, tokens: torch.Tensor, cache, answers: torch.Tensor,
     out = {"attention_off_bos": torch.stack(off_bos, 1).cpu(),
            "contribution_share": torch.stack(share, 1).cpu(),
            "direct_logit_attribution": torch.stack(dla, 1).double().cpu()}
-    out["activation_patching"] = patching_effects(model, tokens, corrupted, answers)
+    out["activation_patching"] = patching_effects(handle, tokens, corrupted, answers)
     return out
 
 
-def patching_effects(model, tokens: torch.Tensor, corrupted: torch.Tensor,
+def patching_effects(handle: ModelHandle, tokens: torch.Tensor, corrupted: torch.Tensor,
                      answers: torch.Tensor) -> torch.Tensor:
     """``[batch, layer, head_index]``: per input, ``mean_{q >= 1} |y_q(clean) - y_q(patched)|``
     where head ``h``'s ``hook_z`` is taken from ``corrupted`` (one pass per layer, the
@@ -129,7 +127,6 @@ def patching_effects(model, tokens: torch.Tensor, corrupted: torch.Tensor,
         raise InvalidArgumentError(
             f"corrupted tokens {list(corrupted.shape)} must have the clean tokens' shape "
             f"{list(tokens.shape)}: patching swaps activations position by position.")
-    handle = wrap(model)
     b = tokens.shape[0]
     names = {hook_names.z(ly) for ly in range(handle.n_layers)}
     with torch.no_grad():

@@ -112,10 +112,10 @@ class CompiledProgram:
         missing = [k for k in keys if k not in self._shipped]
         if missing:
             program = self._program(f"the truth of {list(missing[0])!r} (not among the shipped inputs)")
-            n_layers, n_heads = wrap(self.model).n_layers, wrap(self.model).n_heads
+            handle = wrap(self.model)
             for k in missing:
                 self._shipped[k] = compute(program, list(k), self.vocab, list(self.placements),
-                                           n_layers, n_heads)
+                                           handle.n_layers, handle.n_heads)
         return [self._shipped[k] for k in keys]
 
     def _program(self, what: str) -> Any:
@@ -162,7 +162,8 @@ def load(name: str) -> CompiledProgram:
         >>> [round(v, 3) for v in groundtruth.decode(program.model, logits)[1:]]
         [1.0, 0.5, 0.667]
         >>> truth = program.truth(program.sample_inputs(1, seed=0))[0]
-        >>> truth.movement.shape[:2] == (cwlens.wrap(program.model).n_layers, cwlens.wrap(program.model).n_heads)
+        >>> handle = cwlens.wrap(program.model)
+        >>> truth.movement.shape[:2] == (handle.n_layers, handle.n_heads)
         True
     """
     if not isinstance(name, str) or name not in names():
@@ -180,7 +181,8 @@ def load(name: str) -> CompiledProgram:
     model = build(weights, TracrLayout.from_json(meta["layout"]), name)
     truth = {k[len("truth."):]: v for k, v in arrays.items() if k.startswith("truth.")}
     inputs = [list(r) for r in meta["inputs"]]
-    truths = unpack(truth, inputs, meta["outputs"], wrap(model).n_layers, wrap(model).n_heads)
+    handle = wrap(model)
+    truths = unpack(truth, inputs, meta["outputs"], handle.n_layers, handle.n_heads)
     return CompiledProgram(
         name, model, tuple(meta["vocab"]), int(meta["max_seq_len"]), meta["bos"],
         (PROGRAMS / f"{name}.py").read_text(), meta["description"],
