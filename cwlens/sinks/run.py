@@ -13,7 +13,7 @@ import torch
 
 from cwlens.engine import adapter, validation
 from cwlens.engine.batching import context_cap, pad_batch, token_ids
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.runs import distributed
@@ -105,11 +105,11 @@ def passes_per_batch(cfg: SinkConfig) -> int:
     return 1 + (1 + 2 * len(cfg.scales) if cfg.intervention else 0)
 
 
-def _check_model(model, intervention: bool) -> None:
+def _check_model(handle: ModelHandle, intervention: bool) -> None:
     """Fail before any compute, not at the first intervention."""
     if intervention:
         adapter.require_next_token_model(
-            model, "The sink-norm intervention",
+            handle.model, "The sink-norm intervention",
             "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
         )
 
@@ -162,13 +162,14 @@ def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool 
     if not samples:
         raise EmptyInputError("No samples to analyse: pass at least one text.")
     samples = check_samples(samples)
-    _check_model(model, cfg.intervention)
+    handle = wrap(model)
+    _check_model(handle, cfg.intervention)
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in RAW_PARTS}
-    todo = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
+    todo = batches(handle, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
     with validation.past_context_said(cfg.past_context), \
             bar(len(todo) * passes_per_batch(cfg), "sinks", "pass", enabled=progress, ticks=True):
         for bi, batch in enumerate(todo):
-            for k, v in analyse_batch(model, bi, batch, cfg).items():
+            for k, v in analyse_batch(handle, bi, batch, cfg).items():
                 parts[k].append(v)
     return derive(parts, cfg.eps)
 
@@ -235,16 +236,17 @@ def run_to_folder(model, samples, out_dir, config: SinkConfig | None = None, *, 
     rank returns them (:func:`cwlens.runs.jobs.run_job`). Its progress counts forward
     passes (:func:`passes_per_batch` per batch)."""
     cfg = SinkConfig.of(config, **settings)
-    _check_model(model, cfg.intervention)
+    handle = wrap(model)
+    _check_model(handle, cfg.intervention)
     distributed.require_session()
     samples = check_samples(samples)
-    plan = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
-    record = {"model": model_name or wrap(model).name or "model",
+    plan = batches(handle, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
+    record = {"model": model_name or handle.name or "model",
               "samples": [s.id for s in samples], **cfg.record()}
     spec = JobSpec("sinks configuration", record, Path(out_dir), resume, len(plan), "sinks",
                    "pass", progress)
     with validation.past_context_said(cfg.past_context):  # batches said it, once
-        return run_job(SinkJob(model, plan, cfg, spec, on_batch))
+        return run_job(SinkJob(handle, plan, cfg, spec, on_batch))
 
 
 def _layer_tables(geo, layer, batch: SinkBatch, eps, swept, causal=True) -> dict[str, pd.DataFrame]:
