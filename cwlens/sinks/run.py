@@ -73,19 +73,19 @@ def batches(model, samples, max_tokens: int | None, batch_size: int,
     return out
 
 
-def analyse_batch(model, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str, pd.DataFrame]:
+def analyse_batch(handle: ModelHandle, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str, pd.DataFrame]:
     """The raw tables (:data:`RAW_PARTS`) of batch ``bi``: per-sample rows, and per-batch
     histogram counts, mean curves and head measures (combined over batches by :func:`derive`).
 
     One streamed forward pass: each layer's geometry is built once and every analysis reads
     it while the model runs (no cache of every layer's pattern)."""
     ids, tokens, mask = batch
-    causal = not wrap(model).is_encoder
+    causal = not handle.is_encoder
     swept = bi < cfg.swept_batches
     # the swept check (recomputing norms from the changed pattern) on the first batch;
     # the closed form on all of them
     _, per_layer = stream_geometry(
-        model, tokens,
+        handle.model, tokens,
         lambda ly, geo: _layer_tables(geo, ly, batch, cfg.eps, swept, causal),
         attention_mask=mask,
     )
@@ -93,7 +93,7 @@ def analyse_batch(model, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str
     parts = {k: pd.concat([t[k] for t in per_layer], ignore_index=True) for k in per_layer[0]}
     if cfg.intervention:
         parts["ppl"], parts["norm"] = norm_intervention.sink_norm_intervention(
-            model, tokens, mask, scales=cfg.scales, seed=cfg.seed, sample_ids=ids
+            handle, tokens, mask, scales=cfg.scales, seed=cfg.seed, sample_ids=ids
         )
     return parts
 
@@ -180,8 +180,9 @@ class SinkJob(Job):
     a torchrun job share the folder); the merge derives the tables from every batch, and
     rank 0 writes them."""
 
-    def __init__(self, model, plan: list[SinkBatch], cfg: SinkConfig, spec: JobSpec, on_batch=None):
-        self.model, self.plan, self.cfg, self.spec, self.on_batch = model, plan, cfg, spec, on_batch
+    def __init__(self, handle: ModelHandle, plan: list[SinkBatch], cfg: SinkConfig, spec: JobSpec,
+                 on_batch=None):
+        self.handle, self.plan, self.cfg, self.spec, self.on_batch = handle, plan, cfg, spec, on_batch
 
     def open(self, resume, rank):
         self.store = RawStore(self.spec.folder, self.spec.config, resume)
@@ -209,7 +210,7 @@ class SinkJob(Job):
 
     def do(self, bi):
         batch = self.plan[bi]
-        self.store.write(bi, batch.ids, analyse_batch(self.model, bi, batch, self.cfg))
+        self.store.write(bi, batch.ids, analyse_batch(self.handle, bi, batch, self.cfg))
         if self.on_batch is not None:
             self.on_batch(bi)
         return 0  # its forward passes ticked as they ran
