@@ -115,20 +115,20 @@ def compare_with_patching(model, task: CircuitTask, k: int = 10, mode: str = "co
         raise InvalidArgumentError(
             f"k = {k} covers all {heads} heads of this model: every ranking's top {k} is every "
             f"head, so the overlap would be 1 by construction; pass k below {heads} (--k).")
-    logits, cache = circuit_cache(model, task.clean)
+    logits, cache = circuit_cache(handle, task.clean)
     batch = task.clean.shape[0]
     # progress in sequences run (cwlens.runs.progress): the batch 4 times, then n_heads x
     # batch per layer (patch_heads), so that the time left follows the work
     tick(batch)
-    scores: dict[str, HeadScores] = dict(head_scores(cache, model, task.queries, task.keys))
-    dla = direct_logit_attribution(cache, model, logits, task.queries, task.answers, task.foils)
+    scores: dict[str, HeadScores] = dict(head_scores(cache, handle, task.queries, task.keys))
+    dla = direct_logit_attribution(cache, handle, logits, task.queries, task.answers, task.foils)
     scores["direct_logit"] = dla.head_scores()
     del cache
     with torch.no_grad():
         clean_metric = float(task.metric(logits).mean())
-        corrupted_metric = float(task.metric(model(task.corrupted)).mean())
+        corrupted_metric = float(task.metric(handle(task.corrupted)).mean())
     tick(batch)
-    scores["patching"] = patch_heads(model, task.clean, task.metric, task.corrupted, mode=mode)
+    scores["patching"] = patch_heads(handle, task.clean, task.metric, task.corrupted, mode=mode)
     agreements = tuple(
         agreement(s, scores["patching"], k) for name, s in scores.items() if name != "patching"
     )

@@ -20,7 +20,7 @@ import torch
 from cwlens.circuits.results import HeadScores
 from cwlens.engine import hook_names
 from cwlens.engine.adapter import resolve_layers
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 from cwlens.runs.progress import tick
 
@@ -43,8 +43,7 @@ def replace_heads_hook(source: torch.Tensor, batch: int) -> Callable:
     return replace_heads
 
 
-def _z_of(model, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
-    handle = wrap(model)
+def _z_of(handle: ModelHandle, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
     names = {hook_names.z(layer) for layer in range(handle.n_layers)}
     with torch.no_grad():
         _, cache = handle.cached_run(tokens, names.__contains__)
@@ -52,7 +51,7 @@ def _z_of(model, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
 
 
 def patch_effects(
-    model,
+    handle: ModelHandle,
     clean: torch.Tensor,
     metric: Metric,
     corrupted: torch.Tensor | None = None,
@@ -77,7 +76,7 @@ def patch_effects(
                 "must be tokens of one length: model.to_tokens(texts) where they tokenize to "
                 "equal lengths (a padded list of texts would patch pads into tokens).")
 
-    chosen, _ = resolve_layers(model, layers)
+    chosen, _ = resolve_layers(handle.model, layers)
     if mode == "corrupt":
         if corrupted is None or corrupted.shape != clean.shape:
             got = None if corrupted is None else tuple(corrupted.shape)
@@ -85,23 +84,22 @@ def patch_effects(
                 f"mode='corrupt' needs corrupted tokens shaped like the clean ones "
                 f"{tuple(clean.shape)}; got {got}. Pass corrupted=... or use mode='mean'."
             )
-        sources = _z_of(model, corrupted)
+        sources = _z_of(handle, corrupted)
     else:
-        sources = {ly: z.mean(0, keepdim=True).expand_as(z) for ly, z in _z_of(model, clean).items()}
-    handle = wrap(model)
+        sources = {ly: z.mean(0, keepdim=True).expand_as(z) for ly, z in _z_of(handle, clean).items()}
     n_layers, n_heads, batch = handle.n_layers, handle.n_heads, clean.shape[0]
     # progress in sequences run, so that a bar's rate, and its time left, follow the work:
     # the batch twice, then n_heads x batch per patched layer (one pass each)
     tick(batch)
     with torch.no_grad():
-        base = metric(model(clean)).double()
+        base = metric(handle(clean)).double()
         tick(batch)
         repeated = clean.repeat(n_heads, 1)
         effect = torch.zeros(batch, n_layers, n_heads, dtype=torch.float64)
         for layer in chosen:
             hook = replace_heads_hook(sources[layer], batch)
             with handle.hooks([(hook_names.z(layer), hook)]):
-                patched = metric(model(repeated)).double().view(n_heads, batch)
+                patched = metric(handle(repeated)).double().view(n_heads, batch)
             effect[:, layer] = (base[None, :] - patched).T.cpu()
             tick(n_heads * batch)  # progress: one pass of the batch once per head
     return effect
@@ -124,7 +122,7 @@ def patch_heads(
         metric: logits ``[batch, pos, d_vocab]`` -> ``[batch]`` (e.g. a logit difference).
         layers: the layers to patch (default all); other layers get 0.
     """
-    effect = patch_effects(model, clean, metric, corrupted, mode, layers).mean(0)
+    effect = patch_effects(wrap(model), clean, metric, corrupted, mode, layers).mean(0)
     what = "corrupted run" if mode == "corrupt" else "clean-batch mean"
     return HeadScores(
         "patching", effect, f"drop of the metric when the head's z is patched from the {what}"

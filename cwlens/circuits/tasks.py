@@ -19,7 +19,7 @@ import torch
 
 from cwlens.circuits.direct_math import logit_difference
 from cwlens.engine import validation
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import InputTooLongError, InvalidArgumentError, UnknownOptionError
 
 
@@ -67,13 +67,13 @@ class CircuitTask:
                        foils=None if self.foils is None else self.foils[index])
 
 
-def _tokens(model, text: str) -> list[int]:
-    return wrap(model).to_tokens(text)[0].tolist()
+def _tokens(handle: ModelHandle, text: str) -> list[int]:
+    return handle.to_tokens(text)[0].tolist()
 
 
-def _answer_token(model, prompt: list[int], text: str, answer: str) -> int | None:
+def _answer_token(handle: ModelHandle, prompt: list[int], text: str, answer: str) -> int | None:
     """The single token ``answer`` adds after ``text``, or None if it is not one token."""
-    full = _tokens(model, text + answer)
+    full = _tokens(handle, text + answer)
     if len(full) != len(prompt) + 1 or full[: len(prompt)] != prompt:
         return None
     return full[-1]
@@ -121,9 +121,8 @@ def _words(value: object, name: str, at_least: int = 1) -> list[str]:
     return words
 
 
-def _fits(model, length: int, what: str, fix: str) -> None:
-
-    limit = wrap(model).context_length()
+def _fits(handle: ModelHandle, length: int, what: str, fix: str) -> None:
+    limit = handle.context_length()
     if limit is not None and length > limit:
         raise InputTooLongError(f"{what}: the prompts would have {length} tokens, more than the "
                                 f"model's context of {limit} (n_ctx); {fix}.")
@@ -174,6 +173,7 @@ def ioi(
         raise TaskBuildError(f"IOI with corruption='abc' needs at least 3 distinct names; got {list(names)}.")
     g = torch.Generator().manual_seed(_seed(seed))
     g_abc = torch.Generator().manual_seed(seed + 1)  # its own stream: same clean prompts either way
+    handle = wrap(model)
     rows: list[dict[str, Any]] = []
     for _ in range(n_prompts * 4):
         if len(rows) >= n_prompts:
@@ -188,8 +188,8 @@ def ioi(
             return f"When {n1} and {n2} went to the {place}, {s2} gave a {obj} to"
 
         clean_t, corr_t = text(a, b, b), text(c, d, e)
-        clean, corr = _tokens(model, clean_t), _tokens(model, corr_t)
-        ans, foil = _answer_token(model, clean, clean_t, f" {a}"), _answer_token(model, clean, clean_t, f" {b}")
+        clean, corr = _tokens(handle, clean_t), _tokens(handle, corr_t)
+        ans, foil = _answer_token(handle, clean, clean_t, f" {a}"), _answer_token(handle, clean, clean_t, f" {b}")
         if ans is None or foil is None or ans == foil:
             continue
         rows.append({"clean": clean, "corrupted": corr, "answer": ans, "foil": foil,
@@ -217,10 +217,10 @@ def induction(model, n_prompts: int = 4, length: int = 20, seed: int = 0) -> Cir
     if length < 2:
         raise InvalidArgumentError("length (CLI: --length) must be at least 2: the second copy needs a query "
                                    "that predicts a repeated token; got 1.")
-    _fits(model, 2 * length + 1, f"induction length={length}", "pass a smaller length "
+    handle = wrap(model)
+    _fits(handle, 2 * length + 1, f"induction length={length}", "pass a smaller length "
           "(at most (n_ctx - 1) // 2)")
     g = torch.Generator().manual_seed(_seed(seed))
-    handle = wrap(model)
     vocab = handle.d_vocab
     low, high = min(1000, vocab // 10), min(20000, vocab)
     bos_id = getattr(handle.tokenizer, "bos_token_id", None)
@@ -258,14 +258,15 @@ def capitals(model, pairs: Sequence[tuple[str, str]] = CAPITALS, template: str =
         raise InvalidArgumentError(
             f"template must be a string with one {{}} for the country, e.g. 'The capital of {{}} "
             f"is'; got {template!r}.")
+    handle = wrap(model)
     rows: list[dict[str, Any]] = []
     for i, (country, capital) in enumerate(pairs):
         other_country, other_capital = pairs[(i + 1) % len(pairs)]
         clean_t, corr_t = template.format(country), template.format(other_country)
-        clean, corr = _tokens(model, clean_t), _tokens(model, corr_t)
-        ans = _answer_token(model, clean, clean_t, f" {capital}")
-        foil = _answer_token(model, clean, clean_t, f" {other_capital}")
-        country_tokens = _tokens(model, template.split("{}")[0] + country)
+        clean, corr = _tokens(handle, clean_t), _tokens(handle, corr_t)
+        ans = _answer_token(handle, clean, clean_t, f" {capital}")
+        foil = _answer_token(handle, clean, clean_t, f" {other_capital}")
+        country_tokens = _tokens(handle, template.split("{}")[0] + country)
         if ans is None or foil is None or ans == foil or country_tokens != clean[: len(country_tokens)]:
             continue
         rows.append({"clean": clean, "corrupted": corr, "answer": ans, "foil": foil,

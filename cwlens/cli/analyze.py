@@ -61,33 +61,32 @@ def run(args) -> int:
             f"{fixed_bytes() / 1e6:.1f} MB (the inlined plotly.js, which makes it open offline, "
             f"and the tables) before any heatmap: pass --max-mb {math.ceil(fixed_bytes() / 1e6) + 1} "
             "or more")
-    model = load_model(args)
-    shape = wrap(model)
+    handle = wrap(load_model(args))
     layers = list(args.layers) if args.layers else None
     if layers is not None:
-        bad = [ly for ly in layers if not 0 <= ly < shape.n_layers]
+        bad = [ly for ly in layers if not 0 <= ly < handle.n_layers]
         if bad:
             raise LayerOutOfRangeError(
                 f"--layers {','.join(map(str, bad))} out of range: the model has layers "
-                f"0..{shape.n_layers - 1}"
+                f"0..{handle.n_layers - 1}"
             )
-    n_head_layers = len(layers) if layers is not None else min(4, shape.n_layers)
-    n_tokens = min(shape.to_tokens(text, truncate=False).shape[-1], args.max_tokens)
+    n_head_layers = len(layers) if layers is not None else min(4, handle.n_layers)
+    n_tokens = min(handle.to_tokens(text, truncate=False).shape[-1], args.max_tokens)
     window = min(args.window, n_tokens)  # a window past the text's end draws the text
-    if estimated_bytes(shape.n_layers, shape.n_heads, n_head_layers, window) > args.max_mb * 1e6:
-        window = window_for(args.max_mb, shape.n_layers, shape.n_heads, n_head_layers)
+    if estimated_bytes(handle.n_layers, handle.n_heads, n_head_layers, window) > args.max_mb * 1e6:
+        window = window_for(args.max_mb, handle.n_layers, handle.n_heads, n_head_layers)
         if window < 2:
             raise InvalidArgumentError(
                 f"--max-mb {args.max_mb:g} leaves no room for the heatmaps of this "
-                f"{shape.n_layers}-layer, {shape.n_heads}-head model after the fixed "
+                f"{handle.n_layers}-layer, {handle.n_heads}-head model after the fixed "
                 f"{fixed_bytes() / 1e6:.1f} MB; pass a larger --max-mb, or fewer --layers")
         print(f"cwlens: note: --window {args.window} would make the report larger than "
               f"--max-mb {args.max_mb:g}; drawing the last {window} tokens instead", file=sys.stderr)
     from cwlens.runs.progress import bar
 
-    with bar(shape.n_layers, f"streaming {n_tokens} tokens", "layer", enabled=not args.no_progress,
+    with bar(handle.n_layers, f"streaming {n_tokens} tokens", "layer", enabled=not args.no_progress,
              ticks=True):
-        analysis = analyze_text(model, text, model_name=args.model, max_tokens=args.max_tokens,
+        analysis = analyze_text(handle, text, model_name=args.model, max_tokens=args.max_tokens,
                                 window=window, past_context=args.past_context, head_kind=args.kind,
                                 graph_top_k=args.graph_top_k)
     written = render_report(analysis, out, layers)

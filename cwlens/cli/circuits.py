@@ -88,28 +88,27 @@ def run(args) -> int:
     given = figures_dir(args)  # '': none
     figures = arg_types.output_dir(given, "--figures") if given else None
     show = not args.no_progress
-    model = load_model(args, device=args.device)
-    task = circuits.build_task(args.task, model, **kwargs)
-    shape = wrap(model)
+    handle = wrap(load_model(args, device=args.device))
+    task = circuits.build_task(args.task, handle, **kwargs)
     batch = task.clean.shape[0]
-    print(f"cwlens circuits: {args.model}, {shape.n_layers} layers x {shape.n_heads} heads; "
-          f"patching mode {args.mode}: {4 + shape.n_layers} forward passes, "
-          f"{(4 + shape.n_layers * shape.n_heads) * batch} sequences ({batch} prompts, once per "
+    print(f"cwlens circuits: {args.model}, {handle.n_layers} layers x {handle.n_heads} heads; "
+          f"patching mode {args.mode}: {4 + handle.n_layers} forward passes, "
+          f"{(4 + handle.n_layers * handle.n_heads) * batch} sequences ({batch} prompts, once per "
           "head in each layer's pass)", flush=True)
     # forward passes: the clean (cached) and corrupted runs score every head, two more
     # prepare the patching, then one per layer patches its heads (the batch once per
     # head). The bar counts sequences run, not passes: a patching pass runs n_heads times
     # the batch, so counting passes set the first time left at half the real one (3:17 of 7 min)
-    with bar((4 + shape.n_layers * shape.n_heads) * batch,
-             f"{task.name}: forward passes ({4 + shape.n_layers}, {shape.n_heads} heads patched "
+    with bar((4 + handle.n_layers * handle.n_heads) * batch,
+             f"{task.name}: forward passes ({4 + handle.n_layers}, {handle.n_heads} heads patched "
              f"per layer)", "seq", enabled=show, ticks=True):
-        comparison = circuits.compare_with_patching(model, task, k=args.k, mode=args.mode)
+        comparison = circuits.compare_with_patching(handle, task, k=args.k, mode=args.mode)
     print(comparison.format(top=args.top), flush=True)
 
     status("token flow of prompt 0 ...", show)
     tokens = task.clean[:1]
-    _, cache = circuits.run_with_cache(model, tokens)
-    flow = circuits.token_flow(cache, model, rule=args.rule, str_tokens=shape.to_str_tokens(tokens[0]))
+    _, cache = circuits.run_with_cache(handle, tokens)
+    flow = circuits.token_flow(cache, handle, rule=args.rule, str_tokens=handle.to_str_tokens(tokens[0]))
     target = task.queries[-1]
     inputs = flow.input_attribution(target)
     order = inputs.abs().argsort(descending=True)[:5].tolist()

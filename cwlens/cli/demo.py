@@ -38,8 +38,8 @@ def run(args) -> int:
         raise InvalidArgumentError(f"--sample {args.sample}: the shipped GSM8K sample has "
                                    f"problems 0..{n - 1}")
     arg_types.output_dir(args.out)
-    model = load_model(args)
-    n_layers = wrap(model).n_layers
+    handle = wrap(load_model(args))
+    n_layers = handle.n_layers
     heads = args.heads or min(3, n_layers)
     if heads > n_layers:
         raise InvalidArgumentError(
@@ -49,6 +49,6 @@ def run(args) -> int:
     run_demo(
         model_name=args.model, sample=args.sample, max_tokens=args.max_tokens,
         n_heads=heads, out_dir=args.out, png=not args.no_png,
-        model=model,
+        model=handle,
     )
     return 0

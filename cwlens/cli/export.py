@@ -75,14 +75,14 @@ def run(args) -> int:
     if not texts:
         raise EmptyInputError("no text to export: pass --text, a non-empty --file or --dataset")
     out = arg_types.output_dir(args.out)
-    model = load_model(args)
-    n_layers = wrap(model).n_layers
+    handle = wrap(load_model(args))
+    n_layers = handle.n_layers
     bad_layers = [ly for ly in args.token_layers if not 0 <= ly < n_layers]
     if bad_layers:
         raise LayerOutOfRangeError(f"--token-layers {','.join(map(str, bad_layers))} out of range: "
                                    f"the model has layers 0..{n_layers - 1}")
     with bar(len(texts), "texts exported", "text", enabled=not args.no_progress, ticks=True):
-        paths = export_texts(model, texts, out, model_name=args.model, text_ids=ids,
+        paths = export_texts(handle, texts, out, model_name=args.model, text_ids=ids,
                              metrics=args.metrics, k=args.k, token_layers=args.token_layers,
                              max_tokens=args.max_tokens, fmt=args.format,
                              past_context=args.past_context)

@@ -50,14 +50,14 @@ def run(args) -> int:
     if not text.strip():
         raise EmptyInputError("the text is empty: pass --text or a non-empty --file")
     out = arg_types.html_file(args.out)
-    model = load_model(args)
-    ids = token_ids(model, text, truncate=False)[: args.max_tokens]
+    handle = wrap(load_model(args))
+    ids = token_ids(handle, text, truncate=False)[: args.max_tokens]
     compare = None if args.compare == "none" or args.compare == args.metric else args.compare
     layers = list(args.layers) if args.layers else None
     start = time.perf_counter()
-    with bar(wrap(model).n_layers, f"streaming {len(ids)} tokens", "layer",
+    with bar(handle.n_layers, f"streaming {len(ids)} tokens", "layer",
              enabled=not args.no_progress, ticks=True):
-        g = cwlens.graph(model, ids, metric=args.metric, top_k=args.top_k, layers=layers,
+        g = cwlens.graph(handle.model, ids, metric=args.metric, top_k=args.top_k, layers=layers,
                          compare=compare)
     built = time.perf_counter() - start
     written = g.save(out, title=f"Contribution graph · {args.model}")

@@ -17,7 +17,7 @@ import torch
 
 from cwlens.engine import validation
 from cwlens.engine.adapter import Layers, TLModel
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.reducers import Reducer, in_query_order
 from cwlens.engine.row_topk import allowed_keys
 from cwlens.engine.streaming import check_metric, pass_options, stream_reduce
@@ -143,7 +143,8 @@ def graph(model: TLModel, text, metric: str = "contribution", top_k: int = 8,
         0.0
     """
     run = pass_options("graph", {"query_block": "auto", **options}, ("attention", "query_block"))
-    tokens = _tokens(model, text)
+    handle = wrap(model)
+    tokens = _tokens(handle, text)
     metrics = [check_metric(metric)]
     if compare is not None:
         other = check_metric(compare)
@@ -152,9 +153,9 @@ def graph(model: TLModel, text, metric: str = "contribution", top_k: int = 8,
                                        "metric (e.g. 'attention') or compare=None.")
         metrics.append(other)
     reducers = [GraphEdges(m, top_k) for m in metrics]
-    res = stream_reduce(model, tokens, reducers, layers=layers, query_block=run["query_block"],
+    res = stream_reduce(handle.model, tokens, reducers, layers=layers, query_block=run["query_block"],
                         attention=run["attention"], logits=False)
-    return assemble(res, reducers, _str_tokens(model, tokens[0]), str(wrap(model).name or ""))
+    return assemble(res, reducers, _str_tokens(handle, tokens[0]), str(handle.name or ""))
 
 
 def assemble(results, reducers: Sequence[GraphEdges], tokens: Sequence[str], model_name: str = ""
@@ -166,11 +167,11 @@ def assemble(results, reducers: Sequence[GraphEdges], tokens: Sequence[str], mod
     return graphs[0] if len(graphs) == 1 else replace(graphs[0], compare=graphs[1])
 
 
-def _tokens(model: TLModel, text) -> torch.Tensor:
+def _tokens(handle: ModelHandle, text) -> torch.Tensor:
     """``[1, pos]`` token ids of one text (a string, or ids ``[pos]`` / ``[1, pos]``)."""
     if isinstance(text, str):
         validation.text(text)
-        return token_ids(model, text, truncate=False).reshape(1, -1)
+        return token_ids(handle, text, truncate=False).reshape(1, -1)
     if isinstance(text, torch.Tensor) and text.ndim in (1, 2) and (text.ndim == 1 or text.shape[0] == 1):
         return text.reshape(1, -1)
     raise InvalidArgumentError(
@@ -179,8 +180,7 @@ def _tokens(model: TLModel, text) -> torch.Tensor:
         "For several texts, build one graph each.")
 
 
-def _str_tokens(model: TLModel, ids: torch.Tensor) -> tuple[str, ...]:
-    handle = wrap(model)
+def _str_tokens(handle: ModelHandle, ids: torch.Tensor) -> tuple[str, ...]:
     if hasattr(handle.model, "to_str_tokens"):
         return tuple(str(t) for t in handle.to_str_tokens(ids))
     return tuple(str(t) for t in handle.tokenizer.convert_ids_to_tokens(ids.tolist()))  # HookedEncoder

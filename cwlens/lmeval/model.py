@@ -85,16 +85,17 @@ class CwlensMaskedLM(LM):
 
             model = load_model(str(pretrained), device=device, dtype=dtype)  # cuda without one: refused
 
-        adapter.require_next_token_model(model, "lm-eval scoring", "Use a decoder model.")
-        adapter.require_metrics(model, self.config.metrics)
+        handle = wrap(model)
+        adapter.require_next_token_model(handle.model, "lm-eval scoring", "Use a decoder model.")
+        adapter.require_metrics(handle.model, self.config.metrics)
         try:
-            adapter.resolve_layers(model, list(self.config.layers) if self.config.layers else None)
+            adapter.resolve_layers(handle.model, list(self.config.layers) if self.config.layers else None)
         except CwlensError as err:
             raise ModelArgsError(
                 f"cwlens-masked model_args layers={';'.join(map(str, self.config.layers or ()))}: "
                 f"{err} (here: leave layers out, or layers=all).") from err
-        self.model = model
-        handle = wrap(model)
+        self.model = handle.model  # the TransformerLens model (lm-eval reads lm.model)
+        self.handle = handle
         self.pretrained = str(pretrained) if pretrained else (handle.name or "model")
         self.max_length = int(max_length or handle.n_ctx)
         self.progress = bool(progress)
@@ -116,7 +117,7 @@ class CwlensMaskedLM(LM):
         return cls(**{**extra, **arg_dict})
 
     def _score(self, requests, groups, disable_tqdm=False):
-        return score_requests(self.model, requests, groups, self.config,
+        return score_requests(self.handle, requests, groups, self.config,
                               progress=self.progress and not disable_tqdm, stats=self.stats)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
@@ -124,7 +125,7 @@ class CwlensMaskedLM(LM):
         reqs, groups = [], []
         for i, inst in enumerate(requests):
             context, continuation = inst.args
-            ctx, cont = encode_request(self.model, context, continuation)
+            ctx, cont = encode_request(self.handle, context, continuation)
             reqs.append(token_request(ctx, cont, self.max_length, i))
             doc = getattr(inst, "doc_id", None)
             groups.append(("doc", inst.task_name, doc) if doc is not None else ("req", i))
@@ -133,10 +134,10 @@ class CwlensMaskedLM(LM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         """Summed ``ll`` of each whole text, over lm-eval's disjoint rolling windows."""
         reqs, groups, owner = [], [], []
-        prefix = prefix_token_id(self.model)
+        prefix = prefix_token_id(self.handle)
         for i, inst in enumerate(requests):
             (text,) = inst.args[:1]
-            tokens = token_ids(self.model, text).tolist()
+            tokens = token_ids(self.handle, text).tolist()
             if tokens and tokens[0] == prefix:  # the window's prefix token plays the BOS
                 tokens = tokens[1:]
             windows = get_rolling_token_windows(tokens, prefix, self.max_length, 1)
@@ -163,4 +164,4 @@ class CwlensMaskedLM(LM):
 
     @property
     def tokenizer_name(self) -> str:
-        return str(getattr(wrap(self.model).tokenizer, "name_or_path", self.pretrained)).replace("/", "__")
+        return str(getattr(self.handle.tokenizer, "name_or_path", self.pretrained)).replace("/", "__")

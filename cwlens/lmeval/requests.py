@@ -30,25 +30,26 @@ import torch
 
 from cwlens.engine import lm
 from cwlens.engine.batching import token_ids
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import CwlensError
 from cwlens.faithfulness import choice
 from cwlens.faithfulness.units import Unit
 
 
-def prefix_token_id(model) -> int:
+def prefix_token_id(handle: ModelHandle) -> int:
     """The token an empty context conditions on: BOS, or EOS without a BOS."""
-    tok = wrap(model).tokenizer
+    tok = handle.tokenizer
     bos = getattr(tok, "bos_token_id", None)
     return int(bos if bos is not None else tok.eos_token_id)
 
 
 def encode_request(model, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """``(context_ids, continuation_ids)`` of one ``(context, continuation)`` request."""
+    handle = wrap(model)
     if context:
-        return choice.encode_pair(model, context, continuation)
-    whole = token_ids(model, continuation).tolist()
-    prefix = prefix_token_id(model)
+        return choice.encode_pair(handle, context, continuation)
+    whole = token_ids(handle, continuation).tolist()
+    prefix = prefix_token_id(handle)
     if whole and whole[0] == prefix:  # the model prepends BOS: it is the context
         return whole[:1], whole[1:]
     return [prefix], whole

@@ -42,7 +42,8 @@ def score_requests(
     if not requests:
         return []
     units, where = group_units(requests, groups)
-    conditions = cfg.conditions(wrap(model).n_layers)
+    handle = wrap(model)
+    conditions = cfg.conditions(handle.n_layers)
     if len(conditions) != 1:
         raise ValueError(f"score_requests takes one masking condition; got {len(conditions)}.")
     key = conditions[0]
@@ -53,7 +54,7 @@ def score_requests(
     if progress:
         bar = tqdm(total=len(units), desc="cwlens-masked", unit="doc")
     for batch in batches:
-        results = batch_outputs(model, units, batch, cfg, conditions, stats)
+        results = batch_outputs(handle, units, batch, cfg, conditions, stats)
         stats.n_batches += 1
         for pos, u in enumerate(batch):
             scores[u] = results[key][pos]

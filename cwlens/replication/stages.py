@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cwlens.datasets import load_dataset
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.models.registry import model_label
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.faithfulness.encoder import BATCH_SIZE, embedding_damage, sentences
@@ -27,22 +27,23 @@ Log = Callable[[str], None]
 def run_model(model, name: str, out, cfg: ReplicationConfig, log: Log = print,
               progress: bool = True) -> Path:
     """Every stage for ``model`` (loaded, called ``name``) into ``<out>/<name>``."""
+    handle = wrap(model)
     folder = plan.model_dir(out, name)
     folder.mkdir(parents=True, exist_ok=True)
-    if wrap(model).is_encoder:
-        encoder_faithfulness(model, name, folder / plan.ENCODER_FAITHFULNESS, cfg, log, progress)
+    if handle.is_encoder:
+        encoder_faithfulness(handle, name, folder / plan.ENCODER_FAITHFULNESS, cfg, log, progress)
         if cfg.first_token_view:
-            encoder_faithfulness(model, name, folder / plan.first_token_kept(plan.ENCODER_FAITHFULNESS),
+            encoder_faithfulness(handle, name, folder / plan.first_token_kept(plan.ENCODER_FAITHFULNESS),
                                  first_token_config(cfg), log, progress, mask_first_token=False)
     else:
-        decoder_faithfulness(model, name, folder / plan.FAITHFULNESS, cfg, log, progress)
+        decoder_faithfulness(handle, name, folder / plan.FAITHFULNESS, cfg, log, progress)
         if cfg.first_token_view:
-            decoder_faithfulness(model, name, folder / plan.first_token_kept(plan.FAITHFULNESS),
+            decoder_faithfulness(handle, name, folder / plan.first_token_kept(plan.FAITHFULNESS),
                                  first_token_config(cfg), log, progress, mask_first_token=False)
         if name == cfg.per_layer_model:
-            per_layer(model, name, folder / plan.PER_LAYER, cfg, log, progress)
-    sinks(model, name, folder / plan.SINKS, cfg, log, progress)
-    token_classes(model, folder / plan.TOKEN_CLASSES, cfg, log)
+            per_layer(handle, name, folder / plan.PER_LAYER, cfg, log, progress)
+    sinks(handle, name, folder / plan.SINKS, cfg, log, progress)
+    token_classes(handle, folder / plan.TOKEN_CLASSES, cfg, log)
     return folder
 
 
@@ -71,31 +72,31 @@ def faithfulness_config(cfg: ReplicationConfig, model=None, **changes):
     return FaithfulnessConfig(**{**base, **changes})
 
 
-def decoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
+def decoder_faithfulness(handle: ModelHandle, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
                          mask_first_token: bool = True):
     """Value masking on FineWeb-Edu at every rate, every metric, both modes (ΔPPL, NLL);
     ``mask_first_token=False``: the second view, the first token never masked."""
-    fc = faithfulness_config(cfg, model, mask_first_token=mask_first_token)
+    fc = faithfulness_config(cfg, handle, mask_first_token=mask_first_token)
     log(f"[{name}] faithfulness{'' if mask_first_token else ' (first token never masked)'}: "
         f"{cfg.samples} FineWeb-Edu documents x {len(fc.metrics)} metrics x {len(cfg.rates)} "
         f"rates x 2 modes -> {path}")
-    result = run_faithfulness(model, "fineweb_edu", fc, n=cfg.samples,
+    result = run_faithfulness(handle, "fineweb_edu", fc, n=cfg.samples,
                               out=path, model_name=name, progress=progress)
     log(f"[{name}] faithfulness: {result.stats.n_batches} batches computed now "
         f"({result.stats.wall_seconds:.0f} s)")
 
 
-def per_layer(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool):
+def per_layer(handle: ModelHandle, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool):
     """The same test masking one layer at a time (one rate, a few metrics)."""
-    fc = faithfulness_config(cfg, model, metrics=plan.PER_LAYER_METRICS, rates=(cfg.per_layer_rate,),
+    fc = faithfulness_config(cfg, handle, metrics=plan.PER_LAYER_METRICS, rates=(cfg.per_layer_rate,),
                              per_layer=True)
-    log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {wrap(model).n_layers} "
+    log(f"[{name}] per-layer masking: {cfg.per_layer_samples} documents x {handle.n_layers} "
         f"layers x {len(fc.metrics)} metrics, rate {cfg.per_layer_rate:g} -> {path}")
-    run_faithfulness(model, "fineweb_edu", fc, n=cfg.per_layer_samples, out=path, model_name=name,
+    run_faithfulness(handle, "fineweb_edu", fc, n=cfg.per_layer_samples, out=path, model_name=name,
                      progress=progress)
 
 
-def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
+def encoder_faithfulness(handle: ModelHandle, name, path: Path, cfg: ReplicationConfig, log: Log, progress: bool,
                          mask_first_token: bool = True):
     """The sentence-embedding damage (:func:`cwlens.faithfulness.encoder.embedding_damage`)
     on ``cfg.sentences`` FineWeb-Edu sentences, written in the faithfulness results format
@@ -112,7 +113,7 @@ def encoder_faithfulness(model, name, path: Path, cfg: ReplicationConfig, log: L
         f"{len(rates)} rates x 2 modes -> {path}")
     spec = JobSpec("encoder faithfulness configuration", config, path.parent, True, len(texts),
                    f"{name} sentences", "sentence", progress)
-    run_job(EncoderDamageJob(model, name, texts, cfg, spec, path, mask_first_token))
+    run_job(EncoderDamageJob(handle, name, texts, cfg, spec, path, mask_first_token))
 
 
 class EncoderDamageJob(RowsJob):
@@ -121,8 +122,8 @@ class EncoderDamageJob(RowsJob):
 
     MEASURES = ("embedding_damage", "tied_share", "first_token_share")
 
-    def __init__(self, model, name, texts, cfg: ReplicationConfig, spec, path, mask_first_token):
-        self.model, self.cfg, self.mask_first_token = model, cfg, mask_first_token
+    def __init__(self, handle: ModelHandle, name, texts, cfg: ReplicationConfig, spec, path, mask_first_token):
+        self.handle, self.cfg, self.mask_first_token = handle, cfg, mask_first_token
         self.chunks = [texts[s : s + BATCH_SIZE] for s in range(0, len(texts), BATCH_SIZE)]
         self.columns = {"model": name, "dataset": "fineweb_edu_sentences", "scope": "row",
                         "kind": "inter", "renormalize": False, "causal_only": False,
@@ -134,7 +135,7 @@ class EncoderDamageJob(RowsJob):
         return [c for c in self.chunks if any(i not in self.writer.done for i, _ in c)]
 
     def do(self, chunk):
-        rows = embedding_damage(self.model, chunk, self.cfg.encoder_metrics, self.cfg.rates,
+        rows = embedding_damage(self.handle, chunk, self.cfg.encoder_metrics, self.cfg.rates,
                                 seed=self.cfg.seed, mask_first_token=self.mask_first_token)
         written = 0
         for sid, _ in chunk:
@@ -149,16 +150,16 @@ class EncoderDamageJob(RowsJob):
         return written
 
 
-def sinks(model, name, folder: Path, cfg: ReplicationConfig, log: Log, progress: bool):
+def sinks(handle: ModelHandle, name, folder: Path, cfg: ReplicationConfig, log: Log, progress: bool):
     """The sink analysis on GSM8K texts; the sink-norm intervention on decoders only."""
     # here, not at the top: cwlens.sinks.run imports pandas
     from cwlens.sinks import run as sink_run
 
-    intervention = not wrap(model).is_encoder
+    intervention = not handle.is_encoder
     samples = load_dataset("gsm8k", cfg.sink_samples)
     log(f"[{name}] sinks: {len(samples)} GSM8K texts"
         f"{'' if intervention else ' (no intervention: it needs a next-token loss)'} -> {folder}")
-    tables = sink_run.run_to_folder(model, samples, folder, max_tokens=cfg.max_tokens,
+    tables = sink_run.run_to_folder(handle, samples, folder, max_tokens=cfg.max_tokens,
                                     intervention=intervention, seed=cfg.seed, progress=progress,
                                     model_name=name)
     summary = sink_run.summarize(tables)
@@ -167,7 +168,7 @@ def sinks(model, name, folder: Path, cfg: ReplicationConfig, log: Log, progress:
     sink_run.write_summary(summary, folder)
 
 
-def token_classes(model, path: Path, cfg: ReplicationConfig, log: Log):
+def token_classes(handle: ModelHandle, path: Path, cfg: ReplicationConfig, log: Log):
     """Attention vs norm-weighted share of [CLS]/BOS, [SEP]/EOS, punctuation, other tokens."""
     if path.exists():
         return
@@ -175,5 +176,5 @@ def token_classes(model, path: Path, cfg: ReplicationConfig, log: Log):
     from cwlens.sinks import token_classes as tc
 
     log(f"[token classes] {cfg.sentences} FineWeb-Edu sentences -> {path}")
-    df = tc.class_shares(model, sentences("fineweb_edu", cfg.sentences), max_tokens=cfg.max_tokens)
+    df = tc.class_shares(handle, sentences("fineweb_edu", cfg.sentences), max_tokens=cfg.max_tokens)
     atomic_write_text(path, df.to_csv(index=False))

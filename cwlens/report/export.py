@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from cwlens.engine import batching, reducers, validation
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.streaming import check_metric, stream_reduce
 from cwlens.errors import (
     CwlensError,
@@ -183,17 +183,17 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
 
     ``reduce``: the options of :func:`default_reducers` (``metrics``, ``k``,
     ``token_layers``)."""
-    texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
-    batching.check_past_context(model, past_context)
-
     handle = wrap(model)
+    texts, ids, reduce = _check_export(handle, texts, out_dir, text_ids, max_tokens, fmt, reduce)
+    batching.check_past_context(handle, past_context)
+
     causal = not handle.is_encoder
     tables: dict[str, list[pd.DataFrame]] = {}
     for text, tid in zip(texts, ids, strict=True):
-        tokens = batching.fit_context(model, handle.to_tokens(text, truncate=False),
+        tokens = batching.fit_context(handle, handle.to_tokens(text, truncate=False),
                                       max_tokens, f"text {tid}", past_context)
         with validation.past_context_said(past_context):  # fit_context said it
-            res = stream_reduce(model, tokens, default_reducers(**reduce))
+            res = stream_reduce(handle.model, tokens, default_reducers(**reduce))
         str_tokens = handle.to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid, causal).items():
             tables.setdefault(name, []).append(df)
@@ -215,7 +215,7 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
     return paths
 
 
-def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict):
+def _check_export(handle: ModelHandle, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict):
     """Every argument of :func:`export_texts`, before any model work: ``(texts, ids,
     reduce)`` (``reduce`` with every option of :func:`default_reducers`, negative
     ``token_layers`` counted from the end)."""
@@ -259,7 +259,7 @@ def _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce: dict
             "max_tokens=1 keeps one token of each text (its first, e.g. <bos>): one query that "
             "sees only itself has every weight 1, and nothing of the text is exported. Pass "
             "max_tokens of 2 or more (CLI: --max-tokens).")
-    n_layers = wrap(model).n_layers
+    n_layers = handle.n_layers
     layers = validation.int_list(token_layers, "token_layers", allow_empty=True)
     bad = [ly for ly in layers if not -n_layers <= ly < n_layers]
     if bad:

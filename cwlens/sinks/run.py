@@ -13,7 +13,7 @@ import torch
 
 from cwlens.engine import adapter, validation
 from cwlens.engine.batching import context_cap, pad_batch, token_ids
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.runs import distributed
@@ -73,19 +73,19 @@ def batches(model, samples, max_tokens: int | None, batch_size: int,
     return out
 
 
-def analyse_batch(model, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str, pd.DataFrame]:
+def analyse_batch(handle: ModelHandle, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str, pd.DataFrame]:
     """The raw tables (:data:`RAW_PARTS`) of batch ``bi``: per-sample rows, and per-batch
     histogram counts, mean curves and head measures (combined over batches by :func:`derive`).
 
     One streamed forward pass: each layer's geometry is built once and every analysis reads
     it while the model runs (no cache of every layer's pattern)."""
     ids, tokens, mask = batch
-    causal = not wrap(model).is_encoder
+    causal = not handle.is_encoder
     swept = bi < cfg.swept_batches
     # the swept check (recomputing norms from the changed pattern) on the first batch;
     # the closed form on all of them
     _, per_layer = stream_geometry(
-        model, tokens,
+        handle.model, tokens,
         lambda ly, geo: _layer_tables(geo, ly, batch, cfg.eps, swept, causal),
         attention_mask=mask,
     )
@@ -93,7 +93,7 @@ def analyse_batch(model, bi: int, batch: SinkBatch, cfg: SinkConfig) -> dict[str
     parts = {k: pd.concat([t[k] for t in per_layer], ignore_index=True) for k in per_layer[0]}
     if cfg.intervention:
         parts["ppl"], parts["norm"] = norm_intervention.sink_norm_intervention(
-            model, tokens, mask, scales=cfg.scales, seed=cfg.seed, sample_ids=ids
+            handle, tokens, mask, scales=cfg.scales, seed=cfg.seed, sample_ids=ids
         )
     return parts
 
@@ -105,11 +105,11 @@ def passes_per_batch(cfg: SinkConfig) -> int:
     return 1 + (1 + 2 * len(cfg.scales) if cfg.intervention else 0)
 
 
-def _check_model(model, intervention: bool) -> None:
+def _check_model(handle: ModelHandle, intervention: bool) -> None:
     """Fail before any compute, not at the first intervention."""
     if intervention:
         adapter.require_next_token_model(
-            model, "The sink-norm intervention",
+            handle.model, "The sink-norm intervention",
             "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
         )
 
@@ -162,13 +162,14 @@ def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool 
     if not samples:
         raise EmptyInputError("No samples to analyse: pass at least one text.")
     samples = check_samples(samples)
-    _check_model(model, cfg.intervention)
+    handle = wrap(model)
+    _check_model(handle, cfg.intervention)
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in RAW_PARTS}
-    todo = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
+    todo = batches(handle, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
     with validation.past_context_said(cfg.past_context), \
             bar(len(todo) * passes_per_batch(cfg), "sinks", "pass", enabled=progress, ticks=True):
         for bi, batch in enumerate(todo):
-            for k, v in analyse_batch(model, bi, batch, cfg).items():
+            for k, v in analyse_batch(handle, bi, batch, cfg).items():
                 parts[k].append(v)
     return derive(parts, cfg.eps)
 
@@ -179,8 +180,9 @@ class SinkJob(Job):
     a torchrun job share the folder); the merge derives the tables from every batch, and
     rank 0 writes them."""
 
-    def __init__(self, model, plan: list[SinkBatch], cfg: SinkConfig, spec: JobSpec, on_batch=None):
-        self.model, self.plan, self.cfg, self.spec, self.on_batch = model, plan, cfg, spec, on_batch
+    def __init__(self, handle: ModelHandle, plan: list[SinkBatch], cfg: SinkConfig, spec: JobSpec,
+                 on_batch=None):
+        self.handle, self.plan, self.cfg, self.spec, self.on_batch = handle, plan, cfg, spec, on_batch
 
     def open(self, resume, rank):
         self.store = RawStore(self.spec.folder, self.spec.config, resume)
@@ -208,7 +210,7 @@ class SinkJob(Job):
 
     def do(self, bi):
         batch = self.plan[bi]
-        self.store.write(bi, batch.ids, analyse_batch(self.model, bi, batch, self.cfg))
+        self.store.write(bi, batch.ids, analyse_batch(self.handle, bi, batch, self.cfg))
         if self.on_batch is not None:
             self.on_batch(bi)
         return 0  # its forward passes ticked as they ran
@@ -235,16 +237,17 @@ def run_to_folder(model, samples, out_dir, config: SinkConfig | None = None, *, 
     rank returns them (:func:`cwlens.runs.jobs.run_job`). Its progress counts forward
     passes (:func:`passes_per_batch` per batch)."""
     cfg = SinkConfig.of(config, **settings)
-    _check_model(model, cfg.intervention)
+    handle = wrap(model)
+    _check_model(handle, cfg.intervention)
     distributed.require_session()
     samples = check_samples(samples)
-    plan = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
-    record = {"model": model_name or wrap(model).name or "model",
+    plan = batches(handle, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
+    record = {"model": model_name or handle.name or "model",
               "samples": [s.id for s in samples], **cfg.record()}
     spec = JobSpec("sinks configuration", record, Path(out_dir), resume, len(plan), "sinks",
                    "pass", progress)
     with validation.past_context_said(cfg.past_context):  # batches said it, once
-        return run_job(SinkJob(model, plan, cfg, spec, on_batch))
+        return run_job(SinkJob(handle, plan, cfg, spec, on_batch))
 
 
 def _layer_tables(geo, layer, batch: SinkBatch, eps, swept, causal=True) -> dict[str, pd.DataFrame]:

@@ -210,20 +210,22 @@ def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int 
     for name, value in (("max_tokens", max_tokens), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgumentError(f"{name} must be a positive integer; got {value!r}.")
-    full = [token_ids(model, t, truncate=False) for t in _texts(texts)]
-    cap = context_cap(model, max_tokens, [len(r) for r in full])
+    strings = _texts(texts)
+    handle = wrap(model)
+    full = [token_ids(handle, t, truncate=False) for t in strings]
+    cap = context_cap(handle, max_tokens, [len(r) for r in full])
     rows = sorted((r[:cap] for r in full), key=len)
-    causal = not wrap(model).is_encoder
+    causal = not handle.is_encoder
     totals: dict[int, _Sums] = {}
     for start in range(0, len(rows), batch_size):
-        tokens, mask = pad_batch(model, rows[start : start + batch_size])
-        classes = token_classes(model, tokens, mask)
+        tokens, mask = pad_batch(handle, rows[start : start + batch_size])
+        classes = token_classes(handle, tokens, mask)
 
         def one_layer(ly: int, geo: AttentionGeometry, cl: torch.Tensor = classes) -> tuple[int, _Sums]:
             return ly, layer_sums(geo, cl, causal, kind)
 
         with torch.no_grad():
-            _, per_layer = stream_geometry(model, tokens, one_layer, attention_mask=mask)
+            _, per_layer = stream_geometry(handle.model, tokens, one_layer, attention_mask=mask)
         for ly, sums in per_layer:
             if ly not in totals:
                 totals[ly] = sums
