@@ -67,7 +67,7 @@ def prompt_scores(model, task, mode: str = "corrupt") -> dict[str, torch.Tensor]
     for i in range(task.n_prompts):
         one = task.subset([i])
         with torch.no_grad():  # what compare_with_patching runs (circuit_cache)
-            logits, cache = run_with_cache(handle.model, one.clean, residual=True)
+            logits, cache = run_with_cache(handle, one.clean, residual=True)
         scores = dict(head_scores(cache, handle, one.queries, one.keys))
         scores["direct_logit"] = direct_logit_attribution(
             cache, handle, logits, one.queries, one.answers, one.foils).head_scores()

@@ -153,7 +153,7 @@ def graph(model: TLModel, text, metric: str = "contribution", top_k: int = 8,
                                        "metric (e.g. 'attention') or compare=None.")
         metrics.append(other)
     reducers = [GraphEdges(m, top_k) for m in metrics]
-    res = stream_reduce(handle.model, tokens, reducers, layers=layers, query_block=run["query_block"],
+    res = stream_reduce(handle, tokens, reducers, layers=layers, query_block=run["query_block"],
                         attention=run["attention"], logits=False)
     return assemble(res, reducers, _str_tokens(handle, tokens[0]), str(handle.name or ""))
 

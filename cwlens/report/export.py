@@ -193,7 +193,7 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
         tokens = batching.fit_context(handle, handle.to_tokens(text, truncate=False),
                                       max_tokens, f"text {tid}", past_context)
         with validation.past_context_said(past_context):  # fit_context said it
-            res = stream_reduce(handle.model, tokens, default_reducers(**reduce))
+            res = stream_reduce(handle, tokens, default_reducers(**reduce))
         str_tokens = handle.to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid, causal).items():
             tables.setdefault(name, []).append(df)

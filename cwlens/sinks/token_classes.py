@@ -225,7 +225,7 @@ def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int 
             return ly, layer_sums(geo, cl, causal, kind)
 
         with torch.no_grad():
-            _, per_layer = stream_geometry(handle.model, tokens, one_layer, attention_mask=mask)
+            _, per_layer = stream_geometry(handle, tokens, one_layer, attention_mask=mask)
         for ly, sums in per_layer:
             if ly not in totals:
                 totals[ly] = sums
