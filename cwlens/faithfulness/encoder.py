@@ -93,7 +93,7 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
     for start in range(0, len(texts), BATCH_SIZE):
         chunk = texts[start : start + BATCH_SIZE]
         ids = [i for i, _ in chunk]
-        tokens, mask = pad_batch(model, [t for _, t in chunk])
+        tokens, mask = pad_batch(handle, [t for _, t in chunk])
         kept: dict[str, torch.Tensor] = {}
 
         def keep(hidden, hook, kept=kept):
@@ -119,11 +119,11 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
             return out
 
         with handle.hooks([(last, keep)]):
-            _, per_layer = stream_geometry(model, tokens, layer_masks, attention_mask=mask)
+            _, per_layer = stream_geometry(handle, tokens, layer_masks, attention_mask=mask)
         clean = mean_pooled(kept["h"], mask)
         for key in per_layer[0]:
             masks = {ly: per_layer[ly][key] for ly in range(handle.n_layers)}
-            with torch.no_grad(), hooks_applied(model, masking_hooks(masks) + [(last, keep)]):
+            with torch.no_grad(), hooks_applied(handle, masking_hooks(masks) + [(last, keep)]):
                 handle(tokens, **handle.forward_kwargs(mask))
             cos = torch.nn.functional.cosine_similarity(mean_pooled(kept["h"], mask), clean, dim=-1)
             name, mode, rate = key
