@@ -111,10 +111,11 @@ def cwlens_pass(model, tokens, intra=False):
     import cwlens
     from cwlens.engine import adapter
 
-    _, cache = cwlens.run_with_cache(model, tokens)
+    handle = cwlens.wrap(model)
+    _, cache = cwlens.run_with_cache(handle, tokens)
     kept = 0
     for layer in range(model.cfg.n_layers):
-        geo = adapter.geometry(cache, model, layer)
+        geo = adapter.geometry(cache, handle, layer)
         outs = [
             geo.contribution("inter"),
             geo.attention(),
@@ -151,9 +152,10 @@ def stream_pass(model, tokens, query_block=None, attention="auto"):
 
 def blockwise_forward(model, tokens, query_block=None):
     """The plain forward pass with cwlens's blockwise attention (no hooks: SDPA blocks)."""
+    from cwlens.engine.handle import wrap
     from cwlens.engine.streaming import attention_context
 
-    with attention_context(model, tokens, "blockwise", query_block):
+    with attention_context(wrap(model), tokens, "blockwise", query_block):
         return model(tokens)
 
 
@@ -178,7 +180,8 @@ def alpha_forward(model, tokens, query_block=None):
     n_layers = model.cfg.n_layers
     hooks = [(hook_names.pattern(ly), _drop_pattern) for ly in range(n_layers)]
     hooks.append((hook_names.resid_post(n_layers - 1), _raise_stop))
-    with attention_context(model, tokens, "blockwise", query_block), wrap(model).hooks(hooks):
+    handle = wrap(model)
+    with attention_context(handle, tokens, "blockwise", query_block), handle.hooks(hooks):
         try:
             model(tokens)
         except _Stop:

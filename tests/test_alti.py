@@ -153,14 +153,14 @@ def test_full_alti_streamed_on_a_model_equals_the_definition_on_its_hooks(arch):
     names = {hook_names.resid_pre(1), hook_names.pattern(1), hook_names.values(1),
              hook_names.resid_mid(1), ln_out}
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    norm = adapter.post_attention_layernorm(model, 1)
+    norm = adapter.post_attention_layernorm(wrap(model), 1)
     assert (norm is not None) == (arch != "llama")
     ref, _ = naive_alti_full(cache[hook_names.pattern(1)], cache[hook_names.values(1)],
                              wrap(model).W_O(1), cache[hook_names.resid_pre(1)],
                              wrap(model).b_O(1), None, **_naive_norms(norm))
     _, (got,) = stream_geometry(model, tokens, lambda ly, geo: geo.alti(), layers=[1])
     assert_close(got.double(), ref, rtol=1e-4, atol=1e-5)
-    geo = adapter.geometry(cache, model, 1)  # the cached path attaches resid_pre too
+    geo = adapter.geometry(cache, wrap(model), 1)  # the cached path attaches resid_pre too
     assert_close(geo.alti().double(), ref, rtol=1e-4, atol=1e-5)
     mid = cache[hook_names.resid_pre(1)] + geo.layer_output + wrap(model).b_O(1)
     if isinstance(norm, AttentionOutputNorm):

@@ -67,7 +67,7 @@ def test_factors_multiply_to_weight(run, kind):
 def test_fast_path_equals_float64_naive(run):
     model, _, mask, cache = run
     for layer in range(model.cfg.n_layers):
-        geo = adapter.geometry(cache, model, layer, mask)
+        geo = adapter.geometry(cache, wrap(model), layer, mask)
         ref = naive_measures(geo.pattern, geo.v, geo.W_O, mask.bool())
         for kind in ("intra", "inter"):
             got = cwlens.importance(cache, model, layer, "contribution", kind, attention_mask=mask)
@@ -127,8 +127,8 @@ def test_full_alti_whole_is_the_models_residual_after_attention(run):
     with torch.no_grad():
         _, cache = cwlens.run_with_cache(model, tokens, attention_mask=mask, layers=[layer],
                                          residual=True)
-    geo = adapter.geometry(cache, model, layer, attention_mask=mask)
-    norm = adapter.post_attention_layernorm(model, layer)
+    geo = adapter.geometry(cache, wrap(model), layer, attention_mask=mask)
+    norm = adapter.post_attention_layernorm(wrap(model), layer)
     assert isinstance(norm, AttentionOutputNorm) == adapter.ModelInfo.of(model).post_attn_norm
     b_O = wrap(model).b_O(layer)
     if not wrap(model).is_encoder:

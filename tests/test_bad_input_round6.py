@@ -15,6 +15,7 @@ import cwlens
 from cwlens import reducers
 from cwlens.core import AttentionGeometry, metrics
 from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.errors import NonFiniteError
 from cwlens.testing import random_layer, tiny_hf_model, tiny_model
@@ -75,7 +76,7 @@ def test_closure_refuses_a_nan_layer_error(broken):
     the heads x keys check passed on a broken model."""
     sound = tiny_model("llama")
     _, cache = cwlens.run_with_cache(sound, TEXT, closure=True)
-    name = adapter.closure_hook(sound, 1)
+    name = adapter.closure_hook(wrap(sound), 1)
     cache.cache_dict[name] = cache[name].clone()
     cache.cache_dict[name][0, 2, 5] = math.inf  # the model's own output of layer 1
     with pytest.raises(NonFiniteError, match="layer 1"):
@@ -106,7 +107,7 @@ def test_streams_refuse_nan_values_naming_layer_and_head():
         cwlens.stream(model, TEXT, lambda layer, w: w.sum(), metric="attention")
     with pytest.raises(NonFiniteError, match="hook_v.*layer 1"):
         cwlens.stream_geometry(model, TEXT, lambda layer, geo: geo.attention().sum())
-    if supports_blockwise(model):  # (TransformerLens 4.x)
+    if supports_blockwise(wrap(model)):  # (TransformerLens 4.x)
         with pytest.raises(NonFiniteError, match="layer 1"):
             cwlens.stream_reduce(model, TEXT, [reducers.HeadSummary()], attention="blockwise",
                                  query_block=2)

@@ -10,6 +10,7 @@ from torch.testing import assert_close
 
 import cwlens
 from cwlens.engine import native, reducers
+from cwlens.engine.handle import wrap
 from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.testing import tiny_model
 
@@ -80,7 +81,7 @@ def test_blockwise_long_rows_equal_the_torch_path(monkeypatch):
     blockwise attention where the bridge has it."""
     model = tiny_model("llama")
     tokens = torch.randint(3, model.cfg.d_vocab, (1, 300))
-    kw = {"attention": "blockwise"} if supports_blockwise(model) else {}
+    kw = {"attention": "blockwise"} if supports_blockwise(wrap(model)) else {}
     fast, slow = _both(monkeypatch, model, tokens, _reducers(8), query_block=37, **kw)
     _assert_equal_results(fast, slow)
 

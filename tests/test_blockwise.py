@@ -34,7 +34,7 @@ LOGITS = dict(rtol=0, atol=1e-4)
 def run(request):
     model = tiny_model(request.param)
     tokens, mask = pad_batch(model, TEXTS)
-    if not supports_blockwise(model):
+    if not supports_blockwise(wrap(model)):
         pytest.skip("blockwise attention needs TransformerLens 4.x (see test_tl3_refuses)")
     return model, tokens, mask
 
@@ -47,7 +47,7 @@ def real(logits, mask):
 
 
 def forward(model, tokens, mask, attention="eager", block=3):
-    with torch.no_grad(), streaming.attention_context(model, tokens, attention, block):
+    with torch.no_grad(), streaming.attention_context(wrap(model), tokens, attention, block):
         return model(tokens, **wrap(model).forward_kwargs(mask))
 
 
@@ -135,7 +135,7 @@ def test_value_masking_equals_eager(run, renormalize, packed):
     kw = dict(renormalize=renormalize, attention_mask=mask)
     eager = run_masked(model, tokens, masks, attention="eager", **kw)
     clean = forward(model, tokens, mask)
-    with streaming.attention_context(model, tokens, "blockwise", 3):
+    with streaming.attention_context(wrap(model), tokens, "blockwise", 3):
         got = run_masked(model, tokens, masks, attention="eager", **kw)  # already blockwise
     assert_close(real(got, mask), real(eager, mask), **LOGITS)
     got = run_masked(model, tokens, masks, attention="blockwise", **kw)
@@ -181,22 +181,22 @@ def test_user_hooks(run):
 
 def test_auto_switches_above_the_threshold(run, monkeypatch):
     model, tokens, mask = run
-    assert not streaming.use_blockwise(model, tokens, "auto")
+    assert not streaming.use_blockwise(wrap(model), tokens, "auto")
     monkeypatch.setattr(streaming, "AUTO_THRESHOLD", tokens.shape[1] - 1)
-    assert streaming.use_blockwise(model, tokens, "auto")
-    assert streaming.use_blockwise(model, TEXTS[1], "auto")
+    assert streaming.use_blockwise(wrap(model), tokens, "auto")
+    assert streaming.use_blockwise(wrap(model), TEXTS[1], "auto")
     with pytest.raises(UnknownOptionError, match="blockwise"):
         cwlens.stream(model, tokens, lambda ly, w: None, attention="flash")
 
 
 def test_tl3_refuses():
     model = tiny_model("llama")
-    if supports_blockwise(model):
+    if supports_blockwise(wrap(model)):
         pytest.skip("TransformerLens 4.x: blockwise applies")
     tokens, mask = pad_batch(model, TEXTS)
     with pytest.raises(UnsupportedModelError, match="TransformerLens 4.x"):
         cwlens.stream(model, tokens, lambda ly, w: None, attention="blockwise")
-    assert not streaming.use_blockwise(model, tokens[:, :1].repeat(1, 5000), "auto")
+    assert not streaming.use_blockwise(wrap(model), tokens[:, :1].repeat(1, 5000), "auto")
 
 
 def test_text_report_equals_eager(run):
@@ -219,7 +219,7 @@ def test_real_models_equal_eager(name, n, request):
     """The real offline models: SmolLM2-135M, Gemma-3-270M past its 512-token sliding
     window, MiniLM (BERT): logits and streamed contribution column sums."""
     model = request.getfixturevalue(name)
-    if not supports_blockwise(model):
+    if not supports_blockwise(wrap(model)):
         pytest.skip("the blockwise path applies to TransformerLens 4.x bridges only")
     torch.manual_seed(0)
     tokens = torch.randint(1000, 20000, (1, n))

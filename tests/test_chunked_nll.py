@@ -61,7 +61,7 @@ def reference_nll(logits, tokens, mask):
 
 
 def deferred_forward(model, tokens, mask, chunk):
-    with torch.no_grad(), lm.deferred_logits(model, chunk) as output:
+    with torch.no_grad(), lm.deferred_logits(wrap(model), chunk) as output:
         logits = model(tokens, attention_mask=mask)
     assert logits.shape[1] == 0  # the unembedding made no positions
     return output(logits)

@@ -11,6 +11,7 @@ from torch.testing import assert_close
 
 from cwlens.engine import hook_names
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.engine.interventions import run_masked, sinks
 from cwlens.testing import tiny_model
 
@@ -68,11 +69,11 @@ def test_encoder_masking_one_entry_removes_exactly_its_term(bert):
 
 def test_sink_rate_hook_acts_on_encoder(bert):
     model, tokens, mask, clean = bert
-    before = sinks.n_hooks(model)  # the bridge keeps a few permanent alias hooks on BERT
+    before = sinks.n_hooks(wrap(model))  # the bridge keeps a few permanent alias hooks on BERT
     with torch.no_grad(), sinks.applied(model, sinks.sink_rate_hooks(model, 0.9)):
         out = model(tokens, attention_mask=mask)
     assert (out - clean).abs().max() > 1e-3
-    assert sinks.n_hooks(model) == before
+    assert sinks.n_hooks(wrap(model)) == before
 
 
 def test_seam_leaves_the_clean_encoder_unchanged():
@@ -115,8 +116,8 @@ def test_self_check_refuses_a_model_that_drops_pattern_edits():
     pattern_seam.enable_pattern_edits = lambda m: False  # as if the seam were unavailable
     try:
         with pytest.raises(InterventionNotAppliedError, match="HookedEncoder"):
-            ensure_edits_act(model, ["pattern"])
+            ensure_edits_act(wrap(model), ["pattern"])
     finally:
         pattern_seam.enable_pattern_edits = real
-    ensure_edits_act(model, ["values"])  # hook_v edits do act on the bridge BERT
-    ensure_edits_act(model, ["pattern"])  # and with the seam, pattern edits act too
+    ensure_edits_act(wrap(model), ["values"])  # hook_v edits do act on the bridge BERT
+    ensure_edits_act(wrap(model), ["pattern"])  # and with the seam, pattern edits act too

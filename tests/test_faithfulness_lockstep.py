@@ -10,6 +10,7 @@ from cwlens.core.metrics import GEOMETRY
 from cwlens.datasets import TextSample
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch, token_ids
+from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
 from cwlens.faithfulness import (
     FaithfulnessConfig,
@@ -182,7 +183,7 @@ def test_lockstep_makes_no_whole_layer_tensor(models, monkeypatch):
 
 def _use_lockstep(model, tokens, cfg, job_metrics):
     """The sweep's rule on one batch: lockstep where "auto" attention runs it blockwise."""
-    return lockstep.use_lockstep(streaming.use_blockwise(model, tokens, "auto"), cfg, job_metrics)
+    return lockstep.use_lockstep(streaming.use_blockwise(wrap(model), tokens, "auto"), cfg, job_metrics)
 
 
 def test_auto_rule(models, monkeypatch):

@@ -7,6 +7,7 @@ from torch.testing import assert_close
 
 from cwlens.datasets import ChoiceItem, TextSample
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.engine.lm import document_scores
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.faithfulness.choice import (
@@ -131,7 +132,7 @@ def test_streamed_sweep_equals_ranking_from_a_full_cache(model, scope):
         scored = "value_weighted" if scope == "row" and "output" in metric else metric
         # head/layer scopes are causal in the sweep (cwlens.faithfulness.causal_scope)
         ranks = {ly: causal_ranking(rank_entries(
-            metric_scores(adapter.geometry(cache, model, ly, mask), scored), eligible, scope))
+            metric_scores(adapter.geometry(cache, wrap(model), ly, mask), scored), eligible, scope))
             for ly in range(model.cfg.n_layers)}
         for mode in cfg.modes:
             logits = run_masked(model, tokens, {ly: r.mask(0.3, mode) for ly, r in ranks.items()},

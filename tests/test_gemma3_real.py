@@ -51,7 +51,7 @@ def test_sums_to_one_and_closure(gemma3, gsm8k_run):
 def test_equals_float64_naive(gemma3, gsm8k_run):
     _, mask, cache = gsm8k_run
     for layer in (SLIDING, GLOBAL, 17):
-        geo = adapter.geometry(cache, gemma3, layer, mask)
+        geo = adapter.geometry(cache, wrap(gemma3), layer, mask)
         args = (geo.pattern, geo.v, geo.W_O, mask.bool())
         ref, ref_alti = naive_measures(*args), naive_alti(*args)
         for kind in ("intra", "inter"):
@@ -101,9 +101,9 @@ def test_full_alti_through_the_post_attention_norm_equals_its_definition(gemma3,
                                          residual=True)
     real = mask.bool()
     for layer in (SLIDING, GLOBAL):
-        norm = adapter.post_attention_layernorm(gemma3, layer)
+        norm = adapter.post_attention_layernorm(wrap(gemma3), layer)
         assert isinstance(norm, AttentionOutputNorm)
-        geo = adapter.geometry(cache, gemma3, layer, mask)
+        geo = adapter.geometry(cache, wrap(gemma3), layer, mask)
         x = cache[hook_names.resid_pre(layer)]
         attn = geo.layer_output + wrap(gemma3).b_O(layer)
         mid = x + norm.weight * attn / (attn.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()

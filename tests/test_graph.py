@@ -33,8 +33,8 @@ def _full_rows(cache, model, layer, metric):
     if metric != "contribution":
         total = token.sum(-1, keepdim=True)
         token = torch.where(total != 0, token / total, torch.zeros_like(token))
-    r = adapter.read(cache, hook_names.resid_pre(layer), model)[0].double()
-    geo = adapter.geometry(cache, model, layer)
+    r = adapter.read(cache, hook_names.resid_pre(layer), wrap(model))[0].double()
+    geo = adapter.geometry(cache, wrap(model), layer)
     a = geo.layer_output[0].double() + wrap(model).b_O(layer).double()
     new = r + a
     norm = (new * new).sum(-1)
@@ -116,7 +116,7 @@ def test_factor_split_multiplies_to_the_heads_weight(arch):
 def test_blockwise_and_small_query_blocks_give_the_same_graph():
     model = tiny_model("llama")
     g = cwlens.graph(model, TEXT, top_k=3)
-    blockwise = supports_blockwise(model)  # TransformerLens 4.x
+    blockwise = supports_blockwise(wrap(model))  # TransformerLens 4.x
     h = cwlens.graph(model, TEXT, top_k=3, attention="blockwise" if blockwise else "eager",
                      query_block=3)
     np.testing.assert_array_equal(g.from_position, h.from_position)

@@ -136,7 +136,7 @@ def test_cwlens_identities_hold(name):
         sums = c[0].sum(-1)
         torch.testing.assert_close(sums[live], torch.ones_like(sums[live]), atol=1e-4, rtol=0)
         assert bool((sums[~live] == 0).all())
-    cwlens.engine.adapter.check_residual_sum(model.run_with_cache(tokens)[1], model, "test")
+    cwlens.engine.adapter.check_residual_sum(model.run_with_cache(tokens)[1], cwlens.wrap(model), "test")
 
 
 def test_float64_copy_gives_the_same_numbers():

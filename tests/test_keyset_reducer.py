@@ -114,7 +114,7 @@ def test_no_metric_is_refused():
 
 def test_blockwise_attention_gives_the_same_key_set_weights(run):
     model, tokens, mask, _ = run
-    if not supports_blockwise(model):
+    if not supports_blockwise(wrap(model)):
         pytest.skip("the blockwise path applies to TransformerLens 4.x bridges only")
     got = {}
     for attention in ("eager", "blockwise"):

@@ -65,7 +65,7 @@ def test_sums_to_one_and_closure(minilm, run):
 def test_equals_float64_naive(minilm, run):
     _, mask, cache = run
     for layer in (0, 5):
-        geo = adapter.geometry(cache, minilm, layer, mask)
+        geo = adapter.geometry(cache, wrap(minilm), layer, mask)
         args = (geo.pattern, geo.v, geo.W_O, mask.bool())
         ref, ref_alti = naive_measures(*args), naive_alti(*args)
         for kind in ("intra", "inter"):

@@ -10,6 +10,7 @@ import torch
 import cwlens
 from cwlens.cli.main import main
 from cwlens.datasets import TextSample
+from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensWarning, UsageError
 from cwlens.testing import save_tiny
 
@@ -121,22 +122,22 @@ def test_faithfulness_and_sinks_keep_documents_past_the_context(ctx):
     assert sum("past" in str(w.message) for w in seen) == 1  # not once per forward pass
     clean = table[(table["mode"] == "clean") & (table.measure == "nll")]
     assert len(clean) == 2
-    plan = sink_run.batches(model, docs, 200, 8, past_context=True)
+    plan = sink_run.batches(wrap(model), docs, 200, 8, past_context=True)
     assert max(b.tokens.shape[1] for b in plan) == 200
-    assert max(b.tokens.shape[1] for b in sink_run.batches(model, docs, 200, 8)) == 128
+    assert max(b.tokens.shape[1] for b in sink_run.batches(wrap(model), docs, 200, 8)) == 128
 
 
 def test_the_api_refuses_past_context_on_learned_positions(ctx):
     from cwlens.engine.batching import check_past_context
     from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 
-    assert check_past_context(ctx["model"], True) is True
+    assert check_past_context(wrap(ctx["model"]), True) is True
     with pytest.raises(UsageError, match="learned position embeddings"):
-        check_past_context(ctx["gpt2"], True)
+        check_past_context(wrap(ctx["gpt2"]), True)
     with pytest.raises(UsageError):
         run_faithfulness(ctx["gpt2"], [TextSample("a", "the cat", "toy")],
                          FaithfulnessConfig(metrics=("attention",), past_context=True), progress=False)
-    assert check_past_context(ctx["gpt2"], False) is False
+    assert check_past_context(wrap(ctx["gpt2"]), False) is False
 
 
 def test_faithfulness_scores_one_file_as_one_document(ctx, capsys, monkeypatch):
@@ -167,5 +168,5 @@ def test_the_cut_warning_counts_the_long_texts_in_words(ctx, past, end):
     from cwlens.engine.batching import context_cap
 
     with pytest.warns(CwlensWarning, match=f"2 of the 3 texts are longer .*: {end}"):
-        cap = context_cap(ctx["model"], 300, iter([500, 10, 129]), past_context=past)
+        cap = context_cap(wrap(ctx["model"]), 300, iter([500, 10, 129]), past_context=past)
     assert cap == (300 if past else 128)

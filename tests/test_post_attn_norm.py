@@ -48,9 +48,9 @@ def test_the_norm_is_there_and_the_handle_sees_it(gemma):
     assert info.post_attn_norm is True
     assert any("a norm after attention" in p for p in cwlens.wrap(model).residual_problems())
     # the closure target stays the projection's own output, before the norm
-    assert adapter.closure_hook(model, 0) == hook_names.o_proj_out(0)
+    assert adapter.closure_hook(wrap(model), 0) == hook_names.o_proj_out(0)
     with pytest.raises(UnsupportedModelError, match="a norm after attention"):
-        adapter.check_residual_model(model, "The token flow")
+        adapter.check_residual_model(wrap(model), "The token flow")
     llama = tiny_model("llama")
     assert adapter.ModelInfo.of(llama).post_attn_norm is False
     assert cwlens.wrap(llama).residual_problems() == []
@@ -68,19 +68,18 @@ def test_full_alti_goes_through_the_norm_and_alti_attention_is_exact(gemma):
 
     model, _, mask, cache = gemma
     for layer in (0, 1):
-        norm = adapter.post_attention_layernorm(model, layer)
+        norm = adapter.post_attention_layernorm(wrap(model), layer)
         hf = model.blocks[layer].ln1_post._original_component  # Gemma scales by 1 + weight
         assert isinstance(norm, AttentionOutputNorm) and norm.eps == hf.eps
         assert_close(norm.weight, 1 + hf.weight.detach(), rtol=0, atol=1e-6)
-        geo = adapter.geometry(cache, model, layer, mask)
+        geo = adapter.geometry(cache, wrap(model), layer, mask)
         ref, _ = naive_alti_full(geo.pattern, geo.v, geo.W_O, geo.require_residual("t")[0],
                                  wrap(model).b_O(layer), mask.bool(), attn_norm=(norm.weight, norm.eps))
         assert_close(geo.alti().double(), ref, rtol=1e-4, atol=1e-5)
         ref = naive_alti(geo.pattern, geo.v, geo.W_O, mask.bool())
         for kind in ("inter", "intra"):
             assert_close(geo.alti_attention(kind).double(), ref[f"alti_{kind}"], rtol=1e-4, atol=1e-6)
-    assert_close(cwlens.importance(cache, model, 1, "alti", "inter", mask), adapter.geometry(
-        cache, model, 1, mask).alti())
+    assert_close(cwlens.importance(cache, model, 1, "alti", "inter", mask), adapter.geometry(cache, wrap(model), 1, mask).alti())
 
 
 def test_a_norm_of_another_form_is_refused_naming_it(gemma):
@@ -89,7 +88,7 @@ def test_a_norm_of_another_form_is_refused_naming_it(gemma):
     plain = module.forward
     module.forward = lambda x: plain(x) + 0.5  # not gamma * u / rms(u)
     with pytest.raises(UnsupportedModelError, match="not an RMSNorm.*alti_attention"):
-        adapter.post_attention_layernorm(model, 0)
+        adapter.post_attention_layernorm(wrap(model), 0)
     samples = [TextSample(id="s0", text=TEXTS[0], dataset="t")]
     with pytest.raises(UnsupportedModelError, match="not an RMSNorm"):
         run_faithfulness(model, samples, FaithfulnessConfig(metrics=("alti",), rates=(0.5,)), progress=False)

@@ -69,7 +69,7 @@ def test_chat_items_score_the_assistants_first_token(qwen05):
 
 
 def blockwise_equals_eager(model, last_layer: int) -> None:
-    if not supports_blockwise(model):
+    if not supports_blockwise(wrap(model)):
         pytest.skip("the blockwise path applies to TransformerLens 4.x bridges only")
     torch.manual_seed(0)
     tokens = torch.randint(1000, 20000, (1, 300))

@@ -56,7 +56,7 @@ def test_sweep_at_own_rate_reproduces_the_model(run):
     model, tokens, mask, logits, cache, sink = run
     own = {}
     for ly in range(model.cfg.n_layers):
-        geo = adapter.geometry(cache, model, ly, mask)
+        geo = adapter.geometry(cache, wrap(model), ly, mask)
         own[ly] = SinkGeometry(geo, sink).alpha0  # per-query rates
     out, _ = forward(model, tokens, mask, hooks.sink_rate_hooks(model, own, sink))
     real = mask.bool()
@@ -67,7 +67,7 @@ def test_hooked_sweep_matches_closed_form(run):
     """One layer set to s through the hook: the model's own head outputs follow the curve."""
     model, tokens, mask, _, cache, sink = run
     layer = model.cfg.n_layers - 1
-    sg = SinkGeometry(adapter.geometry(cache, model, layer, mask), sink)
+    sg = SinkGeometry(adapter.geometry(cache, wrap(model), layer, mask), sink)
     closed = sg.curve(GRID)
     W_O = wrap(model).W_O(layer).float()
     for si, s in enumerate(GRID.tolist()[::5]):
@@ -87,7 +87,7 @@ def test_sink_value_scale_one_is_identity(run):
 def test_sink_value_scale_zero_removes_exactly_the_sink_term(run):
     model, tokens, mask, _, cache, sink = run
     layer = model.cfg.n_layers - 1  # the last layer: its inputs are unchanged
-    geo = adapter.geometry(cache, model, layer, mask)
+    geo = adapter.geometry(cache, wrap(model), layer, mask)
     sg = SinkGeometry(geo, sink)
     _, c = forward(model, tokens, mask, hooks.sink_value_hooks(model, 0.0, sink, layer),
                    names={hook_names.z(layer)})
@@ -101,7 +101,7 @@ def test_sink_value_scale_zero_removes_exactly_the_sink_term(run):
 
 def test_hooks_are_removed_even_after_an_exception(run):
     model, tokens, mask, *_ , sink = run
-    assert hooks.n_hooks(model) == 0
+    assert hooks.n_hooks(wrap(model)) == 0
 
     def boom(x, hook):
         raise RuntimeError("boom")
@@ -110,7 +110,7 @@ def test_hooks_are_removed_even_after_an_exception(run):
         forward(model, tokens, mask, hooks.sink_value_hooks(model, 0.0, sink) + [
             (hook_names.pattern(0), boom)
         ])
-    assert hooks.n_hooks(model) == 0
+    assert hooks.n_hooks(wrap(model)) == 0
 
 
 def test_tables_padded_batch_equals_single_runs(run):
@@ -169,7 +169,7 @@ def test_streamed_analysis_equals_the_cached_tables(run):
     got = sink_run.analyse(model, samples, max_tokens=64, batch_size=8, intervention=False,
                            progress=False)
     # analyse sorts by length; rebuild the same batch for the cached reference
-    ids, tok, m = sink_run.batches(model, samples, 64, 8)[0]
+    ids, tok, m = sink_run.batches(wrap(model), samples, 64, 8)[0]
     with torch.no_grad():
         _, c = cwlens.run_with_cache(model, tok, attention_mask=m)
     want = {"stats": statistics.sink_statistics(c, model, m, sample_ids=ids)}

@@ -9,6 +9,7 @@ import cwlens
 from cwlens.core.sinks import SinkGeometry, first_real_index
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.sinks import observed
 from cwlens.testing import tiny_model
 
@@ -26,7 +27,7 @@ def run():
 
 
 def _points(model, cache, mask, layer, head):
-    geo = adapter.geometry(cache, model, layer, mask)
+    geo = adapter.geometry(cache, wrap(model), layer, mask)
     sg = SinkGeometry(geo, first_real_index(mask.bool()))
     r, y, ok = observed.layer_points(sg)
     return r[:, head][ok[:, head]].double().numpy(), y[:, head][ok[:, head]].double().numpy()

@@ -13,6 +13,7 @@ import cwlens
 from cwlens.core.sinks import SinkGeometry, first_real_index, random_non_sink_index
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.sinks import alignment_statistics, sink_statistics
 from cwlens.testing import tiny_model
 
@@ -54,7 +55,7 @@ def test_sink_geometry_valid_only_on_real_queries(model):
     tokens, mask = pad_batch(model, TEXTS)
     with torch.no_grad():
         _, cache = cwlens.run_with_cache(model, tokens, attention_mask=mask)
-    geo = adapter.geometry(cache, model, 0, mask)
+    geo = adapter.geometry(cache, wrap(model), 0, mask)
     sg = SinkGeometry(geo, first_real_index(mask.bool()))
     assert not (sg.valid & ~mask.bool()[:, None, :]).any()
 

@@ -9,6 +9,7 @@ from cwlens.core.sinks import SinkGeometry, first_real_index
 from cwlens.datasets import load_dataset
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.engine.interventions import sinks as hooks
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ def sink_run(smollm2):
 
 def test_real_model_hooks_are_identities_at_own_rate_and_scale_one(smollm2, sink_run):
     tokens, mask, logits, cache, sink = sink_run
-    own = {ly: SinkGeometry(adapter.geometry(cache, smollm2, ly, mask), sink).alpha0
+    own = {ly: SinkGeometry(adapter.geometry(cache, wrap(smollm2), ly, mask), sink).alpha0
            for ly in range(smollm2.cfg.n_layers)}
     real = mask.bool()
     with torch.no_grad(), hooks.applied(smollm2, hooks.sink_rate_hooks(smollm2, own, sink)):
@@ -35,13 +36,13 @@ def test_real_model_hooks_are_identities_at_own_rate_and_scale_one(smollm2, sink
     with torch.no_grad(), hooks.applied(smollm2, hooks.sink_value_hooks(smollm2, 1.0, sink)):
         out = smollm2(tokens, attention_mask=mask)
     assert_close(out, logits, rtol=0, atol=0)
-    assert hooks.n_hooks(smollm2) == 0
+    assert hooks.n_hooks(wrap(smollm2)) == 0
 
 
 def test_real_model_hooked_sweep_follows_closed_form(smollm2, sink_run):
     tokens, mask, _, cache, sink = sink_run
     layer = smollm2.cfg.n_layers - 1
-    sg = SinkGeometry(adapter.geometry(cache, smollm2, layer, mask), sink)
+    sg = SinkGeometry(adapter.geometry(cache, wrap(smollm2), layer, mask), sink)
     name = hook_names.z(layer)
     for s in (0.5,):
         with torch.no_grad(), hooks.applied(smollm2, hooks.sink_rate_hooks(smollm2, s, sink, layer)):

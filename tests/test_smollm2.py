@@ -8,6 +8,7 @@ import cwlens
 from cwlens.datasets import load_dataset
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.testing import naive_measures
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,7 @@ def test_real_model_closure_and_factors(smollm2, gsm8k_run):
 def test_real_model_equals_float64_naive(smollm2, gsm8k_run):
     _, mask, cache = gsm8k_run
     for layer in (0, 14, 29):
-        geo = adapter.geometry(cache, smollm2, layer, mask)
+        geo = adapter.geometry(cache, wrap(smollm2), layer, mask)
         ref = naive_measures(geo.pattern[:, :, :24, :24], geo.v[:, :24], geo.W_O, mask[:, :24].bool())
         small = {k: v[:, :24] for k, v in cache.items()}  # keys 0..23 of the padded batch
         small = {k: (v[:, :, :24, :24] if v.ndim == 4 and "pattern" in k else v) for k, v in small.items()}

@@ -281,7 +281,7 @@ def forward_logits(model, tokens, mask, attention):
     """A plain forward (no reader of the probabilities) under ``attention``, default blocks."""
     from cwlens.engine import streaming
 
-    with torch.no_grad(), streaming.attention_context(model, tokens, attention, None):
+    with torch.no_grad(), streaming.attention_context(wrap(model), tokens, attention, None):
         return model(tokens, **wrap(model).forward_kwargs(mask))
 
 
@@ -309,7 +309,7 @@ def test_the_default_query_block_follows_the_length(monkeypatch, rule):
                         lambda m, k, s=None: blocks.append((k, s)) or real(m, k, s))
     rs = lambda: [reducers.TopK(2, "contribution"), reducers.ColumnSums("contribution")]  # noqa: E731
     want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None, attention="eager")
-    blockwise = supports_blockwise(model)  # TransformerLens 4.x only
+    blockwise = supports_blockwise(wrap(model))  # TransformerLens 4.x only
     for attention in ("blockwise", "eager") if blockwise else ("eager",):
         got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, attention=attention)
         assert_close(got["top2_contribution"].values, want["top2_contribution"].values,

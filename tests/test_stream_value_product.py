@@ -9,6 +9,7 @@ from torch.testing import assert_close
 
 import cwlens
 from cwlens.engine import reducers
+from cwlens.engine.handle import wrap
 from cwlens.engine.models import blockwise_math
 from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.testing import ARCHITECTURES, tiny_model
@@ -20,7 +21,7 @@ LOGITS = dict(rtol=0, atol=1e-4)
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def model(request):
     m = tiny_model(request.param)
-    if not supports_blockwise(m):
+    if not supports_blockwise(wrap(m)):
         pytest.skip("blockwise attention needs TransformerLens 4.x")
     return m
 

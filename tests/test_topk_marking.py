@@ -10,6 +10,7 @@ import torch
 import cwlens
 from cwlens import reducers
 from cwlens.engine.batching import pad_batch
+from cwlens.engine.handle import wrap
 from cwlens.engine.tokens import text_length
 from cwlens.testing import tiny_model
 
@@ -35,7 +36,7 @@ def _tops(model, input, k, **kw):
 def test_decoder_query_i_lists_exactly_its_keys(model, query_block):
     """Query ``i`` of a decoder sees keys ``0..i`` (inside the window): with ``k`` = the
     text's length, its row holds exactly those keys, then -1 / NaN."""
-    n = text_length(model, TEXT)
+    n = text_length(wrap(model), TEXT)
     out = _tops(model, TEXT, n, query_block=query_block)
     encoder = cwlens.wrap(model).is_encoder
     for name in out.results:
@@ -62,7 +63,7 @@ def test_decoder_query_i_lists_exactly_its_keys(model, query_block):
 def test_rows_are_ranked_among_their_own_keys(model):
     """With fewer positive entries than ``k`` the old ranking put masked zeros above the
     real negative contributions; they are ranked among the query's keys only."""
-    n = text_length(model, TEXT)
+    n = text_length(wrap(model), TEXT)
     out = cwlens.stream_reduce(model, TEXT, [reducers.TopK(4, "contribution")])
     got = cwlens.stream(model, TEXT, lambda ly, w: w.clone())
     top = out["top4_contribution"]
@@ -86,7 +87,7 @@ def test_the_keys_a_query_may_list_are_where_the_model_attends(model):
 def test_k_above_the_length_gives_one_entry_per_key(model):
     out = cwlens.stream_reduce(model, "the cat sat", [reducers.TopK(50, "attention")])
     top = out["top50_attention"]
-    n = text_length(model, "the cat sat")
+    n = text_length(wrap(model), "the cat sat")
     assert top.indices.shape[-1] == n
     per_query = (top.indices >= 0).sum(-1)[0, 0, 0]  # [query]
     if cwlens.wrap(model).is_encoder:

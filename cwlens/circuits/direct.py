@@ -84,11 +84,11 @@ def direct_logit_attribution(
         answers: ``[batch, n_queries]`` token ids; ``foils`` the same shape, or None for
             "answer logit minus the mean logit".
     """
-    adapter.check_residual_model(model, "Direct logit attribution")
-    checks.residual_hooks(cache, model, "Direct logit attribution")
-    b, n = adapter.read(cache, hook_names.resid_pre(0), model).shape[:2]
-    q = checks.positions(queries, n)
     handle = wrap(model)
+    adapter.check_residual_model(handle, "Direct logit attribution")
+    checks.residual_hooks(cache, handle, "Direct logit attribution")
+    b, n = adapter.read(cache, hook_names.resid_pre(0), handle).shape[:2]
+    q = checks.positions(queries, n)
     W_U, b_U = handle.unembed()
     d_vocab = W_U.shape[-1]
     if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (b, n, d_vocab):
@@ -103,25 +103,25 @@ def direct_logit_attribution(
     checks.token_ids(answers, (b, len(q)), d_vocab, "answers")
     if foils is not None:
         checks.token_ids(foils, (b, len(q)), d_vocab, "foils")
-    adapter.check_residual_sum(cache, model, "Direct logit attribution")
+    adapter.check_residual_sum(cache, handle, "Direct logit attribution")
     n_layers = handle.n_layers
     w_ln, b_ln, centres = handle.final_norm()
     device = logits.device
     answers = answers.to(device)
     foils = None if foils is None else foils.to(device)
     u, u_eff = direct_math.effective_directions(W_U, answers, foils, w_ln, centres)
-    scale = adapter.read(cache, hook_names.final_scale(), model)[..., 0][:, q].double()
+    scale = adapter.read(cache, hook_names.final_scale(), handle)[..., 0][:, q].double()
     heads = []
     comps = {"embed": direct_math.component_terms(
-        adapter.read(cache, hook_names.resid_pre(0), model), u_eff, scale, q)}
+        adapter.read(cache, hook_names.resid_pre(0), handle), u_eff, scale, q)}
     for layer in range(n_layers):
-        pattern = adapter.read(cache, hook_names.pattern(layer), model)
-        v = adapter.read(cache, hook_names.values(layer), model)
+        pattern = adapter.read(cache, hook_names.pattern(layer), handle)
+        v = adapter.read(cache, hook_names.values(layer), handle)
         heads.append(direct_math.head_key_terms(
             pattern, v, handle.W_O(layer), u_eff, scale, q))
         comps[f"L{layer} b_O"] = direct_math.component_terms(handle.b_O(layer), u_eff, scale, q).expand_as(scale)
         comps[f"L{layer} mlp"] = direct_math.component_terms(
-            adapter.read(cache, hook_names.mlp_out(layer), model), u_eff, scale, q)
+            adapter.read(cache, hook_names.mlp_out(layer), handle), u_eff, scale, q)
     b_U = b_U.double()
     beta = b_U[answers] - (b_U.mean() if foils is None else b_U[foils])
     if b_ln is not None:

@@ -93,9 +93,10 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
     row's, whose pad entries are dropped).
     """
     flow_math.check_rule(rule)
-    adapter.check_residual_model(model, "The token flow")
-    checks.residual_hooks(cache, model, "The token flow")
-    b, n = adapter.read(cache, hook_names.resid_pre(0), model).shape[:2]
+    handle = wrap(model)
+    adapter.check_residual_model(handle, "The token flow")
+    checks.residual_hooks(cache, handle, "The token flow")
+    b, n = adapter.read(cache, hook_names.resid_pre(0), handle).shape[:2]
     batch = checks.index(batch, b, "batch")
     mask = adapter.cache_mask(cache)
     keep = torch.arange(n) if mask is None else mask[batch].bool().cpu().nonzero()[:, 0]
@@ -109,13 +110,12 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
                 f"e.g. model.to_str_tokens(tokens[{batch}])); got "
                 + (f"a string {str_tokens!r}" if isinstance(str_tokens, str | bytes)
                    else f"{len(str_tokens)} entries") + ".")
-    adapter.check_residual_sum(cache, model, "The token flow", closure_tolerance)
+    adapter.check_residual_sum(cache, handle, "The token flow", closure_tolerance)
     resid_share, attn_share, layer_flows = [], [], []
-    handle = wrap(model)
     for layer in range(handle.n_layers):
-        r = adapter.read(cache, hook_names.resid_pre(layer), model)[batch].double()
-        a = adapter.read(cache, hook_names.resid_mid(layer), model)[batch].double() - r
-        geo = adapter.geometry(cache, model, layer)
+        r = adapter.read(cache, hook_names.resid_pre(layer), handle)[batch].double()
+        a = adapter.read(cache, hook_names.resid_mid(layer), handle)[batch].double() - r
+        geo = adapter.geometry(cache, handle, layer)
         c = geo.contribution("inter")[batch].sum(0).double()  # [query, key]
         pattern, v = geo.pattern[batch], geo.v[batch]
         if len(keep) < r.shape[0]:  # a padded row: its real positions only

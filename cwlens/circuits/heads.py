@@ -50,15 +50,15 @@ def head_scores(
     ``attention_mask``) a query or key position that is padding in some row is refused
     (``InvalidArgumentError``): its scores are no token's and would be averaged in. Count
     from the end on a left-padded decoder (-1 is every text's last token)."""
-    b, _, n, _ = adapter.read(cache, hook_names.pattern(0), model).shape
-    q = checks.positions(queries, n)
     handle = wrap(model)
+    b, _, n, _ = adapter.read(cache, hook_names.pattern(0), handle).shape
+    q = checks.positions(queries, n)
     if keys is not None:
         checks.key_positions(keys, q, b, n, causal=not handle.is_encoder)
     checks.real_queries(adapter.cache_mask(cache) if attention_mask is None else attention_mask, q, keys)
     share, con_key, att_key = [], [], []
     for layer in range(handle.n_layers):
-        geo = adapter.geometry(cache, model, layer, attention_mask)
+        geo = adapter.geometry(cache, handle, layer, attention_mask)
         con = _at_queries(geo.contribution("inter"), q.to(geo.pattern.device))
         share.append(con.sum(-1).mean((0, 1)))
         if keys is not None:

@@ -113,14 +113,15 @@ def run(args) -> int:
     from cwlens.faithfulness.accuracy import clean_accuracy
 
     model = load_model(args)
+    handle = wrap(model)
     from cwlens.engine.adapter import require_next_token_model
 
-    require_next_token_model(model, "cwlens accuracy", "Use a decoder (a causal language model).")
+    require_next_token_model(handle, "cwlens accuracy", "Use a decoder (a causal language model).")
     prompts = {d: prompt_of(d, args.prompt) for d in args.dataset}
     if "chat" in prompts.values():
 
 
-        chat = wrap(model).chat_prompt
+        chat = handle.chat_prompt
         items.update({d: load_dataset(d, n=counts[d], chat=chat)
                       for d, p in prompts.items() if p == "chat"})
     from cwlens.faithfulness.units import choice_units

@@ -209,7 +209,7 @@ def _run(req: FaithfulnessRequest, placed, world) -> int:
     model = load_model(args, **placed)
     handle = wrap(model)
     if cfg.layers is not None:  # before any compute
-        resolve_layers(model, list(cfg.layers))
+        resolve_layers(handle, list(cfg.layers))
     for d, path in zip(req.datasets, req.paths, strict=True):
         shots = args.num_fewshot if d == "mmlu" else 0
         source = req.file_samples if args.file is not None else _source(args, handle, d, req.counts[d])

@@ -19,7 +19,7 @@ from cwlens.core._types import Layers as Layers  # re-exported: measures and use
 from cwlens.core._types import TLModel as TLModel  # re-exported
 from cwlens.core.alti import AttentionOutputNorm, PostNorm
 from cwlens.engine import hook_names
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.handle import ModelInfo as ModelInfo  # re-exported
 from cwlens.errors import (
     InvalidArgumentError,
@@ -35,13 +35,13 @@ from cwlens.errors import (
 ModelLike = TLModel | ModelHandle
 
 
-def require_next_token_model(model: ModelLike, what: str, alternative: str) -> None:
-    """Raise :class:`~cwlens.errors.UnsupportedModelError` where ``model`` is an encoder.
+def require_next_token_model(handle: ModelHandle, what: str, alternative: str) -> None:
+    """Raise :class:`~cwlens.errors.UnsupportedModelError` where the model is an encoder.
 
     Next-token NLL / perplexity read ``logits[:, t]`` as ``P(t_{t+1} | t_<=t)``: a
     bidirectional masked-LM's logits are not that, and the scores would be meaningless.
     """
-    if wrap(model).is_encoder:
+    if handle.is_encoder:
         raise UnsupportedModelError(
             f"{what} scores next-token loss, but this model is an encoder (bidirectional "
             f"attention, masked-LM logits), so the numbers would be meaningless. {alternative}"
@@ -67,14 +67,14 @@ def _layer_index(item: object) -> int | None:
     return None
 
 
-def resolve_layers(model: ModelLike, layer: object) -> tuple[list[int], bool]:
+def resolve_layers(handle: ModelHandle, layer: object) -> tuple[list[int], bool]:
     """``(layers, single)``: the layer list, and whether one int was asked for.
 
     Accepts an int, a NumPy integer or a 0-d integer tensor (one layer), an iterable of
     those (a list, a 1-d array or tensor), or None (all layers). Negative indices count
     from the end. Floats, bools and strings raise :class:`LayerOutOfRangeError`.
     """
-    n = wrap(model).n_layers
+    n = handle.n_layers
     single = layer is not None and _layer_index(layer) is not None
     if layer is None:
         items: list[Any] = list(range(n))
@@ -104,11 +104,11 @@ def resolve_layers(model: ModelLike, layer: object) -> tuple[list[int], bool]:
     return layers, single
 
 
-def resolve_requested_layers(model: ModelLike, layer: object) -> tuple[list[int], bool]:
+def resolve_requested_layers(handle: ModelHandle, layer: object) -> tuple[list[int], bool]:
     """:func:`resolve_layers` for a layer argument a user gave: an empty list, or a layer
     listed twice, raise :class:`LayerOutOfRangeError` (an empty stack, or a layer counted
     twice, would follow)."""
-    layers, single = resolve_layers(model, layer)
+    layers, single = resolve_layers(handle, layer)
     if not layers:
         raise LayerOutOfRangeError(
             f"no layer given ({layer!r} is empty): pass an int, a list of them, or None for "
@@ -121,7 +121,7 @@ def resolve_requested_layers(model: ModelLike, layer: object) -> tuple[list[int]
     return layers, single
 
 
-def post_attention_layernorm(model: ModelLike, layer: int):
+def post_attention_layernorm(handle: ModelHandle, layer: int):
     """The norm through which ``layer``'s attention output reaches the residual stream, for
     full ALTI (:mod:`cwlens.core.alti`): a :class:`~cwlens.core.alti.PostNorm` for
     BERT-like post-LN encoders (``LN(resid_pre + attn_out)``: the block's ``ln1``), an
@@ -129,7 +129,6 @@ def post_attention_layernorm(model: ModelLike, layer: int):
     heads and the residual sum (Gemma-2/3: ``resid_pre + N(attn_out)``), or None for pre-LN
     models (the norm sits before the values and the residual sum is the whole) and for
     models without any norm (a bidirectional tracr model, :mod:`cwlens.groundtruth`)."""
-    handle = wrap(model)
     if handle.info.post_attn_norm:
         gamma, eps = handle.attention_output_norm(layer)
         return AttentionOutputNorm(gamma.detach(), eps)
@@ -146,14 +145,14 @@ def post_attention_layernorm(model: ModelLike, layer: int):
     return PostNorm(weight.detach(), bias.detach(), float(eps))
 
 
-def require_metrics(model: ModelLike, metrics) -> None:
-    """Refuse, before any forward pass, a metric ``model`` cannot give: full ``alti`` where
+def require_metrics(handle: ModelHandle, metrics) -> None:
+    """Refuse, before any forward pass, a metric the model cannot give: full ``alti`` where
     the post-attention norm is not one cwlens linearises (checked on the first layer)."""
-    if "alti" in metrics and ModelInfo.of(model).post_attn_norm:
-        post_attention_layernorm(model, 0)
+    if "alti" in metrics and handle.info.post_attn_norm:
+        post_attention_layernorm(handle, 0)
 
 
-def read(cache: Cache, name: str, model: ModelLike, closure=False):
+def read(cache: Cache, name: str, handle: ModelHandle, closure=False):
     if not callable(getattr(cache, "keys", None)):
         raise InvalidArgumentError(
             f"expected an activation cache (from cwlens.run_with_cache(model, tokens)) where "
@@ -161,16 +160,16 @@ def read(cache: Cache, name: str, model: ModelLike, closure=False):
     if name in cache.keys():
         return cache[name]
     layer = int(name.split(".")[1])
-    require_cached(cache, model, [layer], closure=closure, what="this call")
+    require_cached(cache, handle, [layer], closure=closure, what="this call")
     raise MissingHookError(f"The cache has no {name!r}.")  # require_cached names it first
 
 
-def call_hooks(model: ModelLike, layers: Iterable[int], closure: bool = False,
+def call_hooks(handle: ModelHandle, layers: Iterable[int], closure: bool = False,
                residual: bool = False) -> list[str]:
     """The hooks a measure of ``layers`` reads from a cache: each layer's pattern and
     values; ``closure``: the heads' output it is checked against; ``residual``: the
     residual stream entering the layer (full ALTI)."""
-    info = ModelInfo.of(model)
+    info = handle.info
     names = []
     for layer in layers:
         names += [hook_names.pattern(layer), hook_names.values(layer)]
@@ -181,7 +180,7 @@ def call_hooks(model: ModelLike, layers: Iterable[int], closure: bool = False,
     return names
 
 
-def require_cached(cache: Cache, model: ModelLike, layers: Iterable[int], closure: bool = False,
+def require_cached(cache: Cache, handle: ModelHandle, layers: Iterable[int], closure: bool = False,
                    residual: bool = False, what: str = "this call") -> None:
     """Refuse, before anything is computed, a cache without every hook the call needs
     (:func:`call_hooks`): :class:`~cwlens.errors.MissingHookError` names the hooks it
@@ -190,12 +189,12 @@ def require_cached(cache: Cache, model: ModelLike, layers: Iterable[int], closur
     if not callable(getattr(cache, "keys", None)):
         return  # read() names a cache that is not one
     layers = list(layers)
-    needed = call_hooks(model, layers, closure, residual)
+    needed = call_hooks(handle, layers, closure, residual)
     held = set(cache.keys())
     missing = [n for n in needed if n not in held]
     if not missing:
         return
-    n = wrap(model).n_layers
+    n = handle.n_layers
     span = (f"layer {layers[0]}" if len(layers) == 1 else
             "every layer" if layers == list(range(n)) else f"layers {layers}")
     args = "".join([f", layers={layers}" if layers != list(range(n)) else "",
@@ -232,7 +231,7 @@ def cache_mask(cache: Cache) -> torch.Tensor | None:
 
 def geometry(
     cache: Cache,
-    model: ModelLike,
+    handle: ModelHandle,
     layer: int,
     attention_mask: torch.Tensor | None = None,
 ) -> AttentionGeometry:
@@ -240,13 +239,13 @@ def geometry(
     (``attention_mask`` None: the mask remembered with the cache, :func:`cache_mask`)."""
     if attention_mask is None:
         attention_mask = cache_mask(cache)
-    pattern = read(cache, hook_names.pattern(layer), model)
-    v = read(cache, hook_names.values(layer), model)
+    pattern = read(cache, hook_names.pattern(layer), handle)
+    v = read(cache, hook_names.values(layer), handle)
     resid = hook_names.resid_pre(layer)
     residual = cache[resid] if resid in cache.keys() else None  # for ALTI, where cached
     if attention_mask is not None:
         _check_mask_matches(pattern, attention_mask, layer)
-    return layer_geometry(model, layer, pattern, v, attention_mask, residual)
+    return layer_geometry(handle, layer, pattern, v, attention_mask, residual)
 
 
 MASK_LEAK = 1e-3  # attention a real query may put on keys the mask calls padding
@@ -273,7 +272,7 @@ def _check_mask_matches(pattern: torch.Tensor, attention_mask, layer: int) -> No
 
 
 def layer_geometry(
-    model: ModelLike,
+    handle: ModelHandle,
     layer: int,
     pattern: torch.Tensor,
     v: torch.Tensor,
@@ -284,7 +283,6 @@ def layer_geometry(
     (from a cache or caught by hooks during a forward pass), checked against the model.
     ``residual`` (``hook_resid_pre``), where given, is attached for ALTI
     (:meth:`~cwlens.core.AttentionGeometry.attach_residual`; the norm is read lazily)."""
-    handle = wrap(model)
     info = handle.info
     # hook_v holds the model's kv heads. TransformerLens 3.x with
     # cfg.ungroup_grouped_query_attention repeats them to one per query head: only then
@@ -306,39 +304,37 @@ def layer_geometry(
     geo = AttentionGeometry(pattern, v, handle.W_O(layer), position_mask=mask, layer=layer)
     if residual is not None:
         geo.attach_residual(residual.detach(), handle.b_O(layer),
-                            lambda: post_attention_layernorm(model, layer))
+                            lambda: post_attention_layernorm(handle, layer))
     return geo
 
 
-def heads_output(cache: Cache, model: ModelLike, layer: int) -> torch.Tensor:
+def heads_output(cache: Cache, handle: ModelHandle, layer: int) -> torch.Tensor:
     """What the model's heads wrote in this layer, without b_O: ``[batch, pos, d_model]``.
 
     Read from :func:`closure_hook` (for models with a norm after attention on
     TransformerLens 3.x, rebuilt from ``hook_z`` and W_O).
     """
-    name = closure_hook(model, layer)
-    return heads_output_from(model, layer, read(cache, name, model, closure=True))
+    name = closure_hook(handle, layer)
+    return heads_output_from(handle, layer, read(cache, name, handle, closure=True))
 
 
-def closure_hook(model: ModelLike, layer: int) -> str:
+def closure_hook(handle: ModelHandle, layer: int) -> str:
     """The hook holding what the heads wrote (see :func:`cwlens.engine.hook_names.closure_target`)."""
-    info = ModelInfo.of(model)
+    info = handle.info
     return hook_names.closure_target(layer, info.generation, info.post_attn_norm)
 
 
-def heads_output_from(model: ModelLike, layer: int, out: torch.Tensor) -> torch.Tensor:
+def heads_output_from(handle: ModelHandle, layer: int, out: torch.Tensor) -> torch.Tensor:
     """The heads' summed output without b_O, from the tensor at :func:`closure_hook`."""
-    handle = wrap(model)
-    if closure_hook(model, layer) == hook_names.z(layer):
+    if closure_hook(handle, layer) == hook_names.z(layer):
         return torch.einsum("bqhd,hdm->bqm", out.float(), handle.W_O(layer).float())
     return out.float() - handle.b_O(layer).float().to(out.device)
 
 
-def check_residual_model(model: ModelLike, what: str) -> ModelInfo:
+def check_residual_model(handle: ModelHandle, what: str) -> ModelInfo:
     """Refuse (:class:`UnsupportedModelError`) a model that is not a pre-norm decoder
     whose residual stream is the plain sum ``embedding + sum_l (attention_l + mlp_l)``
     with logits ``LN_final(x) W_U + b_U``, which the circuit tools assume."""
-    handle = wrap(model)
     problems = handle.residual_problems()
     if problems:
         raise UnsupportedModelError(
@@ -349,24 +345,23 @@ def check_residual_model(model: ModelLike, what: str) -> ModelInfo:
     return handle.info
 
 
-def check_residual_sum(cache: Cache, model: ModelLike, what: str, tolerance: float = 1e-3) -> None:
+def check_residual_sum(cache: Cache, handle: ModelHandle, what: str, tolerance: float = 1e-3) -> None:
     """Check, per layer, that the residual stream is the plain sum the circuit tools assume:
     ``resid_mid - resid_pre = sum_h sum_j a_ij v~_j + b_O`` and ``next resid - resid_mid = mlp_out``
     (relative error ``<= tolerance``). A norm after attention or after the MLP (Gemma-2/3)
     or a post-norm block fails it. On a padded batch (the mask remembered with the cache,
     :func:`cache_mask`) only the real positions are compared: a pad query's output is no
     token's and the measures leave it out."""
-    handle = wrap(model)
     n = handle.n_layers
     mask = cache_mask(cache)
     for layer in range(n):
-        pre = read(cache, hook_names.resid_pre(layer), model).double()
-        mid = read(cache, hook_names.resid_mid(layer), model).double()
+        pre = read(cache, hook_names.resid_pre(layer), handle).double()
+        mid = read(cache, hook_names.resid_mid(layer), handle).double()
         nxt = hook_names.resid_pre(layer + 1) if layer + 1 < n else hook_names.resid_post(layer)
-        post = read(cache, nxt, model).double()
-        heads = geometry(cache, model, layer).layer_output.double()
+        post = read(cache, nxt, handle).double()
+        heads = geometry(cache, handle, layer).layer_output.double()
         attn = heads + handle.b_O(layer).double().to(heads.device)
-        mlp = read(cache, hook_names.mlp_out(layer), model).double()
+        mlp = read(cache, hook_names.mlp_out(layer), handle).double()
         parts = (("attention", "the heads' a_ij v~_j + b_O", mid - pre, attn),
                  ("MLP", "hook_mlp_out", post - mid, mlp))
         for part, hook, added, rebuilt in parts:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import torch
 
 from cwlens.engine import validation
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.tokens import token_ids as token_ids  # re-exported: callers import it here
 from cwlens.errors import (
     CwlensWarning,
@@ -84,7 +84,7 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
             f"item {loose[0]} of texts is a single number ({texts[loose[0]]!r}): pass each text "
             "as a string, or its token ids as a list ([[1, 2, 3]] for one sequence)")
     rows = [
-        token_ids(model, t) if isinstance(t, str) else torch.as_tensor(t).flatten().cpu()
+        handle.token_ids(t) if isinstance(t, str) else torch.as_tensor(t).flatten().cpu()
         for t in texts
     ]
     empty = [i for i, r in enumerate(rows) if len(r) == 0]
@@ -109,7 +109,8 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
     return tokens.to(device), mask.to(device)
 
 
-def batch_input(model, input, attention_mask: torch.Tensor | None = None, what: str = "input"):
+def batch_input(handle: ModelHandle, input, attention_mask: torch.Tensor | None = None,
+                what: str = "input"):
     """``(input, attention_mask)`` as a forward pass should get them: ``input`` checked
     (:func:`cwlens.engine.validation.run_input`), and a list of texts made into one batch
     of tokens, padded by :func:`pad_batch` (left for decoders, right for encoders) with the
@@ -122,29 +123,29 @@ def batch_input(model, input, attention_mask: torch.Tensor | None = None, what: 
     the warning of :func:`cwlens.engine.validation.model_input`), as a lone text does.
 
     Examples:
+        >>> import cwlens
         >>> from cwlens.engine.batching import batch_input
         >>> from cwlens.testing import tiny_model
-        >>> model = tiny_model("llama")  # a real one: cwlens.load_model("smollm2-135m")
-        >>> tokens, mask = batch_input(model, ["the cat sat on the mat", "a dog ran"])
+        >>> handle = cwlens.wrap(tiny_model("llama"))  # a real one: cwlens.load_model("smollm2-135m")
+        >>> tokens, mask = batch_input(handle, ["the cat sat on the mat", "a dog ran"])
         >>> mask.tolist()  # what pad_batch gives: left-padded on a decoder
         [[1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]]
-        >>> batch_input(model, ["the cat", "a dog"])[1] is None  # same length: no padding
+        >>> batch_input(handle, ["the cat", "a dog"])[1] is None  # same length: no padding
         True
     """
     texts = validation.texts_of(input)
     if texts is None or len(texts) < 2 or attention_mask is not None:
-        return validation.run_input(model, input, attention_mask, what), attention_mask
-    validation.model_input(model, input, None, what)  # refusals and warnings, as for one text
-    tokens, mask = pad_batch(model, [token_ids(model, t, truncate=False) for t in texts])
+        return validation.run_input(handle, input, attention_mask, what), attention_mask
+    validation.model_input(handle, input, None, what)  # refusals and warnings, as for one text
+    tokens, mask = pad_batch(handle, [handle.token_ids(t, False) for t in texts])
     return tokens, (None if bool(mask.all()) else mask)
 
 
-def check_past_context(model, past_context: bool) -> bool:
+def check_past_context(handle: ModelHandle, past_context: bool) -> bool:
     """``past_context`` (a bool) if the model can take it: running past ``n_ctx`` needs
     rotary positions; a model with learned position embeddings has no position there
     (:class:`~cwlens.errors.UsageError`: the command line exits 2)."""
     validation.flag(past_context, "past_context")
-    handle = wrap(model)
     if past_context and not handle.rotary_positions:
         raise UsageError(
             f"--past-context (past_context=True) needs rotary positions, but {handle.name or 'this model'} "
@@ -156,18 +157,18 @@ def check_past_context(model, past_context: bool) -> bool:
 PAST_NOTE = "(--past-context: rotary positions the model never saw in training)"
 
 
-def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str,
+def fit_context(handle: ModelHandle, tokens: torch.Tensor, max_tokens: int | None, what: str,
                 past_context: bool = False) -> torch.Tensor:
     """``tokens[:, :max_tokens]``, cut further to the model's context (``n_ctx``) with a
     :class:`~cwlens.errors.CwlensWarning` when the text is longer (docs/inputs.md).
     ``past_context`` (rotary models only, :func:`check_past_context`): not cut at ``n_ctx``;
     the warning says it runs past the trained context."""
     validation.max_tokens(max_tokens)
-    check_past_context(model, past_context)
+    check_past_context(handle, past_context)
     n = tokens.shape[-1]
     if max_tokens is not None:
         tokens = tokens[:, :max_tokens]
-    limit = wrap(model).context_length()
+    limit = handle.context_length()
     if limit is not None and tokens.shape[-1] > limit:
         if past_context:
             warnings.warn(f"{what} has {tokens.shape[-1]} tokens, past the model's context "
@@ -180,15 +181,15 @@ def fit_context(model, tokens: torch.Tensor, max_tokens: int | None, what: str,
     return tokens
 
 
-def context_cap(model, max_tokens: int | None, lengths, what: str = "texts",
+def context_cap(handle: ModelHandle, max_tokens: int | None, lengths, what: str = "texts",
                 past_context: bool = False) -> int | None:
     """The truncation length to use: ``max_tokens``, lowered to the model's context
     (``n_ctx``) with one :class:`~cwlens.errors.CwlensWarning` when some of ``lengths``
     (the texts' token counts) would exceed it (docs/inputs.md). ``past_context`` (rotary
     models only): ``max_tokens`` as it is, and the one warning says that some run past
     the trained context."""
-    check_past_context(model, past_context)
-    limit = wrap(model).context_length()
+    check_past_context(handle, past_context)
+    limit = handle.context_length()
     if limit is None or (max_tokens is not None and max_tokens <= limit):
         return max_tokens
     lengths = list(lengths)

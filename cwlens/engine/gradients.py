@@ -35,15 +35,15 @@ from cwlens.core.scoring import token_nll
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.adapter import Layers
 from cwlens.engine.batching import batch_input
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.interventions.value_masking import hooks_applied
 from cwlens.errors import CwlensError
 
 
 @contextmanager
-def _frozen(model) -> Iterator[None]:
+def _frozen(handle: ModelHandle) -> Iterator[None]:
     """Parameters with ``requires_grad=False`` for the block (restored after)."""
-    was = wrap(model).trainable_parameters()
+    was = handle.trainable_parameters()
     for p in was:
         p.requires_grad_(False)
     try:
@@ -86,17 +86,17 @@ def attention_gradient(
     Raises :class:`~cwlens.errors.NonFiniteError` naming the layer (and the heads) where a
     pattern or the scores hold NaN or inf, or where the loss does.
     """
+    handle = wrap(model)
     if loss is None:  # a loss of the caller's own (e.g. an output's logit) suits any model
         adapter.require_next_token_model(
-            model, "attention_gradient", "Use a decoder (the gradient is of the next-token "
+            handle, "attention_gradient", "Use a decoder (the gradient is of the next-token "
             "loss), or pass loss=... (a scalar function of the logits)."
         )
 
-    resolved, _ = adapter.resolve_layers(model, layers)
+    resolved, _ = adapter.resolve_layers(handle, layers)
     # a text or a list of texts is tokenized (different lengths: padded with its own mask,
     # as cwlens.run_with_cache does); tokens and a mask unlike them are refused up front
-    given, attention_mask = batch_input(model, tokens, attention_mask, "tokens")
-    handle = wrap(model)
+    given, attention_mask = batch_input(handle, tokens, attention_mask, "tokens")
     if not isinstance(given, torch.Tensor):  # a text, or texts of one length
         given = handle.to_tokens(given)
     tokens = given[None] if given.ndim == 1 else given
@@ -114,8 +114,8 @@ def attention_gradient(
 
     hooks = [(hook_names.pattern(ly), tap(ly)) for ly in resolved]
     kwargs = handle.forward_kwargs(attention_mask)
-    with _frozen(model), torch.enable_grad(), hooks_applied(model, hooks):
-        logits = model(tokens, **kwargs)
+    with _frozen(handle), torch.enable_grad(), hooks_applied(handle, hooks):
+        logits = handle.model(tokens, **kwargs)
         value = (document_loss(logits, tokens.to(logits.device), attention_mask) if loss is None
                  else loss(logits))
         missing = [ly for ly in resolved if ly not in deltas]

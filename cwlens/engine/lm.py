@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from cwlens.core import scoring
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle
 
 CHUNKED_ABOVE = 2048  # sequences longer than this are scored in chunks (no [pos, vocab] logits)
 CHUNK = 256  # positions unembedded at once on the chunked path
@@ -80,14 +80,13 @@ def chunk_for(n_positions: int) -> int | None:
 
 
 @contextmanager
-def deferred_logits(model, chunk: int | None) -> Iterator[Callable[[torch.Tensor], LMOutput]]:
+def deferred_logits(handle: ModelHandle, chunk: int | None) -> Iterator[Callable[[torch.Tensor], LMOutput]]:
     """Forwards inside skip the unembedding where ``chunk`` is given (else nothing changes);
     the yielded ``output(logits)`` is then the last forward's :class:`Unembedded`
     (else ``logits`` itself). Call it after the forward, inside or after the block."""
     if chunk is None:
         yield lambda logits: logits
         return
-    handle = wrap(model)
     with handle.unembedding_skipped() as caught:
         yield lambda _: Unembedded(caught[-1], handle.logits_of, chunk)
 

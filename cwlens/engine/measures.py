@@ -22,7 +22,7 @@ from cwlens.core.numerics import worst
 from cwlens.engine import adapter, hook_names, validation
 from cwlens.engine.adapter import Layers, ModelLike
 from cwlens.engine.batching import batch_input
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import InvalidArgumentError, NonFiniteError, ShapeMismatchError
 
 
@@ -35,12 +35,12 @@ def _mask(cache, attention_mask):
     return adapter.cache_mask(cache)
 
 
-def _per_layer(cache, model, layer, attention_mask, fn: Callable, what: str = "this call",
-               residual: bool = False) -> torch.Tensor:
-    layers, single = adapter.resolve_requested_layers(model, layer)
-    adapter.require_cached(cache, model, layers, residual=residual, what=what)
+def _per_layer(cache, handle: ModelHandle, layer, attention_mask, fn: Callable,
+               what: str = "this call", residual: bool = False) -> torch.Tensor:
+    layers, single = adapter.resolve_requested_layers(handle, layer)
+    adapter.require_cached(cache, handle, layers, residual=residual, what=what)
     attention_mask = _mask(cache, attention_mask)
-    outs = [fn(adapter.geometry(cache, model, ly, attention_mask)) for ly in layers]
+    outs = [fn(adapter.geometry(cache, handle, ly, attention_mask)) for ly in layers]
     return outs[0] if single else torch.stack(outs)
 
 
@@ -95,7 +95,7 @@ def contribution_weights(
         torch.Size([2, 1, 4, 7, 7])
     """
     check_kind(kind)
-    return _per_layer(cache, model, layer, attention_mask, lambda g: g.contribution(kind),
+    return _per_layer(cache, wrap(model), layer, attention_mask, lambda g: g.contribution(kind),
                       what="contribution_weights")
 
 
@@ -175,7 +175,7 @@ def importance(
     """
     get_metric(metric, metrics.GEOMETRY)
     check_kind(kind)
-    return _per_layer(cache, model, layer, attention_mask,
+    return _per_layer(cache, wrap(model), layer, attention_mask,
                       lambda g: metrics.from_geometry(g, metric, kind),
                       what=f"importance(metric={metric!r})", residual=metric == "alti")
 
@@ -331,19 +331,20 @@ def decompose(
         True
     """
     check_kind(kind)
-    layers, single = adapter.resolve_requested_layers(model, layer)
-    adapter.require_cached(cache, model, layers, what="decompose")
+    handle = wrap(model)
+    layers, single = adapter.resolve_requested_layers(handle, layer)
+    adapter.require_cached(cache, handle, layers, what="decompose")
     attention_mask = _mask(cache, attention_mask)
     parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
     for ly in layers:
-        geo = adapter.geometry(cache, model, ly, attention_mask)
+        geo = adapter.geometry(cache, handle, ly, attention_mask)
         parts["attention"].append(geo.attention())
         parts["relative_norm"].append(geo.relative_norm(kind).contiguous())
         parts["cosine"].append(geo.cosine(kind).contiguous())
         parts["contribution"].append(geo.contribution(kind))
     stacked = {f: (v[0] if single else torch.stack(v)) for f, v in parts.items()}
     return Decomposition(**stacked, kind=kind, layers=tuple(layers),
-                         causal=not wrap(model).is_encoder, attention_mask=attention_mask)
+                         causal=not handle.is_encoder, attention_mask=attention_mask)
 
 
 @dataclass(frozen=True)
@@ -439,12 +440,13 @@ def closure(
         >>> cwlens.closure(cache, model, layer=1).relative_error[0] < 1e-5
         True
     """
-    layers, _ = adapter.resolve_requested_layers(model, layer)
+    handle = wrap(model)
+    layers, _ = adapter.resolve_requested_layers(handle, layer)
     attention_mask = _mask(cache, attention_mask)  # a bad mask is named first, as elsewhere
-    adapter.require_cached(cache, model, layers, closure=True, what="closure")
+    adapter.require_cached(cache, handle, layers, closure=True, what="closure")
     errors = [
-        closure_errors(adapter.geometry(cache, model, ly, attention_mask).layer_output,
-                       adapter.heads_output(cache, model, ly), attention_mask)
+        closure_errors(adapter.geometry(cache, handle, ly, attention_mask).layer_output,
+                       adapter.heads_output(cache, handle, ly), attention_mask)
         for ly in layers
     ]
     return Closure(tuple(layers), tuple(e[0] for e in errors), tuple(e[1] for e in errors))
@@ -484,8 +486,9 @@ def names_filter(model: ModelLike, layers: Layers = None, closure: bool = False,
         >>> cwlens.contribution_weights(cache, model, layer=0).shape
         torch.Size([1, 4, 4, 4])
     """
-    resolved, _ = adapter.resolve_layers(model, layers)
-    info = adapter.ModelInfo.of(model)
+    handle = wrap(model)
+    resolved, _ = adapter.resolve_layers(handle, layers)
+    info = handle.info
     extra: list[str] = []
     if residual:
         n = info.n_layers
@@ -554,11 +557,11 @@ def run_with_cache(
     """
     # refuses empty, malformed or too long input and a mask unlike the tokens, before any
     # compute; pads a list of texts of different lengths (with its mask)
-    input, attention_mask = batch_input(model, input, attention_mask)
     handle = wrap(model)
+    input, attention_mask = batch_input(handle, input, attention_mask)
     kwargs.update(handle.forward_kwargs(attention_mask))
     logits, cache = handle.cached_run(
-        input, names_filter(model, layers, closure, residual), **kwargs
+        input, names_filter(handle, layers, closure, residual), **kwargs
     )
     return logits, adapter.remember_mask(cache, attention_mask)
 

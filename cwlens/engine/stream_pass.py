@@ -10,8 +10,7 @@ import torch
 
 from cwlens.core.geometry import AttentionGeometry
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.adapter import ModelLike
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.measures import Closure, closure_errors
 from cwlens.engine.models import blockwise
 from cwlens.errors import CwlensError
@@ -106,11 +105,11 @@ def _raise_stop(tensor: torch.Tensor, hook) -> None:
 class StreamedPass:
     """One streamed forward pass: taps, the closure check, blockwise or eager attention."""
 
-    def __init__(self, model: ModelLike, layers: list[int], attention_mask: torch.Tensor | None,
+    def __init__(self, handle: ModelHandle, layers: list[int], attention_mask: torch.Tensor | None,
                  closure: bool):
         """``layers``: resolved (:func:`cwlens.engine.adapter.resolve_requested_layers`) by
         the public function that made the pass; trusted here."""
-        self.model = model
+        self.handle = handle
         self.layers = layers
         self.attention_mask = attention_mask
         self.mask = None if attention_mask is None else attention_mask.bool()
@@ -121,7 +120,7 @@ class StreamedPass:
 
     def geometry(self, layer: int, pattern: torch.Tensor, v: torch.Tensor,
                  residual: torch.Tensor | None = None) -> AttentionGeometry:
-        return adapter.layer_geometry(self.model, layer, pattern, v, self.mask, residual)
+        return adapter.layer_geometry(self.handle, layer, pattern, v, self.mask, residual)
 
     def rebuilt_output(self, layer: int, output: torch.Tensor) -> None:
         """What the heads x keys rebuild for ``layer`` ([batch, pos, d_model]): checked
@@ -135,7 +134,7 @@ class StreamedPass:
         # the heads' output usually fires after the pattern; where the pattern hook fires
         # after the attention module returns (the bridge's BERT), it comes first
         def check_closure(tensor: torch.Tensor, hook) -> None:
-            target = adapter.heads_output_from(self.model, layer, tensor.detach())
+            target = adapter.heads_output_from(self.handle, layer, tensor.detach())
             if layer in self.rebuilt:
                 self.errors[layer] = closure_errors(self.rebuilt.pop(layer), target, self.attention_mask)
             else:
@@ -149,7 +148,7 @@ class StreamedPass:
         """Run the forward in ``context`` (the attention: blockwise or the model's own,
         :func:`cwlens.engine.streaming.attention_context`); ``fn(layer, geometry)`` for whole
         layers, or ``on_block(layer, block, rows, v)`` for blockwise runs where given."""
-        model, resolved = self.model, self.layers  # input: checked by _tokens
+        handle, resolved = self.handle, self.layers  # input: checked by _tokens
         results: dict[int, Any] = {}
 
         def on_layer(layer: int, pattern: torch.Tensor, v: torch.Tensor, residual=None) -> None:
@@ -168,11 +167,10 @@ class StreamedPass:
         else:
             taps = _Taps(resolved, on_layer, _Assembler(on_layer))
         # the residual stream is caught for ALTI where the model names it (cheap: a reference)
-        handle = wrap(model)
         hooks = [(name, fn) for name, fn in taps.hooks()
                  if name.endswith(("hook_v", "hook_pattern")) or handle.has_hook(name)]
         if self.closure:
-            hooks += [(adapter.closure_hook(model, ly), self._check(ly)) for ly in resolved]
+            hooks += [(adapter.closure_hook(handle, ly), self._check(ly)) for ly in resolved]
         stop = hook_names.resid_post(max(resolved))
         if not logits and handle.has_hook(stop):
             hooks.append((stop, _raise_stop))
@@ -181,7 +179,7 @@ class StreamedPass:
         out_logits = None
         with torch.no_grad(), context, handle.hooks(hooks):
             try:
-                out_logits = model(input, **forward_kwargs)  # type: ignore[operator]
+                out_logits = handle.model(input, **forward_kwargs)
             except _Stop:
                 pass
         if not logits:
@@ -198,7 +196,7 @@ class StreamedPass:
             return out_logits, outputs
         if any(ly not in self.errors for ly in resolved):
             raise CwlensError(
-                f"The closure hook {adapter.closure_hook(model, resolved[0])!r} did not fire: "
+                f"The closure hook {adapter.closure_hook(handle, resolved[0])!r} did not fire: "
                 "the closure check cannot be made on this model."
             )
         errors = self.errors

@@ -36,7 +36,7 @@ from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.engine import adapter, block_fused, validation
 from cwlens.engine.adapter import Layers, ModelLike
 from cwlens.engine.batching import batch_input
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.models import blockwise
 from cwlens.engine.reducers import Reducer
 from cwlens.engine.stream_pass import StreamedPass
@@ -103,11 +103,10 @@ def check_metric(metric: str) -> str:
 ATTENTION_MODES = ("auto", "eager", "blockwise")
 
 
-def use_blockwise(model: ModelLike, input, attention: str) -> bool:
+def use_blockwise(handle: ModelHandle, input, attention: str) -> bool:
     """Whether a forward on ``input`` runs blockwise under ``attention`` (see
     :data:`ATTENTION_MODES`; ``"auto"``: above :data:`AUTO_THRESHOLD` tokens, where the
     model supports it)."""
-    handle = wrap(model)
     return blockwise_wanted(attention, handle.supports_blockwise, lambda: handle.n_tokens(input))
 
 
@@ -126,10 +125,9 @@ def blockwise_wanted(attention: str, supported: bool, n_tokens: Callable[[], int
     return supported and n_tokens() > AUTO_THRESHOLD
 
 
-def attention_context(model: ModelLike, input, attention: str, query_block: int | str | None = "auto"):
+def attention_context(handle: ModelHandle, input, attention: str, query_block: int | str | None = "auto"):
     """The context a forward on ``input`` runs in: blockwise attention (in blocks of
     ``query_block`` rows; ``"auto"`` or None: :func:`auto_query_block`) or nothing."""
-    handle = wrap(model)
     if not blockwise_wanted(attention, handle.supports_blockwise, lambda: handle.n_tokens(input)):
         return contextlib.nullcontext()
     if query_block is None or isinstance(query_block, str):  # "auto" (checked by callers)
@@ -140,18 +138,18 @@ def attention_context(model: ModelLike, input, attention: str, query_block: int 
         # ours: no CPU byte cap there (fewer, larger calls: 1.04-1.23 x less CPU time at
         # 16384 keys, scripts/benchmark.py --sdpa-blocks)
         return blockwise.blockwise_attention(
-            handle.model, auto_query_block(n, batch * handle.n_heads, handle.device),
+            handle, auto_query_block(n, batch * handle.n_heads, handle.device),
             auto_query_block(n))
-    return blockwise.blockwise_attention(handle.model, query_block)
+    return blockwise.blockwise_attention(handle, query_block)
 
 
-def _tokens(model: ModelLike, input, attention_mask=None) -> tuple[Any, torch.Tensor | None]:
+def _tokens(handle: ModelHandle, input, attention_mask=None) -> tuple[Any, torch.Tensor | None]:
     """``(input, attention_mask)``: ``input`` checked (:func:`cwlens.engine.validation.model_input`:
     empty, malformed, out of the vocabulary, longer than a learned-position context; texts
     past a rotary context are tokenized whole, with a warning), a list of texts of
     different lengths padded with its mask (:func:`cwlens.engine.batching.batch_input`);
     1-d token ids get a batch axis."""
-    input, attention_mask = batch_input(model, input, attention_mask)
+    input, attention_mask = batch_input(handle, input, attention_mask)
     if isinstance(input, torch.Tensor) and input.ndim == 1:
         return input[None], attention_mask
     return input, attention_mask
@@ -224,12 +222,13 @@ def stream_geometry(
     run = pass_options("stream_geometry", options, PASS_OPTIONS, forward_rest=True)
     _check_fn(fn)
     _check_flags(closure, run["logits"], run["query_block"])
-    resolved, _ = adapter.resolve_requested_layers(model, layers)  # refused before tokenizing
-    input, attention_mask = _tokens(model, input, attention_mask)
-    return geometry_pass(model, input, fn, resolved, attention_mask, closure=closure, **run)
+    handle = wrap(model)
+    resolved, _ = adapter.resolve_requested_layers(handle, layers)  # refused before tokenizing
+    input, attention_mask = _tokens(handle, input, attention_mask)
+    return geometry_pass(handle, input, fn, resolved, attention_mask, closure=closure, **run)
 
 
-def geometry_pass(model: ModelLike, tokens: torch.Tensor, fn: Callable[[int, AttentionGeometry], Any],
+def geometry_pass(handle: ModelHandle, tokens: torch.Tensor, fn: Callable[[int, AttentionGeometry], Any],
                   layers: list[int], attention_mask: torch.Tensor | None, closure: bool = False,
                   **run) -> tuple:
     """:func:`stream_geometry` on input its caller has checked: ``tokens`` ``[batch, pos]``
@@ -237,8 +236,8 @@ def geometry_pass(model: ModelLike, tokens: torch.Tensor, fn: Callable[[int, Att
     resolved, ``run`` the checked options (``attention``, ``query_block``, ``logits``, the
     forward's keywords). Nothing is checked again."""
     run = {**PASS_OPTIONS, **run}
-    engine = StreamedPass(model, layers, attention_mask, closure)
-    context = attention_context(model, tokens, run.pop("attention"), run.pop("query_block"))
+    engine = StreamedPass(handle, layers, attention_mask, closure)
+    context = attention_context(handle, tokens, run.pop("attention"), run.pop("query_block"))
     return engine.run(tokens, fn, None, context, run.pop("logits"), run)
 
 
@@ -449,16 +448,16 @@ def stream_reduce(
     metrics = list(dict.fromkeys(m for r in named.values() for m in r.metrics))
     for m in metrics:
         check_metric(m)
-    resolved, _ = adapter.resolve_requested_layers(model, layers)
-    info = adapter.ModelInfo.of(model)
+    handle = wrap(model)
+    resolved, _ = adapter.resolve_requested_layers(handle, layers)
+    info = handle.info
     for name, r in named.items():
         r.check(info.n_layers, info.n_heads, resolved, name)
-    input, attention_mask = _tokens(model, input, attention_mask)
+    input, attention_mask = _tokens(handle, input, attention_mask)
 
     for r in named.values():
         r.reset()
 
-    handle = wrap(model)
     causal = not handle.is_encoder
     windows = {ly: handle.attention_window(ly) for ly in resolved}
     plan = block_fused.plan_of(named.values())  # what one C call per block can answer
@@ -487,7 +486,7 @@ def stream_reduce(
         for r in named.values():
             r.end_layer(layer, geo)
 
-    engine = StreamedPass(model, resolved, attention_mask, closure)
+    engine = StreamedPass(handle, resolved, attention_mask, closure)
     bases: dict[int, AttentionGeometry] = {}
     rebuilt: dict[int, torch.Tensor] = {}
 
@@ -520,7 +519,7 @@ def stream_reduce(
                 engine.rebuilt_output(layer, rebuilt.pop(layer))
 
     out = engine.run(input, per_layer, per_block,
-                     attention_context(model, input, attention, query_block), logits, {})
+                     attention_context(handle, input, attention, query_block), logits, {})
     results = {}
     for name, r in named.items():
         results[name] = r.result()

@@ -4,7 +4,7 @@ count (:func:`text_length`). Asks only the model's handle, so the input checks
 
 import torch
 
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 
 
 def token_ids(model, text: str, truncate: bool = True) -> torch.Tensor:
@@ -15,7 +15,7 @@ def token_ids(model, text: str, truncate: bool = True) -> torch.Tensor:
     return wrap(model).token_ids(text, truncate)
 
 
-def text_length(model, text: str) -> int:
-    """How many tokens ``model`` makes of ``text`` (with its BOS / [CLS] ... [SEP]), not cut
+def text_length(handle: ModelHandle, text: str) -> int:
+    """How many tokens the model makes of ``text`` (with its BOS / [CLS] ... [SEP]), not cut
     at the context as ``model.to_tokens`` and ``model(text)`` silently do."""
-    return len(token_ids(model, text, truncate=False))
+    return len(handle.token_ids(text, False))

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 import torch
 
 from cwlens.engine.adapter import _layer_index
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.tokens import text_length
 from cwlens.errors import (
     CwlensWarning,
@@ -129,7 +129,7 @@ def texts_of(input: object) -> list[str] | None:
     return None
 
 
-def model_input(model, input: object, attention_mask=None, what: str = "input") -> int:
+def model_input(handle: ModelHandle, input: object, attention_mask=None, what: str = "input") -> int:
     """Check what a forward pass will get, before any model work; return its length in tokens.
 
     ``input``: a text, a non-empty list of texts (none blank) or integer token ids
@@ -144,13 +144,12 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
         raise EmptyInputError(f"The {what} is an empty list of texts: pass at least one text.")
     texts = texts_of(input)
     tokens = None
-    handle = wrap(model)
     if texts is not None:
         empty = [i for i, t in enumerate(texts) if not t.strip()]
         if empty:
             where = "The input text" if isinstance(input, str) else f"Text {empty[0]} of the {what}"
             raise EmptyInputError(f"{where} is empty: pass a text with at least one word.")
-        n = max(text_length(model, t) for t in texts)
+        n = max(text_length(handle, t) for t in texts)
         if attention_mask is not None:
             if handle.is_encoder or len(texts) != 1:
                 # several texts: the mask comes from pad_batch, which returns the tokens too
@@ -162,7 +161,7 @@ def model_input(model, input: object, attention_mask=None, what: str = "input") 
             tokens = handle.to_tokens(texts[0])
     elif isinstance(input, torch.Tensor):
         tokens = input
-        _check_token_ids(model, tokens, what)
+        _check_token_ids(handle, tokens, what)
         n = int(tokens.shape[-1])
     else:
         raise InvalidArgumentError(
@@ -217,13 +216,12 @@ def mask_values(attention_mask) -> None:
             "at least one 1.")
 
 
-def run_input(model, input: object, attention_mask=None, what: str = "input") -> object:
+def run_input(handle: ModelHandle, input: object, attention_mask=None, what: str = "input") -> object:
     """``input`` checked by :func:`model_input`, as the forward pass should get it: texts
     past the context (rotary positions, with the warning) tokenized whole, since
     ``model(text)`` would cut them at ``n_ctx``."""
 
-    n = model_input(model, input, attention_mask, what)
-    handle = wrap(model)
+    n = model_input(handle, input, attention_mask, what)
     limit = handle.context_length()
     if limit is not None and n > limit and isinstance(input, str | list | tuple):
         return handle.to_tokens(list(input) if isinstance(input, tuple) else input,
@@ -236,7 +234,7 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _check_token_ids(model, tokens, what: str) -> None:
+def _check_token_ids(handle: ModelHandle, tokens, what: str) -> None:
     if tokens.ndim not in (1, 2):
         raise ShapeMismatchError(
             f"The {what} tokens are {tuple(tokens.shape)}: pass [pos] or [batch, pos] token ids.")
@@ -249,7 +247,7 @@ def _check_token_ids(model, tokens, what: str) -> None:
             f"The {what} has no tokens (shape {tuple(tokens.shape)}): pass at least one text "
             "of at least one token."
         )
-    vocab = wrap(model).vocab_size()
+    vocab = handle.vocab_size()
     low, high = int(tokens.min()), int(tokens.max())
     if low < 0 or (vocab is not None and high >= vocab):
         bad = low if low < 0 else high

@@ -243,7 +243,7 @@ def run_accuracy_test(model, dataset, config=None, *, n: int | None = None,
     with ``config`` on the same items (``kwargs``: its keywords, e.g. ``out``)."""
     items = load_dataset(dataset, n) if isinstance(dataset, str) else list(dataset)
     cfg = config or FaithfulnessConfig()
-    adapter.require_metrics(model, cfg.metrics)  # before the clean pass
+    adapter.require_metrics(wrap(model), cfg.metrics)  # before the clean pass
     known = written_accuracies(model, items, cfg, kwargs.get("out"),
                                model_name=kwargs.get("model_name"),
                                num_fewshot=kwargs.get("num_fewshot", 0)) \

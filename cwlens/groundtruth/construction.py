@@ -19,6 +19,7 @@ import torch
 import cwlens
 from cwlens.core import metrics
 from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 from cwlens.groundtruth.codec import encode
 from cwlens.groundtruth.evaluate import float64_copy
 from cwlens.groundtruth.padding import padding_heads
@@ -55,6 +56,7 @@ def separation(program: Any, n_inputs: int = 256, seed: int = 0) -> Separation:
     """:class:`Separation` of ``program`` (a ``CompiledProgram``) on ``sample_inputs(n_inputs,
     seed)``; entries: every head but tracr's padding heads, queries ``>= 1``, every key."""
     model = float64_copy(program.model)
+    handle = wrap(model)
     n_layers = len(model.blocks)
     real = ~padding_heads(model)
     aggregate = torch.zeros_like(real)
@@ -64,8 +66,8 @@ def separation(program: Any, n_inputs: int = 256, seed: int = 0) -> Separation:
     inputs = program.sample_inputs(n_inputs, seed)
     measured = []
     for row in inputs:
-        _, cache = cwlens.run_with_cache(model, encode(model, row))
-        geos = [adapter.geometry(cache, model, ly) for ly in range(n_layers)]
+        _, cache = cwlens.run_with_cache(handle, encode(model, row))
+        geos = [adapter.geometry(cache, handle, ly) for ly in range(n_layers)]
         measured.append((torch.stack([metrics.from_geometry(g, "value_weighted", "inter")[0].double()
                                       for g in geos]),  # [layer, head, q, k]
                          torch.stack([g.attention()[0].double() for g in geos]),

@@ -242,7 +242,7 @@ def analyze_text(
 
     handle = wrap(model)
     full = handle.to_tokens(text, truncate=False)
-    tokens = fit_context(model, full, max_tokens, "the text", past_context)
+    tokens = fit_context(handle, full, max_tokens, "the text", past_context)
     n = tokens.shape[1]
     str_tokens = [str(t) for t in handle.to_str_tokens(tokens[0])]
     if n == 1 and full.shape[1] > 1:

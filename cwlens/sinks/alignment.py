@@ -18,6 +18,7 @@ import torch
 
 from cwlens.core.sinks import SinkGeometry, first_real_index
 from cwlens.engine import adapter
+from cwlens.engine.handle import ModelHandle, wrap
 
 MEASURES = ("value", "output", "tail_mix")
 BINS = torch.linspace(-1, 1, 41)
@@ -35,12 +36,12 @@ def layer_cosines(sg: SinkGeometry) -> dict[str, tuple[torch.Tensor, torch.Tenso
     }
 
 
-def _sink_geometries(cache, model, attention_mask, layers):
-    resolved, _ = adapter.resolve_requested_layers(model, layers)
+def _sink_geometries(cache, handle: ModelHandle, attention_mask, layers):
+    resolved, _ = adapter.resolve_requested_layers(handle, layers)
     if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
         attention_mask = adapter.cache_mask(cache)
     for ly in resolved:
-        geo = adapter.geometry(cache, model, ly, attention_mask)
+        geo = adapter.geometry(cache, handle, ly, attention_mask)
         mask = None if attention_mask is None else attention_mask.bool()
         sink = first_real_index(mask, geo.pattern.shape[0], geo.pattern.device)
         yield ly, SinkGeometry(geo, sink)
@@ -55,7 +56,7 @@ def alignment_statistics(cache, model, attention_mask=None, layers=None, sample_
 def alignment_tables(cache, model, attention_mask=None, layers=None, sample_ids=None):
     """``(alignment_statistics, cosine_histograms)`` in one pass over the layers."""
     frames, hists = [], []
-    for ly, sg in _sink_geometries(cache, model, attention_mask, layers):
+    for ly, sg in _sink_geometries(cache, wrap(model), attention_mask, layers):
         frame, hist = _layer_tables(sg, ly, sample_ids)
         frames.append(frame)
         hists.append(hist)

@@ -33,6 +33,7 @@ from cwlens.core.sinks import (
     random_non_sink_index,
 )
 from cwlens.engine import adapter, lm, validation
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.interventions.sinks import applied, sink_value_hooks
 from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import InvalidArgumentError, NonFiniteError
@@ -65,7 +66,8 @@ def nll_per_row(logits: "lm.LMOutput", tokens: torch.Tensor, attention_mask=None
 
 def head_measures(cache, model, attention_mask, sink_index, layers):
     """``{layer: (norm, cone, valid)}``, each ``[batch, head, query]``."""
-    return {ly: layer_head_measures(adapter.geometry(cache, model, ly, attention_mask), sink_index)
+    handle = wrap(model)
+    return {ly: layer_head_measures(adapter.geometry(cache, handle, ly, attention_mask), sink_index)
             for ly in layers}
 
 
@@ -87,14 +89,15 @@ def sink_norm_intervention(
     sample_ids=None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(ppl_table, head_table)`` for one batch (see the module docstring)."""
+    handle = wrap(model)
     adapter.require_next_token_model(
-        model, "The sink-norm intervention",
+        handle, "The sink-norm intervention",
         "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
     )
-    all_layers, _ = adapter.resolve_layers(model, None)
+    all_layers, _ = adapter.resolve_layers(handle, None)
     if layers is not None:
-        adapter.resolve_requested_layers(model, layers)  # [] would intervene nowhere
-    _check_inputs(model, tokens, attention_mask, scales)
+        adapter.resolve_requested_layers(handle, layers)  # [] would intervene nowhere
+    _check_inputs(handle, tokens, attention_mask, scales)
     mask = None if attention_mask is None else attention_mask.bool()
     b, n = tokens.shape
     ids = list(range(b)) if sample_ids is None else list(sample_ids)
@@ -108,9 +111,9 @@ def sink_norm_intervention(
 
     def run(hooks):
         # streamed: each layer's measures are taken while the (intervened) model runs
-        with torch.no_grad(), applied(model, hooks), lm.deferred_logits(model, chunk) as output:
+        with torch.no_grad(), applied(handle, hooks), lm.deferred_logits(handle, chunk) as output:
             logits, measures = stream_geometry(
-                model, tokens, lambda ly, geo: layer_head_measures(geo, sink), attention_mask=attention_mask)
+                handle, tokens, lambda ly, geo: layer_head_measures(geo, sink), attention_mask=attention_mask)
         nll, cnt = nll_per_row(output(logits), tokens, attention_mask)
         tick()  # progress: one forward pass (cwlens.runs.progress)
         return nll.cpu(), cnt.cpu(), dict(zip(all_layers, measures, strict=True))
@@ -126,7 +129,7 @@ def sink_norm_intervention(
         low[ly] = valid & (norm < thr.to(norm.dtype)[:, None, None])
     for target, index in targets.items():
         for scale in scales:
-            nll, cnt, after = run(sink_value_hooks(model, scale, index, layers))
+            nll, cnt, after = run(sink_value_hooks(handle, scale, index, layers))
             ppl_rows += [(ids[i], target, float(scale), float(nll[i]), int(cnt[i])) for i in range(b)]
             for ly in all_layers:
                 head_rows += _head_rows(ids, target, scale, ly, clean[ly], after[ly], low[ly])
@@ -134,13 +137,13 @@ def sink_norm_intervention(
     return ppl, pd.DataFrame(head_rows)
 
 
-def _check_inputs(model, tokens, attention_mask, scales) -> None:
+def _check_inputs(handle: ModelHandle, tokens, attention_mask, scales) -> None:
     """Token ids (a text has no batch to intervene on), finite scales, each once."""
     if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2:
         raise InvalidArgumentError(
             f"tokens must be a [batch, pos] tensor of token ids (model.to_tokens(texts), or "
             f"cwlens.engine.batching.pad_batch for several); got {type(tokens).__name__}.")
-    validation.model_input(model, tokens, attention_mask, "tokens")
+    validation.model_input(handle, tokens, attention_mask, "tokens")
     check_scales(scales)
 
 

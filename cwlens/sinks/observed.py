@@ -33,6 +33,7 @@ import torch
 
 from cwlens.core.sinks import SinkGeometry, first_real_index
 from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 from cwlens.sinks.observed_shape import RULE, SHAPES, bin_means, shape_of
 
 N_BINS = 10
@@ -65,10 +66,11 @@ def _bin_sums(rate, norm, valid, n_bins: int) -> tuple[torch.Tensor, torch.Tenso
 
 def observed_bins(cache, model, attention_mask=None, layers=None, n_bins: int = N_BINS):
     """One row per non-empty ``(layer, head, bin)`` (see the module docstring)."""
-    resolved, _ = adapter.resolve_requested_layers(model, layers)
+    handle = wrap(model)
+    resolved, _ = adapter.resolve_requested_layers(handle, layers)
     if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
         attention_mask = adapter.cache_mask(cache)
-    return pd.concat([layer_bins(adapter.geometry(cache, model, ly, attention_mask), ly,
+    return pd.concat([layer_bins(adapter.geometry(cache, handle, ly, attention_mask), ly,
                                  attention_mask, n_bins) for ly in resolved], ignore_index=True)
 
 

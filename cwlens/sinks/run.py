@@ -56,19 +56,19 @@ class SinkBatch(NamedTuple):
     mask: torch.Tensor
 
 
-def batches(model, samples, max_tokens: int | None, batch_size: int,
+def batches(handle: ModelHandle, samples, max_tokens: int | None, batch_size: int,
             past_context: bool = False) -> list[SinkBatch]:
     """The plan: :class:`SinkBatch` es with texts sorted by token length (texts longer
     than the model's context cut to it with a note, or with ``past_context`` run past it
     on rotary models: docs/inputs.md)."""
-    rows = [(s.id, token_ids(model, s.text, truncate=False)) for s in samples]
-    cap = context_cap(model, max_tokens, [len(r[1]) for r in rows], past_context=past_context)
+    rows = [(s.id, token_ids(handle, s.text, truncate=False)) for s in samples]
+    cap = context_cap(handle, max_tokens, [len(r[1]) for r in rows], past_context=past_context)
     rows = [(i, ids[:cap]) for i, ids in rows]
     rows.sort(key=lambda r: len(r[1]))
     out = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        tokens, mask = pad_batch(model, [r[1] for r in chunk])
+        tokens, mask = pad_batch(handle, [r[1] for r in chunk])
         out.append(SinkBatch([r[0] for r in chunk], tokens, mask))
     return out
 
@@ -85,7 +85,7 @@ def analyse_batch(handle: ModelHandle, bi: int, batch: SinkBatch, cfg: SinkConfi
     # the swept check (recomputing norms from the changed pattern) on the first batch;
     # the closed form on all of them
     _, per_layer = stream_geometry(
-        handle.model, tokens,
+        handle, tokens,
         lambda ly, geo: _layer_tables(geo, ly, batch, cfg.eps, swept, causal),
         attention_mask=mask,
     )
@@ -109,7 +109,7 @@ def _check_model(handle: ModelHandle, intervention: bool) -> None:
     """Fail before any compute, not at the first intervention."""
     if intervention:
         adapter.require_next_token_model(
-            handle.model, "The sink-norm intervention",
+            handle, "The sink-norm intervention",
             "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
         )
 

@@ -137,13 +137,13 @@ def sink_statistics(
 ) -> pd.DataFrame:
     """Tidy table, one row per ``(sample, layer, head)`` (see the module docstring)."""
     handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(model, layers)
+    resolved, _ = adapter.resolve_requested_layers(handle, layers)
     check_sink_options(sink_positions, eps)
     if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
         attention_mask = adapter.cache_mask(cache)
     causal = not handle.is_encoder
     rows = [
-        layer_frame(adapter.geometry(cache, model, ly, attention_mask), ly, attention_mask,
+        layer_frame(adapter.geometry(cache, handle, ly, attention_mask), ly, attention_mask,
                     sample_ids, eps, sink_positions, kind, causal=causal)
         for ly in resolved
     ]

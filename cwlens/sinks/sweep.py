@@ -38,6 +38,7 @@ from cwlens.core.sinks import (
     set_sink_rate,
 )
 from cwlens.engine import adapter
+from cwlens.engine.handle import wrap
 
 GRID = torch.linspace(0, 1, 21)
 #: The swept check uses every other point of :data:`GRID`.
@@ -149,10 +150,11 @@ def sweep_statistics(
     ``attention_mask`` None: the mask remembered with a padded batch's cache
     (``cwlens.run_with_cache`` of a list of texts), so each row's sink is its first real
     token and its pad queries are left out."""
-    resolved, _ = adapter.resolve_requested_layers(model, layers)
+    handle = wrap(model)
+    resolved, _ = adapter.resolve_requested_layers(handle, layers)
     if attention_mask is None:
         attention_mask = adapter.cache_mask(cache)
-    parts = [layer_sweep_tables(adapter.geometry(cache, model, ly, attention_mask), ly,
+    parts = [layer_sweep_tables(adapter.geometry(cache, handle, ly, attention_mask), ly,
                                 attention_mask, sample_ids, grid, swept) for ly in resolved]
     return (pd.concat([p[0] for p in parts], ignore_index=True),
             pd.concat([p[1] for p in parts], ignore_index=True))

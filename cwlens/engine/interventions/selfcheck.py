@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import torch
 
 from cwlens.engine import hook_names
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InterventionNotAppliedError
 
 
@@ -50,13 +50,12 @@ def _zero(v, hook=None):
     return torch.zeros_like(v)
 
 
-def ensure_edits_act(model, kinds: Iterable[str]) -> None:
+def ensure_edits_act(handle: ModelHandle, kinds: Iterable[str]) -> None:
     """Raise :class:`InterventionNotAppliedError` unless edits of ``kinds`` change the run.
 
     ``kinds``: ``"pattern"`` and/or ``"values"``. Enables the pattern seam of delegating
     bridge attentions first (:mod:`cwlens.engine.pattern_seam`). Cached per model.
     """
-    handle = wrap(model)
     done = handle.verified_edits
     todo = [k for k in ("pattern", "values") if k in set(kinds) - done]
     if not todo:

@@ -27,7 +27,7 @@ import torch
 from cwlens.core.sinks import scale_position, set_sink_rate
 from cwlens.engine import hook_names
 from cwlens.engine.adapter import Layers, ModelLike, resolve_requested_layers
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
 from cwlens.engine.models.blockwise import block_rows, current_block
 
@@ -76,7 +76,7 @@ def sink_rate_hooks(
 
     ``s`` may be a dict ``{layer: s}`` (e.g. each layer's own per-query rates).
     """
-    resolved, _ = resolve_requested_layers(model, layers)
+    resolved, _ = resolve_requested_layers(wrap(model), layers)
     return [
         (hook_names.pattern(ly), sink_rate_hook(s[ly] if isinstance(s, dict) else s, sink_index))
         for ly in resolved
@@ -88,7 +88,7 @@ def sink_value_hooks(
     kv_heads=None,
 ) -> list[Hook]:
     """``fwd_hooks`` scaling the value at ``position_index`` in ``layers`` (default: all)."""
-    resolved, _ = resolve_requested_layers(model, layers)
+    resolved, _ = resolve_requested_layers(wrap(model), layers)
     return [
         (hook_names.values(ly), value_scale_hook(scale, position_index, kv_heads))
         for ly in resolved
@@ -103,11 +103,12 @@ def applied(model: ModelLike, fwd_hooks: list[Hook]) -> Iterator[ModelLike]:
     were already on the model stay untouched. The edits are first checked to act on this
     model (:func:`~cwlens.engine.interventions.selfcheck.ensure_edits_act`, once per model).
     """
-    ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
-    with wrap(model).hooks(fwd_hooks):
+    handle = wrap(model)
+    ensure_edits_act(handle, kinds_of(name for name, _ in fwd_hooks))
+    with handle.hooks(fwd_hooks):
         yield model
 
 
-def n_hooks(model: ModelLike) -> int:
+def n_hooks(handle: ModelHandle) -> int:
     """How many forward hooks are attached to the model's hook points (0 when clean)."""
-    return wrap(model).n_hooks()
+    return handle.n_hooks()

@@ -162,5 +162,5 @@ def run_masked(
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
     with torch.no_grad(), value_masking(model, masks, renormalize), \
-            attention_context(model, tokens, attention):
+            attention_context(wrap(model), tokens, attention):
         return model(tokens, **kwargs)

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle
 
 # the arithmetic, per block; block_rows and current_block are re-exported (the adapter's)
 from cwlens.engine.models.blockwise_math import (  # noqa: F401
@@ -267,14 +267,14 @@ def _register() -> None:
         AttentionMaskInterface.register(ATTN_IMPLEMENTATION, lazy_mask)
 
 
-def supports_blockwise(model) -> bool:
+def supports_blockwise(handle: ModelHandle) -> bool:
     """True where :func:`blockwise_attention` applies (TransformerLens 4.x bridges; the
     handle's :attr:`~cwlens.engine.handle.ModelHandle.supports_blockwise`)."""
-    return wrap(model).supports_blockwise
+    return handle.supports_blockwise
 
 
 @contextmanager
-def blockwise_attention(model, block: int = DEFAULT_BLOCK, sdpa_block: int | None = None
+def blockwise_attention(handle: ModelHandle, block: int = DEFAULT_BLOCK, sdpa_block: int | None = None
                         ) -> Iterator[None]:
     """Run every forward pass inside in query blocks of ``block`` rows (see the module
     docstring), and layers that run SDPA (nothing reads their probabilities) in blocks of
@@ -289,13 +289,14 @@ def blockwise_attention(model, block: int = DEFAULT_BLOCK, sdpa_block: int | Non
         PositionEmbeddingsAttentionBridge,
     )
 
-    if not supports_blockwise(model):
+    if not supports_blockwise(handle):
         raise UnsupportedModelError(
             f"Blockwise attention needs a TransformerLens 4.x TransformerBridge; this is a "
-            f"{type(model).__name__} (TransformerLens 3.x computes attention in its own code, "
+            f"{handle.class_name} (TransformerLens 3.x computes attention in its own code, "
             "with no seam to run it in blocks). Use attention='eager', or load the model with "
             "TransformerLens 4.x (cwlens.load_model)."
         )
+    model = handle.model
     _register()
     enable_pattern_edits(model)  # delegating attentions: hook_pattern inside the computation
     names: dict[int, str] = {}
