@@ -30,8 +30,8 @@ from cwlens.errors import (
     UnsupportedModelError,
 )
 
-#: What an engine function takes: the user's model, or its handle from the public function
-#: that wrapped it (:func:`~cwlens.engine.handle.wrap` returns a handle as it is).
+#: What a public engine function takes: the user's model, or a handle (``wrap`` returns a
+#: handle as it is). The functions below it take the :class:`ModelHandle` it made (issue 49).
 ModelLike = TLModel | ModelHandle
 
 
