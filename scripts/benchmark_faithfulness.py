@@ -150,7 +150,7 @@ def main() -> None:
     model = cwlens.load_model(args.model, device=args.device)
     cfg = _config(args)
     samples = load_dataset(args.dataset, args.samples)
-    units = text_units(model, samples, cfg.max_tokens)
+    units = text_units(cwlens.wrap(model), samples, cfg.max_tokens)
     batches = [pad_batch(model, [s for u in b for s in units[u].sequences])
                for b in plan_batches(units, cfg.batch_tokens)]
 

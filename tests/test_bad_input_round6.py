@@ -16,7 +16,6 @@ from cwlens import reducers
 from cwlens.core import AttentionGeometry, metrics
 from cwlens.engine import adapter
 from cwlens.engine.handle import wrap
-from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.errors import NonFiniteError
 from cwlens.testing import random_layer, tiny_hf_model, tiny_model
 
@@ -107,7 +106,7 @@ def test_streams_refuse_nan_values_naming_layer_and_head():
         cwlens.stream(model, TEXT, lambda layer, w: w.sum(), metric="attention")
     with pytest.raises(NonFiniteError, match="hook_v.*layer 1"):
         cwlens.stream_geometry(model, TEXT, lambda layer, geo: geo.attention().sum())
-    if supports_blockwise(wrap(model)):  # (TransformerLens 4.x)
+    if wrap(model).supports_blockwise:  # (TransformerLens 4.x)
         with pytest.raises(NonFiniteError, match="layer 1"):
             cwlens.stream_reduce(model, TEXT, [reducers.HeadSummary()], attention="blockwise",
                                  query_block=2)

@@ -11,7 +11,6 @@ from torch.testing import assert_close
 import cwlens
 from cwlens.engine import native, reducers
 from cwlens.engine.handle import wrap
-from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.testing import tiny_model
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: cwlens computes with torch")
@@ -81,7 +80,7 @@ def test_blockwise_long_rows_equal_the_torch_path(monkeypatch):
     blockwise attention where the bridge has it."""
     model = tiny_model("llama")
     tokens = torch.randint(3, model.cfg.d_vocab, (1, 300))
-    kw = {"attention": "blockwise"} if supports_blockwise(wrap(model)) else {}
+    kw = {"attention": "blockwise"} if wrap(model).supports_blockwise else {}
     fast, slow = _both(monkeypatch, model, tokens, _reducers(8), query_block=37, **kw)
     _assert_equal_results(fast, slow)
 

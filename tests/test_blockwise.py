@@ -17,7 +17,7 @@ from cwlens.engine.batching import pad_batch
 from cwlens.engine.handle import wrap
 from cwlens.engine.interventions import sinks
 from cwlens.engine.interventions.value_masking import run_masked
-from cwlens.engine.models.blockwise import current_block, supports_blockwise
+from cwlens.engine.models.blockwise import current_block
 from cwlens.errors import BlockwiseHookError, UnknownOptionError, UnsupportedModelError
 from cwlens.testing import ARCHITECTURES, tiny_model
 
@@ -34,7 +34,7 @@ LOGITS = dict(rtol=0, atol=1e-4)
 def run(request):
     model = tiny_model(request.param)
     tokens, mask = pad_batch(model, TEXTS)
-    if not supports_blockwise(wrap(model)):
+    if not wrap(model).supports_blockwise:
         pytest.skip("blockwise attention needs TransformerLens 4.x (see test_tl3_refuses)")
     return model, tokens, mask
 
@@ -191,7 +191,7 @@ def test_auto_switches_above_the_threshold(run, monkeypatch):
 
 def test_tl3_refuses():
     model = tiny_model("llama")
-    if supports_blockwise(wrap(model)):
+    if wrap(model).supports_blockwise:
         pytest.skip("TransformerLens 4.x: blockwise applies")
     tokens, mask = pad_batch(model, TEXTS)
     with pytest.raises(UnsupportedModelError, match="TransformerLens 4.x"):
@@ -219,7 +219,7 @@ def test_real_models_equal_eager(name, n, request):
     """The real offline models: SmolLM2-135M, Gemma-3-270M past its 512-token sliding
     window, MiniLM (BERT): logits and streamed contribution column sums."""
     model = request.getfixturevalue(name)
-    if not supports_blockwise(wrap(model)):
+    if not wrap(model).supports_blockwise:
         pytest.skip("the blockwise path applies to TransformerLens 4.x bridges only")
     torch.manual_seed(0)
     tokens = torch.randint(1000, 20000, (1, n))

@@ -9,7 +9,6 @@ import torch
 import cwlens
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.handle import wrap
-from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.graphs.routes import route_mask
 from cwlens.testing import ARCHITECTURES, tiny_model
 
@@ -116,7 +115,7 @@ def test_factor_split_multiplies_to_the_heads_weight(arch):
 def test_blockwise_and_small_query_blocks_give_the_same_graph():
     model = tiny_model("llama")
     g = cwlens.graph(model, TEXT, top_k=3)
-    blockwise = supports_blockwise(wrap(model))  # TransformerLens 4.x
+    blockwise = wrap(model).supports_blockwise  # TransformerLens 4.x
     h = cwlens.graph(model, TEXT, top_k=3, attention="blockwise" if blockwise else "eager",
                      query_block=3)
     np.testing.assert_array_equal(g.from_position, h.from_position)

@@ -13,7 +13,6 @@ import cwlens
 from cwlens.engine import adapter, hook_names, reducers
 from cwlens.engine.batching import pad_batch
 from cwlens.engine.handle import wrap
-from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.errors import CwlensError
 from cwlens.testing import ARCHITECTURES, naive_measures, tiny_model
 
@@ -114,7 +113,7 @@ def test_no_metric_is_refused():
 
 def test_blockwise_attention_gives_the_same_key_set_weights(run):
     model, tokens, mask, _ = run
-    if not supports_blockwise(wrap(model)):
+    if not wrap(model).supports_blockwise:
         pytest.skip("the blockwise path applies to TransformerLens 4.x bridges only")
     got = {}
     for attention in ("eager", "blockwise"):

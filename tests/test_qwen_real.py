@@ -12,7 +12,6 @@ import cwlens
 from cwlens.datasets import load_dataset
 from cwlens.engine import adapter, reducers
 from cwlens.engine.handle import wrap
-from cwlens.engine.models.blockwise import supports_blockwise
 
 pytestmark = pytest.mark.slow
 CHATML = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
@@ -69,7 +68,7 @@ def test_chat_items_score_the_assistants_first_token(qwen05):
 
 
 def blockwise_equals_eager(model, last_layer: int) -> None:
-    if not supports_blockwise(wrap(model)):
+    if not wrap(model).supports_blockwise:
         pytest.skip("the blockwise path applies to TransformerLens 4.x bridges only")
     torch.manual_seed(0)
     tokens = torch.randint(1000, 20000, (1, 300))

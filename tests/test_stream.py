@@ -13,7 +13,6 @@ from cwlens.engine import adapter, row_topk
 from cwlens.engine.batching import pad_batch
 from cwlens.engine.handle import wrap
 from cwlens.engine.models import blockwise as blockwise_models
-from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.errors import CwlensError, UnknownOptionError
 from cwlens.testing import ARCHITECTURES, tiny_model
 
@@ -309,7 +308,7 @@ def test_the_default_query_block_follows_the_length(monkeypatch, rule):
                         lambda m, k, s=None: blocks.append((k, s)) or real(m, k, s))
     rs = lambda: [reducers.TopK(2, "contribution"), reducers.ColumnSums("contribution")]  # noqa: E731
     want = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, query_block=None, attention="eager")
-    blockwise = supports_blockwise(wrap(model))  # TransformerLens 4.x only
+    blockwise = wrap(model).supports_blockwise  # TransformerLens 4.x only
     for attention in ("blockwise", "eager") if blockwise else ("eager",):
         got = cwlens.stream_reduce(model, tokens, rs(), attention_mask=mask, attention=attention)
         assert_close(got["top2_contribution"].values, want["top2_contribution"].values,

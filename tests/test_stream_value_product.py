@@ -11,7 +11,6 @@ import cwlens
 from cwlens.engine import reducers
 from cwlens.engine.handle import wrap
 from cwlens.engine.models import blockwise_math
-from cwlens.engine.models.blockwise import supports_blockwise
 from cwlens.testing import ARCHITECTURES, tiny_model
 
 TOL = dict(rtol=1e-5, atol=2e-6)
@@ -21,7 +20,7 @@ LOGITS = dict(rtol=0, atol=1e-4)
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def model(request):
     m = tiny_model(request.param)
-    if not supports_blockwise(wrap(m)):
+    if not wrap(m).supports_blockwise:
         pytest.skip("blockwise attention needs TransformerLens 4.x")
     return m
 

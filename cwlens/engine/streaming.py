@@ -25,6 +25,7 @@ float32 rounding up to the order of the sums; tested on every tiny architecture)
 """
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -128,12 +129,13 @@ def blockwise_wanted(attention: str, supported: bool, n_tokens: Callable[[], int
 def attention_context(handle: ModelHandle, input, attention: str, query_block: int | str | None = "auto"):
     """The context a forward on ``input`` runs in: blockwise attention (in blocks of
     ``query_block`` rows; ``"auto"`` or None: :func:`auto_query_block`) or nothing."""
-    if not blockwise_wanted(attention, handle.supports_blockwise, lambda: handle.n_tokens(input)):
+    n_tokens = functools.cache(lambda: handle.n_tokens(input))  # texts tokenized once
+    if not blockwise_wanted(attention, handle.supports_blockwise, n_tokens):
         return contextlib.nullcontext()
     if query_block is None or isinstance(query_block, str):  # "auto" (checked by callers)
         batch = len(input) if isinstance(input, list) else (
             int(input.shape[0]) if isinstance(input, torch.Tensor) and input.ndim > 1 else 1)
-        n = handle.n_tokens(input)
+        n = n_tokens()
         # layers whose probabilities nobody reads run SDPA, which holds no block of
         # ours: no CPU byte cap there (fewer, larger calls: 1.04-1.23 x less CPU time at
         # 16384 keys, scripts/benchmark.py --sdpa-blocks)

@@ -80,14 +80,14 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
     (:func:`~cwlens.faithfulness.ranking.mask_counts`). ``mask_first_token=False``: [CLS]
     is never masked (the view of ferret, which drops the special tokens)."""
     modes = MODES
-    if not wrap(model).is_encoder:
+    handle = wrap(model)
+    if not handle.is_encoder:
         raise adapter.UnsupportedModelError(
             "The sentence-embedding task is for encoders; decoders use run_faithfulness.")
     for name in metric_names:
         if metrics.get(name).source == "gradient":
             raise UnsupportedModelError(
                 f"{name} is the gradient of a next-token loss: not defined on an encoder.")
-    handle = wrap(model)
     last = hook_names.resid_post(handle.n_layers - 1)
     rows = []
     for start in range(0, len(texts), BATCH_SIZE):

@@ -5,7 +5,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from cwlens.engine import lm, validation
+from cwlens.engine import lm
 from cwlens.engine.batching import context_cap
 from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import InputTooLongError, InvalidArgumentError
@@ -38,7 +38,6 @@ def text_units(handle: ModelHandle, samples, max_tokens, past_context: bool = Fa
         out = lm.document_scores(lm.rows(output, row, row + 1), tokens[row : row + 1], mask[row : row + 1])
         return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
 
-    validation.flag(prepend_bos, "prepend_bos")
     all_ids = [handle.token_ids(s.text, truncate=False, prepend_bos=prepend_bos).tolist() for s in samples]
     cap = context_cap(handle, max_tokens, [len(ids) for ids in all_ids], "documents", past_context)
     for s, ids in zip(samples, all_ids, strict=True):

@@ -127,9 +127,7 @@ def hooks_applied(model, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[ob
                 f"The model has no hook point {name!r}; value masking needs "
                 f"hook_pattern in every masked layer (layers 0..{handle.n_layers - 1})."
             )
-    kinds = kinds_of(name for name, _ in fwd_hooks)
-    if kinds - handle.verified_edits:  # each kind checked once per model
-        ensure_edits_act(handle, kinds)
+    ensure_edits_act(handle, kinds_of(name for name, _ in fwd_hooks))  # once per model and kind
     with handle.hooks(fwd_hooks):  # TransformerLens removes exactly these on exit
         yield model
 

@@ -267,12 +267,6 @@ def _register() -> None:
         AttentionMaskInterface.register(ATTN_IMPLEMENTATION, lazy_mask)
 
 
-def supports_blockwise(handle: ModelHandle) -> bool:
-    """True where :func:`blockwise_attention` applies (TransformerLens 4.x bridges; the
-    handle's :attr:`~cwlens.engine.handle.ModelHandle.supports_blockwise`)."""
-    return handle.supports_blockwise
-
-
 @contextmanager
 def blockwise_attention(handle: ModelHandle, block: int = DEFAULT_BLOCK, sdpa_block: int | None = None
                         ) -> Iterator[None]:
@@ -289,7 +283,7 @@ def blockwise_attention(handle: ModelHandle, block: int = DEFAULT_BLOCK, sdpa_bl
         PositionEmbeddingsAttentionBridge,
     )
 
-    if not supports_blockwise(handle):
+    if not handle.supports_blockwise:
         raise UnsupportedModelError(
             f"Blockwise attention needs a TransformerLens 4.x TransformerBridge; this is a "
             f"{handle.class_name} (TransformerLens 3.x computes attention in its own code, "
