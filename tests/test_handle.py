@@ -217,3 +217,18 @@ def test_the_handle_is_fetched_at_entry_points_only():
                               for arg in call.args for n in ast.walk(arg))]
     assert not again, again
     assert _model_walk().source_counts()["wrap_calls"] <= 77
+
+
+def test_a_long_text_counts_every_token_and_runs_blockwise():
+    """``handle.n_tokens`` of a text past the context is its whole length (the forward runs
+    every token: validation.run_input), so ``attention="auto"`` decides on that length."""
+    from cwlens.engine import streaming
+
+    handle = wrap(tiny_model("llama"))
+    text = "the cat sat on the mat " * 700
+    n = handle.n_tokens(text)
+    assert n == len(handle.token_ids(text, truncate=False)) > handle.context_length()
+    assert handle.n_tokens([text, "a dog"]) == n
+    assert handle.n_tokens(torch.zeros(2, 7)) == 7
+    assert streaming.use_blockwise(handle, text, "auto") == (
+        handle.supports_blockwise and n > streaming.AUTO_THRESHOLD)

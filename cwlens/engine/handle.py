@@ -328,11 +328,12 @@ class ModelHandle:
 
     def n_tokens(self, input: Any) -> int:
         """The length of ``input`` in tokens: token ids (their last axis), a text, or the
-        longest of a list of texts."""
+        longest of a list of texts (not cut at the context, as the forward pass is not:
+        :func:`cwlens.engine.validation.run_input`)."""
         if isinstance(input, torch.Tensor):
             return int(input.shape[-1])
         texts = [input] if isinstance(input, str) else input
-        return max((int(self.to_tokens(t).shape[-1]) for t in texts), default=0)
+        return max((len(self.token_ids(t, truncate=False)) for t in texts), default=0)
 
     def to_str_tokens(self, *args: Any, **kwargs: Any) -> Any:
         return self.model.to_str_tokens(*args, **kwargs)
