@@ -329,3 +329,24 @@ def test_a_float64_run_takes_the_bridges_softmax_in_float64():
     assert exact.dtype == torch.float64
     torch.testing.assert_close(exact, want, rtol=0, atol=1e-15)
     assert (plain - want).abs().max() > 1e-12  # float32 round-off without it
+
+
+def test_chunks_never_mix_first_layers_and_split_layers_evenly():
+    from cwlens.engine.interventions.edge_removal import layer_chunks
+
+    first = torch.tensor([3] * 10 + [1] * 3 + [5] * 4 + [3] * 2)  # 12 rows start at layer 3
+    chunks = list(layer_chunks(first, 5))
+    assert sorted(torch.cat(chunks).tolist()) == list(range(len(first)))  # every row once
+    assert [int(first[c[0]]) for c in chunks] == [5, 3, 3, 3, 1]  # deepest first
+    assert all(len(set(first[c].tolist())) == 1 for c in chunks)
+    assert [len(c) for c in chunks] == [4, 4, 4, 4, 3]  # 12 rows at cap 5: 4 + 4 + 4, not 5 + 5 + 2
+
+
+def test_rows_per_forward_do_not_change_float64_effects(monkeypatch):
+    from cwlens.groundtruth import edges
+
+    model = tiny_model("llama")
+    whole = edge_effects(model, TOKENS, dtype=torch.float64).effect
+    monkeypatch.setitem(edges.ROWS, "prefix", 7)  # chunks much smaller than a layer's edges
+    split = edge_effects(model, TOKENS, dtype=torch.float64).effect
+    assert torch.allclose(split, whole, rtol=0, atol=1e-12)

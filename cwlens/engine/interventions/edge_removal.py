@@ -118,6 +118,17 @@ def _chunks(order: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
         yield order[start:start + size]
 
 
+def layer_chunks(first: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
+    """The row ids, deepest first layer first, in chunks of at most ``size`` rows that never
+    mix first layers (a chunk runs from its lowest first layer: a mixed chunk would run its
+    deeper rows through layers where they are clean), each layer's rows split into equal
+    parts (576 rows at ``size=512`` are two chunks of 288, not 512 and 64)."""
+    for layer in torch.unique(first).flip(0).tolist():
+        rows = (first == layer).nonzero()[:, 0]
+        parts = -(-len(rows) // size)
+        yield from torch.tensor_split(rows, parts)
+
+
 def full_rows(handle: ModelHandle, tokens: torch.Tensor, edits: Edits, query: int,
               reduce: Reduce, batch_size: int = 32, read: str | None = None) -> torch.Tensor:
     """``[n_rows]``: ``reduce`` of each row's logits at ``query``, every row a whole
@@ -222,12 +233,12 @@ class PrefixRunner:
             return self.handle.model(self.tokens[:, -1:], **kwargs)
 
     def run(self, edits: Edits, reduce: Reduce, batch_size: int = 64) -> torch.Tensor:
-        """``[n_rows]``: ``reduce`` of each row's logits at the query."""
+        """``[n_rows]``: ``reduce`` of each row's logits at the query, at most ``batch_size``
+        rows per forward."""
         n_layers = self.handle.n_layers
         first = edits.first_layer(n_layers)
-        order = torch.argsort(first, descending=True, stable=True)  # deep rows together
         out = torch.empty(edits.n_rows, dtype=torch.float64)
-        for rows in _chunks(order, batch_size):
+        for rows in layer_chunks(first, batch_size):
             sub = edits.select(rows)
             start = int(first[rows].min())
             if start < n_layers:
