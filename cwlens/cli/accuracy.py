@@ -3,8 +3,7 @@
 import argparse
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args, add_progress_flag, load_model
-from cwlens.engine.handle import wrap
+from cwlens.cli.common import add_model_args, add_progress_flag, load_handle
 
 DESCRIPTION = """\
 Scores every item of each multiple-choice dataset on the clean model (log-likelihood of
@@ -112,8 +111,8 @@ def run(args) -> int:
     items = {d: load_dataset(d, n=counts[d]) for d in args.dataset}  # too many samples: fails here
     from cwlens.faithfulness.accuracy import clean_accuracy
 
-    model = load_model(args)
-    handle = wrap(model)
+    handle = load_handle(args)
+    model = handle.model
     from cwlens.engine.adapter import require_next_token_model
 
     require_next_token_model(handle, "cwlens accuracy", "Use a decoder (a causal language model).")

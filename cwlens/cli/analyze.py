@@ -4,8 +4,7 @@ import math
 import sys
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args, add_past_context_flag, add_progress_flag, load_model
-from cwlens.engine.handle import wrap
+from cwlens.cli.common import add_model_args, add_past_context_flag, add_progress_flag, load_handle
 from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 
 
@@ -61,7 +60,7 @@ def run(args) -> int:
             f"{fixed_bytes() / 1e6:.1f} MB (the inlined plotly.js, which makes it open offline, "
             f"and the tables) before any heatmap: pass --max-mb {math.ceil(fixed_bytes() / 1e6) + 1} "
             "or more")
-    handle = wrap(load_model(args))
+    handle = load_handle(args)
     layers = list(args.layers) if args.layers else None
     if layers is not None:
         bad = [ly for ly in layers if not 0 <= ly < handle.n_layers]

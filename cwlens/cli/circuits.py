@@ -8,9 +8,8 @@ from cwlens.cli.common import (
     add_model_args,
     add_progress_flag,
     figures_dir,
-    load_model,
+    load_handle,
 )
-from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError
 from cwlens.runs.progress import bar, status
 
@@ -88,7 +87,7 @@ def run(args) -> int:
     given = figures_dir(args)  # '': none
     figures = arg_types.output_dir(given, "--figures") if given else None
     show = not args.no_progress
-    handle = wrap(load_model(args, device=args.device))
+    handle = load_handle(args, device=args.device)
     task = circuits.build_task(args.task, handle, **kwargs)
     batch = task.clean.shape[0]
     print(f"cwlens circuits: {args.model}, {handle.n_layers} layers x {handle.n_heads} heads; "

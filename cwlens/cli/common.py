@@ -9,6 +9,7 @@ from pathlib import Path
 
 import cwlens
 from cwlens.cli import arg_types
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.runs.progress import status
 
 DEFAULT_MODEL = "smollm2-135m"  # --model's default (cwlens.engine.models.DEFAULT_MODEL, light)
@@ -24,16 +25,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_debug_flag(p, argparse.SUPPRESS)
 
 
-def load_model(args, **placed):
-    """``cwlens.load_model(args.model, **placed)`` (default ``device=args.device``), with a
-    line on stderr before and after where progress is shown (a terminal, unless
-    ``--no-progress``): loading can take a minute (dequantizing a GGUF the first time)."""
+def load_handle(args, **placed) -> ModelHandle:
+    """The handle of ``cwlens.load_model(args.model, **placed)`` (default
+    ``device=args.device``): a command fetches it here, once, and passes it down. A line on
+    stderr before and after where progress is shown (a terminal, unless ``--no-progress``):
+    loading can take a minute (dequantizing a GGUF the first time)."""
     show = not getattr(args, "no_progress", False)
     status(f"loading {args.model} ...", show)
     t0 = time.perf_counter()
     model = cwlens.load_model(args.model, **(placed or {"device": args.device}))
     status(f"{args.model} loaded in {time.perf_counter() - t0:.0f} s", show)
-    return model
+    return wrap(model)
 
 
 def add_debug_flag(p: argparse.ArgumentParser, default=False) -> None:

@@ -1,8 +1,7 @@
 """``cwlens demo``: attention vs contribution on one GSM8K problem (the README's main job)."""
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args, load_model
-from cwlens.engine.handle import wrap
+from cwlens.cli.common import add_model_args, load_handle
 from cwlens.errors import InvalidArgumentError
 
 
@@ -38,7 +37,7 @@ def run(args) -> int:
         raise InvalidArgumentError(f"--sample {args.sample}: the shipped GSM8K sample has "
                                    f"problems 0..{n - 1}")
     arg_types.output_dir(args.out)
-    handle = wrap(load_model(args))
+    handle = load_handle(args)
     n_layers = handle.n_layers
     heads = args.heads or min(3, n_layers)
     if heads > n_layers:

@@ -1,9 +1,8 @@
 """``cwlens export``: streamed reductions of texts as tidy Parquet (or CSV) tables."""
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args, add_past_context_flag, add_progress_flag, load_model
+from cwlens.cli.common import add_model_args, add_past_context_flag, add_progress_flag, load_handle
 from cwlens.core._types import STREAM_METRICS
-from cwlens.engine.handle import wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError, LayerOutOfRangeError
 
 
@@ -75,7 +74,7 @@ def run(args) -> int:
     if not texts:
         raise EmptyInputError("no text to export: pass --text, a non-empty --file or --dataset")
     out = arg_types.output_dir(args.out)
-    handle = wrap(load_model(args))
+    handle = load_handle(args)
     n_layers = handle.n_layers
     bad_layers = [ly for ly in args.token_layers if not 0 <= ly < n_layers]
     if bad_layers:

@@ -12,7 +12,7 @@ from cwlens.cli.common import (
     add_model_args,
     add_past_context_flag,
     add_progress_flag,
-    load_model,
+    load_handle,
     note_ignored,
     stored_differences,
 )
@@ -25,7 +25,6 @@ from cwlens.datasets import ChoiceItem, load_dataset
 from cwlens.datasets.chat_prompts import CHAT_DATASETS
 from cwlens.datasets.registry import SPECS
 from cwlens.engine.adapter import resolve_layers
-from cwlens.engine.handle import wrap
 from cwlens.faithfulness import accuracy, aopc, report, results_report
 from cwlens.faithfulness.config import RANKING_PATHS, FaithfulnessConfig
 from cwlens.faithfulness.passes import sharing_note
@@ -206,8 +205,8 @@ def run(args) -> int:
 
 def _run(req: FaithfulnessRequest, placed, world) -> int:
     args, cfg = req.flags, req.config
-    model = load_model(args, **placed)
-    handle = wrap(model)
+    handle = load_handle(args, **placed)
+    model = handle.model
     if cfg.layers is not None:  # before any compute
         resolve_layers(handle, list(cfg.layers))
     for d, path in zip(req.datasets, req.paths, strict=True):

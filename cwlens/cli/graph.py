@@ -4,7 +4,7 @@ import sys
 import time
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import add_model_args, add_progress_flag, load_model
+from cwlens.cli.common import add_model_args, add_progress_flag, load_handle
 from cwlens.errors import EmptyInputError
 
 
@@ -42,7 +42,6 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import cwlens
-    from cwlens.engine.handle import wrap
     from cwlens.engine.tokens import token_ids
     from cwlens.runs.progress import bar
 
@@ -50,7 +49,7 @@ def run(args) -> int:
     if not text.strip():
         raise EmptyInputError("the text is empty: pass --text or a non-empty --file")
     out = arg_types.html_file(args.out)
-    handle = wrap(load_model(args))
+    handle = load_handle(args)
     ids = token_ids(handle, text, truncate=False)[: args.max_tokens]
     compare = None if args.compare == "none" or args.compare == args.metric else args.compare
     layers = list(args.layers) if args.layers else None

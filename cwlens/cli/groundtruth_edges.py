@@ -12,9 +12,8 @@ from typing import Any
 import torch
 
 from cwlens.cli import arg_types
-from cwlens.cli.common import DEFAULT_MODEL, figures_dir, load_model
+from cwlens.cli.common import DEFAULT_MODEL, figures_dir, load_handle
 from cwlens.datasets import ChoiceItem, TextSample, load_dataset
-from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError
 from cwlens.faithfulness.encoder import sentences
 from cwlens.faithfulness.report import check_block, write_block
@@ -146,7 +145,7 @@ def run(args) -> int:
 
 def _run_model(args, out, json_path, figures_out, md, block, main: bool) -> int:
     start, end, key = block
-    handle = wrap(load_model(args))
+    handle = load_handle(args)
     items = _items(args, handle)
     data = "text" if args.text else args.data
     config = {"model": args.model, "data": data, "objective": args.objective, "dtype": args.dtype,

@@ -13,7 +13,7 @@ from cwlens.cli.common import (
     add_past_context_flag,
     add_progress_flag,
     figures_dir,
-    load_model,
+    load_handle,
     note_ignored,
     stored_differences,
 )
@@ -118,7 +118,7 @@ def _run(args, figures: str, placed=None, world=None) -> int:
         samples: list = []
         for name in args.dataset:  # before the model: a bad count fails fast
             samples += load_dataset(name, n=args.samples)
-        model = load_model(args, **(placed or {"device": args.device}))
+        model = load_handle(args, **(placed or {"device": args.device})).model
         main = world is None or world.main
         if main:
             ranks = f" over {world.size} processes" if world is not None and world.size > 1 else ""

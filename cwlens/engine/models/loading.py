@@ -219,8 +219,10 @@ def _load_resolved(source, hub_id, generation, placed_device, dtype, compatibili
         # the multi-device placement, only what was given (the bridge's own keywords)
         placement = {k: v for k, v in (("n_devices", n_devices), ("device_map", device_map),
                                        ("max_memory", max_memory)) if v is not None}
-        return _load(source, hub_id, generation, placed_device, dtype, placement, multi,
-                     compatibility_mode)
+        model = _load(source, hub_id, generation, placed_device, dtype, placement, multi,
+                      compatibility_mode)
+        wrap(model)  # the bound handle, made once
+    return model
 
 
 _SIZE = r"\d+(\.\d+)?\s*([KMGT]i?)?B"  # a Hugging Face memory size: "10GiB", "500MB", "1024B"
@@ -290,16 +292,13 @@ def _load(source, hub_id, generation, placed_device, dtype, placement, multi,
                 # TL 3.x without processing do); W_O is still centred.
                 model.enable_compatibility_mode(fold_value_biases=False)
             enable_pattern_edits(model)  # hook_pattern edits act on wrapped (BERT) attention too
-            wrap(model)  # the bound handle, made once
             return model
         if multi:
             raise PlacementError(
                 "n_devices / device_map need the TransformerBridge (TransformerLens 4.x); "
                 "the 3.x HookedTransformer loads on one device here.")
 
-        model = load_hooked(source, hub_id, device=placed_device, dtype=dtype)
-        wrap(model)  # the bound handle, made once
-        return model
+        return load_hooked(source, hub_id, device=placed_device, dtype=dtype)
     except CwlensError:
         raise
     except Exception as err:  # transformers/torch/hub errors: one explained error
