@@ -49,6 +49,7 @@ def check(model, scope: str, metric: str = "contribution", rate: float = 0.3,
     the first ``n_context`` of ``text``, comprehensiveness masking at ``rate`` by
     ``metric`` in ``scope``; ``non_causal``: with the earlier masks (:func:`leaking_masks`)."""
     from cwlens.engine.batching import token_ids
+    from cwlens.engine.handle import wrap
     from cwlens.lmeval.requests import token_request
     from cwlens.lmeval.scoring import score_requests
     from cwlens.lmeval.settings import masking_config
@@ -58,10 +59,11 @@ def check(model, scope: str, metric: str = "contribution", rate: float = 0.3,
         raise ValueError(f"the text has {len(ids)} tokens; {n_context} + {n_scored} are needed.")
     ctx, cont = ids[:n_context], ids[n_context:n_context + n_scored]
     cfg = masking_config(metric, "comprehensiveness", rate, scope=scope)
+    handle = wrap(model)
     with leaking_masks() if non_causal else contextlib.nullcontext([]) as seen:
-        whole = score_requests(model, [token_request(ctx, cont, 2048)], [("whole",)], cfg)[0][0]
+        whole = score_requests(handle, [token_request(ctx, cont, 2048)], [("whole",)], cfg)[0][0]
         steps = [token_request(ctx + cont[:t], cont[t:t + 1], 2048, item=t) for t in range(len(cont))]
-        lls = score_requests(model, steps, [("step", t) for t in range(len(cont))], cfg)
+        lls = score_requests(handle, steps, [("step", t) for t in range(len(cont))], cfg)
     if non_causal and scope != "row" and scope not in seen:
         raise RuntimeError(
             f"--non-causal did not reach the {scope}-scope masks: cwlens.faithfulness.job_masks no "

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cwlens.core.prefix_rank import prefix_ranks
+from cwlens.engine.handle import wrap
 from cwlens.faithfulness.causal_scope import LeakingScopeError, causal_ranking
 from cwlens.faithfulness.ranking import eligible_entries, rank_entries
 from cwlens.testing import random_layer
@@ -104,9 +105,9 @@ def _whole_and_stepwise(model, cfg):
 
     ids = token_ids(model, "mary gave john a bottle of milk when they went to the store .").tolist()
     ctx, cont = ids[:4], ids[4:]
-    whole = score_requests(model, [token_request(ctx, cont, 64)], [("whole",)], cfg)[0][0]
+    whole = score_requests(wrap(model), [token_request(ctx, cont, 64)], [("whole",)], cfg)[0][0]
     steps = [token_request(ctx + cont[:t], cont[t:t + 1], 64, item=t) for t in range(len(cont))]
-    lls = score_requests(model, steps, [("step", t) for t in range(len(cont))], cfg)
+    lls = score_requests(wrap(model), steps, [("step", t) for t in range(len(cont))], cfg)
     return whole, sum(ll for ll, _ in lls)
 
 
@@ -133,7 +134,7 @@ def test_non_causal_head_scope_is_refused_where_it_would_leak(tiny):
     with pytest.raises(LeakingScopeError, match=r"causal_only=True.*scope='row'"):
         run_faithfulness(tiny, "gsm8k", cfg, n=1, progress=False)
     with pytest.raises(LeakingScopeError, match="lm-eval"):
-        score_requests(tiny, [token_request([1, 2], [3], 64)], [0], cfg)
+        score_requests(wrap(tiny), [token_request([1, 2], [3], 64)], [0], cfg)
     row = FaithfulnessConfig(metrics=("attention",), rates=(0.3,), modes=("sufficiency",),
                              causal_only=False)
-    assert score_requests(tiny, [token_request([1, 2], [3], 64)], [0], row)[0][0] < 0
+    assert score_requests(wrap(tiny), [token_request([1, 2], [3], 64)], [0], row)[0][0] < 0

@@ -45,7 +45,7 @@ def test_one_edge_removed_jointly_is_its_single_effect(model):
 
 def test_resume_reuses_stored_inputs_and_recomputes_missing(model, tmp_path, monkeypatch):
     items = _items(4)
-    first = run_edges(model, items, tmp_path, {"v": 1}, progress=False,
+    first = run_edges(wrap(model), items, tmp_path, {"v": 1}, progress=False,
                       settings=edge_study.EdgeSettings(methods=("attention", "contribution")))
     files = sorted((tmp_path / "inputs").glob("*.json"))
     assert len(files) == 4
@@ -58,19 +58,19 @@ def test_resume_reuses_stored_inputs_and_recomputes_missing(model, tmp_path, mon
 
     monkeypatch.setattr(edge_study, "measure_input", spy)
     files[2].unlink()
-    again = run_edges(model, items, tmp_path, {"v": 1}, progress=False,
+    again = run_edges(wrap(model), items, tmp_path, {"v": 1}, progress=False,
                       settings=edge_study.EdgeSettings(methods=("attention", "contribution")))
     assert calls == [files[2].name.split("-")[0]]
     assert again == first
     # the first n inputs of a larger run: nothing recomputed
-    assert run_edges(model, items[:2], tmp_path, {"v": 1}, progress=False) == first[:2]
+    assert run_edges(wrap(model), items[:2], tmp_path, {"v": 1}, progress=False) == first[:2]
     assert len(calls) == 1
     with pytest.raises(Exception, match="other settings"):
-        run_edges(model, items, tmp_path, {"v": 2}, progress=False)
+        run_edges(wrap(model), items, tmp_path, {"v": 2}, progress=False)
 
 
 def test_summary_has_the_documented_fields(model):
-    records = run_edges(model, _items(4), None, {}, progress=False)
+    records = run_edges(wrap(model), _items(4), None, {}, progress=False)
     s = summarise(records, {"model": "tiny", "data": "random", "objective": "logprob"})
     assert {"model", "data", "objective", "n_inputs", "n_edges", "methods", "paired",
             "joint_removal", "kinds_truth"} <= set(s)
@@ -89,7 +89,7 @@ def test_report_tables_are_well_formed_with_fewer_layers_than_thirds(model):
     from cwlens.groundtruth import edge_report
 
     settings = EdgeSettings("logprob", [1], torch.float64, ("attention", "contribution"))
-    records = run_edges(model, _items(2), None, {}, progress=False, settings=settings)
+    records = run_edges(wrap(model), _items(2), None, {}, progress=False, settings=settings)
     header = {"model": "tiny", "data": "random", "objective": "logprob", "dtype": "float64", "max_tokens": None,
               "query": -1, "command": "test"}
     text = edge_report.markdown(summarise(records, header))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from cwlens.datasets import load_dataset
+from cwlens.engine.handle import wrap
 from cwlens.errors import UnknownOptionError
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.lmeval import task_dir
@@ -172,8 +173,8 @@ def test_requests_split_like_lm_eval(tiny):
     model, _, _ = tiny
     bos = model.tokenizer.bos_token_id
     words = model.to_tokens("the cat sat", prepend_bos=False)[0].tolist()
-    assert encode_request(model, "", "the cat sat") == ([bos], words)
-    ctx, cont = encode_request(model, "the cat ", "sat")  # the trailing space moves over
+    assert encode_request(wrap(model), "", "the cat sat") == ([bos], words)
+    ctx, cont = encode_request(wrap(model), "the cat ", "sat")  # the trailing space moves over
     assert (ctx, cont) == ([bos, *words[:2]], words[2:])
     req = token_request([bos, *words[:2]], words[2:], max_length=2)
     assert req.input_ids == tuple(words[:2]) and req.start == 1

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from cwlens.core import bootstrap, edge_scoring
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth.edge_methods import EDGE_METHODS, method_weights
 from cwlens.groundtruth.edges import EdgeEffects, edge_effects, joint_effects
@@ -218,12 +218,11 @@ class EdgeSettings:
     methods: tuple[str, ...] = EDGE_METHODS
 
 
-def run_edges(model, items: list[EdgeInput], folder: str | Path | None, config: dict, *,
-              resume: bool = True, progress: bool = True,
+def run_edges(handle: ModelHandle, items: list[EdgeInput], folder: str | Path | None, config: dict,
+              *, resume: bool = True, progress: bool = True,
               settings: EdgeSettings | None = None) -> list[dict]:
     """Measure every input (resumable in ``folder``; torchrun shards the inputs) and return
     the records in input order."""
-    handle = wrap(model)
     spec = JobSpec("edge ground-truth configuration", config, None if folder is None else Path(folder),
                    resume, len(items), "edges", "input", progress)
     s = settings or EdgeSettings()

@@ -30,7 +30,7 @@ import torch
 
 from cwlens.engine import lm
 from cwlens.engine.batching import token_ids
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import CwlensError
 from cwlens.faithfulness import choice
 from cwlens.faithfulness.units import Unit
@@ -43,9 +43,8 @@ def prefix_token_id(handle: ModelHandle) -> int:
     return int(bos if bos is not None else tok.eos_token_id)
 
 
-def encode_request(model, context: str, continuation: str) -> tuple[list[int], list[int]]:
+def encode_request(handle: ModelHandle, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """``(context_ids, continuation_ids)`` of one ``(context, continuation)`` request."""
-    handle = wrap(model)
     if context:
         return choice.encode_pair(handle, context, continuation)
     whole = token_ids(handle, continuation).tolist()

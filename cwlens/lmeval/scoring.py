@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.faithfulness.causal_scope import require_causal
 from cwlens.faithfulness.config import FaithfulnessConfig
 from cwlens.faithfulness.passes import SweepStats, batch_outputs
@@ -25,7 +25,7 @@ from cwlens.lmeval.requests import group_units
 
 
 def score_requests(
-    model,
+    handle: ModelHandle,
     requests: Sequence,
     groups: Sequence[object],
     cfg: FaithfulnessConfig,
@@ -42,7 +42,6 @@ def score_requests(
     if not requests:
         return []
     units, where = group_units(requests, groups)
-    handle = wrap(model)
     conditions = cfg.conditions(handle.n_layers)
     if len(conditions) != 1:
         raise ValueError(f"score_requests takes one masking condition; got {len(conditions)}.")

@@ -64,13 +64,6 @@ def nll_per_row(logits: "lm.LMOutput", tokens: torch.Tensor, attention_mask=None
     return total, keep.sum(-1)
 
 
-def head_measures(cache, model, attention_mask, sink_index, layers):
-    """``{layer: (norm, cone, valid)}``, each ``[batch, head, query]``."""
-    handle = wrap(model)
-    return {ly: layer_head_measures(adapter.geometry(cache, handle, ly, attention_mask), sink_index)
-            for ly in layers}
-
-
 def layer_head_measures(geo, sink_index):
     """``(norm, cone, valid)`` of one layer's geometry, each ``[batch, head, query]``."""
     sg = SinkGeometry(geo, sink_index.to(geo.pattern.device))
