@@ -20,8 +20,8 @@ Two ways to run a row, equal up to round-off (tested):
     the clean keys and values of positions ``< i`` come from a Hugging Face cache of one
     clean run of the prefix, shared by every row without being copied, and the residual
     entering layer ``l`` is the clean one, repeated into the rows at ``hook_resid_pre``
-    (the layers below run once, for one row). A chunk's rows all start at its lowest edit
-    layer. The rows travel as *positions* of one sequence, every one at the query's
+    (the layers below run once, for one row). A chunk's rows all start at the same layer
+    (:func:`layer_chunks`: a row's lowest edited layer). The rows travel as *positions* of one sequence, every one at the query's
     position id, each attending to the clean prefix (as the clean query sees it: sliding
     windows kept) and to itself only, by a 4-D mask set on each attention: the prefix's
     keys and values are then read once per chunk, not copied into every row (measured 2-3
