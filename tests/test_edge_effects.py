@@ -350,3 +350,17 @@ def test_rows_per_forward_do_not_change_float64_effects(monkeypatch):
     monkeypatch.setitem(edges.ROWS, "prefix", 7)  # chunks much smaller than a layer's edges
     split = edge_effects(model, TOKENS, dtype=torch.float64).effect
     assert torch.allclose(split, whole, rtol=0, atol=1e-12)
+
+
+def test_a_float32_log_probability_is_read_exactly_where_the_prediction_is_saturated():
+    from cwlens.groundtruth.edges import log_prob
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 5000) * 3
+    logits[:32, 7] += 40  # p(7) ~ 1 - 1e-13: a saturated prediction
+    exact = log_prob(logits.double(), 7)  # the float64 reading of the same float32 logits
+    got = log_prob(logits, 7)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got[:32], exact[:32], rtol=1e-6, atol=1e-12)  # a plain float32 lse: ~1e-7 off
+    torch.testing.assert_close(got[32:], exact[32:], rtol=0, atol=1e-5)
+    torch.testing.assert_close(exact, logits.double().log_softmax(-1)[:, 7], rtol=0, atol=1e-12)
