@@ -213,3 +213,12 @@ def test_the_captured_curve_of_an_undefined_method_is_nan():
     assert captured_curve(torch.full((4,), float("nan")), effect, 3).isnan().all()
     curve = captured_curve(torch.tensor([1.0, 0.0, 2.0, 0.5]), effect, 3)
     torch.testing.assert_close(curve, torch.tensor([0.3 / 0.5, 0.8 / 0.8, 0.8 / 0.9], dtype=torch.float64))
+
+
+def test_a_float32_run_scores_every_method(model):
+    """float32 reads log p by edges.log_prob, which attention x gradient differentiates."""
+    settings = EdgeSettings("logprob", None, torch.float32)
+    records = run_edges(wrap(model), _items(1), None, {}, progress=False, settings=settings)
+    s = summarise(records, {"model": "tiny", "data": "random", "objective": "logprob",
+                            "dtype": "float32", "max_tokens": None, "query": -1, "command": "test"})
+    assert s["methods"]["attention_gradient"]["spearman_abs"] > 0.9

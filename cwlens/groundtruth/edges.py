@@ -238,7 +238,11 @@ def log_prob(logits: torch.Tensor, target: int) -> torch.Tensor:
     if logits.dtype == torch.float64:
         return logits[:, target] - logits.logsumexp(-1)
     m, at = logits.max(-1, keepdim=True)
-    rest = (logits - m).exp_().scatter_(1, at, 0.0).sum(-1)
+    e = logits - m
+    if logits.requires_grad:  # attention x gradient differentiates it: out of place
+        rest = e.exp().scatter(1, at, 0.0).sum(-1)
+    else:
+        rest = e.exp_().scatter_(1, at, 0.0).sum(-1)
     return (logits[:, target].double() - m[:, 0].double()) - rest.double().log1p()
 
 
