@@ -53,3 +53,12 @@ def test_the_browser_path_is_not_left_in_the_environment(tmp_path):
 
     export.save_figure(FlakyFigure(0), tmp_path / "f")
     assert "BROWSER_PATH" not in os.environ
+
+
+@pytest.mark.parametrize("stem, name", [("edges_captured_qwen2.5-coder-0.5b-gsm8k-logprob",
+                                         "edges_captured_qwen2.5-coder-0.5b-gsm8k-logprob"),
+                                        ("fig.png", "fig"), ("fig.html", "fig")])
+def test_a_dot_in_the_stem_stays(tmp_path, stem, name):
+    """A model name with a dot (qwen2.5, llama-3.1) was cut at it: edges_captured_qwen2.html."""
+    written = export.save_figure(FlakyFigure(0), tmp_path / stem)
+    assert [p.name for p in written] == [f"{name}.html", f"{name}.png"]

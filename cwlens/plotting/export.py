@@ -42,26 +42,30 @@ def _kaleido_chrome() -> str | None:
 
 
 def save_figure(fig, path_stem: str | Path, png: bool = True, scale: float = 1.0) -> list[Path]:
-    """Write ``<stem>.html`` (plotly.js inlined: opens offline) and ``<stem>.png``.
+    """Write ``<stem>.html`` (plotly.js inlined: opens offline) and ``<stem>.png``. A dot in
+    the stem stays (``edges_captured_qwen2.5-coder-0.5b`` is not cut at ``.5``); a stem ending
+    in ``.html`` or ``.png`` loses that ending.
 
     Returns the paths written.
     """
     stem = Path(path_stem)
+    if stem.suffix in (".html", ".png"):
+        stem = stem.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    html = stem.with_suffix(".html")
+    html = stem.parent / f"{stem.name}.html"
     fig.write_html(html, include_plotlyjs=True, full_html=True)
     written = [html]
     if png:
         chrome = find_chrome()
         if chrome is None:
             warnings.warn(  # one "cwlens: note:" line in the CLI
-                f"no Chromium, so {stem.with_suffix('.png')} was skipped (the HTML is written): "
+                f"no Chromium, so {stem.parent / (stem.name + '.png')} was skipped (the HTML is written): "
                 "`plotly_get_chrome` fetches kaleido's own Chrome (no root), or install one "
                 "(scripts/setup.sh --browser) or set BROWSER_PATH.",
                 CwlensWarning, stacklevel=2,
             )
             return written
-        out = stem.with_suffix(".png")
+        out = stem.parent / f"{stem.name}.png"
         # $BROWSER_PATH (where kaleido looks for Chromium) for this export only: a process
         # setting left behind would outlive the browser it names
         with mock.patch.dict(os.environ, {} if "BROWSER_PATH" in os.environ else {"BROWSER_PATH": chrome}):
