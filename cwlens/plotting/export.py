@@ -52,20 +52,19 @@ def save_figure(fig, path_stem: str | Path, png: bool = True, scale: float = 1.0
     if stem.suffix in (".html", ".png"):
         stem = stem.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    html = stem.parent / f"{stem.name}.html"
+    html, out = stem.parent / f"{stem.name}.html", stem.parent / f"{stem.name}.png"
     fig.write_html(html, include_plotlyjs=True, full_html=True)
     written = [html]
     if png:
         chrome = find_chrome()
         if chrome is None:
             warnings.warn(  # one "cwlens: note:" line in the CLI
-                f"no Chromium, so {stem.parent / (stem.name + '.png')} was skipped (the HTML is written): "
+                f"no Chromium, so {out} was skipped (the HTML is written): "
                 "`plotly_get_chrome` fetches kaleido's own Chrome (no root), or install one "
                 "(scripts/setup.sh --browser) or set BROWSER_PATH.",
                 CwlensWarning, stacklevel=2,
             )
             return written
-        out = stem.parent / f"{stem.name}.png"
         # $BROWSER_PATH (where kaleido looks for Chromium) for this export only: a process
         # setting left behind would outlive the browser it names
         with mock.patch.dict(os.environ, {} if "BROWSER_PATH" in os.environ else {"BROWSER_PATH": chrome}):

@@ -21,11 +21,12 @@ Two ways to run a row, equal up to round-off (tested):
     clean run of the prefix, shared by every row without being copied, and the residual
     entering layer ``l`` is the clean one, repeated into the rows at ``hook_resid_pre``
     (the layers below run once, for one row). A chunk's rows all start at the same layer
-    (:func:`layer_chunks`: a row's lowest edited layer). The rows travel as *positions* of one sequence, every one at the query's
-    position id, each attending to the clean prefix (as the clean query sees it: sliding
-    windows kept) and to itself only, by a 4-D mask set on each attention: the prefix's
-    keys and values are then read once per chunk, not copied into every row (measured 2-3
-    times faster than rows in the batch on SmolLM2). TransformerLens 4.3's attention bridge reads the cache only under the keyword
+    (:func:`layer_chunks`: a row's lowest edited layer). The rows travel as *positions* of
+    one sequence, every one at the query's position id, each attending to the clean prefix
+    (as the clean query sees it: sliding windows kept) and to itself only, by a 4-D mask set
+    on each attention: the prefix's keys and values are then read once per chunk, not copied
+    into every row (measured 2-3 times faster than rows in the batch on SmolLM2).
+    TransformerLens 4.3's attention bridge reads the cache only under the keyword
     ``past_key_values``, which transformers 5 passes as ``cache``: a forward pre-hook on
     each attention renames it while the rows run (without it a cached step silently
     attends to itself alone).
@@ -240,7 +241,7 @@ class PrefixRunner:
         out = torch.empty(edits.n_rows, dtype=torch.float64)
         for rows in layer_chunks(first, batch_size):
             sub = edits.select(rows)
-            start = int(first[rows].min())
+            start = int(first[rows[0]])  # one first layer per chunk
             if start < n_layers:
                 hooks = [(hook_names.resid_pre(start), _repeat_rows(len(rows))), *z_hooks(sub, None)]
                 logits = self._forward(hooks)  # the rows are positions: [1, rows, d_vocab]
