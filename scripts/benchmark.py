@@ -419,10 +419,9 @@ def choice_main(model_name, device, n_items, repeats):
     from cwlens.faithfulness.passes import SweepStats, batch_outputs
     from cwlens.faithfulness.units import choice_units
 
-    model = cwlens.load_model(model_name, device=device)
-    units = choice_units(model, load_dataset("capitals", n=n_items))
+    handle = cwlens.wrap(cwlens.load_model(model_name, device=device))
+    units = choice_units(handle, load_dataset("capitals", n=n_items))
     cfg = FaithfulnessConfig(metrics=("contribution",), rates=(0.5,), modes=("comprehensiveness",))
-    handle = cwlens.wrap(model)
     conditions = cfg.conditions(handle.n_layers)
     batch = list(range(len(units)))
     plain = [replace(u, positions=None) for u in units]

@@ -12,6 +12,7 @@ from cwlens.core.proportion import above_chance, clopper_pearson
 from cwlens.datasets import ChoiceItem, TextSample
 from cwlens.engine import hook_names
 from cwlens.engine.adapter import ModelInfo
+from cwlens.engine.handle import wrap
 from cwlens.errors import CwlensError, InvalidArgumentError
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.faithfulness.accuracy import (
@@ -94,7 +95,7 @@ def reference(model, items, hooks=()):
 
 def test_clean_accuracy_against_unbatched_reference(model):
     expected, _ = reference(model, ITEMS)
-    assert item_accuracies(model, ITEMS, batch_tokens=40) == expected
+    assert item_accuracies(wrap(model), ITEMS, batch_tokens=40) == expected
     check = clean_accuracy(model, ITEMS, batch_tokens=40)
     assert (check.n, check.correct) == (len(ITEMS), int(sum(expected)))
     assert check.chance == pytest.approx((1 / 3 + 1 / 2 + 1 / 4 + 1 / 2 + 1 / 3 + 1 / 3 + 1 / 2 + 1 / 2) / 8)
@@ -348,11 +349,11 @@ def test_a_choice_item_past_the_context_is_refused_not_cut(model):
 
     n_ctx = model.cfg.n_ctx
     long_ctx = " ".join(["the cat sat on the mat ."] * (n_ctx // 7 + 2))
-    ctx, cont = encode_pair(model, long_ctx, " the cat sat")
+    ctx, cont = encode_pair(wrap(model), long_ctx, " the cat sat")
     assert len(ctx) > n_ctx and len(cont) == 3  # whole, not cut at n_ctx
     item = ChoiceItem("long", (long_ctx, long_ctx), (" the cat sat", " a dog"), 0, "t")
     with pytest.raises(InputTooLongError, match="more than the model's context"):
-        choice_units(model, [item])
+        choice_units(wrap(model), [item])
 
 
 class _Stop(Exception):
@@ -385,8 +386,8 @@ def test_a_resumed_run_reads_the_clean_accuracy_of_its_written_items(model, tmp_
     with pytest.raises(_Stop):
         run_faithfulness(model, ITEMS, cfg, out=out, progress=False, on_sample=stop_after_three)
     fresh = clean_accuracy(model, ITEMS, batch_tokens=40)
-    expected = dict(zip((i.id for i in ITEMS), item_accuracies(model, ITEMS, 40), strict=True))
-    written = written_accuracies(model, ITEMS, cfg, out)
+    expected = dict(zip((i.id for i in ITEMS), item_accuracies(wrap(model), ITEMS, 40), strict=True))
+    written = written_accuracies(wrap(model), ITEMS, cfg, out)
     assert sorted(written) == sorted(done) and {k: expected[k] for k in written} == written
     # only the items not written are run
     seen, handle = _rows_run(model)
@@ -407,9 +408,9 @@ def test_a_resumed_run_reads_the_clean_accuracy_of_its_written_items(model, tmp_
     assert n_none == 0 < n_partial < n_all
     # another configuration (here its rates) would not resume from these rows: none read
     other = FaithfulnessConfig(metrics=("random",), rates=(0.3,), batch_tokens=40)
-    assert written_accuracies(model, ITEMS, other, out) == {}
-    assert written_accuracies(model, ITEMS[:5], cfg, out) == {}  # other samples
-    assert written_accuracies(model, ITEMS, cfg, tmp_path / "none.jsonl") == {}
+    assert written_accuracies(wrap(model), ITEMS, other, out) == {}
+    assert written_accuracies(wrap(model), ITEMS[:5], cfg, out) == {}  # other samples
+    assert written_accuracies(wrap(model), ITEMS, cfg, tmp_path / "none.jsonl") == {}
     with pytest.raises(InvalidArgumentError, match="other than 0 or 1"):
         clean_accuracy(model, ITEMS, known={"t-0": 0.5})
     # run_accuracy_test resumes: the clean check reads the 3, then all 8

@@ -112,7 +112,7 @@ def _check_margin_item(model, item, n_rows):
     from cwlens.faithfulness.passes import _batch_objective
     from cwlens.faithfulness.units import choice_units
 
-    unit = choice_units(model, [item])[0]
+    unit = choice_units(wrap(model), [item])[0]
     rows = list(range(len(unit.sequences)))
     tokens, mask = pad_batch(model, unit.sequences)
     assert len(rows) == n_rows and bool(mask.all())
@@ -125,7 +125,7 @@ def _check_margin_item(model, item, n_rows):
             for ly in range(model.cfg.n_layers)]):
         logits = model(tokens, **kwargs)
     # the objective is the margin of the log-likelihoods the accuracy reads
-    reqs = choice.encode_items(model, [item])
+    reqs = choice.encode_items(wrap(model), [item])
     _, which = choice.unique_inputs(reqs)
     lls = [choice.continuation_logprob(logits, w, 0, r) for r, w in zip(reqs, which, strict=True)]
     others = [ll for c, ll in enumerate(lls) if c != item.gold]

@@ -125,5 +125,5 @@ def test_faithfulness_command_prompt_chat(tmp_path, capsys):
         rows = pd.read_json(out / f"{name}.jsonl", lines=True)
         clean = rows[(rows["mode"] == "clean") & (rows["measure"] == "acc")]
         assert dict(zip(clean.sample_id, clean.value, strict=True)) == {
-            i.id: a for i, a in zip(items, item_accuracies(model, items), strict=True)}
+            i.id: a for i, a in zip(items, item_accuracies(wrap(model), items), strict=True)}
     assert chat[0].contexts[0] != load_dataset("mmlu", 1)[0].contexts[0]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cwlens.datasets import load_dataset
+from cwlens.engine.handle import wrap
 from cwlens.faithfulness import choice
 from cwlens.faithfulness.accuracy import clean_accuracy, item_accuracies
 from cwlens.faithfulness.sweep import FaithfulnessConfig, run_faithfulness, stored_config
@@ -41,7 +42,7 @@ def _by_hand(model, item, prepend_bos: bool) -> float:
 @pytest.mark.parametrize("prepend_bos", [True, False])
 def test_both_settings_equal_the_log_likelihoods_by_hand(model, prepend_bos):
     items = load_dataset("capitals", n=12) + load_dataset("ioi", n=12)
-    got = item_accuracies(model, items, prepend_bos=prepend_bos)
+    got = item_accuracies(wrap(model), items, prepend_bos=prepend_bos)
     assert got == [_by_hand(model, item, prepend_bos) for item in items]
 
 
@@ -49,8 +50,8 @@ def test_no_bos_drops_exactly_the_leading_bos(model):
     bos = model.tokenizer.bos_token_id
     item = load_dataset("capitals", n=1)[0]
     context, continuation = item.pairs[0]
-    with_bos = choice.encode_pair(model, context, continuation)
-    without = choice.encode_pair(model, context, continuation, prepend_bos=False)
+    with_bos = choice.encode_pair(wrap(model), context, continuation)
+    without = choice.encode_pair(wrap(model), context, continuation, prepend_bos=False)
     assert with_bos[0][0] == bos and with_bos[0][1:] == without[0] and without[0][0] != bos
     assert with_bos[1] == without[1]  # the same continuation tokens
 
@@ -74,7 +75,7 @@ def test_the_setting_is_recorded_only_when_it_is_not_the_default(model):
 
 
 def _gold_ll(model, item, prepend_bos):
-    ctx, cont = choice.encode_pair(model, *item.pairs[item.gold], prepend_bos=prepend_bos)
+    ctx, cont = choice.encode_pair(wrap(model), *item.pairs[item.gold], prepend_bos=prepend_bos)
     whole = torch.tensor([ctx + cont])
     with torch.no_grad():
         logp = model(whole).double().log_softmax(-1)[0]

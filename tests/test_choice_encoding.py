@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from cwlens.datasets import ChoiceItem
+from cwlens.engine.handle import wrap
 from cwlens.faithfulness.choice import encode_items, encode_pair
 
 
@@ -48,14 +49,14 @@ class _MergingTokenizer:
 
 def test_continuation_is_split_from_the_whole_encoding():
     model = _Model(_MergingTokenizer(), bos=1)
-    ctx, cont = encode_pair(model, "xa", "bc")
+    ctx, cont = encode_pair(wrap(model), "xa", "bc")
     assert ctx == [1, ord("x"), ord("a")]
     assert cont == [ord("c")]  # whole = [1, x, ab, c]: lm-eval's slice, not encode("bc")
 
 
 def test_trailing_space_moves_to_the_continuation():
     model = _Model(_MergingTokenizer(), bos=1)
-    ctx, cont = encode_pair(model, "q: ", "z")
+    ctx, cont = encode_pair(wrap(model), "q: ", "z")
     assert ctx == [1, ord("q"), ord(":")]
     assert cont == [ord(" "), ord("z")]
 
@@ -67,7 +68,7 @@ def test_smollm2_tokenizer_trailing_space(smollm2):
     model = _Model(tok, bos=tok.bos_token_id)
     item = ChoiceItem(id="t-0000", dataset="t", contexts=("Answer: ", "Answer: "),
                       continuations=("Paris", "London"), gold=0)
-    requests = encode_items(model, [item])
+    requests = encode_items(wrap(model), [item])
     paris = tok(" Paris", add_special_tokens=False)["input_ids"]
     assert list(requests[0].continuation_ids) == paris  # " Paris", not "Paris" after " "
     assert tok("Paris", add_special_tokens=False)["input_ids"] != paris

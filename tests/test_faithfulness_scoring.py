@@ -44,7 +44,7 @@ def hand_ll(model, context: str, continuation: str) -> float:
 
 
 def test_choice_loglikelihood_matches_hand_computation(model):
-    requests = encode_items(model, ITEMS)
+    requests = encode_items(wrap(model), ITEMS)
     inputs, which = unique_inputs(requests)
     assert len(inputs) == 2 + 2 + 1  # item 0: " mat"/" red" share an input; item 2 shares one
     tokens, mask = pad_batch(model, [list(x) for x in inputs])

@@ -52,7 +52,7 @@ def test_chat_items_score_the_assistants_first_token(qwen05):
     from cwlens.faithfulness.choice import encode_items
 
     item = load_dataset("mmlu", n=1, chat=lambda u: wrap(qwen05).chat_prompt(u))[0]
-    requests = encode_items(qwen05, [item])
+    requests = encode_items(wrap(qwen05), [item])
     assert len({r.input_ids for r in requests}) == 1  # one forward row for the 4 letters
     tokens = qwen05.to_tokens(item.contexts[0])  # the prompt, ending in "assistant\n"
     assert tokens[0].tolist() == list(requests[0].input_ids)

@@ -112,7 +112,6 @@ def run(args) -> int:
     from cwlens.faithfulness.accuracy import clean_accuracy
 
     handle = load_handle(args)
-    model = handle.model
     from cwlens.engine.adapter import require_next_token_model
 
     require_next_token_model(handle, "cwlens accuracy", "Use a decoder (a causal language model).")
@@ -126,14 +125,14 @@ def run(args) -> int:
     from cwlens.faithfulness.units import choice_units
 
     for d in args.dataset:  # every dataset's lengths before any scoring (seconds: tokens only)
-        choice_units(model, items[d], not args.no_bos)
+        choice_units(handle, items[d], not args.no_bos)
     from cwlens.runs.progress import bar
 
     checks = []
     for d in args.dataset:
         with bar(len(items[d]), f"{d}: clean accuracy", "item", enabled=not args.no_progress,
                  ticks=True):
-            checks.append(clean_accuracy(model, items[d], batch_tokens=args.batch_tokens,
+            checks.append(clean_accuracy(handle, items[d], batch_tokens=args.batch_tokens,
                                          prepend_bos=not args.no_bos))
         print(checks[-1].line(), flush=True)
     text = markdown(checks, args.model, prompts if args.prompt == "chat" else None)

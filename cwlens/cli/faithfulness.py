@@ -25,6 +25,7 @@ from cwlens.datasets import ChoiceItem, load_dataset
 from cwlens.datasets.chat_prompts import CHAT_DATASETS
 from cwlens.datasets.registry import SPECS
 from cwlens.engine.adapter import resolve_layers
+from cwlens.engine.handle import ModelHandle
 from cwlens.faithfulness import accuracy, aopc, report, results_report
 from cwlens.faithfulness.config import RANKING_PATHS, FaithfulnessConfig
 from cwlens.faithfulness.passes import sharing_note
@@ -206,16 +207,15 @@ def run(args) -> int:
 def _run(req: FaithfulnessRequest, placed, world) -> int:
     args, cfg = req.flags, req.config
     handle = load_handle(args, **placed)
-    model = handle.model
     if cfg.layers is not None:  # before any compute
         resolve_layers(handle, list(cfg.layers))
     for d, path in zip(req.datasets, req.paths, strict=True):
         shots = args.num_fewshot if d == "mmlu" else 0
         source = req.file_samples if args.file is not None else _source(args, handle, d, req.counts[d])
         if args.require_above_chance and args.file is None:
-            _check_chance(req, model, d, source, world, path if not args.no_resume else None)
+            _check_chance(req, handle, d, source, world, path if not args.no_resume else None)
         result = run_faithfulness(
-            model, source, cfg, n=req.counts[d], num_fewshot=shots, out=path,
+            handle, source, cfg, n=req.counts[d], num_fewshot=shots, out=path,
             resume=not args.no_resume, model_name=args.model, progress=not args.no_progress,
         )
         s = result.stats
@@ -227,7 +227,8 @@ def _run(req: FaithfulnessRequest, placed, world) -> int:
     return print_report(req) if world.main else 0
 
 
-def _check_chance(req: FaithfulnessRequest, model, name: str, dataset, world, path) -> None:
+def _check_chance(req: FaithfulnessRequest, handle: ModelHandle, name: str, dataset, world,
+                  path) -> None:
     """A multiple-choice dataset ``name`` (``dataset``: the name, or its items): its clean
     accuracy must clear chance (else AtChanceError). Resuming ``path`` (None: not resumed),
     the items it already holds are read from their clean rows, not run again."""
@@ -236,12 +237,12 @@ def _check_chance(req: FaithfulnessRequest, model, name: str, dataset, world, pa
     items = load_dataset(dataset, n=n, num_fewshot=shots) if isinstance(dataset, str) else dataset
     if not items or not isinstance(items[0], ChoiceItem):
         return
-    known = accuracy.written_accuracies(model, items, cfg, path, model_name=model_name,
+    known = accuracy.written_accuracies(handle, items, cfg, path, model_name=model_name,
                                         num_fewshot=shots)
     left = sum(1 for item in items if item.id not in known)
     with bar(left, f"{items[0].dataset}: clean accuracy", "item",
              enabled=progress and world.main, ticks=True):
-        check = accuracy.clean_accuracy(model, items, batch_tokens=cfg.batch_tokens, known=known,
+        check = accuracy.clean_accuracy(handle, items, batch_tokens=cfg.batch_tokens, known=known,
                                         prepend_bos=cfg.prepend_bos)
     if world.main:
         read = f" ({check.reused} of them read from {path})" if check.reused else ""

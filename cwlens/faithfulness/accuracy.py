@@ -45,7 +45,7 @@ from cwlens.core.proportion import above_chance, clopper_pearson
 from cwlens.datasets import ChoiceItem, load_dataset
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.faithfulness.results import clean_values
 from cwlens.faithfulness.sweep import (
@@ -142,7 +142,7 @@ def _estimated_constant(items: Sequence) -> tuple[str | None, float]:
     return constant_answer(items) if len(items) >= MIN_CONSTANT_ITEMS else (None, 0.0)
 
 
-def item_accuracies(model, items: Sequence, batch_tokens: int = 2048,
+def item_accuracies(handle: ModelHandle, items: Sequence, batch_tokens: int = 2048,
                     known: Mapping[str, float] | None = None,
                     prepend_bos: bool = True) -> list[float]:
     """``acc`` (1.0 / 0.0) of every item on the clean model, in item order (``prepend_bos``:
@@ -152,17 +152,17 @@ def item_accuracies(model, items: Sequence, batch_tokens: int = 2048,
     known = known or {}
     todo = [i for i, item in enumerate(items) if item.id not in known]
     acc = [float(known[item.id]) if item.id in known else float("nan") for item in items]
-    units = choice_units(model, [items[i] for i in todo], prepend_bos)
+    units = choice_units(handle, [items[i] for i in todo], prepend_bos)
     for batch in plan_batches(units, batch_tokens):
         seqs: list = []
         rows_of: list[list[int]] = []
         for u in batch:
             rows_of.append(list(range(len(seqs), len(seqs) + len(units[u].sequences))))
             seqs += units[u].sequences
-        tokens, mask = pad_batch(model, seqs)
+        tokens, mask = pad_batch(handle, seqs)
         offsets = mask.int().argmax(-1).tolist()
         with torch.no_grad():
-            logits = model(tokens, **wrap(model).forward_kwargs(mask))
+            logits = handle(tokens, **handle.forward_kwargs(mask))
         for u, rows in zip(batch, rows_of, strict=True):
             score = units[u].score(logits, rows, [offsets[r] for r in rows], tokens, mask)
             acc[todo[u]] = score["acc"]
@@ -170,7 +170,7 @@ def item_accuracies(model, items: Sequence, batch_tokens: int = 2048,
     return acc
 
 
-def written_accuracies(model, items: Sequence, config, out, *, model_name: str | None = None,
+def written_accuracies(handle: ModelHandle, items: Sequence, config, out, *, model_name: str | None = None,
                        num_fewshot: int = 0) -> dict[str, float]:
     """The clean ``acc`` of the items whose rows a masking run of ``config`` on ``items``
     has already written to ``out`` (its ``.jsonl`` / ``.jsonl.gz`` results file), by item
@@ -181,7 +181,7 @@ def written_accuracies(model, items: Sequence, config, out, *, model_name: str |
     items = list(items)
     if out is None or not items:
         return {}
-    name = model_name or wrap(model).name or "model"
+    name = model_name or handle.name or "model"
     expected = stored_config(name, dataset_name(items, num_fewshot), config, [i.id for i in items])
     return clean_values(out, expected)  # the stored samples are these items
 
@@ -209,7 +209,7 @@ def clean_accuracy(model, items: Sequence, level: float = 0.95,
             f"known holds accuracies other than 0 or 1 ({dict(list(wrong.items())[:3])}): an "
             "item's clean accuracy is 1.0 when its gold choice scores highest, else 0.0. Pass "
             "the values written_accuracies reads from a results file, or leave known out.")
-    correct = int(sum(item_accuracies(model, items, batch_tokens, known, prepend_bos)))
+    correct = int(sum(item_accuracies(wrap(model), items, batch_tokens, known, prepend_bos)))
     low, high = clopper_pearson(correct, len(items), level)
     answer, const = _estimated_constant(items)
     uniform = uniform_chance(items)
@@ -243,12 +243,13 @@ def run_accuracy_test(model, dataset, config=None, *, n: int | None = None,
     with ``config`` on the same items (``kwargs``: its keywords, e.g. ``out``)."""
     items = load_dataset(dataset, n) if isinstance(dataset, str) else list(dataset)
     cfg = config or FaithfulnessConfig()
-    adapter.require_metrics(wrap(model), cfg.metrics)  # before the clean pass
-    known = written_accuracies(model, items, cfg, kwargs.get("out"),
+    handle = wrap(model)
+    adapter.require_metrics(handle, cfg.metrics)  # before the clean pass
+    known = written_accuracies(handle, items, cfg, kwargs.get("out"),
                                model_name=kwargs.get("model_name"),
                                num_fewshot=kwargs.get("num_fewshot", 0)) \
         if kwargs.get("resume", True) else {}
-    check = clean_accuracy(model, items, level, cfg.batch_tokens, known, cfg.prepend_bos)
+    check = clean_accuracy(handle, items, level, cfg.batch_tokens, known, cfg.prepend_bos)
     if not allow_chance:
         require_above_chance(check)
-    return AccuracyTest(check, run_faithfulness(model, items, cfg, **kwargs))
+    return AccuracyTest(check, run_faithfulness(handle, items, cfg, **kwargs))

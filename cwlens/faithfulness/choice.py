@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from cwlens.engine import lm, validation
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import DatasetFormatError, NonFiniteError
 
 
@@ -41,16 +41,16 @@ class ChoiceRequest:
     continuation_chars: int
 
 
-def text_ids(model, text: str, prepend_bos: bool = True) -> list[int]:
+def text_ids(handle: ModelHandle, text: str, prepend_bos: bool = True) -> list[int]:
     """Token ids of ``text`` as the model makes them, never cut at the context:
     with the BOS token TransformerLens prepends by default (``prepend_bos=True``,
     :func:`~cwlens.engine.tokens.token_ids`) or without it (``prepend_bos=False``: for a
     model trained without one)."""
     validation.flag(prepend_bos, "prepend_bos")
-    return wrap(model).token_ids(text, truncate=False, prepend_bos=prepend_bos).tolist()
+    return handle.token_ids(text, truncate=False, prepend_bos=prepend_bos).tolist()
 
 
-def encode_pair(model, context: str, continuation: str,
+def encode_pair(handle: ModelHandle, context: str, continuation: str,
                 prepend_bos: bool = True) -> tuple[list[int], list[int]]:
     """``(context_ids, continuation_ids)`` split from the encoded whole, as lm-eval does;
     the context starts with the model's BOS unless ``prepend_bos=False`` (:func:`text_ids`)."""
@@ -59,18 +59,18 @@ def encode_pair(model, context: str, continuation: str,
         context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
     # not cut at the context: a cut would drop the continuation (or its last tokens) and
     # score what is left; an item longer than the context is refused whole (units._fits_context)
-    whole = text_ids(model, context + continuation, prepend_bos)
-    ctx = text_ids(model, context, prepend_bos)
+    whole = text_ids(handle, context + continuation, prepend_bos)
+    ctx = text_ids(handle, context, prepend_bos)
     return ctx, whole[len(ctx):]
 
 
-def encode_items(model, items, prepend_bos: bool = True) -> list[ChoiceRequest]:
+def encode_items(handle: ModelHandle, items, prepend_bos: bool = True) -> list[ChoiceRequest]:
     """Requests of every choice of every :class:`~cwlens.datasets.ChoiceItem`
     (``prepend_bos``: :func:`encode_pair`)."""
     requests = []
     for index, item in enumerate(items):
         for choice, (context, continuation) in enumerate(item.pairs):
-            ctx, cont = encode_pair(model, context, continuation, prepend_bos)
+            ctx, cont = encode_pair(handle, context, continuation, prepend_bos)
             if not ctx:
                 raise DatasetFormatError(
                     f"{item.id}: choice {choice} has an empty context and "

@@ -7,7 +7,7 @@ from functools import partial
 
 from cwlens.engine import lm
 from cwlens.engine.batching import context_cap
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InputTooLongError, InvalidArgumentError
 from cwlens.faithfulness import choice
 
@@ -51,10 +51,10 @@ def text_units(handle: ModelHandle, samples, max_tokens, past_context: bool = Fa
             for s, ids in zip(samples, all_ids, strict=True)]
 
 
-def choice_units(model, items, prepend_bos: bool = True) -> list[Unit]:
+def choice_units(handle: ModelHandle, items, prepend_bos: bool = True) -> list[Unit]:
     """One unit per multiple-choice item (its choices' distinct inputs; ``prepend_bos``:
     :func:`~cwlens.faithfulness.choice.encode_pair`)."""
-    requests = choice.encode_items(model, items, prepend_bos)
+    requests = choice.encode_items(handle, items, prepend_bos)
     by_item: dict[int, list] = {}
     for r in requests:
         by_item.setdefault(r.item, []).append(r)
@@ -62,7 +62,7 @@ def choice_units(model, items, prepend_bos: bool = True) -> list[Unit]:
     for index, item in enumerate(items):
         reqs = by_item[index]
         inputs, which = choice.unique_inputs(reqs)
-        _fits_context(model, item.id, inputs, item.dataset)
+        _fits_context(handle, item.id, inputs, item.dataset)
 
         def score(logits, rows, offsets, tokens, mask, reqs=reqs, which=which, item=item):
             lls = [choice.continuation_logprob(logits, rows[w], offsets[w], r)
@@ -79,11 +79,11 @@ def _margin(logits, rows, offsets, reqs, which, gold):
     return choice.margin_loss(logits, reqs, which, rows, offsets, gold)
 
 
-def _fits_context(model, item_id, inputs, dataset: str = "") -> None:
+def _fits_context(handle: ModelHandle, item_id, inputs, dataset: str = "") -> None:
     """A choice prompt cannot be cut without losing its question: refuse one longer than
     the model's context (docs/inputs.md). Few-shot examples are MMLU's only; other
     items are long by their own text."""
-    limit = wrap(model).context_length()
+    limit = handle.context_length()
     longest = max((len(x) for x in inputs), default=0)
     if limit is not None and longest > limit:
         fix = ("use fewer few-shot examples (--num-fewshot) or a model with a longer context"
