@@ -114,5 +114,5 @@ def test_full_alti_through_the_post_attention_norm_equals_its_definition(gemma3,
         entries, resid = alti_parts(geo)
         assert_close(entries.double(), ref, rtol=1e-3, atol=1e-5)
         assert_close(resid.double(), ref_resid, rtol=1e-3, atol=1e-5)
-    fc = stages.faithfulness_config(plan.ReplicationConfig(), gemma3, metrics=plan.PER_LAYER_METRICS)
+    fc = stages.faithfulness_config(plan.ReplicationConfig(), wrap(gemma3), metrics=plan.PER_LAYER_METRICS)
     assert "alti" in fc.metrics

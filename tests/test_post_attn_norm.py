@@ -117,6 +117,6 @@ def test_replication_keeps_full_alti_in_every_stage(gemma):
     model = gemma[0]
     cfg = plan.ReplicationConfig()
     assert "alti" in cfg.decoder_metrics and "alti" in plan.PER_LAYER_METRICS
-    assert stages.faithfulness_config(cfg, model).metrics == cfg.decoder_metrics
-    per_layer = stages.faithfulness_config(cfg, model, metrics=plan.PER_LAYER_METRICS, per_layer=True)
+    assert stages.faithfulness_config(cfg, wrap(model)).metrics == cfg.decoder_metrics
+    per_layer = stages.faithfulness_config(cfg, wrap(model), metrics=plan.PER_LAYER_METRICS, per_layer=True)
     assert per_layer.metrics == plan.PER_LAYER_METRICS

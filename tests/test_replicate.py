@@ -120,13 +120,14 @@ def test_per_layer_model_must_be_one_of_the_models(tmp_path, capsys):
 def test_batch_tokens_keep_one_batch_of_logits_within_budget():
     from types import SimpleNamespace
 
+    from cwlens.engine.handle import wrap
     from cwlens.replication.plan import ReplicationConfig
     from cwlens.replication.stages import LOGIT_BUDGET, batch_tokens
 
     cfg = ReplicationConfig()
     shape = dict(n_layers=1, n_heads=1, d_model=1, d_head=1)  # what cwlens.wrap asks of a model
-    sizes = {v: batch_tokens(SimpleNamespace(cfg=SimpleNamespace(d_vocab=v, **shape), run_with_hooks=print,
-                                             hooks=print), cfg)
+    sizes = {v: batch_tokens(wrap(SimpleNamespace(cfg=SimpleNamespace(d_vocab=v, **shape),
+                                                  run_with_hooks=print, hooks=print)), cfg)
              for v in (49152, 262144, 10**7)}
     assert sizes[49152] == cfg.batch_tokens  # SmolLM2: unchanged
     assert sizes[262144] == 512 and sizes[262144] * 262144 <= LOGIT_BUDGET  # Gemma-3

@@ -164,7 +164,6 @@ def run(args) -> int:
 
         return groundtruth_edges.run(args)
 
-    from cwlens.engine.handle import wrap
     from cwlens.faithfulness.report import check_block, write_block
     from cwlens.groundtruth import report
     from cwlens.groundtruth.evaluate import score_program
@@ -184,7 +183,7 @@ def run(args) -> int:
     progress = not args.no_progress  # drawn on stderr when it is a terminal (cwlens.runs.progress)
     results = []
     for program in programs:
-        shape = wrap(program.model)
+        shape = program.handle
         print(f"cwlens groundtruth: {program.name} ({shape.n_layers} layers x {shape.n_heads} "
               f"heads), {args.inputs} inputs", flush=True)
         results.append(score_program(program, args.inputs, args.seed, progress=progress,

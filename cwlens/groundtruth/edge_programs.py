@@ -10,7 +10,6 @@ value matters to the output, so the methods can disagree with it."""
 
 from collections.abc import Sequence
 
-from cwlens.engine.handle import wrap
 from cwlens.groundtruth.codec import encode
 from cwlens.groundtruth.edge_methods import EDGE_METHODS, method_weights
 from cwlens.groundtruth.edge_study import EdgeInput, record_of
@@ -22,7 +21,7 @@ def program_records(program, n_inputs: int, seed: int = 0,
                     methods: Sequence[str] = EDGE_METHODS) -> list[dict]:
     """One record (:func:`cwlens.groundtruth.edge_study.record_of`) per input of
     ``program.sample_inputs(n_inputs, seed)``."""
-    handle = wrap(program.model)
+    handle = program.handle
     padding = padding_heads(program)
     records = []
     for i, inp in enumerate(program.sample_inputs(n_inputs, seed)):

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from cwlens.engine.handle import wrap
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.models.tracr_network import TracrTransformer
 from cwlens.errors import InvalidArgumentError, ModelNotAvailableError, UnknownOptionError
 from cwlens.groundtruth import codec
@@ -71,6 +71,11 @@ class CompiledProgram:
     _shipped: dict = field(default_factory=dict, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
+    @property
+    def handle(self) -> ModelHandle:
+        """The compiled model's handle (:func:`cwlens.wrap`, cached on the model)."""
+        return wrap(self.model)
+
     def sample_inputs(self, n: int, seed: int = 0) -> list[list]:
         """``n`` random inputs, each BOS first (the program's own sampler where its file
         has one; else tokens drawn uniformly, lengths 1..max_seq_len after the BOS)."""
@@ -112,7 +117,7 @@ class CompiledProgram:
         missing = [k for k in keys if k not in self._shipped]
         if missing:
             program = self._program(f"the truth of {list(missing[0])!r} (not among the shipped inputs)")
-            handle = wrap(self.model)
+            handle = self.handle
             for k in missing:
                 self._shipped[k] = compute(program, list(k), self.vocab, list(self.placements),
                                            handle.n_layers, handle.n_heads)

@@ -57,17 +57,17 @@ def first_token_config(cfg: ReplicationConfig) -> ReplicationConfig:
 LOGIT_BUDGET = 2**27  # batch tokens x vocabulary: 512 MB of float32 logits per batch
 
 
-def batch_tokens(model, cfg: ReplicationConfig) -> int:
+def batch_tokens(handle: ModelHandle, cfg: ReplicationConfig) -> int:
     """``cfg.batch_tokens``, lowered for a large vocabulary so that one batch's logits stay
     within :data:`LOGIT_BUDGET` entries (the gradient metrics keep them, and their float64
     loss, for the backward pass): SmolLM2 (49k) keeps 2048 tokens, Gemma-3 (262k) gets 512."""
-    cap = max(cfg.max_tokens, LOGIT_BUDGET // wrap(model).d_vocab)
+    cap = max(cfg.max_tokens, LOGIT_BUDGET // handle.d_vocab)
     return min(cfg.batch_tokens, cap)
 
 
-def faithfulness_config(cfg: ReplicationConfig, model=None, **changes):
+def faithfulness_config(cfg: ReplicationConfig, handle: ModelHandle | None = None, **changes):
     base = dict(metrics=cfg.decoder_metrics, rates=cfg.rates, max_tokens=cfg.max_tokens,
-                batch_tokens=cfg.batch_tokens if model is None else batch_tokens(model, cfg),
+                batch_tokens=cfg.batch_tokens if handle is None else batch_tokens(handle, cfg),
                 seed=cfg.seed)
     return FaithfulnessConfig(**{**base, **changes})
 
