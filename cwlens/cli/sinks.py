@@ -118,7 +118,7 @@ def _run(args, figures: str, placed=None, world=None) -> int:
         samples: list = []
         for name in args.dataset:  # before the model: a bad count fails fast
             samples += load_dataset(name, n=args.samples)
-        model = load_handle(args, **(placed or {"device": args.device})).model
+        handle = load_handle(args, **(placed or {"device": args.device}))
         main = world is None or world.main
         if main:
             ranks = f" over {world.size} processes" if world is not None and world.size > 1 else ""
@@ -128,7 +128,7 @@ def _run(args, figures: str, placed=None, world=None) -> int:
                             scales=tuple(args.scales), eps=args.eps,
                             intervention=not args.no_intervention, seed=args.seed,
                             past_context=args.past_context)
-        tables = sink_run.run_to_folder(model, samples, args.out, config,
+        tables = sink_run.run_to_folder(handle, samples, args.out, config,
                                         resume=not args.no_resume, model_name=args.model,
                                         progress=not args.no_progress)
         if not main:
