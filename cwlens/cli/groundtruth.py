@@ -183,8 +183,8 @@ def run(args) -> int:
     progress = not args.no_progress  # drawn on stderr when it is a terminal (cwlens.runs.progress)
     results = []
     for program in programs:
-        shape = program.handle
-        print(f"cwlens groundtruth: {program.name} ({shape.n_layers} layers x {shape.n_heads} "
+        handle = program.handle
+        print(f"cwlens groundtruth: {program.name} ({handle.n_layers} layers x {handle.n_heads} "
               f"heads), {args.inputs} inputs", flush=True)
         results.append(score_program(program, args.inputs, args.seed, progress=progress,
                                      n_boot=args.bootstrap, zero_output=args.silent_row_threshold))

@@ -170,8 +170,8 @@ def item_accuracies(handle: ModelHandle, items: Sequence, batch_tokens: int = 20
     return acc
 
 
-def written_accuracies(handle: ModelHandle, items: Sequence, config, out, *, model_name: str | None = None,
-                       num_fewshot: int = 0) -> dict[str, float]:
+def written_accuracies(handle: ModelHandle, items: Sequence, config, out, *,
+                       model_name: str | None = None, num_fewshot: int = 0) -> dict[str, float]:
     """The clean ``acc`` of the items whose rows a masking run of ``config`` on ``items``
     has already written to ``out`` (its ``.jsonl`` / ``.jsonl.gz`` results file), by item
     id: the values that the rerun resuming it computes no more. Empty when ``out`` holds
