@@ -6,7 +6,7 @@ import torch
 from torch.testing import assert_close
 
 from cwlens.datasets import ChoiceItem, TextSample
-from cwlens.engine.batching import pad_batch
+from cwlens.engine.batching import pad_batch, pad_rows
 from cwlens.engine.handle import wrap
 from cwlens.engine.lm import document_scores
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
@@ -55,6 +55,19 @@ def test_choice_loglikelihood_matches_hand_computation(model):
         got = continuation_logprob(logits, w, offsets[w], r)
         context, continuation = ITEMS[r.item].pairs[r.choice]
         assert got == pytest.approx(hand_ll(model, context, continuation), abs=1e-4)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_sweep_pads_its_units_as_pad_batch_does(model, side):
+    """The sweep pads the token ids it made itself with pad_rows (no checks again): the
+    tokens and mask of pad_batch, on the model's pad id, either side."""
+    handle = wrap(model)
+    rows = [handle.token_ids(d.text).tolist() for d in DOCS]
+    tokens, mask = pad_rows(rows, handle.pad_id, side)
+    want_tokens, want_mask = pad_batch(model, rows, padding_side=side)
+    assert torch.equal(tokens, want_tokens) and torch.equal(mask, want_mask)
+    assert mask.sum(1).tolist() == [len(r) for r in rows] and len(set(mask.sum(1).tolist())) > 1
+    assert handle.padding_side == "left"
 
 
 def test_item_scores_sum_and_length_normalised():

@@ -14,7 +14,7 @@ import torch
 
 import cwlens
 from cwlens.engine import hook_names
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.handle import ModelHandle, ModelInfo, wrap
 from cwlens.testing import tiny_model
 
 PACKAGE = Path(cwlens.__file__).parent
@@ -190,11 +190,37 @@ def _model_walk():
 def test_the_faithfulness_walk_does_not_grow():
     """scripts/model_walk.py's trace of run_faithfulness (docs/architecture.md): the model
     never climbs back up a layer, the layers are resolved once, the functions it is handed
-    to do not grow past today's 21 (30 before the handle was passed down; issue 49's goal is
-    12), and they ask handle.py for the handle in at most today's 3 places (13 before)."""
+    to are at most issue 49's 12 (45 before the handle was passed down; the checks take the
+    model's facts, :class:`~cwlens.engine.handle.ModelInfo`), and they ask handle.py for the
+    handle in at most today's 2 places (17 before)."""
     walk = _model_walk().faithfulness_walk().summary()
     assert walk["climbs"] == 0 and walk["layers_resolved"] == 1, walk
-    assert walk["stays"] <= 21 and walk["handle_visits"] <= 3, walk
+    assert walk["stays"] <= 12 and walk["handle_visits"] <= 2, walk
+
+
+def test_the_checks_take_the_model_facts_not_the_model():
+    """The entry checks read a :class:`ModelInfo` (no model needed), and a handle's info
+    says what the handle says."""
+    from cwlens.engine.adapter import require_next_token_model, resolve_layers
+    from cwlens.engine.batching import check_past_context, context_cap
+    from cwlens.errors import CwlensWarning, UnsupportedModelError, UsageError
+
+    info = ModelInfo(n_layers=4, n_heads=2, n_kv_heads=2, d_head=8, d_model=16, generation="hooked",
+                     post_attn_norm=False, is_encoder=True, rotary=False, n_ctx=32, name="m")
+    with pytest.raises(UnsupportedModelError, match="this model is an encoder"):
+        require_next_token_model(info, "The test", "Use a decoder.")
+    with pytest.raises(UsageError, match="but m has learned position embeddings .* of 32 tokens"):
+        check_past_context(info, True)
+    with pytest.warns(CwlensWarning, match="1 of the 2 texts is longer .* of 32 tokens"):
+        assert context_cap(info, 100, [10, 40]) == 32
+    assert context_cap(info, 20, [10, 40]) == 20
+    assert resolve_layers(info.n_layers, -1) == ([3], True)
+    model = tiny_model("llama")
+    handle = wrap(model)
+    facts = handle.info
+    assert (facts.is_encoder, facts.rotary, facts.n_ctx, facts.name) == (
+        handle.is_encoder, handle.rotary_positions, handle.context_length(), handle.name)
+    require_next_token_model(facts, "The test", "Use a decoder.")  # a decoder: no error
 
 
 def test_the_handle_is_fetched_at_entry_points_only():

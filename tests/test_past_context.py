@@ -131,13 +131,13 @@ def test_the_api_refuses_past_context_on_learned_positions(ctx):
     from cwlens.engine.batching import check_past_context
     from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 
-    assert check_past_context(wrap(ctx["model"]), True) is True
+    assert check_past_context(wrap(ctx["model"]).info, True) is True
     with pytest.raises(UsageError, match="learned position embeddings"):
-        check_past_context(wrap(ctx["gpt2"]), True)
+        check_past_context(wrap(ctx["gpt2"]).info, True)
     with pytest.raises(UsageError):
         run_faithfulness(ctx["gpt2"], [TextSample("a", "the cat", "toy")],
                          FaithfulnessConfig(metrics=("attention",), past_context=True), progress=False)
-    assert check_past_context(wrap(ctx["gpt2"]), False) is False
+    assert check_past_context(wrap(ctx["gpt2"]).info, False) is False
 
 
 def test_faithfulness_scores_one_file_as_one_document(ctx, capsys, monkeypatch):
@@ -168,5 +168,5 @@ def test_the_cut_warning_counts_the_long_texts_in_words(ctx, past, end):
     from cwlens.engine.batching import context_cap
 
     with pytest.warns(CwlensWarning, match=f"2 of the 3 texts are longer .*: {end}"):
-        cap = context_cap(wrap(ctx["model"]), 300, iter([500, 10, 129]), past_context=past)
+        cap = context_cap(wrap(ctx["model"]).info, 300, iter([500, 10, 129]), past_context=past)
     assert cap == (300 if past else 128)

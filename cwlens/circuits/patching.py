@@ -76,7 +76,7 @@ def patch_effects(
                 "must be tokens of one length: model.to_tokens(texts) where they tokenize to "
                 "equal lengths (a padded list of texts would patch pads into tokens).")
 
-    chosen, _ = resolve_layers(handle, layers)
+    chosen, _ = resolve_layers(handle.n_layers, layers)
     if mode == "corrupt":
         if corrupted is None or corrupted.shape != clean.shape:
             got = None if corrupted is None else tuple(corrupted.shape)

@@ -114,7 +114,7 @@ def run(args) -> int:
     handle = load_handle(args)
     from cwlens.engine.adapter import require_next_token_model
 
-    require_next_token_model(handle, "cwlens accuracy", "Use a decoder (a causal language model).")
+    require_next_token_model(handle.info, "cwlens accuracy", "Use a decoder (a causal language model).")
     prompts = {d: prompt_of(d, args.prompt) for d in args.dataset}
     if "chat" in prompts.values():
 

@@ -208,7 +208,7 @@ def _run(req: FaithfulnessRequest, placed, world) -> int:
     args, cfg = req.flags, req.config
     handle = load_handle(args, **placed)
     if cfg.layers is not None:  # before any compute
-        resolve_layers(handle, list(cfg.layers))
+        resolve_layers(handle.n_layers, list(cfg.layers))
     for d, path in zip(req.datasets, req.paths, strict=True):
         shots = args.num_fewshot if d == "mmlu" else 0
         source = req.file_samples if args.file is not None else _source(args, handle, d, req.counts[d])

@@ -35,13 +35,14 @@ from cwlens.errors import (
 ModelLike = TLModel | ModelHandle
 
 
-def require_next_token_model(handle: ModelHandle, what: str, alternative: str) -> None:
-    """Raise :class:`~cwlens.errors.UnsupportedModelError` where the model is an encoder.
+def require_next_token_model(info: ModelInfo, what: str, alternative: str) -> None:
+    """Raise :class:`~cwlens.errors.UnsupportedModelError` where the model (``info``: its
+    :attr:`~cwlens.engine.handle.ModelHandle.info`) is an encoder.
 
     Next-token NLL / perplexity read ``logits[:, t]`` as ``P(t_{t+1} | t_<=t)``: a
     bidirectional masked-LM's logits are not that, and the scores would be meaningless.
     """
-    if handle.is_encoder:
+    if info.is_encoder:
         raise UnsupportedModelError(
             f"{what} scores next-token loss, but this model is an encoder (bidirectional "
             f"attention, masked-LM logits), so the numbers would be meaningless. {alternative}"
@@ -67,14 +68,15 @@ def _layer_index(item: object) -> int | None:
     return None
 
 
-def resolve_layers(handle: ModelHandle, layer: object) -> tuple[list[int], bool]:
-    """``(layers, single)``: the layer list, and whether one int was asked for.
+def resolve_layers(n_layers: int, layer: object) -> tuple[list[int], bool]:
+    """``(layers, single)``: the layer list of a model of ``n_layers`` layers, and whether
+    one int was asked for.
 
     Accepts an int, a NumPy integer or a 0-d integer tensor (one layer), an iterable of
     those (a list, a 1-d array or tensor), or None (all layers). Negative indices count
     from the end. Floats, bools and strings raise :class:`LayerOutOfRangeError`.
     """
-    n = handle.n_layers
+    n = n_layers
     single = layer is not None and _layer_index(layer) is not None
     if layer is None:
         items: list[Any] = list(range(n))
@@ -104,11 +106,11 @@ def resolve_layers(handle: ModelHandle, layer: object) -> tuple[list[int], bool]
     return layers, single
 
 
-def resolve_requested_layers(handle: ModelHandle, layer: object) -> tuple[list[int], bool]:
+def resolve_requested_layers(n_layers: int, layer: object) -> tuple[list[int], bool]:
     """:func:`resolve_layers` for a layer argument a user gave: an empty list, or a layer
     listed twice, raise :class:`LayerOutOfRangeError` (an empty stack, or a layer counted
     twice, would follow)."""
-    layers, single = resolve_layers(handle, layer)
+    layers, single = resolve_layers(n_layers, layer)
     if not layers:
         raise LayerOutOfRangeError(
             f"no layer given ({layer!r} is empty): pass an int, a list of them, or None for "

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import torch
 
 from cwlens.engine import validation
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.handle import ModelHandle, ModelInfo, wrap
 from cwlens.engine.tokens import token_ids as token_ids  # re-exported: callers import it here
 from cwlens.errors import (
     CwlensWarning,
@@ -61,7 +61,7 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         True
     """
     handle = wrap(model)
-    side = padding_side or ("right" if handle.is_encoder else "left")
+    side = padding_side or handle.padding_side
     if side not in ("left", "right"):
         raise UnknownOptionError(f"padding_side must be 'left' or 'right'; got {side!r}.")
     if max_tokens is not None and (isinstance(max_tokens, bool) or max_tokens < 1):
@@ -94,19 +94,23 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         )
     if max_tokens is not None:
         rows = [r[:max_tokens] for r in rows]
-    tok = handle.tokenizer
-    pad_id = getattr(tok, "pad_token_id", None)
-    if pad_id is None:
-        pad_id = getattr(tok, "eos_token_id", None) or 0
+    tokens, mask = pad_rows(rows, handle.pad_id, side)
+    return tokens.to(handle.device), mask.to(handle.device)
+
+
+def pad_rows(rows: list, pad_id: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, attention_mask)`` ``[len(rows), longest]`` on the CPU: the token-id rows
+    (lists or 1-d tensors, none empty) padded with ``pad_id`` on ``side`` (``"left"`` or
+    ``"right"``). Nothing is checked: :func:`pad_batch` checks a user's texts first; a
+    study pads the units it tokenized itself (``pad_rows(ids, handle.pad_id, handle.padding_side)``)."""
     n = max(len(r) for r in rows)
     tokens = torch.full((len(rows), n), int(pad_id), dtype=torch.long)
     mask = torch.zeros((len(rows), n), dtype=torch.long)
     for i, r in enumerate(rows):
         sl = slice(n - len(r), n) if side == "left" else slice(0, len(r))
-        tokens[i, sl] = r
+        tokens[i, sl] = torch.as_tensor(r, dtype=torch.long)
         mask[i, sl] = 1
-    device = handle.device
-    return tokens.to(device), mask.to(device)
+    return tokens, mask
 
 
 def batch_input(handle: ModelHandle, input, attention_mask: torch.Tensor | None = None,
@@ -141,16 +145,17 @@ def batch_input(handle: ModelHandle, input, attention_mask: torch.Tensor | None 
     return tokens, (None if bool(mask.all()) else mask)
 
 
-def check_past_context(handle: ModelHandle, past_context: bool) -> bool:
-    """``past_context`` (a bool) if the model can take it: running past ``n_ctx`` needs
+def check_past_context(info: ModelInfo, past_context: bool) -> bool:
+    """``past_context`` (a bool) if the model (``info``: its
+    :attr:`~cwlens.engine.handle.ModelHandle.info`) can take it: running past ``n_ctx`` needs
     rotary positions; a model with learned position embeddings has no position there
     (:class:`~cwlens.errors.UsageError`: the command line exits 2)."""
     validation.flag(past_context, "past_context")
-    if past_context and not handle.rotary_positions:
+    if past_context and not info.rotary:
         raise UsageError(
-            f"--past-context (past_context=True) needs rotary positions, but {handle.name or 'this model'} "
+            f"--past-context (past_context=True) needs rotary positions, but {info.name or 'this model'} "
             f"has learned position embeddings with no position past its context of "
-            f"{handle.context_length()} tokens (n_ctx): leave it out (texts are then cut at n_ctx).")
+            f"{info.n_ctx} tokens (n_ctx): leave it out (texts are then cut at n_ctx).")
     return past_context
 
 
@@ -164,7 +169,7 @@ def fit_context(handle: ModelHandle, tokens: torch.Tensor, max_tokens: int | Non
     ``past_context`` (rotary models only, :func:`check_past_context`): not cut at ``n_ctx``;
     the warning says it runs past the trained context."""
     validation.max_tokens(max_tokens)
-    check_past_context(handle, past_context)
+    check_past_context(handle.info, past_context)
     n = tokens.shape[-1]
     if max_tokens is not None:
         tokens = tokens[:, :max_tokens]
@@ -181,15 +186,15 @@ def fit_context(handle: ModelHandle, tokens: torch.Tensor, max_tokens: int | Non
     return tokens
 
 
-def context_cap(handle: ModelHandle, max_tokens: int | None, lengths, what: str = "texts",
+def context_cap(info: ModelInfo, max_tokens: int | None, lengths, what: str = "texts",
                 past_context: bool = False) -> int | None:
-    """The truncation length to use: ``max_tokens``, lowered to the model's context
+    """The truncation length to use: ``max_tokens``, lowered to the model's (``info``) context
     (``n_ctx``) with one :class:`~cwlens.errors.CwlensWarning` when some of ``lengths``
     (the texts' token counts) would exceed it (docs/inputs.md). ``past_context`` (rotary
     models only): ``max_tokens`` as it is, and the one warning says that some run past
     the trained context."""
-    check_past_context(handle, past_context)
-    limit = handle.context_length()
+    check_past_context(info, past_context)
+    limit = info.n_ctx
     if limit is None or (max_tokens is not None and max_tokens <= limit):
         return max_tokens
     lengths = list(lengths)

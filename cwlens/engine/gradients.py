@@ -89,11 +89,11 @@ def attention_gradient(
     handle = wrap(model)
     if loss is None:  # a loss of the caller's own (e.g. an output's logit) suits any model
         adapter.require_next_token_model(
-            handle, "attention_gradient", "Use a decoder (the gradient is of the next-token "
+            handle.info, "attention_gradient", "Use a decoder (the gradient is of the next-token "
             "loss), or pass loss=... (a scalar function of the logits)."
         )
 
-    resolved, _ = adapter.resolve_layers(handle, layers)
+    resolved, _ = adapter.resolve_layers(handle.n_layers, layers)
     # a text or a list of texts is tokenized (different lengths: padded with its own mask,
     # as cwlens.run_with_cache does); tokens and a mask unlike them are refused up front
     given, attention_mask = batch_input(handle, tokens, attention_mask, "tokens")

@@ -30,6 +30,9 @@ _ATTRIBUTE = "_cwlens_handle"
 
 @dataclass(frozen=True)
 class ModelInfo:
+    """The facts of a model that checks read (:attr:`ModelHandle.info`): a check takes these,
+    not the model, so it can be run, and tested, without one."""
+
     n_layers: int
     n_heads: int
     n_kv_heads: int
@@ -37,6 +40,10 @@ class ModelInfo:
     d_model: int
     generation: ModelGeneration  # "bridge" (TransformerLens 4.x) or "hooked" (3.x)
     post_attn_norm: bool  # a norm between the heads and the residual sum (Gemma-2/3)
+    is_encoder: bool  # bidirectional attention (ModelHandle.is_encoder)
+    rotary: bool  # rotary positions: it runs past n_ctx (ModelHandle.rotary_positions)
+    n_ctx: int | None  # the configured context (ModelHandle.context_length)
+    name: str | None  # the config's model_name
 
     @classmethod
     def of(cls, model: Any) -> "ModelInfo":
@@ -70,7 +77,8 @@ class ModelHandle:
         n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
         post = bool(getattr(cfg, "use_normalization_before_and_after", False)) or self._ln1_post
         return ModelInfo(cfg.n_layers, cfg.n_heads, n_kv, cfg.d_head, cfg.d_model,
-                         self.generation, post)
+                         self.generation, post, self.is_encoder, self.rotary_positions,
+                         self.context_length(), self.name)
 
     @property
     def _ln1_post(self) -> bool:
@@ -296,6 +304,19 @@ class ModelHandle:
     @property
     def tokenizer(self) -> Any:
         return self.model.tokenizer
+
+    @property
+    def pad_id(self) -> int:
+        """The id a batch is padded with: the tokenizer's pad token, else its
+        end-of-sequence token, else 0."""
+        tok = self.tokenizer
+        pad_id = getattr(tok, "pad_token_id", None)
+        return int(pad_id if pad_id is not None else getattr(tok, "eos_token_id", None) or 0)
+
+    @property
+    def padding_side(self) -> str:
+        """``"right"`` for encoders, ``"left"`` for decoders (the last token of every row real)."""
+        return "right" if self.is_encoder else "left"
 
     def chat_prompt(self, user: str) -> str:
         """``user`` as one user turn of the tokenizer's chat template, followed by the

@@ -37,7 +37,7 @@ def _mask(cache, attention_mask):
 
 def _per_layer(cache, handle: ModelHandle, layer, attention_mask, fn: Callable,
                what: str = "this call", residual: bool = False) -> torch.Tensor:
-    layers, single = adapter.resolve_requested_layers(handle, layer)
+    layers, single = adapter.resolve_requested_layers(handle.n_layers, layer)
     adapter.require_cached(cache, handle, layers, residual=residual, what=what)
     attention_mask = _mask(cache, attention_mask)
     outs = [fn(adapter.geometry(cache, handle, ly, attention_mask)) for ly in layers]
@@ -332,7 +332,7 @@ def decompose(
     """
     check_kind(kind)
     handle = wrap(model)
-    layers, single = adapter.resolve_requested_layers(handle, layer)
+    layers, single = adapter.resolve_requested_layers(handle.n_layers, layer)
     adapter.require_cached(cache, handle, layers, what="decompose")
     attention_mask = _mask(cache, attention_mask)
     parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
@@ -441,7 +441,7 @@ def closure(
         True
     """
     handle = wrap(model)
-    layers, _ = adapter.resolve_requested_layers(handle, layer)
+    layers, _ = adapter.resolve_requested_layers(handle.n_layers, layer)
     attention_mask = _mask(cache, attention_mask)  # a bad mask is named first, as elsewhere
     adapter.require_cached(cache, handle, layers, closure=True, what="closure")
     errors = [
@@ -487,7 +487,7 @@ def names_filter(model: ModelLike, layers: Layers = None, closure: bool = False,
         torch.Size([1, 4, 4, 4])
     """
     handle = wrap(model)
-    resolved, _ = adapter.resolve_layers(handle, layers)
+    resolved, _ = adapter.resolve_layers(handle.n_layers, layers)
     info = handle.info
     extra: list[str] = []
     if residual:

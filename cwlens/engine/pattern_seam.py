@@ -60,11 +60,14 @@ def _register() -> None:
         AttentionMaskInterface.register(ATTN_IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
 
 
-def delegating_attentions(model) -> list:
-    """The bridge attention components that hand the whole computation to the HF module.
+def enable_pattern_edits(model) -> bool:
+    """Route ``hook_pattern`` through the attention computation; True if anything changed.
 
-    Those are plain ``AttentionBridge`` instances (subclasses reimplement the attention
-    and fire ``hook_pattern`` inside it already) whose module has no ``pattern_fn`` seam.
+    Idempotent and cheap (no forward pass). Models that already hook the pattern inside
+    (HookedTransformer, HookedEncoder, bridges that reimplement attention) are untouched.
+    The attentions changed are those that hand the whole computation to the Hugging Face
+    module: plain ``AttentionBridge`` instances (subclasses reimplement the attention and
+    fire ``hook_pattern`` inside it already) whose module has no ``pattern_fn`` seam yet.
     """
     try:
         # heavy: transformer_lens, imported on use
@@ -72,26 +75,11 @@ def delegating_attentions(model) -> list:
             AttentionBridge,
         )
     except ImportError:  # TransformerLens 3.x: HookedTransformer/HookedEncoder hook inside
-        return []
-    found = []
-    for block in getattr(model, "blocks", []):
-        attn = getattr(block, "attn", None)
-        if attn is None or type(attn).forward is not AttentionBridge.forward:
-            continue
-        if getattr(attn, "original_component", None) is None:
-            continue
-        found.append(attn)
-    return found
-
-
-def enable_pattern_edits(model) -> bool:
-    """Route ``hook_pattern`` through the attention computation; True if anything changed.
-
-    Idempotent and cheap (no forward pass). Models that already hook the pattern inside
-    (HookedTransformer, HookedEncoder, bridges that reimplement attention) are untouched.
-    """
-    attns = [a for a in delegating_attentions(model)
-             if not getattr(a.original_component, "accepts_pattern_fn", False)]
+        return False
+    attns = [block.attn for block in getattr(model, "blocks", [])
+             if getattr(type(getattr(block, "attn", None)), "forward", None) is AttentionBridge.forward
+             and getattr(block.attn, "original_component", None) is not None
+             and not getattr(block.attn.original_component, "accepts_pattern_fn", False)]
     hf = getattr(model, "original_model", None)
     if not attns or hf is None:
         return False

@@ -225,21 +225,20 @@ def stream_geometry(
     _check_fn(fn)
     _check_flags(closure, run["logits"], run["query_block"])
     handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(handle, layers)  # refused before tokenizing
+    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)  # refused before tokenizing
     input, attention_mask = _tokens(handle, input, attention_mask)
-    return geometry_pass(handle, input, fn, resolved, attention_mask, closure=closure, **run)
+    return geometry_pass(StreamedPass(handle, resolved, attention_mask, closure), input, fn, **run)
 
 
-def geometry_pass(handle: ModelHandle, tokens: torch.Tensor, fn: Callable[[int, AttentionGeometry], Any],
-                  layers: list[int], attention_mask: torch.Tensor | None, closure: bool = False,
+def geometry_pass(engine: StreamedPass, tokens: torch.Tensor, fn: Callable[[int, AttentionGeometry], Any],
                   **run) -> tuple:
-    """:func:`stream_geometry` on input its caller has checked: ``tokens`` ``[batch, pos]``
-    (from :func:`_tokens` or a padded batch of a study's own tokenized units), ``layers``
-    resolved, ``run`` the checked options (``attention``, ``query_block``, ``logits``, the
-    forward's keywords). Nothing is checked again."""
+    """:func:`stream_geometry` on input its caller has checked: ``engine`` the pass (its
+    layers resolved, its mask and closure flag), ``tokens`` ``[batch, pos]`` (from
+    :func:`_tokens` or a padded batch of a study's own tokenized units), ``run`` the checked
+    options (``attention``, ``query_block``, ``logits``, the forward's keywords). Nothing is
+    checked again."""
     run = {**PASS_OPTIONS, **run}
-    engine = StreamedPass(handle, layers, attention_mask, closure)
-    context = attention_context(handle, tokens, run.pop("attention"), run.pop("query_block"))
+    context = attention_context(engine.handle, tokens, run.pop("attention"), run.pop("query_block"))
     return engine.run(tokens, fn, None, context, run.pop("logits"), run)
 
 
@@ -451,7 +450,7 @@ def stream_reduce(
     for m in metrics:
         check_metric(m)
     handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(handle, layers)
+    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)
     info = handle.info
     for name, r in named.items():
         r.check(info.n_layers, info.n_heads, resolved, name)

@@ -16,10 +16,11 @@ from cwlens.core import metrics
 from cwlens.core._types import Mode
 from cwlens.core.bitmask import PackedMask
 from cwlens.engine import lm
-from cwlens.engine.batching import pad_batch
+from cwlens.engine.batching import pad_rows
 from cwlens.engine.gradients import attention_gradient
 from cwlens.engine.handle import ModelHandle
-from cwlens.engine.interventions.value_masking import value_masking
+from cwlens.engine.interventions.value_masking import hooks_applied, masking_hooks
+from cwlens.engine.stream_pass import StreamedPass
 from cwlens.engine.streaming import (
     DEFAULT_QUERY_BLOCK,
     attention_context,
@@ -180,21 +181,6 @@ def _layer_masks(geo, layer, mask, jobs, cfg, keys, stats, window=None) -> dict:
     return layer_masks(geo, layer, BatchPlan(mask, jobs, cfg, keys, stats), window)
 
 
-def masked_output(handle: ModelHandle, tokens: torch.Tensor, masks: dict, renormalize: bool,
-                  attention_mask: torch.Tensor, chunk: int | None) -> "lm.LMOutput":
-    """The logits of ``tokens`` with ``masks`` removed
-    (:func:`~cwlens.engine.interventions.value_masking.value_masking`), or with ``chunk``
-    its :class:`~cwlens.engine.lm.Unembedded` final residual (no logits made; the
-    unembedding is skipped inside the masking context, after its one-off self-check)."""
-    with torch.no_grad(), value_masking(handle, masks, renormalize), \
-            attention_context(handle, tokens, "auto"):
-        if chunk is None:
-            return handle(tokens, attention_mask=attention_mask)
-        with lm.deferred_logits(handle, chunk) as output:
-            logits = handle(tokens, attention_mask=attention_mask)
-        return output(logits)
-
-
 def _batch_objective(units, batch, rows_of, offsets):
     """The gradient metrics' loss of a batch: the sum of its units' objectives (multiple
     choice: each item's label margin), or None (every unit a document: the next-token
@@ -228,7 +214,7 @@ def batch_outputs(handle: ModelHandle, units: list[Unit], batch: list[int], cfg:
         rows_of.append(list(range(len(seqs), len(seqs) + len(units[u].sequences))))
         seqs += units[u].sequences
         keys += [f"{units[u].sample_id}/{k}" for k in range(len(units[u].sequences))]
-    tokens, mask = pad_batch(handle, seqs)
+    tokens, mask = (t.to(handle.device) for t in pad_rows(seqs, handle.pad_id, handle.padding_side))
     offsets = mask.int().argmax(-1).tolist()
     jobs, key_of = mask_jobs(conditions, cfg)
     layers = sorted({ly for job in jobs.values() for ly in job.layers}) or [0]
@@ -267,7 +253,8 @@ def batch_outputs(handle: ModelHandle, units: list[Unit], batch: list[int], cfg:
     windows = {ly: handle.attention_window(ly) for ly in layers}
     with lm.deferred_logits(handle, chunk) as output:
         logits, per_layer = geometry_pass(  # the units' own tokens, layers from the config
-            handle, tokens, lambda ly, geo: layer_masks(geo, ly, plan, windows[ly]), layers, mask)
+            StreamedPass(handle, layers, mask, False), tokens,
+            lambda ly, geo: layer_masks(geo, ly, plan, windows[ly]))
     stats.forward_seconds += time.perf_counter() - t - (stats.ranking_seconds - ranked_before)
     stats.n_forwards += 1
     tick()
@@ -277,7 +264,11 @@ def batch_outputs(handle: ModelHandle, units: list[Unit], batch: list[int], cfg:
     for key, job in jobs.items():
         masks = {ly: packed[ly][key] for ly in job.layers}
         t = time.perf_counter()
-        masked = masked_output(handle, tokens, masks, cfg.renormalize, mask, chunk)
+        # the self-check of the edits (hooks_applied, once per model) runs before the
+        # unembedding is skipped (deferred_logits): entered left to right
+        with torch.no_grad(), hooks_applied(handle, masking_hooks(masks, cfg.renormalize)), \
+                attention_context(handle, tokens, "auto"), lm.deferred_logits(handle, chunk) as output:
+            masked = output(handle(tokens, attention_mask=mask))
         stats.forward_seconds += time.perf_counter() - t
         stats.n_forwards += 1
         tick()

@@ -265,7 +265,7 @@ def run_faithfulness(
     """
     handle = wrap(model)
     adapter.require_next_token_model(
-        handle, "The faithfulness test",
+        handle.info, "The faithfulness test",
         "Use a decoder here; for an encoder, the sentence-embedding damage task is "
         "cwlens.faithfulness.encoder.embedding_damage (CLI: cwlens replicate --models <encoder>).",
     )
@@ -285,8 +285,8 @@ def run_faithfulness(
     is_choice = isinstance(samples[0], ChoiceItem)
     ds_name = dataset_name(samples, num_fewshot)
     name = model_name or handle.name or "model"
-    adapter.resolve_layers(handle, list(cfg.layers) if cfg.layers is not None else None)
-    check_past_context(handle, cfg.past_context)
+    adapter.resolve_layers(handle.n_layers, list(cfg.layers) if cfg.layers is not None else None)
+    check_past_context(handle.info, cfg.past_context)
     units = choice_units(handle, samples, cfg.prepend_bos) if is_choice else \
         text_units(handle, samples, cfg.max_tokens, cfg.past_context, cfg.prepend_bos)
     if not is_choice:

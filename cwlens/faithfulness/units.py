@@ -39,7 +39,7 @@ def text_units(handle: ModelHandle, samples, max_tokens, past_context: bool = Fa
         return {"nll": out[0]["nll"], "ppl": out[0]["ppl"]}
 
     all_ids = [handle.token_ids(s.text, truncate=False, prepend_bos=prepend_bos).tolist() for s in samples]
-    cap = context_cap(handle, max_tokens, [len(ids) for ids in all_ids], "documents", past_context)
+    cap = context_cap(handle.info, max_tokens, [len(ids) for ids in all_ids], "documents", past_context)
     for s, ids in zip(samples, all_ids, strict=True):
         if len(ids[:cap] if cap else ids) < 2:
             raise InvalidArgumentError(

@@ -325,7 +325,7 @@ def edge_effects(
     if dtype not in (torch.float32, torch.float64):
         raise InvalidArgumentError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
     handle = wrap(model)
-    resolved, _ = adapter.resolve_layers(handle, layers)
+    resolved, _ = adapter.resolve_layers(handle.n_layers, layers)
     tokens = tokens_of(handle, input)
     n = tokens.shape[1]
     q = resolve_query(query, n)

@@ -86,10 +86,10 @@ class CwlensMaskedLM(LM):
             model = load_model(str(pretrained), device=device, dtype=dtype)  # cuda without one: refused
 
         handle = wrap(model)
-        adapter.require_next_token_model(handle, "lm-eval scoring", "Use a decoder model.")
+        adapter.require_next_token_model(handle.info, "lm-eval scoring", "Use a decoder model.")
         adapter.require_metrics(handle, self.config.metrics)
         try:
-            adapter.resolve_layers(handle, list(self.config.layers) if self.config.layers else None)
+            adapter.resolve_layers(handle.n_layers, list(self.config.layers) if self.config.layers else None)
         except CwlensError as err:
             raise ModelArgsError(
                 f"cwlens-masked model_args layers={';'.join(map(str, self.config.layers or ()))}: "

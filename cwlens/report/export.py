@@ -185,7 +185,7 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
     ``token_layers``)."""
     handle = wrap(model)
     texts, ids, reduce = _check_export(handle, texts, out_dir, text_ids, max_tokens, fmt, reduce)
-    batching.check_past_context(handle, past_context)
+    batching.check_past_context(handle.info, past_context)
 
     causal = not handle.is_encoder
     tables: dict[str, list[pd.DataFrame]] = {}

@@ -37,7 +37,7 @@ def layer_cosines(sg: SinkGeometry) -> dict[str, tuple[torch.Tensor, torch.Tenso
 
 
 def _sink_geometries(cache, handle: ModelHandle, attention_mask, layers):
-    resolved, _ = adapter.resolve_requested_layers(handle, layers)
+    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)
     if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
         attention_mask = adapter.cache_mask(cache)
     for ly in resolved:

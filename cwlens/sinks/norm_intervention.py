@@ -84,12 +84,12 @@ def sink_norm_intervention(
     """``(ppl_table, head_table)`` for one batch (see the module docstring)."""
     handle = wrap(model)
     adapter.require_next_token_model(
-        handle, "The sink-norm intervention",
+        handle.info, "The sink-norm intervention",
         "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
     )
-    all_layers, _ = adapter.resolve_layers(handle, None)
+    all_layers, _ = adapter.resolve_layers(handle.n_layers, None)
     if layers is not None:
-        adapter.resolve_requested_layers(handle, layers)  # [] would intervene nowhere
+        adapter.resolve_requested_layers(handle.n_layers, layers)  # [] would intervene nowhere
     _check_inputs(handle, tokens, attention_mask, scales)
     mask = None if attention_mask is None else attention_mask.bool()
     b, n = tokens.shape

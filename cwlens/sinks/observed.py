@@ -67,7 +67,7 @@ def _bin_sums(rate, norm, valid, n_bins: int) -> tuple[torch.Tensor, torch.Tenso
 def observed_bins(cache, model, attention_mask=None, layers=None, n_bins: int = N_BINS):
     """One row per non-empty ``(layer, head, bin)`` (see the module docstring)."""
     handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(handle, layers)
+    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)
     if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
         attention_mask = adapter.cache_mask(cache)
     return pd.concat([layer_bins(adapter.geometry(cache, handle, ly, attention_mask), ly,

@@ -62,7 +62,7 @@ def batches(handle: ModelHandle, samples, max_tokens: int | None, batch_size: in
     than the model's context cut to it with a note, or with ``past_context`` run past it
     on rotary models: docs/inputs.md)."""
     rows = [(s.id, token_ids(handle, s.text, truncate=False)) for s in samples]
-    cap = context_cap(handle, max_tokens, [len(r[1]) for r in rows], past_context=past_context)
+    cap = context_cap(handle.info, max_tokens, [len(r[1]) for r in rows], past_context=past_context)
     rows = [(i, ids[:cap]) for i, ids in rows]
     rows.sort(key=lambda r: len(r[1]))
     out = []
@@ -109,7 +109,7 @@ def _check_model(handle: ModelHandle, intervention: bool) -> None:
     """Fail before any compute, not at the first intervention."""
     if intervention:
         adapter.require_next_token_model(
-            handle, "The sink-norm intervention",
+            handle.info, "The sink-norm intervention",
             "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
         )
 

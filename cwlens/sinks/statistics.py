@@ -137,7 +137,7 @@ def sink_statistics(
 ) -> pd.DataFrame:
     """Tidy table, one row per ``(sample, layer, head)`` (see the module docstring)."""
     handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(handle, layers)
+    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)
     check_sink_options(sink_positions, eps)
     if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
         attention_mask = adapter.cache_mask(cache)

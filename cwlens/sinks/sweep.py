@@ -151,7 +151,7 @@ def sweep_statistics(
     (``cwlens.run_with_cache`` of a list of texts), so each row's sink is its first real
     token and its pad queries are left out."""
     handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(handle, layers)
+    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)
     if attention_mask is None:
         attention_mask = adapter.cache_mask(cache)
     parts = [layer_sweep_tables(adapter.geometry(cache, handle, ly, attention_mask), ly,

@@ -213,7 +213,7 @@ def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int 
     strings = _texts(texts)
     handle = wrap(model)
     full = [token_ids(handle, t, truncate=False) for t in strings]
-    cap = context_cap(handle, max_tokens, [len(r) for r in full])
+    cap = context_cap(handle.info, max_tokens, [len(r) for r in full])
     rows = sorted((r[:cap] for r in full), key=len)
     causal = not handle.is_encoder
     totals: dict[int, _Sums] = {}

@@ -76,7 +76,7 @@ def sink_rate_hooks(
 
     ``s`` may be a dict ``{layer: s}`` (e.g. each layer's own per-query rates).
     """
-    resolved, _ = resolve_requested_layers(wrap(model), layers)
+    resolved, _ = resolve_requested_layers(wrap(model).n_layers, layers)
     return [
         (hook_names.pattern(ly), sink_rate_hook(s[ly] if isinstance(s, dict) else s, sink_index))
         for ly in resolved
@@ -88,7 +88,7 @@ def sink_value_hooks(
     kv_heads=None,
 ) -> list[Hook]:
     """``fwd_hooks`` scaling the value at ``position_index`` in ``layers`` (default: all)."""
-    resolved, _ = resolve_requested_layers(wrap(model), layers)
+    resolved, _ = resolve_requested_layers(wrap(model).n_layers, layers)
     return [
         (hook_names.values(ly), value_scale_hook(scale, position_index, kv_heads))
         for ly in resolved
