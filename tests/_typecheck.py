@@ -13,6 +13,7 @@ It lives outside cwlens (the package it instruments) and reads cwlens.core._type
 use, so that instrumenting ``cwlens/__init__`` does not import itself.
 """
 
+import inspect
 from typing import Any
 
 from beartype import BeartypeConf, FrozenDict, beartype
@@ -42,3 +43,15 @@ def typechecker(fn: Any) -> Any:
         _checker = beartype(conf=BeartypeConf(hint_overrides=FrozenDict(overrides),
                                               is_pep484_tower=True))
     return _checker(fn)
+
+
+def unchecked(fn: Any) -> Any:
+    """``fn`` without this type checker (``inspect.unwrap``), for tests of what a user gets
+    (cwlens' own validation, not beartype's); a public function stays an entry
+    (``@takes_model``: the model given becomes its handle), which ``unwrap`` would strip too."""
+    inner = inspect.unwrap(fn)
+    if getattr(fn, "cwlens_entry", False):
+        from cwlens.engine.entry import takes_model
+
+        return takes_model(inner)
+    return inner

@@ -109,7 +109,7 @@ def test_clean_accuracy_against_unbatched_reference(model):
         i.id: a for i, a in zip(ITEMS, expected, strict=True)}
 
 
-def test_chance_gate():
+def test_chance_gate(model):
     at = CleanAccuracy("x", 300, 160, 0.5, *clopper_pearson(160, 300))
     above = CleanAccuracy("x", 300, 180, 0.5, *clopper_pearson(180, 300))
     assert at.verdict == "at chance" and above.verdict == "above chance"
@@ -120,7 +120,7 @@ def test_chance_gate():
     assert "allow_chance=True" in str(info.value) and isinstance(info.value, CwlensError)
     assert chance_level(ITEMS[:2]) == pytest.approx(5 / 12)
     with pytest.raises(InvalidArgumentError, match="ChoiceItem"):
-        clean_accuracy(None, [TextSample("d", "the cat", "toy")])
+        clean_accuracy(model, [TextSample("d", "the cat", "toy")])  # (the model is checked first)
 
 
 def test_run_refuses_at_chance(model):

@@ -21,6 +21,7 @@ from cwlens import reducers
 from cwlens.cli.main import main
 from cwlens.errors import CwlensError
 from cwlens.testing import save_tiny
+from tests._typecheck import unchecked
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -35,7 +36,7 @@ def tiny(tmp_path_factory):
 
 
 def raw(fn):
-    return inspect.unwrap(fn)
+    return unchecked(fn)
 
 
 # -- values the docs call invalid ----------------------------------------------------

@@ -5,7 +5,6 @@
 documented, a traceback, or silent acceptance).
 """
 
-import inspect
 import io
 import os
 import socket
@@ -31,6 +30,7 @@ from cwlens.errors import (
     UnknownOptionError,
 )
 from cwlens.testing import save_tiny
+from tests._typecheck import unchecked
 
 LONG = " ".join(["the cat sat on the mat"] * 40)  # 241 tokens: the tiny models' n_ctx is 128
 
@@ -52,7 +52,7 @@ def raw(fn):
     """``fn`` without the run-time type checker the test suite wraps around every cwlens
     function (tests/_typecheck.py): these tests check what a user gets, which is cwlens'
     own validation, not beartype's."""
-    return inspect.unwrap(fn)
+    return unchecked(fn)
 
 
 def make(cls, *args, **kwargs):

@@ -18,7 +18,8 @@ from cwlens.circuits.patching import MODES, patch_heads
 from cwlens.circuits.results import Agreement, HeadScores, agreement
 from cwlens.circuits.tasks import CircuitTask
 from cwlens.engine import validation
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.measures import run_with_cache
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
 from cwlens.runs.progress import tick
@@ -96,7 +97,8 @@ def circuit_cache(model, tokens: torch.Tensor):
         return run_with_cache(model, tokens, residual=True)
 
 
-def compare_with_patching(model, task: CircuitTask, k: int = 10, mode: str = "corrupt") -> Comparison:
+@takes_model
+def compare_with_patching(model: ModelHandle, task: CircuitTask, k: int = 10, mode: str = "corrupt") -> Comparison:
     """Score every head of ``model`` on ``task`` and compare with activation patching.
 
     ``k``: the top-k of the overlap (a positive int below the number of heads: at or above
@@ -109,26 +111,25 @@ def compare_with_patching(model, task: CircuitTask, k: int = 10, mode: str = "co
     validation.positive_int(k, "k")
     if mode not in MODES:
         raise UnknownOptionError(f"Unknown patching mode={mode!r}. Valid modes: 'corrupt', 'mean'.")
-    handle = wrap(model)
-    heads = handle.n_layers * handle.n_heads
+    heads = model.n_layers * model.n_heads
     if k >= heads:
         raise InvalidArgumentError(
             f"k = {k} covers all {heads} heads of this model: every ranking's top {k} is every "
             f"head, so the overlap would be 1 by construction; pass k below {heads} (--k).")
-    logits, cache = circuit_cache(handle, task.clean)
+    logits, cache = circuit_cache(model, task.clean)
     batch = task.clean.shape[0]
     # progress in sequences run (cwlens.runs.progress): the batch 4 times, then n_heads x
     # batch per layer (patch_heads), so that the time left follows the work
     tick(batch)
-    scores: dict[str, HeadScores] = dict(head_scores(cache, handle, task.queries, task.keys))
-    dla = direct_logit_attribution(cache, handle, logits, task.queries, task.answers, task.foils)
+    scores: dict[str, HeadScores] = dict(head_scores(cache, model, task.queries, task.keys))
+    dla = direct_logit_attribution(cache, model, logits, task.queries, task.answers, task.foils)
     scores["direct_logit"] = dla.head_scores()
     del cache
     with torch.no_grad():
         clean_metric = float(task.metric(logits).mean())
-        corrupted_metric = float(task.metric(handle(task.corrupted)).mean())
+        corrupted_metric = float(task.metric(model(task.corrupted)).mean())
     tick(batch)
-    scores["patching"] = patch_heads(handle, task.clean, task.metric, task.corrupted, mode=mode)
+    scores["patching"] = patch_heads(model, task.clean, task.metric, task.corrupted, mode=mode)
     agreements = tuple(
         agreement(s, scores["patching"], k) for name, s in scores.items() if name != "patching"
     )

@@ -13,7 +13,8 @@ import torch
 from cwlens.circuits import checks, direct_math
 from cwlens.circuits.results import HeadScores
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import NonFiniteError, ShapeMismatchError
 
 
@@ -65,9 +66,10 @@ class DirectLogitAttribution:
         return pd.DataFrame(rows)
 
 
+@takes_model
 def direct_logit_attribution(
     cache,
-    model,
+    model: ModelHandle,
     logits: torch.Tensor,
     queries: Sequence[int],
     answers: torch.Tensor,
@@ -84,12 +86,11 @@ def direct_logit_attribution(
         answers: ``[batch, n_queries]`` token ids; ``foils`` the same shape, or None for
             "answer logit minus the mean logit".
     """
-    handle = wrap(model)
-    adapter.check_residual_model(handle, "Direct logit attribution")
-    checks.residual_hooks(cache, handle, "Direct logit attribution")
-    b, n = adapter.read(cache, hook_names.resid_pre(0), handle).shape[:2]
+    adapter.check_residual_model(model, "Direct logit attribution")
+    checks.residual_hooks(cache, model, "Direct logit attribution")
+    b, n = adapter.read(cache, hook_names.resid_pre(0), model).shape[:2]
     q = checks.positions(queries, n)
-    W_U, b_U = handle.unembed()
+    W_U, b_U = model.unembed()
     d_vocab = W_U.shape[-1]
     if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (b, n, d_vocab):
         raise ShapeMismatchError(
@@ -103,25 +104,25 @@ def direct_logit_attribution(
     checks.token_ids(answers, (b, len(q)), d_vocab, "answers")
     if foils is not None:
         checks.token_ids(foils, (b, len(q)), d_vocab, "foils")
-    adapter.check_residual_sum(cache, handle, "Direct logit attribution")
-    n_layers = handle.n_layers
-    w_ln, b_ln, centres = handle.final_norm()
+    adapter.check_residual_sum(cache, model, "Direct logit attribution")
+    n_layers = model.n_layers
+    w_ln, b_ln, centres = model.final_norm()
     device = logits.device
     answers = answers.to(device)
     foils = None if foils is None else foils.to(device)
     u, u_eff = direct_math.effective_directions(W_U, answers, foils, w_ln, centres)
-    scale = adapter.read(cache, hook_names.final_scale(), handle)[..., 0][:, q].double()
+    scale = adapter.read(cache, hook_names.final_scale(), model)[..., 0][:, q].double()
     heads = []
     comps = {"embed": direct_math.component_terms(
-        adapter.read(cache, hook_names.resid_pre(0), handle), u_eff, scale, q)}
+        adapter.read(cache, hook_names.resid_pre(0), model), u_eff, scale, q)}
     for layer in range(n_layers):
-        pattern = adapter.read(cache, hook_names.pattern(layer), handle)
-        v = adapter.read(cache, hook_names.values(layer), handle)
+        pattern = adapter.read(cache, hook_names.pattern(layer), model)
+        v = adapter.read(cache, hook_names.values(layer), model)
         heads.append(direct_math.head_key_terms(
-            pattern, v, handle.W_O(layer), u_eff, scale, q))
-        comps[f"L{layer} b_O"] = direct_math.component_terms(handle.b_O(layer), u_eff, scale, q).expand_as(scale)
+            pattern, v, model.W_O(layer), u_eff, scale, q))
+        comps[f"L{layer} b_O"] = direct_math.component_terms(model.b_O(layer), u_eff, scale, q).expand_as(scale)
         comps[f"L{layer} mlp"] = direct_math.component_terms(
-            adapter.read(cache, hook_names.mlp_out(layer), handle), u_eff, scale, q)
+            adapter.read(cache, hook_names.mlp_out(layer), model), u_eff, scale, q)
     b_U = b_U.double()
     beta = b_U[answers] - (b_U.mean() if foils is None else b_U[foils])
     if b_ln is not None:

@@ -9,7 +9,8 @@ import torch
 
 from cwlens.circuits import checks, flow_math
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import ShapeMismatchError
 
 
@@ -78,7 +79,8 @@ class TokenFlow:
         return pd.DataFrame(self.edges(target, threshold, top), columns=cols)
 
 
-def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_tokens=None,
+@takes_model
+def token_flow(cache, model: ModelHandle, batch: int = 0, rule: str = "projection", str_tokens=None,
                closure_tolerance: float = 1e-3) -> TokenFlow:
     """The token flow of sequence ``batch`` of a cache from :func:`cwlens.circuits.run_with_cache`.
 
@@ -93,10 +95,9 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
     row's, whose pad entries are dropped).
     """
     flow_math.check_rule(rule)
-    handle = wrap(model)
-    adapter.check_residual_model(handle, "The token flow")
-    checks.residual_hooks(cache, handle, "The token flow")
-    b, n = adapter.read(cache, hook_names.resid_pre(0), handle).shape[:2]
+    adapter.check_residual_model(model, "The token flow")
+    checks.residual_hooks(cache, model, "The token flow")
+    b, n = adapter.read(cache, hook_names.resid_pre(0), model).shape[:2]
     batch = checks.index(batch, b, "batch")
     mask = adapter.cache_mask(cache)
     keep = torch.arange(n) if mask is None else mask[batch].bool().cpu().nonzero()[:, 0]
@@ -110,12 +111,12 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
                 f"e.g. model.to_str_tokens(tokens[{batch}])); got "
                 + (f"a string {str_tokens!r}" if isinstance(str_tokens, str | bytes)
                    else f"{len(str_tokens)} entries") + ".")
-    adapter.check_residual_sum(cache, handle, "The token flow", closure_tolerance)
+    adapter.check_residual_sum(cache, model, "The token flow", closure_tolerance)
     resid_share, attn_share, layer_flows = [], [], []
-    for layer in range(handle.n_layers):
-        r = adapter.read(cache, hook_names.resid_pre(layer), handle)[batch].double()
-        a = adapter.read(cache, hook_names.resid_mid(layer), handle)[batch].double() - r
-        geo = adapter.geometry(cache, handle, layer)
+    for layer in range(model.n_layers):
+        r = adapter.read(cache, hook_names.resid_pre(layer), model)[batch].double()
+        a = adapter.read(cache, hook_names.resid_mid(layer), model)[batch].double() - r
+        geo = adapter.geometry(cache, model, layer)
         c = geo.contribution("inter")[batch].sum(0).double()  # [query, key]
         pattern, v = geo.pattern[batch], geo.v[batch]
         if len(keep) < r.shape[0]:  # a padded row: its real positions only
@@ -133,8 +134,8 @@ def token_flow(cache, model, batch: int = 0, rule: str = "projection", str_token
     flows = torch.stack(layer_flows).cpu()
     if str_tokens is None:
         str_tokens = [str(i) for i in range(n)]
-    n_layers = handle.n_layers
-    support = flow_math.support(n, n_layers, not handle.is_encoder,
-                                [handle.attention_window(ly) for ly in range(n_layers)])
+    n_layers = model.n_layers
+    support = flow_math.support(n, n_layers, not model.is_encoder,
+                                [model.attention_window(ly) for ly in range(n_layers)])
     return TokenFlow(flows, flow_math.compose(flows), torch.stack(resid_share).cpu(),
                      torch.stack(attn_share).cpu(), tuple(str_tokens), rule, support)

@@ -21,7 +21,8 @@ import torch
 from cwlens.circuits import checks
 from cwlens.circuits.results import HeadScores
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 
 
 def _at_queries(weights: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
@@ -36,9 +37,10 @@ def _on_keys(weights_q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return weights_q.gather(-1, index)[..., 0]
 
 
+@takes_model
 def head_scores(
     cache,
-    model,
+    model: ModelHandle,
     queries: Sequence[int],
     keys: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
@@ -50,15 +52,14 @@ def head_scores(
     ``attention_mask``) a query or key position that is padding in some row is refused
     (``InvalidArgumentError``): its scores are no token's and would be averaged in. Count
     from the end on a left-padded decoder (-1 is every text's last token)."""
-    handle = wrap(model)
-    b, _, n, _ = adapter.read(cache, hook_names.pattern(0), handle).shape
+    b, _, n, _ = adapter.read(cache, hook_names.pattern(0), model).shape
     q = checks.positions(queries, n)
     if keys is not None:
-        checks.key_positions(keys, q, b, n, causal=not handle.is_encoder)
+        checks.key_positions(keys, q, b, n, causal=not model.is_encoder)
     checks.real_queries(adapter.cache_mask(cache) if attention_mask is None else attention_mask, q, keys)
     share, con_key, att_key = [], [], []
-    for layer in range(handle.n_layers):
-        geo = adapter.geometry(cache, handle, layer, attention_mask)
+    for layer in range(model.n_layers):
+        geo = adapter.geometry(cache, model, layer, attention_mask)
         con = _at_queries(geo.contribution("inter"), q.to(geo.pattern.device))
         share.append(con.sum(-1).mean((0, 1)))
         if keys is not None:

@@ -27,7 +27,8 @@ from cwlens.circuits.heads import head_scores
 from cwlens.circuits.patching import patch_effects
 from cwlens.circuits.results import HeadScores, agreement
 from cwlens.engine import validation
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.measures import run_with_cache
 from cwlens.errors import InvalidArgumentError
 
@@ -58,19 +59,19 @@ def spread(task: str, n_prompts: int) -> float | None:
     return table[max(below)] if below else table[min(table)]
 
 
-def prompt_scores(model, task, mode: str = "corrupt") -> dict[str, torch.Tensor]:
+@takes_model
+def prompt_scores(model: ModelHandle, task, mode: str = "corrupt") -> dict[str, torch.Tensor]:
     """``{score: [prompt, layer, head]}`` for every score of
     :func:`~cwlens.circuits.compare_with_patching` and ``"patching"``, one prompt at a
     time (their means over the prompts are that function's scores; tested)."""
-    handle = wrap(model)
     rows: dict[str, list[torch.Tensor]] = {}
     for i in range(task.n_prompts):
         one = task.subset([i])
         with torch.no_grad():  # what compare_with_patching runs (circuit_cache)
-            logits, cache = run_with_cache(handle, one.clean, residual=True)
-        scores = dict(head_scores(cache, handle, one.queries, one.keys))
+            logits, cache = run_with_cache(model, one.clean, residual=True)
+        scores = dict(head_scores(cache, model, one.queries, one.keys))
         scores["direct_logit"] = direct_logit_attribution(
-            cache, handle, logits, one.queries, one.answers, one.foils).head_scores()
+            cache, model, logits, one.queries, one.answers, one.foils).head_scores()
         del cache
         for name, s in scores.items():
             rows.setdefault(name, []).append(s.values)
@@ -78,7 +79,7 @@ def prompt_scores(model, task, mode: str = "corrupt") -> dict[str, torch.Tensor]
     if mode == "mean":
         raise InvalidArgumentError("mode='mean' ablates to the batch mean, so a prompt's effect "
                                    "depends on the others: per-prompt noise needs mode='corrupt'.")
-    out["patching"] = patch_effects(handle, task.clean, task.metric, task.corrupted, mode)
+    out["patching"] = patch_effects(model, task.clean, task.metric, task.corrupted, mode)
     return out
 
 

@@ -20,7 +20,8 @@ import torch
 from cwlens.circuits.results import HeadScores
 from cwlens.engine import hook_names
 from cwlens.engine.adapter import resolve_layers
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 from cwlens.runs.progress import tick
 
@@ -105,8 +106,9 @@ def patch_effects(
     return effect
 
 
+@takes_model
 def patch_heads(
-    model,
+    model: ModelHandle,
     clean: torch.Tensor,
     metric: Metric,
     corrupted: torch.Tensor | None = None,
@@ -122,7 +124,7 @@ def patch_heads(
         metric: logits ``[batch, pos, d_vocab]`` -> ``[batch]`` (e.g. a logit difference).
         layers: the layers to patch (default all); other layers get 0.
     """
-    effect = patch_effects(wrap(model), clean, metric, corrupted, mode, layers).mean(0)
+    effect = patch_effects(model, clean, metric, corrupted, mode, layers).mean(0)
     what = "corrupted run" if mode == "corrupt" else "clean-batch mean"
     return HeadScores(
         "patching", effect, f"drop of the metric when the head's z is patched from the {what}"

@@ -19,7 +19,8 @@ import torch
 
 from cwlens.circuits.direct_math import logit_difference
 from cwlens.engine import validation
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InputTooLongError, InvalidArgumentError, UnknownOptionError
 
 
@@ -136,8 +137,9 @@ OBJECTS = ("drink", "book", "ball", "gift", "key", "letter")
 IOI_CORRUPTIONS = ("abc", "swap")
 
 
+@takes_model
 def ioi(
-    model,
+    model: ModelHandle,
     n_prompts: int = 8,
     names: Sequence[str] = NAMES,
     places: Sequence[str] = PLACES,
@@ -173,7 +175,6 @@ def ioi(
         raise TaskBuildError(f"IOI with corruption='abc' needs at least 3 distinct names; got {list(names)}.")
     g = torch.Generator().manual_seed(_seed(seed))
     g_abc = torch.Generator().manual_seed(seed + 1)  # its own stream: same clean prompts either way
-    handle = wrap(model)
     rows: list[dict[str, Any]] = []
     for _ in range(n_prompts * 4):
         if len(rows) >= n_prompts:
@@ -188,8 +189,8 @@ def ioi(
             return f"When {n1} and {n2} went to the {place}, {s2} gave a {obj} to"
 
         clean_t, corr_t = text(a, b, b), text(c, d, e)
-        clean, corr = _tokens(handle, clean_t), _tokens(handle, corr_t)
-        ans, foil = _answer_token(handle, clean, clean_t, f" {a}"), _answer_token(handle, clean, clean_t, f" {b}")
+        clean, corr = _tokens(model, clean_t), _tokens(model, corr_t)
+        ans, foil = _answer_token(model, clean, clean_t, f" {a}"), _answer_token(model, clean, clean_t, f" {b}")
         if ans is None or foil is None or ans == foil:
             continue
         rows.append({"clean": clean, "corrupted": corr, "answer": ans, "foil": foil,
@@ -205,7 +206,8 @@ def ioi(
     )
 
 
-def induction(model, n_prompts: int = 4, length: int = 20, seed: int = 0) -> CircuitTask:
+@takes_model
+def induction(model: ModelHandle, n_prompts: int = 4, length: int = 20, seed: int = 0) -> CircuitTask:
     """Repeated random tokens: ``BOS R R`` (clean) vs ``BOS R' R`` (corrupted: nothing to copy).
 
     Queries: every position of the second copy that predicts a repeated token; answer:
@@ -217,13 +219,12 @@ def induction(model, n_prompts: int = 4, length: int = 20, seed: int = 0) -> Cir
     if length < 2:
         raise InvalidArgumentError("length (CLI: --length) must be at least 2: the second copy needs a query "
                                    "that predicts a repeated token; got 1.")
-    handle = wrap(model)
-    _fits(handle, 2 * length + 1, f"induction length={length}", "pass a smaller length "
+    _fits(model, 2 * length + 1, f"induction length={length}", "pass a smaller length "
           "(at most (n_ctx - 1) // 2)")
     g = torch.Generator().manual_seed(_seed(seed))
-    vocab = handle.d_vocab
+    vocab = model.d_vocab
     low, high = min(1000, vocab // 10), min(20000, vocab)
-    bos_id = getattr(handle.tokenizer, "bos_token_id", None)
+    bos_id = getattr(model.tokenizer, "bos_token_id", None)
     bos = torch.full((n_prompts, 1), bos_id if bos_id is not None else low, dtype=torch.long)
     rand = torch.randint(low, high, (n_prompts, length), generator=g)
     other = torch.randint(low, high, (n_prompts, length), generator=g)
@@ -244,7 +245,8 @@ CAPITALS = (("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spa
             ("England", "London"), ("China", "Beijing"), ("Canada", "Ottawa"), ("Poland", "Warsaw"))
 
 
-def capitals(model, pairs: Sequence[tuple[str, str]] = CAPITALS, template: str = "The capital of {} is") -> CircuitTask:
+@takes_model
+def capitals(model: ModelHandle, pairs: Sequence[tuple[str, str]] = CAPITALS, template: str = "The capital of {} is") -> CircuitTask:
     """Fact recall: "The capital of {country} is" -> " {capital}", foil: the capital of
     the corrupted prompt's country (the next pair in the list). Query: the last position;
     key: the country token (the subject)."""
@@ -258,15 +260,14 @@ def capitals(model, pairs: Sequence[tuple[str, str]] = CAPITALS, template: str =
         raise InvalidArgumentError(
             f"template must be a string with one {{}} for the country, e.g. 'The capital of {{}} "
             f"is'; got {template!r}.")
-    handle = wrap(model)
     rows: list[dict[str, Any]] = []
     for i, (country, capital) in enumerate(pairs):
         other_country, other_capital = pairs[(i + 1) % len(pairs)]
         clean_t, corr_t = template.format(country), template.format(other_country)
-        clean, corr = _tokens(handle, clean_t), _tokens(handle, corr_t)
-        ans = _answer_token(handle, clean, clean_t, f" {capital}")
-        foil = _answer_token(handle, clean, clean_t, f" {other_capital}")
-        country_tokens = _tokens(handle, template.split("{}")[0] + country)
+        clean, corr = _tokens(model, clean_t), _tokens(model, corr_t)
+        ans = _answer_token(model, clean, clean_t, f" {capital}")
+        foil = _answer_token(model, clean, clean_t, f" {other_capital}")
+        country_tokens = _tokens(model, template.split("{}")[0] + country)
         if ans is None or foil is None or ans == foil or country_tokens != clean[: len(country_tokens)]:
             continue
         rows.append({"clean": clean, "corrupted": corr, "answer": ans, "foil": foil,

@@ -19,6 +19,7 @@ from cwlens.core._types import Layers as Layers  # re-exported: measures and use
 from cwlens.core._types import TLModel as TLModel  # re-exported
 from cwlens.core.alti import AttentionOutputNorm, PostNorm
 from cwlens.engine import hook_names
+from cwlens.engine.entry import ModelLike as ModelLike  # re-exported: what a public function takes
 from cwlens.engine.handle import ModelHandle
 from cwlens.engine.handle import ModelInfo as ModelInfo  # re-exported
 from cwlens.errors import (
@@ -29,10 +30,6 @@ from cwlens.errors import (
     ShapeMismatchError,
     UnsupportedModelError,
 )
-
-#: What a public engine function takes: the user's model, or a handle (``wrap`` returns a
-#: handle as it is). The functions below it take the :class:`ModelHandle` it made (issue 49).
-ModelLike = TLModel | ModelHandle
 
 
 def require_next_token_model(info: ModelInfo, what: str, alternative: str) -> None:

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 import torch
 
 from cwlens.engine import validation
-from cwlens.engine.handle import ModelHandle, ModelInfo, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle, ModelInfo
 from cwlens.engine.tokens import token_ids as token_ids  # re-exported: callers import it here
 from cwlens.errors import (
     CwlensWarning,
@@ -25,7 +26,8 @@ from cwlens.errors import (
 __all__ = ["batch_input", "fit_context", "pad_batch", "token_ids"]
 
 
-def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | None = None):
+@takes_model
+def pad_batch(model: ModelHandle, texts, padding_side: str | None = None, max_tokens: int | None = None):
     """``(tokens [batch, pos], attention_mask [batch, pos])`` for a list of texts or id lists.
 
     ``padding_side`` defaults to ``"left"`` for decoders and ``"right"`` for encoders;
@@ -60,8 +62,7 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         >>> torch.allclose(c[1, :, 3:, 3:], alone[0], atol=1e-5)  # as if run alone
         True
     """
-    handle = wrap(model)
-    side = padding_side or handle.padding_side
+    side = padding_side or model.padding_side
     if side not in ("left", "right"):
         raise UnknownOptionError(f"padding_side must be 'left' or 'right'; got {side!r}.")
     if max_tokens is not None and (isinstance(max_tokens, bool) or max_tokens < 1):
@@ -84,7 +85,7 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
             f"item {loose[0]} of texts is a single number ({texts[loose[0]]!r}): pass each text "
             "as a string, or its token ids as a list ([[1, 2, 3]] for one sequence)")
     rows = [
-        handle.token_ids(t) if isinstance(t, str) else torch.as_tensor(t).flatten().cpu()
+        model.token_ids(t) if isinstance(t, str) else torch.as_tensor(t).flatten().cpu()
         for t in texts
     ]
     empty = [i for i, r in enumerate(rows) if len(r) == 0]
@@ -94,8 +95,8 @@ def pad_batch(model, texts, padding_side: str | None = None, max_tokens: int | N
         )
     if max_tokens is not None:
         rows = [r[:max_tokens] for r in rows]
-    tokens, mask = pad_rows(rows, handle.pad_id, side)
-    return tokens.to(handle.device), mask.to(handle.device)
+    tokens, mask = pad_rows(rows, model.pad_id, side)
+    return tokens.to(model.device), mask.to(model.device)
 
 
 def pad_rows(rows: list, pad_id: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:

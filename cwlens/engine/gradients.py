@@ -35,7 +35,8 @@ from cwlens.core.scoring import token_nll
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.adapter import Layers
 from cwlens.engine.batching import batch_input
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.interventions.value_masking import hooks_applied
 from cwlens.errors import CwlensError
 
@@ -62,8 +63,9 @@ def document_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=Non
     return (nll.sum(-1) / is_target.sum(-1).clamp_min(1)).sum()
 
 
+@takes_model
 def attention_gradient(
-    model,
+    model: ModelHandle,
     tokens: torch.Tensor | str | list[str],
     attention_mask: torch.Tensor | None = None,
     layers: Layers = None,
@@ -86,19 +88,18 @@ def attention_gradient(
     Raises :class:`~cwlens.errors.NonFiniteError` naming the layer (and the heads) where a
     pattern or the scores hold NaN or inf, or where the loss does.
     """
-    handle = wrap(model)
     if loss is None:  # a loss of the caller's own (e.g. an output's logit) suits any model
         adapter.require_next_token_model(
-            handle.info, "attention_gradient", "Use a decoder (the gradient is of the next-token "
+            model.info, "attention_gradient", "Use a decoder (the gradient is of the next-token "
             "loss), or pass loss=... (a scalar function of the logits)."
         )
 
-    resolved, _ = adapter.resolve_layers(handle.n_layers, layers)
+    resolved, _ = adapter.resolve_layers(model.n_layers, layers)
     # a text or a list of texts is tokenized (different lengths: padded with its own mask,
     # as cwlens.run_with_cache does); tokens and a mask unlike them are refused up front
-    given, attention_mask = batch_input(handle, tokens, attention_mask, "tokens")
+    given, attention_mask = batch_input(model, tokens, attention_mask, "tokens")
     if not isinstance(given, torch.Tensor):  # a text, or texts of one length
-        given = handle.to_tokens(given)
+        given = model.to_tokens(given)
     tokens = given[None] if given.ndim == 1 else given
     deltas: dict[int, torch.Tensor] = {}
     patterns: dict[int, torch.Tensor] = {}
@@ -113,9 +114,9 @@ def attention_gradient(
         return add_delta
 
     hooks = [(hook_names.pattern(ly), tap(ly)) for ly in resolved]
-    kwargs = handle.forward_kwargs(attention_mask)
-    with _frozen(handle), torch.enable_grad(), hooks_applied(handle, hooks):
-        logits = handle.model(tokens, **kwargs)
+    kwargs = model.forward_kwargs(attention_mask)
+    with _frozen(model), torch.enable_grad(), hooks_applied(model, hooks):
+        logits = model.model(tokens, **kwargs)
         value = (document_loss(logits, tokens.to(logits.device), attention_mask) if loss is None
                  else loss(logits))
         missing = [ly for ly in resolved if ly not in deltas]
@@ -123,7 +124,7 @@ def attention_gradient(
             raise CwlensError(f"{hook_names.pattern(missing[0])!r} did not fire: no gradient.")
         for ly in resolved:  # the first broken layer, before the loss that it poisons
             check_finite(patterns[ly], f"the attention pattern ({hook_names.pattern(ly)})", ly, head_dim=1)
-            check_finite(handle.W_O(ly), "the output projection W_O (a model weight)", ly, head_dim=0)
+            check_finite(model.W_O(ly), "the output projection W_O (a model weight)", ly, head_dim=0)
         check_finite(value.detach(), "the loss whose gradient is taken", None,
                      fix="The attention patterns and W_O are finite, so a later weight (an MLP, "
                      "the unembedding) or an overflow made the logits or the loss NaN or inf: "

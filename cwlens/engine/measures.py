@@ -20,9 +20,10 @@ from cwlens.core.geometry import check_kind
 from cwlens.core.metrics import get as get_metric
 from cwlens.core.numerics import worst
 from cwlens.engine import adapter, hook_names, validation
-from cwlens.engine.adapter import Layers, ModelLike
+from cwlens.engine.adapter import Layers
 from cwlens.engine.batching import batch_input
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InvalidArgumentError, NonFiniteError, ShapeMismatchError
 
 
@@ -44,9 +45,10 @@ def _per_layer(cache, handle: ModelHandle, layer, attention_mask, fn: Callable,
     return outs[0] if single else torch.stack(outs)
 
 
+@takes_model
 def contribution_weights(
     cache: Cache,
-    model: ModelLike,
+    model: ModelHandle,
     layer: Layers = None,
     kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
@@ -95,13 +97,14 @@ def contribution_weights(
         torch.Size([2, 1, 4, 7, 7])
     """
     check_kind(kind)
-    return _per_layer(cache, wrap(model), layer, attention_mask, lambda g: g.contribution(kind),
+    return _per_layer(cache, model, layer, attention_mask, lambda g: g.contribution(kind),
                       what="contribution_weights")
 
 
+@takes_model
 def token_contributions(
     cache: Cache,
-    model: ModelLike,
+    model: ModelHandle,
     layer: Layers = None,
     attention_mask: torch.Tensor | None = None,
 ) -> LayerTokenWeights:
@@ -131,9 +134,10 @@ def token_contributions(
     return contribution_weights(cache, model, layer, "inter", attention_mask).sum(-3)
 
 
+@takes_model
 def importance(
     cache: Cache,
-    model: ModelLike,
+    model: ModelHandle,
     layer: Layers = None,
     metric: str = "contribution",
     kind: Kind = "inter",
@@ -175,7 +179,7 @@ def importance(
     """
     get_metric(metric, metrics.GEOMETRY)
     check_kind(kind)
-    return _per_layer(cache, wrap(model), layer, attention_mask,
+    return _per_layer(cache, model, layer, attention_mask,
                       lambda g: metrics.from_geometry(g, metric, kind),
                       what=f"importance(metric={metric!r})", residual=metric == "alti")
 
@@ -300,9 +304,10 @@ class Decomposition:
         return pd.DataFrame(rows)
 
 
+@takes_model
 def decompose(
     cache: Cache,
-    model: ModelLike,
+    model: ModelHandle,
     layer: Layers = None,
     kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
@@ -331,20 +336,19 @@ def decompose(
         True
     """
     check_kind(kind)
-    handle = wrap(model)
-    layers, single = adapter.resolve_requested_layers(handle.n_layers, layer)
-    adapter.require_cached(cache, handle, layers, what="decompose")
+    layers, single = adapter.resolve_requested_layers(model.n_layers, layer)
+    adapter.require_cached(cache, model, layers, what="decompose")
     attention_mask = _mask(cache, attention_mask)
     parts: dict[str, list] = {f: [] for f in ("attention", "relative_norm", "cosine", "contribution")}
     for ly in layers:
-        geo = adapter.geometry(cache, handle, ly, attention_mask)
+        geo = adapter.geometry(cache, model, ly, attention_mask)
         parts["attention"].append(geo.attention())
         parts["relative_norm"].append(geo.relative_norm(kind).contiguous())
         parts["cosine"].append(geo.cosine(kind).contiguous())
         parts["contribution"].append(geo.contribution(kind))
     stacked = {f: (v[0] if single else torch.stack(v)) for f, v in parts.items()}
     return Decomposition(**stacked, kind=kind, layers=tuple(layers),
-                         causal=not handle.is_encoder, attention_mask=attention_mask)
+                         causal=not model.is_encoder, attention_mask=attention_mask)
 
 
 @dataclass(frozen=True)
@@ -413,9 +417,10 @@ def _layer_span(layers: tuple[int, ...]) -> str:
     return f"layers {list(layers)}"
 
 
+@takes_model
 def closure(
     cache: Cache,
-    model: ModelLike,
+    model: ModelHandle,
     layer: Layers = None,
     attention_mask: torch.Tensor | None = None,
 ) -> Closure:
@@ -440,13 +445,12 @@ def closure(
         >>> cwlens.closure(cache, model, layer=1).relative_error[0] < 1e-5
         True
     """
-    handle = wrap(model)
-    layers, _ = adapter.resolve_requested_layers(handle.n_layers, layer)
+    layers, _ = adapter.resolve_requested_layers(model.n_layers, layer)
     attention_mask = _mask(cache, attention_mask)  # a bad mask is named first, as elsewhere
-    adapter.require_cached(cache, handle, layers, closure=True, what="closure")
+    adapter.require_cached(cache, model, layers, closure=True, what="closure")
     errors = [
-        closure_errors(adapter.geometry(cache, handle, ly, attention_mask).layer_output,
-                       adapter.heads_output(cache, handle, ly), attention_mask)
+        closure_errors(adapter.geometry(cache, model, ly, attention_mask).layer_output,
+                       adapter.heads_output(cache, model, ly), attention_mask)
         for ly in layers
     ]
     return Closure(tuple(layers), tuple(e[0] for e in errors), tuple(e[1] for e in errors))
@@ -463,7 +467,8 @@ def closure_errors(rebuilt: torch.Tensor, target: torch.Tensor,
     return float(diff.abs().max()), float(diff.norm() / target.norm().clamp_min(1e-30))
 
 
-def names_filter(model: ModelLike, layers: Layers = None, closure: bool = False,
+@takes_model
+def names_filter(model: ModelHandle, layers: Layers = None, closure: bool = False,
                  residual: bool = False):
     """A ``names_filter`` for ``model.run_with_cache`` that keeps only what cwlens reads.
 
@@ -486,9 +491,8 @@ def names_filter(model: ModelLike, layers: Layers = None, closure: bool = False,
         >>> cwlens.contribution_weights(cache, model, layer=0).shape
         torch.Size([1, 4, 4, 4])
     """
-    handle = wrap(model)
-    resolved, _ = adapter.resolve_layers(handle.n_layers, layers)
-    info = handle.info
+    resolved, _ = adapter.resolve_layers(model.n_layers, layers)
+    info = model.info
     extra: list[str] = []
     if residual:
         n = info.n_layers
@@ -501,8 +505,9 @@ def names_filter(model: ModelLike, layers: Layers = None, closure: bool = False,
     )
 
 
+@takes_model
 def run_with_cache(
-    model: ModelLike,
+    model: ModelHandle,
     input,
     layers: Layers = None,
     closure: bool = False,
@@ -557,11 +562,10 @@ def run_with_cache(
     """
     # refuses empty, malformed or too long input and a mask unlike the tokens, before any
     # compute; pads a list of texts of different lengths (with its mask)
-    handle = wrap(model)
-    input, attention_mask = batch_input(handle, input, attention_mask)
-    kwargs.update(handle.forward_kwargs(attention_mask))
-    logits, cache = handle.cached_run(
-        input, names_filter(handle, layers, closure, residual), **kwargs
+    input, attention_mask = batch_input(model, input, attention_mask)
+    kwargs.update(model.forward_kwargs(attention_mask))
+    logits, cache = model.cached_run(
+        input, names_filter(model, layers, closure, residual), **kwargs
     )
     return logits, adapter.remember_mask(cache, attention_mask)
 

@@ -35,9 +35,10 @@ from cwlens.core import metrics as _metrics
 from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.engine import adapter, block_fused, validation
-from cwlens.engine.adapter import Layers, ModelLike
+from cwlens.engine.adapter import Layers
 from cwlens.engine.batching import batch_input
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.models import blockwise
 from cwlens.engine.reducers import Reducer
 from cwlens.engine.stream_pass import StreamedPass
@@ -164,8 +165,9 @@ def _check_fn(fn: object) -> None:
             f"{fn!r}.")
 
 
+@takes_model
 def stream_geometry(
-    model: ModelLike,
+    model: ModelHandle,
     input,
     fn: Callable[[int, AttentionGeometry], Any],
     layers: Layers = None,
@@ -224,10 +226,9 @@ def stream_geometry(
     run = pass_options("stream_geometry", options, PASS_OPTIONS, forward_rest=True)
     _check_fn(fn)
     _check_flags(closure, run["logits"], run["query_block"])
-    handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)  # refused before tokenizing
-    input, attention_mask = _tokens(handle, input, attention_mask)
-    return geometry_pass(StreamedPass(handle, resolved, attention_mask, closure), input, fn, **run)
+    resolved, _ = adapter.resolve_requested_layers(model.n_layers, layers)  # refused before tokenizing
+    input, attention_mask = _tokens(model, input, attention_mask)
+    return geometry_pass(StreamedPass(model, resolved, attention_mask, closure), input, fn, **run)
 
 
 def geometry_pass(engine: StreamedPass, tokens: torch.Tensor, fn: Callable[[int, AttentionGeometry], Any],
@@ -252,8 +253,9 @@ def _check_flags(closure: object, logits: object, query_block: object) -> None:
             f"query_block must be a positive int, 'auto' or None; got {query_block!r}.")
 
 
+@takes_model
 def stream(
-    model: ModelLike,
+    model: ModelHandle,
     input,
     fn: Callable[[int, torch.Tensor], Any],
     metric: str = "contribution",
@@ -380,8 +382,9 @@ def _offer_value_product(block: AttentionGeometry, rows: torch.Tensor) -> None:
         blockwise.offer_output(rows, z)
 
 
+@takes_model
 def stream_reduce(
-    model: ModelLike,
+    model: ModelHandle,
     input,
     reducers: dict[str, Any] | Iterable[Any],
     kind: Kind = "inter",
@@ -449,18 +452,17 @@ def stream_reduce(
     metrics = list(dict.fromkeys(m for r in named.values() for m in r.metrics))
     for m in metrics:
         check_metric(m)
-    handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)
-    info = handle.info
+    resolved, _ = adapter.resolve_requested_layers(model.n_layers, layers)
+    info = model.info
     for name, r in named.items():
         r.check(info.n_layers, info.n_heads, resolved, name)
-    input, attention_mask = _tokens(handle, input, attention_mask)
+    input, attention_mask = _tokens(model, input, attention_mask)
 
     for r in named.values():
         r.reset()
 
-    causal = not handle.is_encoder
-    windows = {ly: handle.attention_window(ly) for ly in resolved}
+    causal = not model.is_encoder
+    windows = {ly: model.attention_window(ly) for ly in resolved}
     plan = block_fused.plan_of(named.values())  # what one C call per block can answer
     panels: dict[int, block_fused.LayerPanels] = {}
 
@@ -487,7 +489,7 @@ def stream_reduce(
         for r in named.values():
             r.end_layer(layer, geo)
 
-    engine = StreamedPass(handle, resolved, attention_mask, closure)
+    engine = StreamedPass(model, resolved, attention_mask, closure)
     bases: dict[int, AttentionGeometry] = {}
     rebuilt: dict[int, torch.Tensor] = {}
 
@@ -520,7 +522,7 @@ def stream_reduce(
                 engine.rebuilt_output(layer, rebuilt.pop(layer))
 
     out = engine.run(input, per_layer, per_block,
-                     attention_context(handle, input, attention, query_block), logits, {})
+                     attention_context(model, input, attention, query_block), logits, {})
     results = {}
     for name, r in named.items():
         results[name] = r.result()

@@ -4,15 +4,17 @@ count (:func:`text_length`). Asks only the model's handle, so the input checks
 
 import torch
 
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 
 
-def token_ids(model, text: str, truncate: bool = True) -> torch.Tensor:
+@takes_model
+def token_ids(model: ModelHandle, text: str, truncate: bool = True) -> torch.Tensor:
     """1-D token ids of one text, as the model itself would tokenize it. Decoders cut the
     text at the model's context length (``n_ctx``) unless ``truncate=False`` (texts longer
     than the model was trained on, for long-context runs); encoders never cut it here
     (:meth:`~cwlens.engine.handle.ModelHandle.token_ids`)."""
-    return wrap(model).token_ids(text, truncate)
+    return model.token_ids(text, truncate)
 
 
 def text_length(handle: ModelHandle, text: str) -> int:

@@ -45,7 +45,8 @@ from cwlens.core.proportion import above_chance, clopper_pearson
 from cwlens.datasets import ChoiceItem, load_dataset
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.faithfulness.results import clean_values
 from cwlens.faithfulness.sweep import (
@@ -186,7 +187,8 @@ def written_accuracies(handle: ModelHandle, items: Sequence, config, out, *,
     return clean_values(out, expected)  # the stored samples are these items
 
 
-def clean_accuracy(model, items: Sequence, level: float = 0.95,
+@takes_model
+def clean_accuracy(model: ModelHandle, items: Sequence, level: float = 0.95,
                    batch_tokens: int = 2048,
                    known: Mapping[str, float] | None = None,
                    prepend_bos: bool = True) -> CleanAccuracy:
@@ -209,7 +211,7 @@ def clean_accuracy(model, items: Sequence, level: float = 0.95,
             f"known holds accuracies other than 0 or 1 ({dict(list(wrong.items())[:3])}): an "
             "item's clean accuracy is 1.0 when its gold choice scores highest, else 0.0. Pass "
             "the values written_accuracies reads from a results file, or leave known out.")
-    correct = int(sum(item_accuracies(wrap(model), items, batch_tokens, known, prepend_bos)))
+    correct = int(sum(item_accuracies(model, items, batch_tokens, known, prepend_bos)))
     low, high = clopper_pearson(correct, len(items), level)
     answer, const = _estimated_constant(items)
     uniform = uniform_chance(items)
@@ -236,20 +238,20 @@ class AccuracyTest:
     result: object  # FaithfulnessResult
 
 
-def run_accuracy_test(model, dataset, config=None, *, n: int | None = None,
+@takes_model
+def run_accuracy_test(model: ModelHandle, dataset, config=None, *, n: int | None = None,
                       allow_chance: bool = False, level: float = 0.95, **kwargs) -> AccuracyTest:
     """Clean accuracy first (:func:`clean_accuracy`); if it clears chance (or
     ``allow_chance``), the masking sweep :func:`~cwlens.faithfulness.run_faithfulness`
     with ``config`` on the same items (``kwargs``: its keywords, e.g. ``out``)."""
     items = load_dataset(dataset, n) if isinstance(dataset, str) else list(dataset)
     cfg = config or FaithfulnessConfig()
-    handle = wrap(model)
-    adapter.require_metrics(handle, cfg.metrics)  # before the clean pass
-    known = written_accuracies(handle, items, cfg, kwargs.get("out"),
+    adapter.require_metrics(model, cfg.metrics)  # before the clean pass
+    known = written_accuracies(model, items, cfg, kwargs.get("out"),
                                model_name=kwargs.get("model_name"),
                                num_fewshot=kwargs.get("num_fewshot", 0)) \
         if kwargs.get("resume", True) else {}
-    check = clean_accuracy(handle, items, level, cfg.batch_tokens, known, cfg.prepend_bos)
+    check = clean_accuracy(model, items, level, cfg.batch_tokens, known, cfg.prepend_bos)
     if not allow_chance:
         require_above_chance(check)
-    return AccuracyTest(check, run_faithfulness(handle, items, cfg, **kwargs))
+    return AccuracyTest(check, run_faithfulness(model, items, cfg, **kwargs))

@@ -27,7 +27,8 @@ from cwlens.core.bitmask import PackedMask
 from cwlens.datasets import load_dataset
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.batching import pad_batch
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.interventions.value_masking import hooks_applied, masking_hooks
 from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import UnsupportedModelError
@@ -68,7 +69,8 @@ def mean_pooled(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 BATCH_SIZE = 16  # sentences per forward pass
 
 
-def embedding_damage(model, texts, metric_names=("attention", "contribution", "random"),
+@takes_model
+def embedding_damage(model: ModelHandle, texts, metric_names=("attention", "contribution", "random"),
                      rates=(0.1, 0.3), scope: Scope = "row", kind: Kind = "inter",
                      seed: int = 0, mask_first_token: bool = True) -> list[dict]:
     """Rows ``{sample_id, metric, mode, rate, damage, tied_share, first_token_share}``
@@ -80,20 +82,19 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
     (:func:`~cwlens.faithfulness.ranking.mask_counts`). ``mask_first_token=False``: [CLS]
     is never masked (the view of ferret, which drops the special tokens)."""
     modes = MODES
-    handle = wrap(model)
-    if not handle.is_encoder:
+    if not model.is_encoder:
         raise adapter.UnsupportedModelError(
             "The sentence-embedding task is for encoders; decoders use run_faithfulness.")
     for name in metric_names:
         if metrics.get(name).source == "gradient":
             raise UnsupportedModelError(
                 f"{name} is the gradient of a next-token loss: not defined on an encoder.")
-    last = hook_names.resid_post(handle.n_layers - 1)
+    last = hook_names.resid_post(model.n_layers - 1)
     rows = []
     for start in range(0, len(texts), BATCH_SIZE):
         chunk = texts[start : start + BATCH_SIZE]
         ids = [i for i, _ in chunk]
-        tokens, mask = pad_batch(handle, [t for _, t in chunk])
+        tokens, mask = pad_batch(model, [t for _, t in chunk])
         kept: dict[str, torch.Tensor] = {}
 
         def keep(hidden, hook, kept=kept):
@@ -118,13 +119,13 @@ def embedding_damage(model, texts, metric_names=("attention", "contribution", "r
                         counts[(name, mode, rate)] = counts.get((name, mode, rate), 0) + c
             return out
 
-        with handle.hooks([(last, keep)]):
-            _, per_layer = stream_geometry(handle, tokens, layer_masks, attention_mask=mask)
+        with model.hooks([(last, keep)]):
+            _, per_layer = stream_geometry(model, tokens, layer_masks, attention_mask=mask)
         clean = mean_pooled(kept["h"], mask)
         for key in per_layer[0]:
-            masks = {ly: per_layer[ly][key] for ly in range(handle.n_layers)}
-            with torch.no_grad(), hooks_applied(handle, masking_hooks(masks) + [(last, keep)]):
-                handle(tokens, **handle.forward_kwargs(mask))
+            masks = {ly: per_layer[ly][key] for ly in range(model.n_layers)}
+            with torch.no_grad(), hooks_applied(model, masking_hooks(masks) + [(last, keep)]):
+                model(tokens, **model.forward_kwargs(mask))
             cos = torch.nn.functional.cosine_similarity(mean_pooled(kept["h"], mask), clean, dim=-1)
             name, mode, rate = key
             rows += [{"sample_id": i, "metric": name, "mode": mode, "rate": rate,

@@ -41,7 +41,8 @@ from typing import NamedTuple
 from cwlens.datasets import ChoiceItem, TextSample, load_dataset
 from cwlens.engine import adapter, validation
 from cwlens.engine.batching import check_past_context
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.faithfulness.added_metrics import metrics_already_done
 from cwlens.faithfulness.causal_scope import require_causal
@@ -243,8 +244,9 @@ def stored_config(model_name: str, dataset: str, cfg: FaithfulnessConfig, sample
             "samples": list(sample_ids)}
 
 
+@takes_model
 def run_faithfulness(
-    model,
+    model: ModelHandle,
     dataset,
     config: FaithfulnessConfig | None = None,
     *,
@@ -263,15 +265,14 @@ def run_faithfulness(
     with the same configuration resumes (``resume=False`` starts afresh). None keeps
     the rows in memory only. ``on_sample(sample_id)`` is called after each sample.
     """
-    handle = wrap(model)
     adapter.require_next_token_model(
-        handle.info, "The faithfulness test",
+        model.info, "The faithfulness test",
         "Use a decoder here; for an encoder, the sentence-embedding damage task is "
         "cwlens.faithfulness.encoder.embedding_damage (CLI: cwlens replicate --models <encoder>).",
     )
     cfg = config or FaithfulnessConfig()
     require_causal(cfg.scope, cfg.causal_only, "the next-token faithfulness test (ΔNLL)")
-    adapter.require_metrics(handle, cfg.metrics)
+    adapter.require_metrics(model, cfg.metrics)
     if out is not None and Path(out).is_dir():
         raise InvalidArgumentError(
             f"out={str(out)!r} is a folder; pass the path of a .jsonl results file, e.g. "
@@ -284,11 +285,11 @@ def run_faithfulness(
     _check_samples(samples)
     is_choice = isinstance(samples[0], ChoiceItem)
     ds_name = dataset_name(samples, num_fewshot)
-    name = model_name or handle.name or "model"
-    adapter.resolve_layers(handle.n_layers, list(cfg.layers) if cfg.layers is not None else None)
-    check_past_context(handle.info, cfg.past_context)
-    units = choice_units(handle, samples, cfg.prepend_bos) if is_choice else \
-        text_units(handle, samples, cfg.max_tokens, cfg.past_context, cfg.prepend_bos)
+    name = model_name or model.name or "model"
+    adapter.resolve_layers(model.n_layers, list(cfg.layers) if cfg.layers is not None else None)
+    check_past_context(model.info, cfg.past_context)
+    units = choice_units(model, samples, cfg.prepend_bos) if is_choice else \
+        text_units(model, samples, cfg.max_tokens, cfg.past_context, cfg.prepend_bos)
     if not is_choice:
         _require_something_masked(units, cfg)
     run_config = stored_config(name, ds_name, cfg, [u.sample_id for u in units])
@@ -296,7 +297,7 @@ def run_faithfulness(
     distributed.require_session()
     spec = JobSpec("sweep configuration", run_config, Path(out).parent if out else None, resume,
                    len(units), ds_name, "pass", progress)
-    job = SweepJob(handle, units, cfg, spec, SweepRun(columns, out, is_choice, on_sample))
+    job = SweepJob(model, units, cfg, spec, SweepRun(columns, out, is_choice, on_sample))
     with validation.past_context_said(cfg.past_context):  # text_units said it, once
         table = run_job(job)
     job.stats.wall_seconds = time.perf_counter() - t0

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from cwlens.engine import validation
-from cwlens.engine.adapter import Layers, TLModel
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.adapter import Layers
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.reducers import Reducer, in_query_order
 from cwlens.engine.row_topk import allowed_keys
 from cwlens.engine.streaming import check_metric, pass_options, stream_reduce
@@ -92,7 +93,8 @@ class GraphEdges(Reducer):
         self.reset()
 
 
-def graph(model: TLModel, text, metric: str = "contribution", top_k: int = 8,
+@takes_model
+def graph(model: ModelHandle, text, metric: str = "contribution", top_k: int = 8,
           layers: Layers = None, compare: str | None = "attention", **options) -> ContributionGraph:
     """The contribution graph of one text: nodes ``(layer, position)`` for layer ``0 ..
     n_layers`` (0: the token embeddings, ``l``: the residual stream after the ``l``-th
@@ -143,8 +145,7 @@ def graph(model: TLModel, text, metric: str = "contribution", top_k: int = 8,
         0.0
     """
     run = pass_options("graph", {"query_block": "auto", **options}, ("attention", "query_block"))
-    handle = wrap(model)
-    tokens = _tokens(handle, text)
+    tokens = _tokens(model, text)
     metrics = [check_metric(metric)]
     if compare is not None:
         other = check_metric(compare)
@@ -153,9 +154,9 @@ def graph(model: TLModel, text, metric: str = "contribution", top_k: int = 8,
                                        "metric (e.g. 'attention') or compare=None.")
         metrics.append(other)
     reducers = [GraphEdges(m, top_k) for m in metrics]
-    res = stream_reduce(handle, tokens, reducers, layers=layers, query_block=run["query_block"],
+    res = stream_reduce(model, tokens, reducers, layers=layers, query_block=run["query_block"],
                         attention=run["attention"], logits=False)
-    return assemble(res, reducers, _str_tokens(handle, tokens[0]), str(handle.name or ""))
+    return assemble(res, reducers, _str_tokens(model, tokens[0]), str(model.name or ""))
 
 
 def assemble(results, reducers: Sequence[GraphEdges], tokens: Sequence[str], model_name: str = ""

@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.models.tracr_network import TracrConfig, TracrTransformer
 from cwlens.errors import InvalidArgumentError, ModelNotAvailableError, UnsupportedModelError
 
@@ -225,16 +226,12 @@ def build(weights: dict[str, np.ndarray], layout: TracrLayout, name: str,
     return model
 
 
-def weights_of(model: TracrTransformer) -> dict[str, np.ndarray]:
+@takes_model
+def weights_of(model: ModelHandle) -> dict[str, np.ndarray]:
     """``model``'s weights as float32 arrays named as :func:`build` takes them."""
-    return _weights(wrap(model))
-
-
-def _weights(handle: ModelHandle) -> dict[str, np.ndarray]:
-    """:func:`weights_of` of the handle's model."""
-    sd = {k: v.detach().float().cpu().numpy() for k, v in handle.model.state_dict().items()}
+    sd = {k: v.detach().float().cpu().numpy() for k, v in model.model.state_dict().items()}
     weights = {"W_E": sd["embed.W_E"], "W_pos": sd["pos_embed.W_pos"], "W_U": sd["unembed.W_U"]}
-    for layer in range(handle.n_layers):
+    for layer in range(model.n_layers):
         for w in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O"):
             weights[f"{layer}.{w}"] = sd[f"blocks.{layer}.attn.{w}"]
         for w in ("W_in", "b_in", "W_out", "b_out"):
@@ -242,16 +239,16 @@ def _weights(handle: ModelHandle) -> dict[str, np.ndarray]:
     return weights
 
 
-def save(model: TracrTransformer, path: str | Path) -> tuple[Path, Path]:
+@takes_model
+def save(model: ModelHandle, path: str | Path) -> tuple[Path, Path]:
     """Write ``model``'s weights to ``path.npz`` and its config and layout to ``path.json``
     (:func:`load_weights` reads them back without jax)."""
-    handle = wrap(model)
     path = Path(path)
     npz, meta = path.with_suffix(".npz"), path.with_suffix(".json")
-    arrays: dict[str, Any] = dict(_weights(handle))
+    arrays: dict[str, Any] = dict(weights_of(model))
     np.savez_compressed(npz, **arrays)
-    meta.write_text(json.dumps({"format": FORMAT, "name": handle.name,
-                                "layout": handle.model.layout.to_json()}, indent=1) + "\n")
+    meta.write_text(json.dumps({"format": FORMAT, "name": model.name,
+                                "layout": model.model.layout.to_json()}, indent=1) + "\n")
     return npz, meta
 
 

@@ -26,8 +26,9 @@ import torch
 from cwlens.circuits import direct_math
 from cwlens.core import metrics
 from cwlens.engine import adapter, hook_names
+from cwlens.engine.entry import takes_model
 from cwlens.engine.gradients import attention_gradient
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import UnknownOptionError
 from cwlens.groundtruth.edges import UNSIGNED, EdgeEffects, Reader, handle_in
 from cwlens.groundtruth.layer_scores import GEOMETRY_METRICS
@@ -50,11 +51,12 @@ def check_methods(methods: Sequence[str]) -> tuple[str, ...]:
     return tuple(methods)
 
 
-def method_weights(model, fx: EdgeEffects, methods: Sequence[str] = EDGE_METHODS) -> dict[str, torch.Tensor]:
+@takes_model
+def method_weights(model: ModelHandle, fx: EdgeEffects, methods: Sequence[str] = EDGE_METHODS) -> dict[str, torch.Tensor]:
     """``{method: [layer, head, key]}`` float64 on the CPU for the input, query, layers and
     objective of ``fx`` (the model in ``fx.dtype``, as the effects were measured)."""
     methods = check_methods(methods)
-    handle = handle_in(wrap(model), fx.dtype)
+    handle = handle_in(model, fx.dtype)
     tokens = fx.tokens[None].to(handle.device)
     q = fx.query
     names = set(handle.info.hooks(fx.layers)) | {hook_names.final_scale()}

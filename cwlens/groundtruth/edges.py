@@ -53,6 +53,7 @@ import torch
 
 from cwlens.core import edge_scoring
 from cwlens.engine import adapter, hook_names
+from cwlens.engine.entry import takes_model
 from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.interventions.edge_removal import (
     Edits,
@@ -167,13 +168,12 @@ def resolve_query(query: int, n: int) -> int:
     return q
 
 
-def model_in(model: Any, dtype: torch.dtype) -> Any:
+@takes_model
+def model_in(model: ModelHandle, dtype: torch.dtype) -> Any:
     """``model`` itself where its weights are ``dtype``, else a copy in ``dtype`` (float32
     weights are exact in float64): cached on the model's handle, so a loop over inputs
     copies once (:func:`handle_in`)."""
-    handle = wrap(model)
-    run = handle_in(handle, dtype)
-    return model if run is handle else run.model
+    return handle_in(model, dtype).model
 
 
 def handle_in(handle: ModelHandle, dtype: torch.dtype) -> ModelHandle:
@@ -276,8 +276,9 @@ def _target(objective: str, target: Any, clean_logits, next_token: int | None, d
 
 
 # -- the measurement --------------------------------------------------------------------------
+@takes_model
 def edge_effects(
-    model: Any,
+    model: ModelHandle,
     input: Any,
     query: int = -1,
     target: Any = None,
@@ -324,12 +325,11 @@ def edge_effects(
         raise UnknownOptionError(f"Unknown path={path!r}. Valid: auto, prefix, full.")
     if dtype not in (torch.float32, torch.float64):
         raise InvalidArgumentError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
-    handle = wrap(model)
-    resolved, _ = adapter.resolve_layers(handle.n_layers, layers)
-    tokens = tokens_of(handle, input)
+    resolved, _ = adapter.resolve_layers(model.n_layers, layers)
+    tokens = tokens_of(model, input)
     n = tokens.shape[1]
     q = resolve_query(query, n)
-    encoder = handle.is_encoder
+    encoder = model.is_encoder
     if objective == "embedding" and not encoder:
         raise InvalidArgumentError(
             "objective 'embedding' reads an encoder's sentence embedding; a decoder's prediction "
@@ -337,7 +337,7 @@ def edge_effects(
     next_token = int(tokens[0, q + 1]) if (not encoder and q + 1 < n) else None
     if not encoder:
         tokens = tokens[:, :q + 1]
-    run = handle_in(handle, dtype)
+    run = handle_in(model, dtype)
     why = supports_prefix(run)
     if path == "prefix" and why is not None:
         raise InvalidArgumentError(f"path='prefix' does not apply: {why}. Use path='full' or 'auto'.")
@@ -404,12 +404,13 @@ def _ablated(runner: PrefixRunner | None, run: ModelHandle, tokens: torch.Tensor
     return full_rows(run, tokens, edits, query, reader, ROWS["full"], read).double().cpu()
 
 
-def joint_effects(model: Any, fx: EdgeEffects,
+@takes_model
+def joint_effects(model: ModelHandle, fx: EdgeEffects,
                   sets: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """``[len(sets)]``: ``objective(clean) - objective(ablated)`` with each set's edges
     removed together, at ``fx``'s input, query and objective (the same model dtype and
     path). A set is ``(layer index into fx.layers, heads [k], keys [k])``."""
-    run = handle_in(wrap(model), fx.dtype)
+    run = handle_in(model, fx.dtype)
     tokens = fx.tokens[None].to(run.device)
     q = fx.query
     rows, layer_ids, heads, deltas = [], [], [], []

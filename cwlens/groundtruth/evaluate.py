@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from cwlens.circuits.compare import circuit_cache
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth import scoring
 from cwlens.groundtruth.agreement import check_agreement
@@ -56,16 +57,16 @@ class ProgramScores:
     silent_row_threshold: float = ZERO_OUTPUT
 
 
-def all_scores(model, tokens: torch.Tensor, corrupted: torch.Tensor,
+@takes_model
+def all_scores(model: ModelHandle, tokens: torch.Tensor, corrupted: torch.Tensor,
                zero_output: float = ZERO_OUTPUT) -> tuple[dict, torch.Tensor]:
     """``({level: {method: [batch, ...]}}, logits)`` of every method on ``tokens``;
     ``zero_output``: the silent-row threshold (:func:`~cwlens.groundtruth.layer_scores.silent_rows`)."""
-    handle = wrap(model)
-    logits, cache = circuit_cache(handle, tokens)
+    logits, cache = circuit_cache(model, tokens)
     answers = answers_of(logits)
-    out = {"layer": layer_scores(handle, tokens, cache, answers, zero_output),
-           "input": input_scores(handle, tokens, cache, answers),
-           "component": component_scores(handle, tokens, cache, answers, corrupted, zero_output)}
+    out = {"layer": layer_scores(model, tokens, cache, answers, zero_output),
+           "input": input_scores(model, tokens, cache, answers),
+           "component": component_scores(model, tokens, cache, answers, corrupted, zero_output)}
     return out, logits
 
 

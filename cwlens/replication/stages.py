@@ -10,7 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from cwlens.datasets import load_dataset
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.models.registry import model_label
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
 from cwlens.faithfulness.encoder import BATCH_SIZE, embedding_damage, sentences
@@ -24,26 +25,26 @@ from cwlens.runs.results_io import atomic_write_text
 Log = Callable[[str], None]
 
 
-def run_model(model, name: str, out, cfg: ReplicationConfig, log: Log = print,
+@takes_model
+def run_model(model: ModelHandle, name: str, out, cfg: ReplicationConfig, log: Log = print,
               progress: bool = True) -> Path:
     """Every stage for ``model`` (loaded, called ``name``) into ``<out>/<name>``."""
-    handle = wrap(model)
     folder = plan.model_dir(out, name)
     folder.mkdir(parents=True, exist_ok=True)
-    if handle.is_encoder:
-        encoder_faithfulness(handle, name, folder / plan.ENCODER_FAITHFULNESS, cfg, log, progress)
+    if model.is_encoder:
+        encoder_faithfulness(model, name, folder / plan.ENCODER_FAITHFULNESS, cfg, log, progress)
         if cfg.first_token_view:
-            encoder_faithfulness(handle, name, folder / plan.first_token_kept(plan.ENCODER_FAITHFULNESS),
+            encoder_faithfulness(model, name, folder / plan.first_token_kept(plan.ENCODER_FAITHFULNESS),
                                  first_token_config(cfg), log, progress, mask_first_token=False)
     else:
-        decoder_faithfulness(handle, name, folder / plan.FAITHFULNESS, cfg, log, progress)
+        decoder_faithfulness(model, name, folder / plan.FAITHFULNESS, cfg, log, progress)
         if cfg.first_token_view:
-            decoder_faithfulness(handle, name, folder / plan.first_token_kept(plan.FAITHFULNESS),
+            decoder_faithfulness(model, name, folder / plan.first_token_kept(plan.FAITHFULNESS),
                                  first_token_config(cfg), log, progress, mask_first_token=False)
         if name == cfg.per_layer_model:
-            per_layer(handle, name, folder / plan.PER_LAYER, cfg, log, progress)
-    sinks(handle, name, folder / plan.SINKS, cfg, log, progress)
-    token_classes(handle, folder / plan.TOKEN_CLASSES, cfg, log)
+            per_layer(model, name, folder / plan.PER_LAYER, cfg, log, progress)
+    sinks(model, name, folder / plan.SINKS, cfg, log, progress)
+    token_classes(model, folder / plan.TOKEN_CLASSES, cfg, log)
     return folder
 
 

@@ -20,7 +20,8 @@ from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.numerics import worst
 from cwlens.engine import reducers, validation
 from cwlens.engine.batching import fit_context
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.streaming import pass_options, stream_reduce
 from cwlens.errors import InvalidArgumentError
 from cwlens.graphs.build import GraphEdges, assemble
@@ -207,8 +208,9 @@ class _ReportReducer(reducers.Reducer):
         return self
 
 
+@takes_model
 def analyze_text(
-    model,
+    model: ModelHandle,
     text: str,
     model_name: str = "model",
     max_tokens: int | None = 4096,
@@ -240,11 +242,10 @@ def analyze_text(
     if max_tokens is not None:
         validation.max_tokens(max_tokens)
 
-    handle = wrap(model)
-    full = handle.to_tokens(text, truncate=False)
-    tokens = fit_context(handle, full, max_tokens, "the text", past_context)
+    full = model.to_tokens(text, truncate=False)
+    tokens = fit_context(model, full, max_tokens, "the text", past_context)
     n = tokens.shape[1]
-    str_tokens = [str(t) for t in handle.to_str_tokens(tokens[0])]
+    str_tokens = [str(t) for t in model.to_str_tokens(tokens[0])]
     if n == 1 and full.shape[1] > 1:
         raise InvalidArgumentError(
             f"max_tokens={max_tokens} keeps one token ({str_tokens[0]!r}) of the text's "
@@ -271,7 +272,7 @@ def analyze_text(
         [reducers.in_query_order(report._win[ly][key], 1) for ly in layers]).cpu()
     sink_tail = torch.stack([report._sink_tail[ly] for ly in layers]).cpu()  # [L, h, 2]
     n_tail = max(n - 1, 1)
-    causal = not handle.is_encoder
+    causal = not model.is_encoder
     top_keys, top_values = _seen_only(res["top"], n, causal)
     notes = []
     if win != (0, n):

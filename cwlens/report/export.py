@@ -27,7 +27,8 @@ import pandas as pd
 import torch
 
 from cwlens.engine import batching, reducers, validation
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.streaming import check_metric, stream_reduce
 from cwlens.errors import (
     CwlensError,
@@ -171,7 +172,8 @@ def default_reducers(metrics: Sequence[str] = ("contribution", "attention"), k: 
     return rs
 
 
-def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model",
+@takes_model
+def export_texts(model: ModelHandle, texts: Sequence[str], out_dir, model_name: str = "model",
                  text_ids: Sequence[str] | None = None, max_tokens: int | None = None,
                  fmt: str = "parquet", past_context: bool = False, **reduce) -> dict[str, Path]:
     """Stream each text, reduce it, and write the tables to ``out_dir/<table>.<fmt>``
@@ -183,18 +185,17 @@ def export_texts(model, texts: Sequence[str], out_dir, model_name: str = "model"
 
     ``reduce``: the options of :func:`default_reducers` (``metrics``, ``k``,
     ``token_layers``)."""
-    handle = wrap(model)
-    texts, ids, reduce = _check_export(handle, texts, out_dir, text_ids, max_tokens, fmt, reduce)
-    batching.check_past_context(handle.info, past_context)
+    texts, ids, reduce = _check_export(model, texts, out_dir, text_ids, max_tokens, fmt, reduce)
+    batching.check_past_context(model.info, past_context)
 
-    causal = not handle.is_encoder
+    causal = not model.is_encoder
     tables: dict[str, list[pd.DataFrame]] = {}
     for text, tid in zip(texts, ids, strict=True):
-        tokens = batching.fit_context(handle, handle.to_tokens(text, truncate=False),
+        tokens = batching.fit_context(model, model.to_tokens(text, truncate=False),
                                       max_tokens, f"text {tid}", past_context)
         with validation.past_context_said(past_context):  # fit_context said it
-            res = stream_reduce(handle, tokens, default_reducers(**reduce))
-        str_tokens = handle.to_str_tokens(tokens[0])
+            res = stream_reduce(model, tokens, default_reducers(**reduce))
+        str_tokens = model.to_str_tokens(tokens[0])
         for name, df in reduction_tables(res, str_tokens, model_name, tid, causal).items():
             tables.setdefault(name, []).append(df)
         tick()  # progress: one text (cwlens.runs.progress)

@@ -18,7 +18,8 @@ import torch
 
 from cwlens.core.sinks import SinkGeometry, first_real_index
 from cwlens.engine import adapter
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 
 MEASURES = ("value", "output", "tail_mix")
 BINS = torch.linspace(-1, 1, 41)
@@ -53,10 +54,11 @@ def alignment_statistics(cache, model, attention_mask=None, layers=None, sample_
     return alignment_tables(cache, model, attention_mask, layers, sample_ids)[0]
 
 
-def alignment_tables(cache, model, attention_mask=None, layers=None, sample_ids=None):
+@takes_model
+def alignment_tables(cache, model: ModelHandle, attention_mask=None, layers=None, sample_ids=None):
     """``(alignment_statistics, cosine_histograms)`` in one pass over the layers."""
     frames, hists = [], []
-    for ly, sg in _sink_geometries(cache, wrap(model), attention_mask, layers):
+    for ly, sg in _sink_geometries(cache, model, attention_mask, layers):
         frame, hist = _layer_tables(sg, ly, sample_ids)
         frames.append(frame)
         hists.append(hist)

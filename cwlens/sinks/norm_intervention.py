@@ -33,7 +33,8 @@ from cwlens.core.sinks import (
     random_non_sink_index,
 )
 from cwlens.engine import adapter, lm, validation
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.interventions.sinks import applied, sink_value_hooks
 from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import InvalidArgumentError, NonFiniteError
@@ -71,8 +72,9 @@ def layer_head_measures(geo, sink_index):
     return geo.output_norm("intra"), sg.cone_cosine(), after.expand_as(sg.alpha0)
 
 
+@takes_model
 def sink_norm_intervention(
-    model,
+    model: ModelHandle,
     tokens: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     scales=(0.0, 0.5),
@@ -82,15 +84,14 @@ def sink_norm_intervention(
     sample_ids=None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(ppl_table, head_table)`` for one batch (see the module docstring)."""
-    handle = wrap(model)
     adapter.require_next_token_model(
-        handle.info, "The sink-norm intervention",
+        model.info, "The sink-norm intervention",
         "Run the sink analysis with --no-intervention (intervention=False) on encoders.",
     )
-    all_layers, _ = adapter.resolve_layers(handle.n_layers, None)
+    all_layers, _ = adapter.resolve_layers(model.n_layers, None)
     if layers is not None:
-        adapter.resolve_requested_layers(handle.n_layers, layers)  # [] would intervene nowhere
-    _check_inputs(handle, tokens, attention_mask, scales)
+        adapter.resolve_requested_layers(model.n_layers, layers)  # [] would intervene nowhere
+    _check_inputs(model, tokens, attention_mask, scales)
     mask = None if attention_mask is None else attention_mask.bool()
     b, n = tokens.shape
     ids = list(range(b)) if sample_ids is None else list(sample_ids)
@@ -104,9 +105,9 @@ def sink_norm_intervention(
 
     def run(hooks):
         # streamed: each layer's measures are taken while the (intervened) model runs
-        with torch.no_grad(), applied(handle, hooks), lm.deferred_logits(handle, chunk) as output:
+        with torch.no_grad(), applied(model, hooks), lm.deferred_logits(model, chunk) as output:
             logits, measures = stream_geometry(
-                handle, tokens, lambda ly, geo: layer_head_measures(geo, sink), attention_mask=attention_mask)
+                model, tokens, lambda ly, geo: layer_head_measures(geo, sink), attention_mask=attention_mask)
         nll, cnt = nll_per_row(output(logits), tokens, attention_mask)
         tick()  # progress: one forward pass (cwlens.runs.progress)
         return nll.cpu(), cnt.cpu(), dict(zip(all_layers, measures, strict=True))
@@ -122,7 +123,7 @@ def sink_norm_intervention(
         low[ly] = valid & (norm < thr.to(norm.dtype)[:, None, None])
     for target, index in targets.items():
         for scale in scales:
-            nll, cnt, after = run(sink_value_hooks(handle, scale, index, layers))
+            nll, cnt, after = run(sink_value_hooks(model, scale, index, layers))
             ppl_rows += [(ids[i], target, float(scale), float(nll[i]), int(cnt[i])) for i in range(b)]
             for ly in all_layers:
                 head_rows += _head_rows(ids, target, scale, ly, clean[ly], after[ly], low[ly])

@@ -33,7 +33,8 @@ import torch
 
 from cwlens.core.sinks import SinkGeometry, first_real_index
 from cwlens.engine import adapter
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.sinks.observed_shape import RULE, SHAPES, bin_means, shape_of
 
 N_BINS = 10
@@ -64,13 +65,13 @@ def _bin_sums(rate, norm, valid, n_bins: int) -> tuple[torch.Tensor, torch.Tenso
     return sums, r_min, r_max
 
 
-def observed_bins(cache, model, attention_mask=None, layers=None, n_bins: int = N_BINS):
+@takes_model
+def observed_bins(cache, model: ModelHandle, attention_mask=None, layers=None, n_bins: int = N_BINS):
     """One row per non-empty ``(layer, head, bin)`` (see the module docstring)."""
-    handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)
+    resolved, _ = adapter.resolve_requested_layers(model.n_layers, layers)
     if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
         attention_mask = adapter.cache_mask(cache)
-    return pd.concat([layer_bins(adapter.geometry(cache, handle, ly, attention_mask), ly,
+    return pd.concat([layer_bins(adapter.geometry(cache, model, ly, attention_mask), ly,
                                  attention_mask, n_bins) for ly in resolved], ignore_index=True)
 
 

@@ -13,7 +13,8 @@ import torch
 
 from cwlens.engine import adapter, validation
 from cwlens.engine.batching import context_cap, pad_batch, token_ids
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.runs import distributed
@@ -152,7 +153,8 @@ def check_samples(samples) -> list:
     return samples
 
 
-def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool = True,
+@takes_model
+def analyse(model: ModelHandle, samples, config: SinkConfig | None = None, *, progress: bool = True,
             **settings) -> dict[str, pd.DataFrame]:
     """All tables of :data:`TABLES` for ``samples`` (a list of ``TextSample``), in memory
     (:func:`run_to_folder` does the same with a resumable store on disk). ``settings``:
@@ -162,14 +164,13 @@ def analyse(model, samples, config: SinkConfig | None = None, *, progress: bool 
     if not samples:
         raise EmptyInputError("No samples to analyse: pass at least one text.")
     samples = check_samples(samples)
-    handle = wrap(model)
-    _check_model(handle, cfg.intervention)
+    _check_model(model, cfg.intervention)
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in RAW_PARTS}
-    todo = batches(handle, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
+    todo = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
     with validation.past_context_said(cfg.past_context), \
             bar(len(todo) * passes_per_batch(cfg), "sinks", "pass", enabled=progress, ticks=True):
         for bi, batch in enumerate(todo):
-            for k, v in analyse_batch(handle, bi, batch, cfg).items():
+            for k, v in analyse_batch(model, bi, batch, cfg).items():
                 parts[k].append(v)
     return derive(parts, cfg.eps)
 
@@ -222,7 +223,8 @@ class SinkJob(Job):
         return tables
 
 
-def run_to_folder(model, samples, out_dir, config: SinkConfig | None = None, *, resume: bool = True,
+@takes_model
+def run_to_folder(model: ModelHandle, samples, out_dir, config: SinkConfig | None = None, *, resume: bool = True,
                   model_name: str | None = None, progress: bool = True, on_batch=None,
                   **settings) -> dict[str, pd.DataFrame]:
     """:func:`analyse` with every batch saved as it finishes (:class:`RawStore`), resumed
@@ -237,17 +239,16 @@ def run_to_folder(model, samples, out_dir, config: SinkConfig | None = None, *, 
     rank returns them (:func:`cwlens.runs.jobs.run_job`). Its progress counts forward
     passes (:func:`passes_per_batch` per batch)."""
     cfg = SinkConfig.of(config, **settings)
-    handle = wrap(model)
-    _check_model(handle, cfg.intervention)
+    _check_model(model, cfg.intervention)
     distributed.require_session()
     samples = check_samples(samples)
-    plan = batches(handle, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
-    record = {"model": model_name or handle.name or "model",
+    plan = batches(model, samples, cfg.max_tokens, cfg.batch_size, cfg.past_context)
+    record = {"model": model_name or model.name or "model",
               "samples": [s.id for s in samples], **cfg.record()}
     spec = JobSpec("sinks configuration", record, Path(out_dir), resume, len(plan), "sinks",
                    "pass", progress)
     with validation.past_context_said(cfg.past_context):  # batches said it, once
-        return run_job(SinkJob(handle, plan, cfg, spec, on_batch))
+        return run_job(SinkJob(model, plan, cfg, spec, on_batch))
 
 
 def _layer_tables(geo, layer, batch: SinkBatch, eps, swept, causal=True) -> dict[str, pd.DataFrame]:

@@ -30,7 +30,8 @@ from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.sinks import first_real_index, key_onehot, query_after_sink
 from cwlens.engine import adapter, validation
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InvalidArgumentError
 from cwlens.sinks.config import EPS_GU as EPS_GU  # Gu et al.'s sink threshold
 from cwlens.sinks.config import check_eps
@@ -125,9 +126,10 @@ def layer_statistics(
     return out
 
 
+@takes_model
 def sink_statistics(
     cache,
-    model,
+    model: ModelHandle,
     attention_mask: torch.Tensor | None = None,
     layers=None,
     sample_ids=None,
@@ -136,14 +138,13 @@ def sink_statistics(
     kind: Kind = "intra",
 ) -> pd.DataFrame:
     """Tidy table, one row per ``(sample, layer, head)`` (see the module docstring)."""
-    handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)
+    resolved, _ = adapter.resolve_requested_layers(model.n_layers, layers)
     check_sink_options(sink_positions, eps)
     if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)
         attention_mask = adapter.cache_mask(cache)
-    causal = not handle.is_encoder
+    causal = not model.is_encoder
     rows = [
-        layer_frame(adapter.geometry(cache, handle, ly, attention_mask), ly, attention_mask,
+        layer_frame(adapter.geometry(cache, model, ly, attention_mask), ly, attention_mask,
                     sample_ids, eps, sink_positions, kind, causal=causal)
         for ly in resolved
     ]

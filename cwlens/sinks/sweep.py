@@ -38,7 +38,8 @@ from cwlens.core.sinks import (
     set_sink_rate,
 )
 from cwlens.engine import adapter
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 
 GRID = torch.linspace(0, 1, 21)
 #: The swept check uses every other point of :data:`GRID`.
@@ -142,19 +143,19 @@ def layer_sweep(sg: SinkGeometry, grid=GRID, swept_grid=SWEPT_GRID, swept: bool 
     return head_stats, layer_stats, (head_curve, head_ref), (layer_curve, layer_ref)
 
 
+@takes_model
 def sweep_statistics(
-    cache, model, attention_mask=None, layers=None, sample_ids=None, grid=GRID,
+    cache, model: ModelHandle, attention_mask=None, layers=None, sample_ids=None, grid=GRID,
     swept: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(stats, curves)``: see the module docstring; ``head = -1`` is the layer output.
     ``attention_mask`` None: the mask remembered with a padded batch's cache
     (``cwlens.run_with_cache`` of a list of texts), so each row's sink is its first real
     token and its pad queries are left out."""
-    handle = wrap(model)
-    resolved, _ = adapter.resolve_requested_layers(handle.n_layers, layers)
+    resolved, _ = adapter.resolve_requested_layers(model.n_layers, layers)
     if attention_mask is None:
         attention_mask = adapter.cache_mask(cache)
-    parts = [layer_sweep_tables(adapter.geometry(cache, handle, ly, attention_mask), ly,
+    parts = [layer_sweep_tables(adapter.geometry(cache, model, ly, attention_mask), ly,
                                 attention_mask, sample_ids, grid, swept) for ly in resolved]
     return (pd.concat([p[0] for p in parts], ignore_index=True),
             pd.concat([p[1] for p in parts], ignore_index=True))

@@ -47,7 +47,8 @@ import torch
 from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind, safe_divide
 from cwlens.engine.batching import context_cap, pad_batch, token_ids
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 
@@ -68,7 +69,8 @@ def is_punctuation(piece: str) -> bool:
     return bool(s) and all(unicodedata.category(ch).startswith("P") for ch in s)
 
 
-def token_classes(model, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+@takes_model
+def token_classes(model: ModelHandle, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """``[batch, pos]`` long: the index in :data:`CLASSES` of every token, -1 on padding.
 
     ``cls``: the tokenizer's ``cls_token_id``; a tokenizer without one (a decoder) marks
@@ -84,7 +86,7 @@ def token_classes(model, tokens: torch.Tensor, mask: torch.Tensor | None = None)
             f"mask has shape {tuple(real.shape)} but tokens {tuple(tokens.shape)}: pass the "
             "attention mask from cwlens.engine.batching.pad_batch with its tokens."
         )
-    tok = wrap(model).tokenizer
+    tok = model.tokenizer
     out = torch.full_like(tokens, OTHER)
     pieces: dict[int, bool] = {}
     for t in torch.unique(tokens[real]).tolist():
@@ -195,7 +197,8 @@ def _texts(texts) -> list[str]:
     return out
 
 
-def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int = 16,
+@takes_model
+def class_shares(model: ModelHandle, texts: Sequence, max_tokens: int = 128, batch_size: int = 16,
                  kind: Kind = "inter") -> pd.DataFrame:
     """One row per (layer, token class): the columns of the module docstring (:data:`COLUMNS`).
 
@@ -211,21 +214,20 @@ def class_shares(model, texts: Sequence, max_tokens: int = 128, batch_size: int 
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgumentError(f"{name} must be a positive integer; got {value!r}.")
     strings = _texts(texts)
-    handle = wrap(model)
-    full = [token_ids(handle, t, truncate=False) for t in strings]
-    cap = context_cap(handle.info, max_tokens, [len(r) for r in full])
+    full = [token_ids(model, t, truncate=False) for t in strings]
+    cap = context_cap(model.info, max_tokens, [len(r) for r in full])
     rows = sorted((r[:cap] for r in full), key=len)
-    causal = not handle.is_encoder
+    causal = not model.is_encoder
     totals: dict[int, _Sums] = {}
     for start in range(0, len(rows), batch_size):
-        tokens, mask = pad_batch(handle, rows[start : start + batch_size])
-        classes = token_classes(handle, tokens, mask)
+        tokens, mask = pad_batch(model, rows[start : start + batch_size])
+        classes = token_classes(model, tokens, mask)
 
         def one_layer(ly: int, geo: AttentionGeometry, cl: torch.Tensor = classes) -> tuple[int, _Sums]:
             return ly, layer_sums(geo, cl, causal, kind)
 
         with torch.no_grad():
-            _, per_layer = stream_geometry(handle, tokens, one_layer, attention_mask=mask)
+            _, per_layer = stream_geometry(model, tokens, one_layer, attention_mask=mask)
         for ly, sums in per_layer:
             if ly not in totals:
                 totals[ly] = sums

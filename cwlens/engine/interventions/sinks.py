@@ -26,8 +26,9 @@ import torch
 
 from cwlens.core.sinks import scale_position, set_sink_rate
 from cwlens.engine import hook_names
-from cwlens.engine.adapter import Layers, ModelLike, resolve_requested_layers
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.adapter import Layers, resolve_requested_layers
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
 from cwlens.engine.models.blockwise import block_rows, current_block
 
@@ -69,26 +70,28 @@ def value_scale_hook(scale: float, position_index: torch.Tensor, kv_heads=None):
     return scale_value_hook
 
 
+@takes_model
 def sink_rate_hooks(
-    model: ModelLike, s, sink_index: torch.Tensor | None = None, layers: Layers = None
+    model: ModelHandle, s, sink_index: torch.Tensor | None = None, layers: Layers = None
 ) -> list[Hook]:
     """``fwd_hooks`` setting the sink rate to ``s`` in ``layers`` (default: all).
 
     ``s`` may be a dict ``{layer: s}`` (e.g. each layer's own per-query rates).
     """
-    resolved, _ = resolve_requested_layers(wrap(model).n_layers, layers)
+    resolved, _ = resolve_requested_layers(model.n_layers, layers)
     return [
         (hook_names.pattern(ly), sink_rate_hook(s[ly] if isinstance(s, dict) else s, sink_index))
         for ly in resolved
     ]
 
 
+@takes_model
 def sink_value_hooks(
-    model: ModelLike, scale: float, position_index: torch.Tensor, layers: Layers = None,
+    model: ModelHandle, scale: float, position_index: torch.Tensor, layers: Layers = None,
     kv_heads=None,
 ) -> list[Hook]:
     """``fwd_hooks`` scaling the value at ``position_index`` in ``layers`` (default: all)."""
-    resolved, _ = resolve_requested_layers(wrap(model).n_layers, layers)
+    resolved, _ = resolve_requested_layers(model.n_layers, layers)
     return [
         (hook_names.values(ly), value_scale_hook(scale, position_index, kv_heads))
         for ly in resolved
@@ -96,17 +99,17 @@ def sink_value_hooks(
 
 
 @contextmanager
-def applied(model: ModelLike, fwd_hooks: list[Hook]) -> Iterator[ModelLike]:
+@takes_model
+def applied(model: ModelHandle, fwd_hooks: list[Hook]) -> Iterator[Any]:
     """Run the block with ``fwd_hooks`` added; they are removed on exit, even on exceptions.
 
     Uses the model's own ``hooks`` context (TransformerLens 3.x and 4.x), so hooks that
     were already on the model stay untouched. The edits are first checked to act on this
     model (:func:`~cwlens.engine.interventions.selfcheck.ensure_edits_act`, once per model).
     """
-    handle = wrap(model)
-    ensure_edits_act(handle, kinds_of(name for name, _ in fwd_hooks))
-    with handle.hooks(fwd_hooks):
-        yield model
+    ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
+    with model.hooks(fwd_hooks):
+        yield model.model  # the TransformerLens model, hooked
 
 
 def n_hooks(handle: ModelHandle) -> int:

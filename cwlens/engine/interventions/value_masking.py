@@ -25,7 +25,8 @@ import torch
 from cwlens.core._types import Pattern
 from cwlens.core.bitmask import PackedMask
 from cwlens.engine import hook_names, native
-from cwlens.engine.handle import wrap
+from cwlens.engine.entry import takes_model
+from cwlens.engine.handle import ModelHandle
 from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
 from cwlens.engine.models.blockwise import block_rows, current_block
 from cwlens.engine.streaming import attention_context
@@ -112,7 +113,8 @@ def masking_hooks(masks: Masks, renormalize: bool = False) -> list[tuple[str, Ho
 
 
 @contextmanager
-def hooks_applied(model, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[object]:
+@takes_model
+def hooks_applied(model: ModelHandle, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[object]:
     """Add forward hooks to ``model`` for the duration of the block, then remove them.
 
     Only the hooks added here are removed (others, e.g. permanent ones, are left alone),
@@ -120,16 +122,15 @@ def hooks_applied(model, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[ob
     first checked to act on this model (:func:`~cwlens.engine.interventions.selfcheck.ensure_edits_act`,
     once per model).
     """
-    handle = wrap(model)
     for name, _ in fwd_hooks:
-        if not handle.has_hook(name):
+        if not model.has_hook(name):
             raise MissingHookError(
                 f"The model has no hook point {name!r}; value masking needs "
-                f"hook_pattern in every masked layer (layers 0..{handle.n_layers - 1})."
+                f"hook_pattern in every masked layer (layers 0..{model.n_layers - 1})."
             )
-    ensure_edits_act(handle, kinds_of(name for name, _ in fwd_hooks))  # once per model and kind
-    with handle.hooks(fwd_hooks):  # TransformerLens removes exactly these on exit
-        yield model
+    ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))  # once per model and kind
+    with model.hooks(fwd_hooks):  # TransformerLens removes exactly these on exit
+        yield model.model  # the TransformerLens model, hooked
 
 
 @contextmanager
@@ -143,8 +144,9 @@ def value_masking(model, masks: Masks, renormalize: bool = False) -> Iterator[ob
         yield m
 
 
+@takes_model
 def run_masked(
-    model,
+    model: ModelHandle,
     tokens: torch.Tensor,
     masks: Masks,
     renormalize: bool = False,
@@ -160,5 +162,5 @@ def run_masked(
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
     with torch.no_grad(), value_masking(model, masks, renormalize), \
-            attention_context(wrap(model), tokens, attention):
+            attention_context(model, tokens, attention):
         return model(tokens, **kwargs)
