@@ -48,7 +48,9 @@ def typechecker(fn: Any) -> Any:
 def unchecked(fn: Any) -> Any:
     """``fn`` without this type checker (``inspect.unwrap``), for tests of what a user gets
     (cwlens' own validation, not beartype's); a public function stays an entry
-    (``@takes_model``: the model given becomes its handle), which ``unwrap`` would strip too."""
+    (``@takes_model``: the model given becomes its handle), which ``unwrap`` would strip too.
+    For plain functions: a context manager's chain (``contextmanager`` around the entry) is
+    not rebuilt."""
     inner = inspect.unwrap(fn)
     if getattr(fn, "cwlens_entry", False):
         from cwlens.engine.entry import takes_model

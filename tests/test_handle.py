@@ -37,7 +37,8 @@ def _package_files():
 
 
 def _entry_lines(text: str) -> set[int]:
-    """The lines of the functions marked ``@takes_model``: their ``model`` is the handle."""
+    """The lines of the functions marked ``@takes_model``: their ``model`` is the handle, so
+    ``model.hooks(`` there is the handle's (every other pattern is still refused)."""
     return {n for node in ast.walk(ast.parse(text)) if isinstance(node, ast.FunctionDef)
             and any(getattr(d, "id", None) == "takes_model" for d in node.decorator_list)
             for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)}
@@ -51,7 +52,7 @@ def test_no_model_internals_outside_the_handle():
         for number, line in enumerate(text.splitlines(), 1):
             found += [f"{path.relative_to(PACKAGE)}:{number}: {what}"
                       for what, pattern in FORBIDDEN.items() if pattern.search(line)
-                      and number not in handles]
+                      and not (what == "model.hooks(" and number in handles)]
     assert found == [], "ask cwlens.engine.handle.wrap(model) instead:\n" + "\n".join(found)
 
 
@@ -203,10 +204,10 @@ def test_the_faithfulness_walk_does_not_grow():
     never climbs back up a layer, the layers are resolved once, the functions it is handed
     to are at most issue 49's 12 (45 before the handle was passed down; the checks take the
     model's facts, :class:`~cwlens.engine.handle.ModelInfo`), and they ask handle.py for the
-    handle in at most today's 2 places (17 before)."""
+    handle in at most today's 1 place (17 before)."""
     walk = _model_walk().faithfulness_walk().summary()
     assert walk["climbs"] == 0 and walk["layers_resolved"] == 1, walk
-    assert walk["stays"] <= 12 and walk["handle_visits"] <= 2, walk
+    assert walk["stays"] <= 12 and walk["handle_visits"] <= 1, walk
 
 
 def test_the_checks_take_the_model_facts_not_the_model():
@@ -265,7 +266,7 @@ def test_an_entry_hands_its_body_the_handle():
     from cwlens.errors import InvalidArgumentError
 
     @takes_model
-    def probe(cache, model: ModelHandle, layer=None):
+    def probe(cache, model: ModelLike, layer=None):
         """A probe."""
         return model
 

@@ -18,8 +18,7 @@ from cwlens.circuits.patching import MODES, patch_heads
 from cwlens.circuits.results import Agreement, HeadScores, agreement
 from cwlens.circuits.tasks import CircuitTask
 from cwlens.engine import validation
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.measures import run_with_cache
 from cwlens.errors import InvalidArgumentError, UnknownOptionError
 from cwlens.runs.progress import tick
@@ -98,7 +97,7 @@ def circuit_cache(model, tokens: torch.Tensor):
 
 
 @takes_model
-def compare_with_patching(model: ModelHandle, task: CircuitTask, k: int = 10, mode: str = "corrupt") -> Comparison:
+def compare_with_patching(model: ModelLike, task: CircuitTask, k: int = 10, mode: str = "corrupt") -> Comparison:
     """Score every head of ``model`` on ``task`` and compare with activation patching.
 
     ``k``: the top-k of the overlap (a positive int below the number of heads: at or above

@@ -13,8 +13,7 @@ import torch
 from cwlens.circuits import checks, direct_math
 from cwlens.circuits.results import HeadScores
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.errors import NonFiniteError, ShapeMismatchError
 
 
@@ -69,7 +68,7 @@ class DirectLogitAttribution:
 @takes_model
 def direct_logit_attribution(
     cache,
-    model: ModelHandle,
+    model: ModelLike,
     logits: torch.Tensor,
     queries: Sequence[int],
     answers: torch.Tensor,

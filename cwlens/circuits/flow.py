@@ -9,8 +9,7 @@ import torch
 
 from cwlens.circuits import checks, flow_math
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.errors import ShapeMismatchError
 
 
@@ -80,7 +79,7 @@ class TokenFlow:
 
 
 @takes_model
-def token_flow(cache, model: ModelHandle, batch: int = 0, rule: str = "projection", str_tokens=None,
+def token_flow(cache, model: ModelLike, batch: int = 0, rule: str = "projection", str_tokens=None,
                closure_tolerance: float = 1e-3) -> TokenFlow:
     """The token flow of sequence ``batch`` of a cache from :func:`cwlens.circuits.run_with_cache`.
 

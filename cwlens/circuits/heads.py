@@ -21,8 +21,7 @@ import torch
 from cwlens.circuits import checks
 from cwlens.circuits.results import HeadScores
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 
 
 def _at_queries(weights: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
@@ -40,7 +39,7 @@ def _on_keys(weights_q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 @takes_model
 def head_scores(
     cache,
-    model: ModelHandle,
+    model: ModelLike,
     queries: Sequence[int],
     keys: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,

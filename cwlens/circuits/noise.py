@@ -27,8 +27,7 @@ from cwlens.circuits.heads import head_scores
 from cwlens.circuits.patching import patch_effects
 from cwlens.circuits.results import HeadScores, agreement
 from cwlens.engine import validation
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.measures import run_with_cache
 from cwlens.errors import InvalidArgumentError
 
@@ -60,7 +59,7 @@ def spread(task: str, n_prompts: int) -> float | None:
 
 
 @takes_model
-def prompt_scores(model: ModelHandle, task, mode: str = "corrupt") -> dict[str, torch.Tensor]:
+def prompt_scores(model: ModelLike, task, mode: str = "corrupt") -> dict[str, torch.Tensor]:
     """``{score: [prompt, layer, head]}`` for every score of
     :func:`~cwlens.circuits.compare_with_patching` and ``"patching"``, one prompt at a
     time (their means over the prompts are that function's scores; tested)."""

@@ -20,7 +20,7 @@ import torch
 from cwlens.circuits.results import HeadScores
 from cwlens.engine import hook_names
 from cwlens.engine.adapter import resolve_layers
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InvalidArgumentError, ShapeMismatchError, UnknownOptionError
 from cwlens.runs.progress import tick
@@ -108,7 +108,7 @@ def patch_effects(
 
 @takes_model
 def patch_heads(
-    model: ModelHandle,
+    model: ModelLike,
     clean: torch.Tensor,
     metric: Metric,
     corrupted: torch.Tensor | None = None,

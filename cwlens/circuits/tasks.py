@@ -19,7 +19,7 @@ import torch
 
 from cwlens.circuits.direct_math import logit_difference
 from cwlens.engine import validation
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InputTooLongError, InvalidArgumentError, UnknownOptionError
 
@@ -139,7 +139,7 @@ IOI_CORRUPTIONS = ("abc", "swap")
 
 @takes_model
 def ioi(
-    model: ModelHandle,
+    model: ModelLike,
     n_prompts: int = 8,
     names: Sequence[str] = NAMES,
     places: Sequence[str] = PLACES,
@@ -207,7 +207,7 @@ def ioi(
 
 
 @takes_model
-def induction(model: ModelHandle, n_prompts: int = 4, length: int = 20, seed: int = 0) -> CircuitTask:
+def induction(model: ModelLike, n_prompts: int = 4, length: int = 20, seed: int = 0) -> CircuitTask:
     """Repeated random tokens: ``BOS R R`` (clean) vs ``BOS R' R`` (corrupted: nothing to copy).
 
     Queries: every position of the second copy that predicts a repeated token; answer:
@@ -246,7 +246,7 @@ CAPITALS = (("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spa
 
 
 @takes_model
-def capitals(model: ModelHandle, pairs: Sequence[tuple[str, str]] = CAPITALS, template: str = "The capital of {} is") -> CircuitTask:
+def capitals(model: ModelLike, pairs: Sequence[tuple[str, str]] = CAPITALS, template: str = "The capital of {} is") -> CircuitTask:
     """Fact recall: "The capital of {country} is" -> " {capital}", foil: the capital of
     the corrupted prompt's country (the next pair in the list). Query: the last position;
     key: the country token (the subject)."""

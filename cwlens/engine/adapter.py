@@ -16,10 +16,8 @@ import torch
 from cwlens.core import AttentionGeometry
 from cwlens.core._types import Cache
 from cwlens.core._types import Layers as Layers  # re-exported: measures and users import it here
-from cwlens.core._types import TLModel as TLModel  # re-exported
 from cwlens.core.alti import AttentionOutputNorm, PostNorm
 from cwlens.engine import hook_names
-from cwlens.engine.entry import ModelLike as ModelLike  # re-exported: what a public function takes
 from cwlens.engine.handle import ModelHandle
 from cwlens.engine.handle import ModelInfo as ModelInfo  # re-exported
 from cwlens.errors import (

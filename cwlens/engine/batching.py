@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import torch
 
 from cwlens.engine import validation
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle, ModelInfo
 from cwlens.engine.tokens import token_ids as token_ids  # re-exported: callers import it here
 from cwlens.errors import (
@@ -27,7 +27,7 @@ __all__ = ["batch_input", "fit_context", "pad_batch", "token_ids"]
 
 
 @takes_model
-def pad_batch(model: ModelHandle, texts, padding_side: str | None = None, max_tokens: int | None = None):
+def pad_batch(model: ModelLike, texts, padding_side: str | None = None, max_tokens: int | None = None):
     """``(tokens [batch, pos], attention_mask [batch, pos])`` for a list of texts or id lists.
 
     ``padding_side`` defaults to ``"left"`` for decoders and ``"right"`` for encoders;

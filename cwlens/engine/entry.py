@@ -8,24 +8,26 @@ before the body runs, so the body and everything it calls take the handle and tr
 (issue 49: the one place in the source that fetches a handle for a caller's model).
 
     @takes_model
-    def decompose(cache, model: ModelHandle, layer=None, ...):
+    def decompose(cache, model: ModelLike, layer=None, ...):
         ...  # model is the handle here, whatever the caller passed
 
-The public signature (:func:`inspect.signature`, ``help()``) says what a caller may pass,
-:data:`ModelLike`.
+The ``model`` parameter is annotated :data:`ModelLike`: what a caller may pass (the docs,
+``help()`` and a caller's type checker read it so), and, for mypy inside the body, the
+handle's interface.
 """
 
 import functools
 import inspect
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
-from cwlens.core._types import TLModel
 from cwlens.engine.handle import ModelHandle, wrap
 
-#: What a public function takes: the user's model, or its handle (``wrap`` returns a
-#: handle as it is).
-ModelLike = TLModel | ModelHandle
+#: What a public function takes: the user's TransformerLens model (``HookedTransformer``,
+#: ``HookedEncoder``, ``TransformerBridge``), or its handle. Spelled ``ModelHandle | Any``
+#: for mypy: a caller may pass any model, and inside a ``@takes_model`` body, where the
+#: argument is the handle, every use is checked against :class:`ModelHandle`.
+ModelLike = ModelHandle | Any
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -36,8 +38,7 @@ def takes_model(fn: Callable[P, R]) -> Callable[P, R]:
     position or by name) replaced by the model's handle before the body runs. A
     non-model is refused by :func:`~cwlens.engine.handle.wrap` with an error that names
     what was passed (a cache, a tokenizer, a configuration, a model name)."""
-    signature = inspect.signature(fn)
-    position = list(signature.parameters).index("model")  # ValueError: no model to take
+    position = list(inspect.signature(fn).parameters).index("model")  # ValueError: no model to take
 
     @functools.wraps(fn)
     def entry(*args, **kwargs):
@@ -48,7 +49,4 @@ def takes_model(fn: Callable[P, R]) -> Callable[P, R]:
         return fn(*args, **kwargs)
 
     entry.cwlens_entry = True  # type: ignore[attr-defined]  # (tests/_typecheck.py: unchecked)
-    entry.__signature__ = signature.replace(parameters=[  # type: ignore[attr-defined]
-        p.replace(annotation=ModelLike) if p.name == "model" else p
-        for p in signature.parameters.values()])
     return entry

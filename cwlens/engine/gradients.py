@@ -35,7 +35,7 @@ from cwlens.core.scoring import token_nll
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.adapter import Layers
 from cwlens.engine.batching import batch_input
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.engine.interventions.value_masking import hooks_applied
 from cwlens.errors import CwlensError
@@ -65,7 +65,7 @@ def document_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=Non
 
 @takes_model
 def attention_gradient(
-    model: ModelHandle,
+    model: ModelLike,
     tokens: torch.Tensor | str | list[str],
     attention_mask: torch.Tensor | None = None,
     layers: Layers = None,
@@ -98,9 +98,8 @@ def attention_gradient(
     # a text or a list of texts is tokenized (different lengths: padded with its own mask,
     # as cwlens.run_with_cache does); tokens and a mask unlike them are refused up front
     given, attention_mask = batch_input(model, tokens, attention_mask, "tokens")
-    if not isinstance(given, torch.Tensor):  # a text, or texts of one length
-        given = model.to_tokens(given)
-    tokens = given[None] if given.ndim == 1 else given
+    ids: torch.Tensor = given if isinstance(given, torch.Tensor) else model.to_tokens(given)  # texts
+    tokens = ids[None] if ids.ndim == 1 else ids
     deltas: dict[int, torch.Tensor] = {}
     patterns: dict[int, torch.Tensor] = {}
 

@@ -22,7 +22,7 @@ from cwlens.core.numerics import worst
 from cwlens.engine import adapter, hook_names, validation
 from cwlens.engine.adapter import Layers
 from cwlens.engine.batching import batch_input
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.errors import InvalidArgumentError, NonFiniteError, ShapeMismatchError
 
@@ -48,7 +48,7 @@ def _per_layer(cache, handle: ModelHandle, layer, attention_mask, fn: Callable,
 @takes_model
 def contribution_weights(
     cache: Cache,
-    model: ModelHandle,
+    model: ModelLike,
     layer: Layers = None,
     kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
@@ -104,7 +104,7 @@ def contribution_weights(
 @takes_model
 def token_contributions(
     cache: Cache,
-    model: ModelHandle,
+    model: ModelLike,
     layer: Layers = None,
     attention_mask: torch.Tensor | None = None,
 ) -> LayerTokenWeights:
@@ -137,7 +137,7 @@ def token_contributions(
 @takes_model
 def importance(
     cache: Cache,
-    model: ModelHandle,
+    model: ModelLike,
     layer: Layers = None,
     metric: str = "contribution",
     kind: Kind = "inter",
@@ -307,7 +307,7 @@ class Decomposition:
 @takes_model
 def decompose(
     cache: Cache,
-    model: ModelHandle,
+    model: ModelLike,
     layer: Layers = None,
     kind: Kind = "inter",
     attention_mask: torch.Tensor | None = None,
@@ -420,7 +420,7 @@ def _layer_span(layers: tuple[int, ...]) -> str:
 @takes_model
 def closure(
     cache: Cache,
-    model: ModelHandle,
+    model: ModelLike,
     layer: Layers = None,
     attention_mask: torch.Tensor | None = None,
 ) -> Closure:
@@ -468,7 +468,7 @@ def closure_errors(rebuilt: torch.Tensor, target: torch.Tensor,
 
 
 @takes_model
-def names_filter(model: ModelHandle, layers: Layers = None, closure: bool = False,
+def names_filter(model: ModelLike, layers: Layers = None, closure: bool = False,
                  residual: bool = False):
     """A ``names_filter`` for ``model.run_with_cache`` that keeps only what cwlens reads.
 
@@ -507,7 +507,7 @@ def names_filter(model: ModelHandle, layers: Layers = None, closure: bool = Fals
 
 @takes_model
 def run_with_cache(
-    model: ModelHandle,
+    model: ModelLike,
     input,
     layers: Layers = None,
     closure: bool = False,

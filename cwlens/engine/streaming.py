@@ -37,7 +37,7 @@ from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.engine import adapter, block_fused, validation
 from cwlens.engine.adapter import Layers
 from cwlens.engine.batching import batch_input
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.engine.models import blockwise
 from cwlens.engine.reducers import Reducer
@@ -167,7 +167,7 @@ def _check_fn(fn: object) -> None:
 
 @takes_model
 def stream_geometry(
-    model: ModelHandle,
+    model: ModelLike,
     input,
     fn: Callable[[int, AttentionGeometry], Any],
     layers: Layers = None,
@@ -255,7 +255,7 @@ def _check_flags(closure: object, logits: object, query_block: object) -> None:
 
 @takes_model
 def stream(
-    model: ModelHandle,
+    model: ModelLike,
     input,
     fn: Callable[[int, torch.Tensor], Any],
     metric: str = "contribution",
@@ -384,7 +384,7 @@ def _offer_value_product(block: AttentionGeometry, rows: torch.Tensor) -> None:
 
 @takes_model
 def stream_reduce(
-    model: ModelHandle,
+    model: ModelLike,
     input,
     reducers: dict[str, Any] | Iterable[Any],
     kind: Kind = "inter",

@@ -4,12 +4,12 @@ count (:func:`text_length`). Asks only the model's handle, so the input checks
 
 import torch
 
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 
 
 @takes_model
-def token_ids(model: ModelHandle, text: str, truncate: bool = True) -> torch.Tensor:
+def token_ids(model: ModelLike, text: str, truncate: bool = True) -> torch.Tensor:
     """1-D token ids of one text, as the model itself would tokenize it. Decoders cut the
     text at the model's context length (``n_ctx``) unless ``truncate=False`` (texts longer
     than the model was trained on, for long-context runs); encoders never cut it here

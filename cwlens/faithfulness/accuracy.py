@@ -45,7 +45,7 @@ from cwlens.core.proportion import above_chance, clopper_pearson
 from cwlens.datasets import ChoiceItem, load_dataset
 from cwlens.engine import adapter
 from cwlens.engine.batching import pad_batch
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.faithfulness.results import clean_values
@@ -188,7 +188,7 @@ def written_accuracies(handle: ModelHandle, items: Sequence, config, out, *,
 
 
 @takes_model
-def clean_accuracy(model: ModelHandle, items: Sequence, level: float = 0.95,
+def clean_accuracy(model: ModelLike, items: Sequence, level: float = 0.95,
                    batch_tokens: int = 2048,
                    known: Mapping[str, float] | None = None,
                    prepend_bos: bool = True) -> CleanAccuracy:
@@ -239,7 +239,7 @@ class AccuracyTest:
 
 
 @takes_model
-def run_accuracy_test(model: ModelHandle, dataset, config=None, *, n: int | None = None,
+def run_accuracy_test(model: ModelLike, dataset, config=None, *, n: int | None = None,
                       allow_chance: bool = False, level: float = 0.95, **kwargs) -> AccuracyTest:
     """Clean accuracy first (:func:`clean_accuracy`); if it clears chance (or
     ``allow_chance``), the masking sweep :func:`~cwlens.faithfulness.run_faithfulness`

@@ -27,8 +27,7 @@ from cwlens.core.bitmask import PackedMask
 from cwlens.datasets import load_dataset
 from cwlens.engine import adapter, hook_names
 from cwlens.engine.batching import pad_batch
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.interventions.value_masking import hooks_applied, masking_hooks
 from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import UnsupportedModelError
@@ -70,7 +69,7 @@ BATCH_SIZE = 16  # sentences per forward pass
 
 
 @takes_model
-def embedding_damage(model: ModelHandle, texts, metric_names=("attention", "contribution", "random"),
+def embedding_damage(model: ModelLike, texts, metric_names=("attention", "contribution", "random"),
                      rates=(0.1, 0.3), scope: Scope = "row", kind: Kind = "inter",
                      seed: int = 0, mask_first_token: bool = True) -> list[dict]:
     """Rows ``{sample_id, metric, mode, rate, damage, tied_share, first_token_share}``

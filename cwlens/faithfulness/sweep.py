@@ -41,7 +41,7 @@ from typing import NamedTuple
 from cwlens.datasets import ChoiceItem, TextSample, load_dataset
 from cwlens.engine import adapter, validation
 from cwlens.engine.batching import check_past_context
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 from cwlens.faithfulness.added_metrics import metrics_already_done
@@ -246,7 +246,7 @@ def stored_config(model_name: str, dataset: str, cfg: FaithfulnessConfig, sample
 
 @takes_model
 def run_faithfulness(
-    model: ModelHandle,
+    model: ModelLike,
     dataset,
     config: FaithfulnessConfig | None = None,
     *,

@@ -17,7 +17,7 @@ import torch
 
 from cwlens.engine import validation
 from cwlens.engine.adapter import Layers
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.engine.reducers import Reducer, in_query_order
 from cwlens.engine.row_topk import allowed_keys
@@ -94,7 +94,7 @@ class GraphEdges(Reducer):
 
 
 @takes_model
-def graph(model: ModelHandle, text, metric: str = "contribution", top_k: int = 8,
+def graph(model: ModelLike, text, metric: str = "contribution", top_k: int = 8,
           layers: Layers = None, compare: str | None = "attention", **options) -> ContributionGraph:
     """The contribution graph of one text: nodes ``(layer, position)`` for layer ``0 ..
     n_layers`` (0: the token embeddings, ``l``: the residual stream after the ``l``-th

@@ -39,8 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.models.tracr_network import TracrConfig, TracrTransformer
 from cwlens.errors import InvalidArgumentError, ModelNotAvailableError, UnsupportedModelError
 
@@ -227,7 +226,7 @@ def build(weights: dict[str, np.ndarray], layout: TracrLayout, name: str,
 
 
 @takes_model
-def weights_of(model: ModelHandle) -> dict[str, np.ndarray]:
+def weights_of(model: ModelLike) -> dict[str, np.ndarray]:
     """``model``'s weights as float32 arrays named as :func:`build` takes them."""
     sd = {k: v.detach().float().cpu().numpy() for k, v in model.model.state_dict().items()}
     weights = {"W_E": sd["embed.W_E"], "W_pos": sd["pos_embed.W_pos"], "W_U": sd["unembed.W_U"]}
@@ -240,7 +239,7 @@ def weights_of(model: ModelHandle) -> dict[str, np.ndarray]:
 
 
 @takes_model
-def save(model: ModelHandle, path: str | Path) -> tuple[Path, Path]:
+def save(model: ModelLike, path: str | Path) -> tuple[Path, Path]:
     """Write ``model``'s weights to ``path.npz`` and its config and layout to ``path.json``
     (:func:`load_weights` reads them back without jax)."""
     path = Path(path)

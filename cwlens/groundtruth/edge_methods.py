@@ -26,7 +26,7 @@ import torch
 from cwlens.circuits import direct_math
 from cwlens.core import metrics
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.gradients import attention_gradient
 from cwlens.engine.handle import ModelHandle
 from cwlens.errors import UnknownOptionError
@@ -52,7 +52,7 @@ def check_methods(methods: Sequence[str]) -> tuple[str, ...]:
 
 
 @takes_model
-def method_weights(model: ModelHandle, fx: EdgeEffects, methods: Sequence[str] = EDGE_METHODS) -> dict[str, torch.Tensor]:
+def method_weights(model: ModelLike, fx: EdgeEffects, methods: Sequence[str] = EDGE_METHODS) -> dict[str, torch.Tensor]:
     """``{method: [layer, head, key]}`` float64 on the CPU for the input, query, layers and
     objective of ``fx`` (the model in ``fx.dtype``, as the effects were measured)."""
     methods = check_methods(methods)

@@ -53,7 +53,7 @@ import torch
 
 from cwlens.core import edge_scoring
 from cwlens.engine import adapter, hook_names
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle, wrap
 from cwlens.engine.interventions.edge_removal import (
     Edits,
@@ -169,10 +169,10 @@ def resolve_query(query: int, n: int) -> int:
 
 
 @takes_model
-def model_in(model: ModelHandle, dtype: torch.dtype) -> Any:
-    """``model`` itself where its weights are ``dtype``, else a copy in ``dtype`` (float32
-    weights are exact in float64): cached on the model's handle, so a loop over inputs
-    copies once (:func:`handle_in`)."""
+def model_in(model: ModelLike, dtype: torch.dtype) -> Any:
+    """The TransformerLens model itself (given the model or its handle) where its weights
+    are ``dtype``, else a copy in ``dtype`` (float32 weights are exact in float64): cached on
+    the model's handle, so a loop over inputs copies once (:func:`handle_in`)."""
     return handle_in(model, dtype).model
 
 
@@ -278,7 +278,7 @@ def _target(objective: str, target: Any, clean_logits, next_token: int | None, d
 # -- the measurement --------------------------------------------------------------------------
 @takes_model
 def edge_effects(
-    model: ModelHandle,
+    model: ModelLike,
     input: Any,
     query: int = -1,
     target: Any = None,
@@ -405,7 +405,7 @@ def _ablated(runner: PrefixRunner | None, run: ModelHandle, tokens: torch.Tensor
 
 
 @takes_model
-def joint_effects(model: ModelHandle, fx: EdgeEffects,
+def joint_effects(model: ModelLike, fx: EdgeEffects,
                   sets: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """``[len(sets)]``: ``objective(clean) - objective(ablated)`` with each set's edges
     removed together, at ``fx``'s input, query and objective (the same model dtype and

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from cwlens.circuits.compare import circuit_cache
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle, wrap
+from cwlens.engine.entry import ModelLike, takes_model
+from cwlens.engine.handle import wrap
 from cwlens.errors import InvalidArgumentError
 from cwlens.groundtruth import scoring
 from cwlens.groundtruth.agreement import check_agreement
@@ -58,7 +58,7 @@ class ProgramScores:
 
 
 @takes_model
-def all_scores(model: ModelHandle, tokens: torch.Tensor, corrupted: torch.Tensor,
+def all_scores(model: ModelLike, tokens: torch.Tensor, corrupted: torch.Tensor,
                zero_output: float = ZERO_OUTPUT) -> tuple[dict, torch.Tensor]:
     """``({level: {method: [batch, ...]}}, logits)`` of every method on ``tokens``;
     ``zero_output``: the silent-row threshold (:func:`~cwlens.groundtruth.layer_scores.silent_rows`)."""

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cwlens.datasets import load_dataset
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.engine.models.registry import model_label
 from cwlens.faithfulness import FaithfulnessConfig, run_faithfulness
@@ -26,7 +26,7 @@ Log = Callable[[str], None]
 
 
 @takes_model
-def run_model(model: ModelHandle, name: str, out, cfg: ReplicationConfig, log: Log = print,
+def run_model(model: ModelLike, name: str, out, cfg: ReplicationConfig, log: Log = print,
               progress: bool = True) -> Path:
     """Every stage for ``model`` (loaded, called ``name``) into ``<out>/<name>``."""
     folder = plan.model_dir(out, name)

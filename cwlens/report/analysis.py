@@ -20,8 +20,7 @@ from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.numerics import worst
 from cwlens.engine import reducers, validation
 from cwlens.engine.batching import fit_context
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.streaming import pass_options, stream_reduce
 from cwlens.errors import InvalidArgumentError
 from cwlens.graphs.build import GraphEdges, assemble
@@ -210,7 +209,7 @@ class _ReportReducer(reducers.Reducer):
 
 @takes_model
 def analyze_text(
-    model: ModelHandle,
+    model: ModelLike,
     text: str,
     model_name: str = "model",
     max_tokens: int | None = 4096,

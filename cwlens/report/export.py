@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from cwlens.engine import batching, reducers, validation
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.engine.streaming import check_metric, stream_reduce
 from cwlens.errors import (
@@ -173,7 +173,7 @@ def default_reducers(metrics: Sequence[str] = ("contribution", "attention"), k: 
 
 
 @takes_model
-def export_texts(model: ModelHandle, texts: Sequence[str], out_dir, model_name: str = "model",
+def export_texts(model: ModelLike, texts: Sequence[str], out_dir, model_name: str = "model",
                  text_ids: Sequence[str] | None = None, max_tokens: int | None = None,
                  fmt: str = "parquet", past_context: bool = False, **reduce) -> dict[str, Path]:
     """Stream each text, reduce it, and write the tables to ``out_dir/<table>.<fmt>``

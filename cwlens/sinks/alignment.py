@@ -18,7 +18,7 @@ import torch
 
 from cwlens.core.sinks import SinkGeometry, first_real_index
 from cwlens.engine import adapter
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 
 MEASURES = ("value", "output", "tail_mix")
@@ -55,7 +55,7 @@ def alignment_statistics(cache, model, attention_mask=None, layers=None, sample_
 
 
 @takes_model
-def alignment_tables(cache, model: ModelHandle, attention_mask=None, layers=None, sample_ids=None):
+def alignment_tables(cache, model: ModelLike, attention_mask=None, layers=None, sample_ids=None):
     """``(alignment_statistics, cosine_histograms)`` in one pass over the layers."""
     frames, hists = [], []
     for ly, sg in _sink_geometries(cache, model, attention_mask, layers):

@@ -33,7 +33,7 @@ from cwlens.core.sinks import (
     random_non_sink_index,
 )
 from cwlens.engine import adapter, lm, validation
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.engine.interventions.sinks import applied, sink_value_hooks
 from cwlens.engine.streaming import stream_geometry
@@ -74,7 +74,7 @@ def layer_head_measures(geo, sink_index):
 
 @takes_model
 def sink_norm_intervention(
-    model: ModelHandle,
+    model: ModelLike,
     tokens: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     scales=(0.0, 0.5),

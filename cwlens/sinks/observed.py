@@ -33,8 +33,7 @@ import torch
 
 from cwlens.core.sinks import SinkGeometry, first_real_index
 from cwlens.engine import adapter
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.sinks.observed_shape import RULE, SHAPES, bin_means, shape_of
 
 N_BINS = 10
@@ -66,7 +65,7 @@ def _bin_sums(rate, norm, valid, n_bins: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 @takes_model
-def observed_bins(cache, model: ModelHandle, attention_mask=None, layers=None, n_bins: int = N_BINS):
+def observed_bins(cache, model: ModelLike, attention_mask=None, layers=None, n_bins: int = N_BINS):
     """One row per non-empty ``(layer, head, bin)`` (see the module docstring)."""
     resolved, _ = adapter.resolve_requested_layers(model.n_layers, layers)
     if attention_mask is None:  # a padded batch's cache (cwlens.run_with_cache of texts)

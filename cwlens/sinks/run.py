@@ -13,7 +13,7 @@ import torch
 
 from cwlens.engine import adapter, validation
 from cwlens.engine.batching import context_cap, pad_batch, token_ids
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import EmptyInputError, InvalidArgumentError
@@ -154,7 +154,7 @@ def check_samples(samples) -> list:
 
 
 @takes_model
-def analyse(model: ModelHandle, samples, config: SinkConfig | None = None, *, progress: bool = True,
+def analyse(model: ModelLike, samples, config: SinkConfig | None = None, *, progress: bool = True,
             **settings) -> dict[str, pd.DataFrame]:
     """All tables of :data:`TABLES` for ``samples`` (a list of ``TextSample``), in memory
     (:func:`run_to_folder` does the same with a resumable store on disk). ``settings``:
@@ -224,7 +224,7 @@ class SinkJob(Job):
 
 
 @takes_model
-def run_to_folder(model: ModelHandle, samples, out_dir, config: SinkConfig | None = None, *, resume: bool = True,
+def run_to_folder(model: ModelLike, samples, out_dir, config: SinkConfig | None = None, *, resume: bool = True,
                   model_name: str | None = None, progress: bool = True, on_batch=None,
                   **settings) -> dict[str, pd.DataFrame]:
     """:func:`analyse` with every batch saved as it finishes (:class:`RawStore`), resumed

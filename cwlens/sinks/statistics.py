@@ -30,8 +30,7 @@ from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind
 from cwlens.core.sinks import first_real_index, key_onehot, query_after_sink
 from cwlens.engine import adapter, validation
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.errors import InvalidArgumentError
 from cwlens.sinks.config import EPS_GU as EPS_GU  # Gu et al.'s sink threshold
 from cwlens.sinks.config import check_eps
@@ -129,7 +128,7 @@ def layer_statistics(
 @takes_model
 def sink_statistics(
     cache,
-    model: ModelHandle,
+    model: ModelLike,
     attention_mask: torch.Tensor | None = None,
     layers=None,
     sample_ids=None,

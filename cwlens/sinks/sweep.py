@@ -38,8 +38,7 @@ from cwlens.core.sinks import (
     set_sink_rate,
 )
 from cwlens.engine import adapter
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 
 GRID = torch.linspace(0, 1, 21)
 #: The swept check uses every other point of :data:`GRID`.
@@ -145,7 +144,7 @@ def layer_sweep(sg: SinkGeometry, grid=GRID, swept_grid=SWEPT_GRID, swept: bool 
 
 @takes_model
 def sweep_statistics(
-    cache, model: ModelHandle, attention_mask=None, layers=None, sample_ids=None, grid=GRID,
+    cache, model: ModelLike, attention_mask=None, layers=None, sample_ids=None, grid=GRID,
     swept: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(stats, curves)``: see the module docstring; ``head = -1`` is the layer output.

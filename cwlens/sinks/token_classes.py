@@ -47,8 +47,7 @@ import torch
 from cwlens.core._types import Kind
 from cwlens.core.geometry import AttentionGeometry, check_kind, safe_divide
 from cwlens.engine.batching import context_cap, pad_batch, token_ids
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.streaming import stream_geometry
 from cwlens.errors import EmptyInputError, InvalidArgumentError
 
@@ -70,7 +69,7 @@ def is_punctuation(piece: str) -> bool:
 
 
 @takes_model
-def token_classes(model: ModelHandle, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def token_classes(model: ModelLike, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """``[batch, pos]`` long: the index in :data:`CLASSES` of every token, -1 on padding.
 
     ``cls``: the tokenizer's ``cls_token_id``; a tokenizer without one (a decoder) marks
@@ -198,7 +197,7 @@ def _texts(texts) -> list[str]:
 
 
 @takes_model
-def class_shares(model: ModelHandle, texts: Sequence, max_tokens: int = 128, batch_size: int = 16,
+def class_shares(model: ModelLike, texts: Sequence, max_tokens: int = 128, batch_size: int = 16,
                  kind: Kind = "inter") -> pd.DataFrame:
     """One row per (layer, token class): the columns of the module docstring (:data:`COLUMNS`).
 

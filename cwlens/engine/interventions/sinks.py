@@ -27,7 +27,7 @@ import torch
 from cwlens.core.sinks import scale_position, set_sink_rate
 from cwlens.engine import hook_names
 from cwlens.engine.adapter import Layers, resolve_requested_layers
-from cwlens.engine.entry import takes_model
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
 from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
 from cwlens.engine.models.blockwise import block_rows, current_block
@@ -72,7 +72,7 @@ def value_scale_hook(scale: float, position_index: torch.Tensor, kv_heads=None):
 
 @takes_model
 def sink_rate_hooks(
-    model: ModelHandle, s, sink_index: torch.Tensor | None = None, layers: Layers = None
+    model: ModelLike, s, sink_index: torch.Tensor | None = None, layers: Layers = None
 ) -> list[Hook]:
     """``fwd_hooks`` setting the sink rate to ``s`` in ``layers`` (default: all).
 
@@ -87,7 +87,7 @@ def sink_rate_hooks(
 
 @takes_model
 def sink_value_hooks(
-    model: ModelHandle, scale: float, position_index: torch.Tensor, layers: Layers = None,
+    model: ModelLike, scale: float, position_index: torch.Tensor, layers: Layers = None,
     kv_heads=None,
 ) -> list[Hook]:
     """``fwd_hooks`` scaling the value at ``position_index`` in ``layers`` (default: all)."""
@@ -100,12 +100,13 @@ def sink_value_hooks(
 
 @contextmanager
 @takes_model
-def applied(model: ModelHandle, fwd_hooks: list[Hook]) -> Iterator[Any]:
+def applied(model: ModelLike, fwd_hooks: list[Hook]) -> Iterator[Any]:
     """Run the block with ``fwd_hooks`` added; they are removed on exit, even on exceptions.
 
     Uses the model's own ``hooks`` context (TransformerLens 3.x and 4.x), so hooks that
     were already on the model stay untouched. The edits are first checked to act on this
     model (:func:`~cwlens.engine.interventions.selfcheck.ensure_edits_act`, once per model).
+    Yields the TransformerLens model (given the model or its handle).
     """
     ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
     with model.hooks(fwd_hooks):

@@ -25,8 +25,7 @@ import torch
 from cwlens.core._types import Pattern
 from cwlens.core.bitmask import PackedMask
 from cwlens.engine import hook_names, native
-from cwlens.engine.entry import takes_model
-from cwlens.engine.handle import ModelHandle
+from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
 from cwlens.engine.models.blockwise import block_rows, current_block
 from cwlens.engine.streaming import attention_context
@@ -114,13 +113,13 @@ def masking_hooks(masks: Masks, renormalize: bool = False) -> list[tuple[str, Ho
 
 @contextmanager
 @takes_model
-def hooks_applied(model: ModelHandle, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[object]:
+def hooks_applied(model: ModelLike, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[object]:
     """Add forward hooks to ``model`` for the duration of the block, then remove them.
 
     Only the hooks added here are removed (others, e.g. permanent ones, are left alone),
     and they are removed even if the block raises. Edits of ``hook_pattern``/``hook_v`` are
     first checked to act on this model (:func:`~cwlens.engine.interventions.selfcheck.ensure_edits_act`,
-    once per model).
+    once per model). Yields the TransformerLens model (given the model or its handle).
     """
     for name, _ in fwd_hooks:
         if not model.has_hook(name):
@@ -138,7 +137,8 @@ def value_masking(model, masks: Masks, renormalize: bool = False) -> Iterator[ob
     """Context manager: every forward pass inside runs with ``masks`` removed.
 
     ``masks``: ``{layer: bool [batch, head_index, query_pos, key_pos]}``; all layers are
-    masked at once. See the module docstring for ``renormalize``.
+    masked at once. See the module docstring for ``renormalize``. Yields the TransformerLens
+    model (given the model or its handle).
     """
     with hooks_applied(model, masking_hooks(masks, renormalize)) as m:
         yield m
@@ -146,7 +146,7 @@ def value_masking(model, masks: Masks, renormalize: bool = False) -> Iterator[ob
 
 @takes_model
 def run_masked(
-    model: ModelHandle,
+    model: ModelLike,
     tokens: torch.Tensor,
     masks: Masks,
     renormalize: bool = False,
