@@ -72,10 +72,14 @@ def test_kill_during_an_atomic_write_keeps_the_old_file_and_cleans_the_temp(tmp_
     (tmp_path / "table.csv").write_text("old\n")
     proc = start_holder(tmp_path, "write", env={"CWLENS_TEST_WRITE_DELAY": "30"})
     deadline = time.time() + 30
-    while not list(tmp_path.glob(f"{TEMP_PREFIX}table.csv*")) and time.time() < deadline:
+
+    def written():  # the temp file exists at once (mkstemp), its text a moment later
+        temps = list(tmp_path.glob(f"{TEMP_PREFIX}table.csv*"))
+        return bool(temps) and temps[0].read_text() == "new\n"
+
+    while not written() and time.time() < deadline:
         time.sleep(0.05)
-    temps = list(tmp_path.glob(f"{TEMP_PREFIX}table.csv*"))
-    assert temps and temps[0].read_text() == "new\n"  # written, not yet renamed
+    assert written()  # written, not yet renamed
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert (tmp_path / "table.csv").read_text() == "old\n"
