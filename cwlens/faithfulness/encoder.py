@@ -118,7 +118,7 @@ def embedding_damage(model: ModelLike, texts, metric_names=("attention", "contri
                         counts[(name, mode, rate)] = counts.get((name, mode, rate), 0) + c
             return out
 
-        with model.hooks([(last, keep)]):
+        with hooks_applied(model, [(last, keep)]):  # (a read: no edit to check)
             _, per_layer = stream_geometry(model, tokens, layer_masks, attention_mask=mask)
         clean = mean_pooled(kept["h"], mask)
         for key in per_layer[0]:

@@ -18,8 +18,7 @@ so left-padded batches work: pass the same ``attention_mask`` as to the model.
     # hooks are gone here, even if the forward raised
 """
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,7 +28,7 @@ from cwlens.engine import hook_names
 from cwlens.engine.adapter import Layers, resolve_requested_layers
 from cwlens.engine.entry import ModelLike, takes_model
 from cwlens.engine.handle import ModelHandle
-from cwlens.engine.interventions.selfcheck import ensure_edits_act, kinds_of
+from cwlens.engine.interventions.value_masking import hooks_applied
 from cwlens.engine.models.blockwise import block_rows, current_block
 
 Hook = tuple[str, Callable[[torch.Tensor, Any], torch.Tensor]]
@@ -98,19 +97,10 @@ def sink_value_hooks(
     ]
 
 
-@contextmanager
-@takes_model
-def applied(model: ModelLike, fwd_hooks: list[Hook]) -> Iterator[Any]:
-    """Run the block with ``fwd_hooks`` added; they are removed on exit, even on exceptions.
-
-    Uses the model's own ``hooks`` context (TransformerLens 3.x and 4.x), so hooks that
-    were already on the model stay untouched. The edits are first checked to act on this
-    model (:func:`~cwlens.engine.interventions.selfcheck.ensure_edits_act`, once per model).
-    Yields the TransformerLens model (given the model or its handle).
-    """
-    ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))
-    with model.hooks(fwd_hooks):
-        yield model.model  # the TransformerLens model, hooked
+#: Run a block with the sink hooks added: :func:`~cwlens.engine.interventions.value_masking.hooks_applied`
+#: (each hook point checked, the edits checked once per model to act, the hooks removed on
+#: exit even when the block raises; yields the TransformerLens model).
+applied = hooks_applied
 
 
 def n_hooks(handle: ModelHandle) -> int:

@@ -124,8 +124,8 @@ def hooks_applied(model: ModelLike, fwd_hooks: Sequence[tuple[str, HookFn]]) -> 
     for name, _ in fwd_hooks:
         if not model.has_hook(name):
             raise MissingHookError(
-                f"The model has no hook point {name!r}; value masking needs "
-                f"hook_pattern in every masked layer (layers 0..{model.n_layers - 1})."
+                f"The model has no hook point {name!r}; the edit needs it in every layer it "
+                f"changes (layers 0..{model.n_layers - 1})."
             )
     ensure_edits_act(model, kinds_of(name for name, _ in fwd_hooks))  # once per model and kind
     with model.hooks(fwd_hooks):  # TransformerLens removes exactly these on exit
